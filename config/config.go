@@ -1,0 +1,294 @@
+// Package config holds the host settings of a vmhost agent: its networks and
+// the default one, kernel command lines, the nested-virtualization override,
+// overcommit ratios, host totals, the boot timeout, binary paths and the
+// image download cap. They come from one JSON file (`vmhost serve --config`).
+//
+// Load starts from Default, so a file names only what it changes; a key it
+// does not know is an error (a misspelt key must not silently fall back to a
+// default). Networks, when given, replace the default list as a whole.
+// Validate reports every problem at once, each naming its key.
+//
+// The package imports none of vmhost's packages.
+package config
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Defaults that Default fills in.
+const (
+	DefaultNetworkID     = "default"
+	DefaultBridge        = "vmhost0"
+	DefaultKernelCmdline = "console=ttyS0 root=/dev/vda1 rw"
+	DefaultAppVMCmdline  = "console=ttyS0 quiet panic=-1"
+	DefaultCPURatio      = 4.0
+	DefaultMemoryRatio   = 1.0
+	DefaultBootTimeout   = 120
+	DefaultSysfsRoot     = "/sys"
+	DefaultCHBinary      = "cloud-hypervisor"
+	DefaultQSDBinary     = "qemu-storage-daemon"
+	DefaultImageMaxBytes = 64 << 30
+)
+
+// Config is the host configuration. The zero value is not useful; start from
+// Default or Load.
+type Config struct {
+	// Networks are the host networks VMs can join (at least one).
+	Networks []Network `json:"networks"`
+	// DefaultNetwork is the id of the Networks entry used when a create
+	// names neither network_id nor bridge.
+	DefaultNetwork string `json:"default_network"`
+	// DefaultCmdline is the kernel command line of classic VMs whose create
+	// gives none.
+	DefaultCmdline string `json:"default_cmdline"`
+	// AppVMCmdline is the kernel command line AppVMs boot with.
+	AppVMCmdline string `json:"appvm_cmdline"`
+	// AppVMKernel is the absolute path of the host kernel AppVMs boot;
+	// empty means AppVMs cannot be booted on this host.
+	AppVMKernel string `json:"appvm_kernel"`
+	// Nested, when set, overrides what
+	// /sys/module/kvm_{intel,amd}/parameters/nested says about nested
+	// virtualization support.
+	Nested *bool `json:"nested,omitempty"`
+	// Overcommit are the admission ratios against host totals.
+	Overcommit Overcommit `json:"overcommit"`
+	// HostCPUs is the CPU total admission counts against; 0 means the online
+	// CPUs read from sysfs.
+	HostCPUs int `json:"host_cpus,omitempty"`
+	// HostMemoryMB is the memory total (MiB) admission counts against; 0
+	// means MemTotal from /proc/meminfo.
+	HostMemoryMB int `json:"host_memory_mb,omitempty"`
+	// BootTimeoutSecs is how long a booting VM may take to show life.
+	BootTimeoutSecs int `json:"boot_timeout_secs"`
+	// SysfsRoot is where sysfs is read from; tests point it at a fake tree.
+	SysfsRoot string `json:"sysfs_root"`
+	// Binaries are the external programs vmhost runs.
+	Binaries Binaries `json:"binaries"`
+	// ImageMaxBytes caps the size of an image download.
+	ImageMaxBytes int64 `json:"image_max_bytes"`
+	// DefaultMTU is the MTU of an interface whose network and request give
+	// none; 0 means the bridge's MTU.
+	DefaultMTU int `json:"default_mtu,omitempty"`
+}
+
+// Network is one host network: a bridge VM taps are attached to, and the
+// policies that apply to its ports unless a create overrides them.
+type Network struct {
+	// ID is what creates name in network_id.
+	ID string `json:"id"`
+	// Bridge is the host bridge interface.
+	Bridge string `json:"bridge"`
+	// MTU of the taps; 0 means Config.DefaultMTU.
+	MTU int `json:"mtu,omitempty"`
+	// Isolated sets the bridge-port isolation flag on the taps.
+	Isolated bool `json:"isolated"`
+	// SpoofGuard installs anti-spoof rules on the taps.
+	SpoofGuard bool `json:"spoof_guard"`
+}
+
+// Overcommit are the ratios by which admission multiplies host totals.
+type Overcommit struct {
+	// CPU: vCPUs of VMs that are not stopped may reach host CPUs × CPU.
+	CPU float64 `json:"cpu"`
+	// Memory: memory of VMs that are not stopped may reach host memory ×
+	// Memory.
+	Memory float64 `json:"memory"`
+}
+
+// Binaries are the paths of the external programs. A bare name is looked up
+// in PATH when the program is started.
+type Binaries struct {
+	CloudHypervisor   string `json:"cloud_hypervisor"`
+	QemuStorageDaemon string `json:"qemu_storage_daemon"`
+}
+
+// Default returns a configuration with every default filled in and one
+// network, {"default", bridge "vmhost0"}, which is the default network.
+func Default() *Config {
+	return &Config{
+		Networks:        []Network{{ID: DefaultNetworkID, Bridge: DefaultBridge}},
+		DefaultNetwork:  DefaultNetworkID,
+		DefaultCmdline:  DefaultKernelCmdline,
+		AppVMCmdline:    DefaultAppVMCmdline,
+		Overcommit:      Overcommit{CPU: DefaultCPURatio, Memory: DefaultMemoryRatio},
+		BootTimeoutSecs: DefaultBootTimeout,
+		SysfsRoot:       DefaultSysfsRoot,
+		Binaries:        Binaries{CloudHypervisor: DefaultCHBinary, QemuStorageDaemon: DefaultQSDBinary},
+		ImageMaxBytes:   DefaultImageMaxBytes,
+	}
+}
+
+// Load reads the JSON configuration at path over Default and validates it.
+// Unknown keys and trailing data are errors. A missing file gives an error
+// that satisfies errors.Is(err, fs.ErrNotExist).
+func Load(path string) (*Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("reading config: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes a JSON configuration over Default and validates it, as Load
+// does for a file.
+func Parse(data []byte) (*Config, error) {
+	c := Default()
+	defaultNetworks := c.Networks
+	// encoding/json decodes array elements into the slice's existing
+	// elements without zeroing them, so a given network would inherit the
+	// default one's fields; decode into an empty list and restore the
+	// default only if the file has no "networks" key.
+	c.Networks = nil
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(c); err != nil {
+		return nil, fmt.Errorf("decoding: %w", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errors.New("decoding: unexpected data after the JSON object")
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(data, &keys); err != nil {
+		return nil, fmt.Errorf("decoding: %w", err)
+	}
+	if _, given := keys["networks"]; !given {
+		c.Networks = defaultNetworks
+	}
+	if err := c.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+var (
+	networkIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
+	// Linux accepts any bytes but '/', ':', whitespace and NUL in interface
+	// names, up to IFNAMSIZ-1 bytes; keep to what ip(8) users type.
+	ifnamePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.@-]{0,14}$`)
+)
+
+// Validate reports every problem in c, one per line, each naming its key.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+
+	if len(c.Networks) == 0 {
+		bad("networks: at least one network is required")
+	}
+	ids := map[string]int{}
+	bridges := map[string]int{}
+	for i, n := range c.Networks {
+		key := fmt.Sprintf("networks[%d]", i)
+		if !networkIDPattern.MatchString(n.ID) {
+			bad("%s.id: %q must match %s", key, n.ID, networkIDPattern)
+		} else if j, dup := ids[n.ID]; dup {
+			bad("%s.id: %q is also the id of networks[%d]", key, n.ID, j)
+		} else {
+			ids[n.ID] = i
+		}
+		if !ifnamePattern.MatchString(n.Bridge) {
+			bad("%s.bridge: %q is not an interface name (1-15 of letters, digits, _ . @ -)", key, n.Bridge)
+		} else if j, dup := bridges[n.Bridge]; dup {
+			bad("%s.bridge: %q is also the bridge of networks[%d]", key, n.Bridge, j)
+		} else {
+			bridges[n.Bridge] = i
+		}
+		if !validMTU(n.MTU) {
+			bad("%s.mtu: %d is outside 68..65535 (0 = default_mtu)", key, n.MTU)
+		}
+	}
+	if _, ok := ids[c.DefaultNetwork]; !ok && len(c.Networks) > 0 {
+		bad("default_network: %q is not the id of any entry in networks", c.DefaultNetwork)
+	}
+	if strings.ContainsAny(c.DefaultCmdline, "\x00\n") {
+		bad("default_cmdline: must not contain NUL or newline")
+	}
+	if strings.ContainsAny(c.AppVMCmdline, "\x00\n") {
+		bad("appvm_cmdline: must not contain NUL or newline")
+	}
+	if c.AppVMKernel != "" && !filepath.IsAbs(c.AppVMKernel) {
+		bad("appvm_kernel: %q must be an absolute path (or empty)", c.AppVMKernel)
+	}
+	if !(c.Overcommit.CPU > 0) || math.IsInf(c.Overcommit.CPU, 0) {
+		bad("overcommit.cpu: %v must be a positive number", c.Overcommit.CPU)
+	}
+	if !(c.Overcommit.Memory > 0) || math.IsInf(c.Overcommit.Memory, 0) {
+		bad("overcommit.memory: %v must be a positive number", c.Overcommit.Memory)
+	}
+	if c.HostCPUs < 0 {
+		bad("host_cpus: %d must be 0 (read from sysfs) or positive", c.HostCPUs)
+	}
+	if c.HostMemoryMB < 0 {
+		bad("host_memory_mb: %d must be 0 (read from /proc/meminfo) or positive", c.HostMemoryMB)
+	}
+	if c.BootTimeoutSecs < 1 {
+		bad("boot_timeout_secs: %d must be at least 1", c.BootTimeoutSecs)
+	}
+	if !filepath.IsAbs(c.SysfsRoot) {
+		bad("sysfs_root: %q must be an absolute path", c.SysfsRoot)
+	}
+	for _, b := range []struct{ key, path string }{
+		{"binaries.cloud_hypervisor", c.Binaries.CloudHypervisor},
+		{"binaries.qemu_storage_daemon", c.Binaries.QemuStorageDaemon},
+	} {
+		key, p := b.key, b.path
+		if p == "" || strings.ContainsRune(p, 0) || (!filepath.IsAbs(p) && strings.ContainsRune(p, '/')) {
+			bad("%s: %q must be an absolute path or a bare program name", key, p)
+		}
+	}
+	if c.ImageMaxBytes < 1 {
+		bad("image_max_bytes: %d must be positive", c.ImageMaxBytes)
+	}
+	if !validMTU(c.DefaultMTU) {
+		bad("default_mtu: %d is outside 68..65535 (0 = the bridge's MTU)", c.DefaultMTU)
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("invalid config:\n%w", errors.Join(errs...))
+}
+
+func validMTU(mtu int) bool { return mtu == 0 || (mtu >= 68 && mtu <= 65535) }
+
+// Network returns the network with the given id.
+func (c *Config) Network(id string) (Network, bool) {
+	for _, n := range c.Networks {
+		if n.ID == id {
+			return n, true
+		}
+	}
+	return Network{}, false
+}
+
+// NetworkByBridge returns the network whose bridge is bridge.
+func (c *Config) NetworkByBridge(bridge string) (Network, bool) {
+	for _, n := range c.Networks {
+		if n.Bridge == bridge {
+			return n, true
+		}
+	}
+	return Network{}, false
+}
+
+// Marshal returns c as indented JSON, the format Load reads. It fails only
+// for a ratio that is NaN or infinite, which Validate rejects.
+func (c *Config) Marshal() ([]byte, error) {
+	b, err := json.MarshalIndent(c, "", "  ")
+	if err != nil {
+		return nil, fmt.Errorf("encoding config: %w", err)
+	}
+	return append(b, '\n'), nil
+}
