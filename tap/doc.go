@@ -1,0 +1,47 @@
+// Package tap builds the host side of a VM's network interfaces: persistent
+// TAP devices, their bridge ports, anti-spoof rules, and the two ways the host
+// learns a guest's IPv4 address.
+//
+// Everything talks to the kernel directly: TUN/TAP ioctls on /dev/net/tun,
+// rtnetlink for links, bridge ports and neighbours, nf_tables netlink
+// messages for the anti-spoof rules, and an AF_PACKET socket with a classic
+// BPF filter for DHCP snooping. No ip, bridge, tc or nft command runs.
+//
+// # What it does
+//
+//   - Create makes a persistent tap (IFF_TAP|IFF_NO_PI|IFF_VNET_HDR) with an
+//     MTU, an owner, state up and the ifalias "vmhost:<vm_id>:<index>";
+//     ListOwned finds taps with that alias, so orphans can be reaped; Delete
+//     removes a tap and its anti-spoof chain. Both are idempotent.
+//   - Attach makes a tap a port of a bridge, sets port isolation
+//     (IFLA_BRPORT_ISOLATED) and, on a bridge with VLAN filtering, makes the
+//     VLAN the port's untagged PVID and removes the default VLAN 1. On a
+//     bridge without VLAN filtering the VLAN is metadata only.
+//   - Guard programs anti-spoof rules into the bridge-family nftables table
+//     "vmhost": one base chain per tap (hook prerouting) that drops frames
+//     from the tap whose source MAC is not the VM's, or whose IPv4/IPv6 source
+//     is not the pinned address or one of the allowed prefixes. DHCP
+//     discovery from 0.0.0.0, ARP probes, ARP for an allowed address, and
+//     IPv6 link-local and unspecified sources pass; DHCP server replies and
+//     frames of any other ethertype (including VLAN-tagged ones) from the
+//     guest are dropped.
+//   - Snoop watches frames the host sends to a tap and reports the address a
+//     DHCPACK assigns to the VM's MAC.
+//   - LastIPv4 reads the neighbour table for the newest IPv4 address of a MAC.
+//
+// # Limits
+//
+// Rate limits are not handled here (Cloud Hypervisor's net rate limiter does
+// that). IPv6 addresses are not learned: a guard pins only the static IPv6
+// address and the allowed prefixes, plus link-local and "::" so that
+// neighbour discovery works. Allowed prefixes take effect only while the
+// interface has a pinned IPv4 address (static or learned), as the API
+// contract says. The package is Linux only.
+//
+// # Network namespaces
+//
+// A Handle works in the network namespace given by Config.NetNS (an open
+// file descriptor of a namespace, as from /proc/PID/ns/net), or in the
+// caller's namespace when it is zero. Tests use this to run every
+// privileged test in a namespace of their own.
+package tap

@@ -1,0 +1,281 @@
+package tap
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"strconv"
+	"strings"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// aliasPrefix starts the ifalias of every tap this package creates.
+const aliasPrefix = "vmhost:"
+
+// TapConfig describes a tap to create.
+type TapConfig struct {
+	// Name is the interface name, at most 15 bytes (see Name).
+	Name string
+	// Owner is the uid allowed to attach to the tap without CAP_NET_ADMIN;
+	// zero leaves the tap without an owner (only privileged processes may
+	// attach), which is what a root agent needs.
+	Owner int
+	// MTU is the interface MTU; zero keeps the kernel default (1500).
+	MTU int
+	// VMID and Index are recorded in the ifalias "vmhost:<VMID>:<Index>",
+	// which ListOwned reads back. VMID must not be empty or contain ':'.
+	VMID  string
+	Index int
+	// MultiQueue creates the tap with IFF_MULTI_QUEUE, which Cloud
+	// Hypervisor needs when an interface has more than one queue pair.
+	MultiQueue bool
+}
+
+// Alias returns the ifalias that marks a tap as made by vmhost for interface
+// index of VM vmID.
+func Alias(vmID string, index int) string {
+	return aliasPrefix + vmID + ":" + strconv.Itoa(index)
+}
+
+// Name returns a tap name for interface index of VM vmID: "vmh", a hash of
+// the id, and the index, always within IFNAMSIZ-1 (15) bytes. Callers record
+// it; it is stable for the same inputs.
+func Name(vmID string, index int) string {
+	sum := sha256.Sum256([]byte(vmID))
+	idx := strconv.Itoa(index)
+	hashLen := min(8, unix.IFNAMSIZ-1-len("vmh")-len(idx))
+	return "vmh" + hex.EncodeToString(sum[:])[:max(hashLen, 0)] + idx
+}
+
+// ErrConflict is wrapped by errors about an existing interface that does not
+// match what was asked for (a tap with other settings, or not a tap).
+var ErrConflict = errors.New("interface exists with other settings")
+
+func validName(name string) error {
+	if name == "" || len(name) > unix.IFNAMSIZ-1 {
+		return fmt.Errorf("interface name %q: must be 1 to %d bytes", name, unix.IFNAMSIZ-1)
+	}
+	if name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\x00") {
+		return fmt.Errorf("interface name %q: contains a character an interface name cannot have", name)
+	}
+	return nil
+}
+
+// Create makes a persistent tap as cfg describes, sets its MTU and alias and
+// brings it up. Creating a tap that already exists with the same settings
+// (alias, owner, queue mode) only reapplies MTU and state, and succeeds; an
+// existing interface of that name with other settings gives an error wrapping
+// ErrConflict. If a step after creation fails, the new tap is deleted again.
+func (h *Handle) Create(ctx context.Context, cfg TapConfig) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := validName(cfg.Name); err != nil {
+		return fmt.Errorf("creating tap: %w", err)
+	}
+	if cfg.VMID == "" || strings.Contains(cfg.VMID, ":") || cfg.Index < 0 {
+		return fmt.Errorf("creating tap %q: vm id %q and index %d cannot form an alias", cfg.Name, cfg.VMID, cfg.Index)
+	}
+	if cfg.MTU != 0 && (cfg.MTU < 68 || cfg.MTU > 65521) {
+		return fmt.Errorf("creating tap %q: mtu %d outside 68..65521", cfg.Name, cfg.MTU)
+	}
+	alias := Alias(cfg.VMID, cfg.Index)
+
+	c, err := h.dial(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("creating tap %q: dialing rtnetlink: %w", cfg.Name, err)
+	}
+	defer c.Close()
+
+	existing, err := getLink(c, cfg.Name, 0)
+	switch {
+	case err == nil:
+		if err := sameTap(existing, cfg, alias); err != nil {
+			return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
+		}
+		if err := configureTap(c, existing.Index, cfg.MTU, alias); err != nil {
+			return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
+		}
+		return nil
+	case !isNotExist(err):
+		return fmt.Errorf("creating tap %q: reading link: %w", cfg.Name, err)
+	}
+
+	if err := h.inNetNS(func() error { return makeTap(cfg) }); err != nil {
+		return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
+	}
+	created, err := getLink(c, cfg.Name, 0)
+	if err == nil {
+		err = configureTap(c, created.Index, cfg.MTU, alias)
+	}
+	if err != nil {
+		if created.Index != 0 {
+			err = errors.Join(err, delLink(c, created.Index))
+		}
+		return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
+	}
+	return nil
+}
+
+// sameTap reports (as a nil error) whether l is the tap cfg asks for.
+func sameTap(l link, cfg TapConfig, alias string) error {
+	if l.Kind != "tun" || (l.hasTunDetails && l.TunType != unix.IFF_TAP) {
+		return fmt.Errorf("%w: it is not a tap (kind %q)", ErrConflict, l.Kind)
+	}
+	if l.Alias != alias {
+		return fmt.Errorf("%w: alias %q, want %q", ErrConflict, l.Alias, alias)
+	}
+	if !l.hasTunDetails {
+		return nil
+	}
+	wantOwner := int64(-1)
+	if cfg.Owner != 0 {
+		wantOwner = int64(cfg.Owner)
+	}
+	if l.Owner != wantOwner && !(wantOwner == -1 && l.Owner == int64(^uint32(0))) {
+		return fmt.Errorf("%w: owner %d, want %d", ErrConflict, l.Owner, wantOwner)
+	}
+	if l.MultiQueue != cfg.MultiQueue {
+		return fmt.Errorf("%w: multi-queue %t, want %t", ErrConflict, l.MultiQueue, cfg.MultiQueue)
+	}
+	return nil
+}
+
+// makeTap creates the device with the TUN ioctls. It runs in the target
+// namespace, since a tun device belongs to the namespace of its creator.
+func makeTap(cfg TapConfig) error {
+	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening /dev/net/tun: %w", err)
+	}
+	defer unix.Close(fd)
+	ifr, err := unix.NewIfreq(cfg.Name)
+	if err != nil {
+		return err
+	}
+	flags := uint16(unix.IFF_TAP | unix.IFF_NO_PI | unix.IFF_VNET_HDR)
+	if cfg.MultiQueue {
+		flags |= unix.IFF_MULTI_QUEUE
+	}
+	ifr.SetUint16(flags)
+	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		return fmt.Errorf("TUNSETIFF: %w", err)
+	}
+	if cfg.Owner != 0 {
+		if err := unix.IoctlSetInt(fd, unix.TUNSETOWNER, cfg.Owner); err != nil {
+			return fmt.Errorf("TUNSETOWNER %d: %w", cfg.Owner, err)
+		}
+	}
+	// Persistence last: until then, closing fd removes the device, so a
+	// failure above leaves nothing behind.
+	if err := unix.IoctlSetInt(fd, unix.TUNSETPERSIST, 1); err != nil {
+		return fmt.Errorf("TUNSETPERSIST: %w", err)
+	}
+	return nil
+}
+
+func configureTap(c *netlink.Conn, index, mtu int, alias string) error {
+	err := setLink(c, ifInfo{Index: int32(index), Flags: unix.IFF_UP, Change: unix.IFF_UP}, func(ae *netlink.AttributeEncoder) {
+		if mtu != 0 {
+			ae.Uint32(unix.IFLA_MTU, uint32(mtu))
+		}
+		ae.String(unix.IFLA_IFALIAS, alias)
+	})
+	if err != nil {
+		return fmt.Errorf("setting mtu, alias and up: %w", err)
+	}
+	return nil
+}
+
+// Delete removes the tap name. A tap that is already
+// gone is success; an interface of that name that is not a tap is refused
+// with an error wrapping ErrConflict.
+func (h *Handle) Delete(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := h.dial(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("deleting tap %q: dialing rtnetlink: %w", name, err)
+	}
+	defer c.Close()
+	var errs []error
+	l, err := getLink(c, name, 0)
+	switch {
+	case isNotExist(err):
+	case err != nil:
+		errs = append(errs, fmt.Errorf("deleting tap %q: reading link: %w", name, err))
+	case l.Kind != "tun":
+		errs = append(errs, fmt.Errorf("deleting tap %q: %w: it is not a tap (kind %q)", name, ErrConflict, l.Kind))
+	default:
+		if err := delLink(c, l.Index); err != nil && !isNotExist(err) {
+			errs = append(errs, fmt.Errorf("deleting tap %q: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Owned is a tap whose ifalias says vmhost made it.
+type Owned struct {
+	Name   string // interface name
+	VMID   string // VM id from the alias
+	Index  int    // interface index within the VM (nets[Index])
+	Master int    // ifindex of the bridge it is attached to, or 0
+}
+
+// ListOwned returns the taps whose ifalias has the form
+// "vmhost:<vm_id>:<index>", so that orphans (taps of VMs that no longer
+// exist) can be found and deleted.
+func (h *Handle) ListOwned(ctx context.Context) ([]Owned, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	c, err := h.dial(unix.NETLINK_ROUTE)
+	if err != nil {
+		return nil, fmt.Errorf("listing taps: dialing rtnetlink: %w", err)
+	}
+	defer c.Close()
+	links, err := listLinks(c)
+	if err != nil {
+		return nil, fmt.Errorf("listing taps: %w", err)
+	}
+	var owned []Owned
+	for _, l := range links {
+		if l.Kind != "tun" {
+			continue
+		}
+		vmID, index, ok := parseAlias(l.Alias)
+		if !ok {
+			continue
+		}
+		owned = append(owned, Owned{Name: l.Name, VMID: vmID, Index: index, Master: l.Master})
+	}
+	return owned, nil
+}
+
+func parseAlias(alias string) (vmID string, index int, ok bool) {
+	rest, ok := strings.CutPrefix(alias, aliasPrefix)
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(rest[i+1:])
+	if err != nil || n < 0 || strings.Contains(rest[:i], ":") {
+		return "", 0, false
+	}
+	return rest[:i], n, true
+}
+
+// notExist wraps a not-found error so that errors.Is(err, fs.ErrNotExist).
+type notExist struct{ msg string }
+
+func (e *notExist) Error() string        { return e.msg }
+func (e *notExist) Is(target error) bool { return target == fs.ErrNotExist }
