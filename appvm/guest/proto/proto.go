@@ -1,0 +1,651 @@
+// Package proto is the wire protocol between vmhost (the host side of an
+// AppVM) and its guest agent (`vmhost guest`, PID 1 inside the VM).
+//
+// # Transport
+//
+// The guest dials the host: AF_VSOCK CID 2 (the host), port [Port]. With
+// Cloud Hypervisor's hybrid vsock the host side is a unix listener at
+// `<vsock socket>_<Port>`. There is one connection per boot.
+//
+// # Framing
+//
+// Every message is one frame: a 4-byte big-endian length, then that many bytes
+// of JSON, an envelope {"type": "...", "body": {...}}. A frame larger than
+// [MaxFrame] is refused before it is read, so a broken or hostile peer cannot
+// make the other side allocate without bound (newline-delimited JSON would
+// need a line cap anyway, and a workload's log chunk may hold newlines).
+//
+// # Versions and order
+//
+// The guest speaks first with [Hello]; the host answers with [Spec]. Both
+// carry V = [Version]. Decoding is strict: an unknown message type, an unknown
+// field, trailing data or a missing body is an error. Any change to a message
+// therefore bumps Version, and a host that sees an older Hello sends what that
+// version understands. After the Spec the guest sends [Heartbeat], [Lease],
+// [Started], [Health], [Log], [Exit] and [Fatal] as things happen; the host may
+// send [Stop].
+//
+// # Secrets
+//
+// Secret env values and secret file contents travel only in [Spec], as
+// [Secret] values: they encode their real value in JSON (the guest needs it),
+// and print as "[redacted]" through fmt, slog and errors. They must never be
+// put on the kernel command line, in the initramfs or in a log.
+package proto
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+)
+
+// Version is the protocol version carried by Hello and Spec.
+const Version = 1
+
+// Port is the vsock port the guest dials on the host (CID 2).
+const Port = 1024
+
+// HostCID is the vsock context id of the host.
+const HostCID = 2
+
+// MaxFrame is the largest frame (envelope JSON) either side accepts.
+const MaxFrame = 4 << 20
+
+// MaxLogChunk is the largest Log.Data the guest sends in one message.
+const MaxLogChunk = 64 << 10
+
+// MaxHealthOutput is the largest Health.Output the guest sends.
+const MaxHealthOutput = 4096
+
+// ErrFrameTooLarge reports a frame whose length prefix exceeds MaxFrame.
+var ErrFrameTooLarge = errors.New("frame exceeds the maximum size")
+
+// Redacted is what a Secret prints as.
+const Redacted = "[redacted]"
+
+// Secret is a value that must reach the guest but never a log: it marshals
+// its value to JSON, and prints as "[redacted]" through every fmt verb, slog
+// and String. The zero value is the empty secret.
+type Secret struct{ v string }
+
+// NewSecret wraps v.
+func NewSecret(v string) Secret { return Secret{v} }
+
+// Reveal returns the secret value. Call it only where the value is used.
+func (s Secret) Reveal() string { return s.v }
+
+// String returns "[redacted]".
+func (s Secret) String() string { return Redacted }
+
+// GoString returns "[redacted]", for %#v.
+func (s Secret) GoString() string { return Redacted }
+
+// Format prints "[redacted]" for every verb, so %x or %q cannot leak it.
+func (s Secret) Format(f fmt.State, _ rune) { io.WriteString(f, Redacted) }
+
+// LogValue keeps the value out of slog output.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(Redacted) }
+
+// MarshalJSON encodes the real value: JSON is the wire, and the guest needs it.
+func (s Secret) MarshalJSON() ([]byte, error) { return json.Marshal(s.v) }
+
+// UnmarshalJSON decodes a JSON string.
+func (s *Secret) UnmarshalJSON(b []byte) error {
+	var v string
+	if err := json.Unmarshal(b, &v); err != nil {
+		return fmt.Errorf("secret: want a string")
+	}
+	s.v = v
+	return nil
+}
+
+// Message is one of the message types of this package.
+type Message interface {
+	// Type is the envelope's type name.
+	Type() string
+	// Validate checks the field rules beyond types.
+	Validate() error
+}
+
+// Hello is the guest's first message.
+type Hello struct {
+	V            int    `json:"v"`
+	AgentVersion string `json:"agent_version"`
+	// BootID is random per boot of the agent.
+	BootID string `json:"boot_id"`
+}
+
+// Spec is the host's first message: everything the guest needs to set up and
+// run the workload.
+type Spec struct {
+	V int `json:"v"`
+	// Entrypoint and Command form the argument vector, Entrypoint first
+	// (the image's ENTRYPOINT and CMD). The host resolves image defaults.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	Command    []string `json:"command,omitempty"`
+	// Env holds KEY=VALUE entries; SecretEnv is applied after it.
+	Env       []string    `json:"env,omitempty"`
+	SecretEnv []SecretEnv `json:"secret_env,omitempty"`
+	// User is "name", "uid", "name:group" or "uid:gid", resolved through the
+	// workload root's /etc/passwd and /etc/group. Empty means root.
+	User string `json:"user,omitempty"`
+	// Workdir is the working directory inside the workload root; empty means /.
+	Workdir     string       `json:"workdir,omitempty"`
+	Hostname    string       `json:"hostname,omitempty"`
+	Network     Network      `json:"network"`
+	ExtraHosts  []HostEntry  `json:"extra_hosts,omitempty"`
+	ConfigFiles []ConfigFile `json:"config_files,omitempty"`
+	SecretFiles []SecretFile `json:"secret_files,omitempty"`
+	TmpfsMounts []TmpfsMount `json:"tmpfs_mounts,omitempty"`
+	DataMounts  []DataMount  `json:"data_mounts,omitempty"`
+	Healthcheck *Healthcheck `json:"healthcheck,omitempty"`
+	// Keepalive keeps the guest up after the workload exits; otherwise the
+	// guest powers off.
+	Keepalive bool `json:"keepalive,omitempty"`
+	// StopGraceSecs is the time between SIGTERM and SIGKILL on Stop; 0 means 10.
+	StopGraceSecs int `json:"stop_grace_secs,omitempty"`
+	// HeartbeatSecs is the heartbeat interval; 0 keeps the guest's default.
+	HeartbeatSecs int `json:"heartbeat_secs,omitempty"`
+}
+
+// SecretEnv is one secret environment variable.
+type SecretEnv struct {
+	Key   string `json:"key"`
+	Value Secret `json:"value"`
+}
+
+// Network modes.
+const (
+	NetworkStatic = "static"
+	NetworkDHCP   = "dhcp"
+	// NetworkNone leaves the network alone (the simulator's process mode).
+	NetworkNone = "none"
+)
+
+// Network is the guest's IPv4 configuration.
+type Network struct {
+	Mode string `json:"mode"`
+	// Interface defaults to the first non-loopback link.
+	Interface string   `json:"interface,omitempty"`
+	IP        string   `json:"ip,omitempty"`
+	Prefix    int      `json:"prefix,omitempty"`
+	Gateway   string   `json:"gateway,omitempty"`
+	DNS       []string `json:"dns,omitempty"`
+}
+
+// HostEntry is one extra /etc/hosts line.
+type HostEntry struct {
+	Host string `json:"host"`
+	IP   string `json:"ip"`
+}
+
+// ConfigFile is a non-secret file written into the workload root.
+type ConfigFile struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode"`
+	Content string `json:"content"`
+}
+
+// SecretFile is a secret file written into the workload root.
+type SecretFile struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode"`
+	Content Secret `json:"content"`
+}
+
+// TmpfsMount is a tmpfs mounted inside the workload root.
+type TmpfsMount struct {
+	Path string `json:"path"`
+	// SizeBytes 0 means the kernel default (half of RAM).
+	SizeBytes uint64 `json:"size_bytes,omitempty"`
+	// Mode 0 means 01777.
+	Mode uint32 `json:"mode,omitempty"`
+}
+
+// DataMount is an ext4 data volume mounted inside the workload root.
+type DataMount struct {
+	Device     string `json:"device"`
+	Mountpoint string `json:"mountpoint"`
+	ReadOnly   bool   `json:"read_only,omitempty"`
+}
+
+// Health-check types.
+const (
+	CheckExec = "exec"
+	CheckHTTP = "http"
+	CheckTCP  = "tcp"
+)
+
+// Healthcheck describes the workload's health check. Defaults (zero fields):
+// interval 30 s, timeout 30 s, retries 3, start period 0, TCP host 127.0.0.1.
+type Healthcheck struct {
+	Type string `json:"type"`
+	// Command is run like the workload (same root, user, env); exit 0 is healthy.
+	Command []string `json:"command,omitempty"`
+	// URL is fetched with GET; a 2xx or 3xx status is healthy.
+	URL string `json:"url,omitempty"`
+	// Host and Port are dialed over TCP; a connection is healthy.
+	Host            string `json:"host,omitempty"`
+	Port            int    `json:"port,omitempty"`
+	IntervalSecs    int    `json:"interval_secs,omitempty"`
+	TimeoutSecs     int    `json:"timeout_secs,omitempty"`
+	Retries         int    `json:"retries,omitempty"`
+	StartPeriodSecs int    `json:"start_period_secs,omitempty"`
+}
+
+// Stop asks the guest to stop the workload (SIGTERM, then SIGKILL after
+// GraceSecs, 0 meaning the Spec's StopGraceSecs) and then power off,
+// whatever Keepalive says.
+type Stop struct {
+	GraceSecs int `json:"grace_secs,omitempty"`
+}
+
+// Heartbeat is sent at the heartbeat interval from Hello on.
+type Heartbeat struct {
+	Seq uint64    `json:"seq"`
+	At  time.Time `json:"at"`
+}
+
+// Lease is the DHCP lease the guest obtained (sent on each bind and renewal).
+type Lease struct {
+	IP      string   `json:"ip"`
+	Prefix  int      `json:"prefix"`
+	Gateway string   `json:"gateway,omitempty"`
+	DNS     []string `json:"dns,omitempty"`
+	Search  []string `json:"search,omitempty"`
+	// LeaseSecs 0 means infinite or unknown.
+	LeaseSecs uint32 `json:"lease_secs,omitempty"`
+	Hostname  string `json:"hostname,omitempty"`
+}
+
+// Started reports that the workload process is running.
+type Started struct {
+	PID int `json:"pid"`
+}
+
+// Exit reports the end of the workload: exactly one of Code (exited) and
+// Signal (killed by that signal number) is set.
+type Exit struct {
+	Code   *int `json:"code,omitempty"`
+	Signal int  `json:"signal,omitempty"`
+}
+
+// Fatal reports a guest-side failure to set up or start the workload.
+type Fatal struct {
+	Message string `json:"message"`
+}
+
+// Health statuses.
+const (
+	HealthStarting  = "starting"
+	HealthHealthy   = "healthy"
+	HealthUnhealthy = "unhealthy"
+)
+
+// Health is sent when the status or the failing streak changes.
+type Health struct {
+	Status string `json:"status"`
+	// Streak counts consecutive failed checks (0 after a success).
+	Streak int `json:"streak,omitempty"`
+	// Output of the last check, at most MaxHealthOutput bytes.
+	Output string `json:"output,omitempty"`
+}
+
+// Log streams.
+const (
+	Stdout = "stdout"
+	Stderr = "stderr"
+)
+
+// Log is a chunk of workload output.
+type Log struct {
+	Stream string `json:"stream"`
+	// Data is at most MaxLogChunk bytes (base64 in JSON: output need not be UTF-8).
+	Data []byte `json:"data"`
+	// Seq counts Log messages from 1, across both streams.
+	Seq uint64 `json:"seq"`
+}
+
+// Type implementations.
+func (*Hello) Type() string     { return "hello" }
+func (*Spec) Type() string      { return "spec" }
+func (*Stop) Type() string      { return "stop" }
+func (*Heartbeat) Type() string { return "heartbeat" }
+func (*Lease) Type() string     { return "lease" }
+func (*Started) Type() string   { return "started" }
+func (*Exit) Type() string      { return "exit" }
+func (*Fatal) Type() string     { return "fatal" }
+func (*Health) Type() string    { return "health" }
+func (*Log) Type() string       { return "log" }
+
+// newMessage returns an empty message for a type name, or nil.
+func newMessage(typ string) Message {
+	switch typ {
+	case "hello":
+		return new(Hello)
+	case "spec":
+		return new(Spec)
+	case "stop":
+		return new(Stop)
+	case "heartbeat":
+		return new(Heartbeat)
+	case "lease":
+		return new(Lease)
+	case "started":
+		return new(Started)
+	case "exit":
+		return new(Exit)
+	case "fatal":
+		return new(Fatal)
+	case "health":
+		return new(Health)
+	case "log":
+		return new(Log)
+	}
+	return nil
+}
+
+// Validate checks the version.
+func (m *Hello) Validate() error {
+	if m.V != Version {
+		return fmt.Errorf("hello: version %d, want %d", m.V, Version)
+	}
+	return nil
+}
+
+// Validate checks the version and the enums, addresses and paths.
+func (m *Spec) Validate() error {
+	if m.V != Version {
+		return fmt.Errorf("spec: version %d, want %d", m.V, Version)
+	}
+	if len(m.Entrypoint)+len(m.Command) == 0 {
+		return errors.New("spec: empty command")
+	}
+	switch m.Network.Mode {
+	case NetworkStatic:
+		a, err := netip.ParseAddr(m.Network.IP)
+		if err != nil || !a.Is4() {
+			return fmt.Errorf("spec: network.ip %q is not an IPv4 address", m.Network.IP)
+		}
+		if m.Network.Prefix < 1 || m.Network.Prefix > 32 {
+			return fmt.Errorf("spec: network.prefix %d out of 1..32", m.Network.Prefix)
+		}
+		if m.Network.Gateway != "" {
+			if g, err := netip.ParseAddr(m.Network.Gateway); err != nil || !g.Is4() {
+				return fmt.Errorf("spec: network.gateway %q is not an IPv4 address", m.Network.Gateway)
+			}
+		}
+	case NetworkDHCP, NetworkNone:
+	default:
+		return fmt.Errorf("spec: unknown network.mode %q", m.Network.Mode)
+	}
+	for _, d := range m.Network.DNS {
+		if _, err := netip.ParseAddr(d); err != nil {
+			return fmt.Errorf("spec: network.dns %q is not an IP address", d)
+		}
+	}
+	for _, h := range m.ExtraHosts {
+		if _, err := netip.ParseAddr(h.IP); err != nil || h.Host == "" {
+			return fmt.Errorf("spec: extra_hosts entry %q %q is not a host and an IP", h.Host, h.IP)
+		}
+	}
+	for _, f := range m.ConfigFiles {
+		if err := checkPath("config_files", f.Path); err != nil {
+			return err
+		}
+	}
+	for _, f := range m.SecretFiles {
+		if err := checkPath("secret_files", f.Path); err != nil {
+			return err
+		}
+	}
+	for _, t := range m.TmpfsMounts {
+		if err := checkPath("tmpfs_mounts", t.Path); err != nil {
+			return err
+		}
+	}
+	for _, d := range m.DataMounts {
+		if err := checkPath("data_mounts", d.Mountpoint); err != nil {
+			return err
+		}
+	}
+	if h := m.Healthcheck; h != nil {
+		switch h.Type {
+		case CheckExec:
+			if len(h.Command) == 0 {
+				return errors.New("spec: exec healthcheck without a command")
+			}
+		case CheckHTTP:
+			if h.URL == "" {
+				return errors.New("spec: http healthcheck without a url")
+			}
+		case CheckTCP:
+			if h.Port < 1 || h.Port > 65535 {
+				return fmt.Errorf("spec: tcp healthcheck port %d out of 1..65535", h.Port)
+			}
+		default:
+			return fmt.Errorf("spec: unknown healthcheck type %q", h.Type)
+		}
+		if h.IntervalSecs < 0 || h.TimeoutSecs < 0 || h.Retries < 0 || h.StartPeriodSecs < 0 {
+			return errors.New("spec: negative healthcheck timing")
+		}
+	}
+	if m.StopGraceSecs < 0 || m.HeartbeatSecs < 0 {
+		return errors.New("spec: negative stop_grace_secs or heartbeat_secs")
+	}
+	for _, e := range m.SecretEnv {
+		if e.Key == "" {
+			return errors.New("spec: secret_env entry without a key")
+		}
+	}
+	return nil
+}
+
+// checkPath accepts absolute, clean paths other than /.
+func checkPath(field, p string) error {
+	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' {
+		return fmt.Errorf("spec: %s path %q is not an absolute file path", field, p)
+	}
+	for i := 0; i < len(p); {
+		j := i + 1
+		for j < len(p) && p[j] != '/' {
+			j++
+		}
+		seg := p[i+1 : j]
+		if seg == "" || seg == "." || seg == ".." {
+			return fmt.Errorf("spec: %s path %q has an empty, . or .. segment", field, p)
+		}
+		i = j
+	}
+	for _, c := range []byte(p) {
+		if c < 0x20 || c == 0x7f {
+			return fmt.Errorf("spec: %s path %q has a control character", field, p)
+		}
+	}
+	return nil
+}
+
+// Validate accepts any Stop with a non-negative grace.
+func (m *Stop) Validate() error {
+	if m.GraceSecs < 0 {
+		return errors.New("stop: negative grace_secs")
+	}
+	return nil
+}
+
+// Validate accepts any heartbeat.
+func (m *Heartbeat) Validate() error { return nil }
+
+// Validate checks the address and prefix.
+func (m *Lease) Validate() error {
+	a, err := netip.ParseAddr(m.IP)
+	if err != nil || !a.Is4() {
+		return fmt.Errorf("lease: ip %q is not an IPv4 address", m.IP)
+	}
+	if m.Prefix < 0 || m.Prefix > 32 {
+		return fmt.Errorf("lease: prefix %d out of 0..32", m.Prefix)
+	}
+	return nil
+}
+
+// Validate checks the pid.
+func (m *Started) Validate() error {
+	if m.PID <= 0 {
+		return fmt.Errorf("started: pid %d", m.PID)
+	}
+	return nil
+}
+
+// Validate checks that exactly one of Code and Signal is set.
+func (m *Exit) Validate() error {
+	if (m.Code == nil) == (m.Signal == 0) {
+		return errors.New("exit: want exactly one of code and signal")
+	}
+	if m.Signal < 0 || (m.Code != nil && (*m.Code < 0 || *m.Code > 255)) {
+		return errors.New("exit: code or signal out of range")
+	}
+	return nil
+}
+
+// Validate accepts any fatal message.
+func (m *Fatal) Validate() error { return nil }
+
+// Validate checks the status and sizes.
+func (m *Health) Validate() error {
+	switch m.Status {
+	case HealthStarting, HealthHealthy, HealthUnhealthy:
+	default:
+		return fmt.Errorf("health: unknown status %q", m.Status)
+	}
+	if m.Streak < 0 || len(m.Output) > MaxHealthOutput {
+		return errors.New("health: negative streak or output too long")
+	}
+	return nil
+}
+
+// Validate checks the stream and chunk size.
+func (m *Log) Validate() error {
+	if m.Stream != Stdout && m.Stream != Stderr {
+		return fmt.Errorf("log: unknown stream %q", m.Stream)
+	}
+	if len(m.Data) > MaxLogChunk {
+		return fmt.Errorf("log: chunk of %d bytes exceeds %d", len(m.Data), MaxLogChunk)
+	}
+	return nil
+}
+
+// envelope is the JSON of one frame.
+type envelope struct {
+	Type string          `json:"type"`
+	Body json.RawMessage `json:"body"`
+}
+
+// Conn sends and receives messages over a byte stream. Send is safe for
+// concurrent use; Recv must be called from one goroutine at a time.
+type Conn struct {
+	rw  io.ReadWriter
+	wmu sync.Mutex
+	hdr [4]byte
+}
+
+// NewConn wraps rw. Closing rw is the caller's job.
+func NewConn(rw io.ReadWriter) *Conn { return &Conn{rw: rw} }
+
+// Send validates m and writes it as one frame.
+func (c *Conn) Send(m Message) error {
+	b, err := Marshal(m)
+	if err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if _, err := c.rw.Write(b); err != nil {
+		return fmt.Errorf("sending %s: %w", m.Type(), err)
+	}
+	return nil
+}
+
+// Marshal validates m and returns its frame (length prefix included).
+func Marshal(m Message) ([]byte, error) {
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", m.Type(), err)
+	}
+	body, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", m.Type(), err)
+	}
+	env, err := json.Marshal(envelope{Type: m.Type(), Body: body})
+	if err != nil {
+		return nil, fmt.Errorf("encoding %s: %w", m.Type(), err)
+	}
+	if len(env) > MaxFrame {
+		return nil, fmt.Errorf("encoding %s: %d bytes: %w", m.Type(), len(env), ErrFrameTooLarge)
+	}
+	b := make([]byte, 4, 4+len(env))
+	binary.BigEndian.PutUint32(b, uint32(len(env)))
+	return append(b, env...), nil
+}
+
+// Recv reads one frame and returns its message, a pointer to one of this
+// package's types. A clean end of stream before a frame is io.EOF; a stream
+// cut inside a frame is io.ErrUnexpectedEOF.
+func (c *Conn) Recv() (Message, error) {
+	if _, err := io.ReadFull(c.rw, c.hdr[:]); err != nil {
+		return nil, err
+	}
+	n := binary.BigEndian.Uint32(c.hdr[:])
+	if n > MaxFrame {
+		return nil, fmt.Errorf("receiving: %d bytes: %w", n, ErrFrameTooLarge)
+	}
+	b := make([]byte, n)
+	if _, err := io.ReadFull(c.rw, b); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return nil, fmt.Errorf("receiving: %w", err)
+	}
+	return Unmarshal(b)
+}
+
+// Unmarshal decodes one envelope (without the length prefix), strictly.
+func Unmarshal(b []byte) (Message, error) {
+	var env envelope
+	if err := decodeStrict(b, &env); err != nil {
+		return nil, fmt.Errorf("decoding envelope: %w", err)
+	}
+	m := newMessage(env.Type)
+	if m == nil {
+		return nil, fmt.Errorf("decoding: unknown message type %q", env.Type)
+	}
+	if len(env.Body) == 0 || string(env.Body) == "null" {
+		return nil, fmt.Errorf("decoding %s: missing body", env.Type)
+	}
+	if err := decodeStrict(env.Body, m); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", env.Type, err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("decoding %s: %w", env.Type, err)
+	}
+	return m, nil
+}
+
+// decodeStrict decodes one JSON value with unknown fields and trailing data
+// refused.
+func decodeStrict(b []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if err := d.Decode(v); err != nil {
+		return err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return errors.New("trailing data after the JSON value")
+	}
+	return nil
+}
