@@ -1,0 +1,163 @@
+package chsim
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+	"syscall"
+)
+
+// The /sim/v1/ namespace on the API socket drives what a guest would do. Every action is
+// PUT and answers 204, 400 for a bad body, 404 for an unknown path, or 409 with
+// {"error": "…"} when the VM's state does not allow it:
+//
+//	PUT /sim/v1/activate          the guest's drivers activate every device (events)
+//	PUT /sim/v1/poweroff          ACPI poweroff from the guest (exit 0 unless --no-shutdown)
+//	PUT /sim/v1/reboot            the guest resets itself (vm rebooting/rebooted, same pid)
+//	PUT /sim/v1/panic             {"event":"panic"|"crash_loaded"}: pvpanic write
+//	PUT /sim/v1/hang              the VMM stops answering /api/v1/
+//	PUT /sim/v1/crash             {"signal":N}: the process dies by signal N
+//	PUT /sim/v1/serial            {"data":"…"}: the guest prints on its serial port
+//	PUT /sim/v1/vsock/listen      {"port":N}: a guest program listens on vsock port N
+//	PUT /sim/v1/vsock/unlisten    {"port":N}
+//	PUT /sim/v1/vsock/connect     {"port":N,"data":"…"}: the guest dials host port N
+//	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports"}
+func (s *sim) control(r *request) (response, func()) {
+	name := strings.TrimPrefix(r.path, "/sim/v1/")
+	if name == "status" {
+		if r.method != http.MethodGet {
+			return controlError(http.StatusMethodNotAllowed, "use GET"), nil
+		}
+		return s.status(), nil
+	}
+	if r.method != http.MethodPut {
+		return controlError(http.StatusMethodNotAllowed, "use PUT"), nil
+	}
+	var body struct {
+		Event  string  `json:"event"`
+		Signal int     `json:"signal"`
+		Data   string  `json:"data"`
+		Port   *uint32 `json:"port"`
+	}
+	if r.body != nil {
+		if err := json.Unmarshal(r.body, &body); err != nil {
+			return controlError(http.StatusBadRequest, "decoding body: "+err.Error()), nil
+		}
+	}
+	needPort := func() (uint32, *response) {
+		if body.Port == nil {
+			resp := controlError(http.StatusBadRequest, "port is required")
+			return 0, &resp
+		}
+		return *body.Port, nil
+	}
+	switch name {
+	case "activate":
+		s.mu.Lock()
+		ok := s.activateLocked()
+		s.mu.Unlock()
+		if !ok {
+			return controlError(http.StatusConflict, "the VM is not running or its devices are already active"), nil
+		}
+		return noContent(), nil
+	case "poweroff":
+		s.mu.Lock()
+		running := s.state == stateRunning
+		s.mu.Unlock()
+		if !running {
+			return controlError(http.StatusConflict, "the VM is not running"), nil
+		}
+		return noContent(), func() { s.guestPoweroff(0) }
+	case "reboot":
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.state != stateRunning {
+			return controlError(http.StatusConflict, "the VM is not running"), nil
+		}
+		s.resetDevicesLocked()
+		if chain := s.rebootLocked(); chain != nil {
+			return controlError(http.StatusInternalServerError, strings.Join(chain, ": ")), nil
+		}
+		return noContent(), nil
+	case "panic":
+		ev := body.Event
+		if ev == "" {
+			ev = "panic"
+		}
+		if ev != "panic" && ev != "crash_loaded" {
+			ev = "unknown_event"
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.state != stateRunning {
+			return controlError(http.StatusConflict, "the VM is not running"), nil
+		}
+		if !s.vm.Pvpanic {
+			return controlError(http.StatusConflict, "the VM has no pvpanic device"), nil
+		}
+		s.serialWrite("Kernel panic - not syncing: chsim\r\n")
+		s.emit("guest", "panic", map[string]string{"event": ev})
+		return noContent(), nil
+	case "hang":
+		return noContent(), func() { s.hung.Store(true) }
+	case "crash":
+		sig := syscall.Signal(body.Signal)
+		if body.Signal <= 0 || body.Signal >= 65 {
+			return controlError(http.StatusBadRequest, "signal must be 1…64"), nil
+		}
+		return noContent(), func() { die(sig) }
+	case "serial":
+		s.mu.Lock()
+		s.serialWrite(body.Data)
+		s.mu.Unlock()
+		return noContent(), nil
+	case "vsock/listen", "vsock/unlisten":
+		port, bad := needPort()
+		if bad != nil {
+			return *bad, nil
+		}
+		s.mu.Lock()
+		if name == "vsock/listen" {
+			s.guestPorts[port] = true
+		} else {
+			delete(s.guestPorts, port)
+		}
+		s.mu.Unlock()
+		return noContent(), nil
+	case "vsock/connect":
+		port, bad := needPort()
+		if bad != nil {
+			return *bad, nil
+		}
+		if err := s.guestConnect(port, []byte(body.Data)); err != nil {
+			return controlError(http.StatusConflict, err.Error()), nil
+		}
+		return noContent(), nil
+	}
+	return controlError(http.StatusNotFound, "unknown simulator action "+name), nil
+}
+
+func controlError(status int, msg string) response {
+	return jsonResponse(status, map[string]string{"error": msg})
+}
+
+func (s *sim) status() response {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var taps []string
+	for _, f := range s.taps {
+		taps = append(taps, strings.TrimPrefix(f.Name(), "tap:"))
+	}
+	var ports []uint32
+	for p := range s.guestPorts {
+		ports = append(ports, p)
+	}
+	return jsonResponse(http.StatusOK, map[string]any{
+		"state":       s.state.String(),
+		"activated":   s.activated,
+		"hung":        s.hung.Load(),
+		"taps":        taps,
+		"vhost_conns": len(s.vhost),
+		"guest_ports": ports,
+	})
+}

@@ -1,0 +1,5 @@
+package chsim
+
+import "unsafe"
+
+func unsafePointer[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }

@@ -1,0 +1,195 @@
+package chclient
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+)
+
+// Event is one record of CH's event-monitor stream.
+type Event struct {
+	// Timestamp is the time since the CH process started.
+	Timestamp  time.Duration
+	Source     string            // "vmm", "vm", "virtio-device", "guest", …
+	Event      string            // "booted", "activated", "panic", …
+	Properties map[string]string // nil when CH wrote null
+}
+
+// String formats the event as "source/event" plus its properties.
+func (e Event) String() string {
+	if len(e.Properties) == 0 {
+		return e.Source + "/" + e.Event
+	}
+	return fmt.Sprintf("%s/%s %v", e.Source, e.Event, e.Properties)
+}
+
+type rawEvent struct {
+	Timestamp *struct {
+		Secs  uint64 `json:"secs"`
+		Nanos uint32 `json:"nanos"`
+	} `json:"timestamp"`
+	Source     *string           `json:"source"`
+	Event      *string           `json:"event"`
+	Properties map[string]string `json:"properties"`
+}
+
+// MalformedEventError is a record of the stream that is not an event. The reader has
+// skipped it; the next call continues with the record after it.
+type MalformedEventError struct {
+	Offset int64 // byte offset of the record in the stream
+	Err    error
+}
+
+func (e *MalformedEventError) Error() string {
+	return fmt.Sprintf("malformed event at offset %d: %v", e.Offset, e.Err)
+}
+
+func (e *MalformedEventError) Unwrap() error { return e.Err }
+
+// EventReader splits CH's event stream: pretty-printed JSON objects separated by blank
+// lines (one compact object per line is accepted too). It is not safe for concurrent use.
+type EventReader struct {
+	r   io.Reader
+	buf []byte
+	off int64 // stream offset of buf[0]
+	tmp []byte
+}
+
+// NewEventReader reads events from r, starting at the beginning of the stream.
+func NewEventReader(r io.Reader) *EventReader {
+	return &EventReader{r: r, tmp: make([]byte, 32<<10)}
+}
+
+// Offset returns how many bytes of the stream the events returned so far (and any skipped
+// records) span. A reader resumed there with ReadEventsFrom continues after them.
+func (er *EventReader) Offset() int64 { return er.off }
+
+// Next returns the next complete event. When the underlying reader is at its end it returns
+// io.EOF and keeps an unfinished event buffered: a later call, after more data arrived (a
+// file CH is still writing), completes it. A record that cannot be decoded yields a
+// *MalformedEventError and is skipped.
+func (er *EventReader) Next() (Event, error) {
+	for {
+		ev, ok, err := er.parse()
+		if ok || err != nil {
+			return ev, err
+		}
+		n, rerr := er.r.Read(er.tmp)
+		er.buf = append(er.buf, er.tmp[:n]...)
+		if n > 0 {
+			continue
+		}
+		if rerr == nil {
+			continue
+		}
+		return Event{}, rerr
+	}
+}
+
+// parse takes one event off the buffer if a whole one is there.
+func (er *EventReader) parse() (Event, bool, error) {
+	trimmed := bytes.TrimLeft(er.buf, " \t\r\n")
+	er.off += int64(len(er.buf) - len(trimmed))
+	er.buf = trimmed
+	if len(er.buf) == 0 {
+		return Event{}, false, nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(er.buf))
+	var raw rawEvent
+	err := dec.Decode(&raw)
+	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return Event{}, false, nil
+	}
+	start := er.off
+	if err != nil {
+		var te *json.UnmarshalTypeError
+		skip := int(dec.InputOffset())
+		if !errors.As(err, &te) {
+			// A syntax error: resynchronise on the blank line that ends every event.
+			i := bytes.Index(er.buf, []byte("\n\n"))
+			if i < 0 {
+				return Event{}, false, nil
+			}
+			skip = i + 2
+		}
+		er.consume(skip)
+		return Event{}, false, &MalformedEventError{Offset: start, Err: err}
+	}
+	er.consume(int(dec.InputOffset()))
+	if raw.Timestamp == nil || raw.Source == nil || raw.Event == nil {
+		return Event{}, false, &MalformedEventError{Offset: start, Err: errors.New("missing timestamp, source or event")}
+	}
+	return Event{
+		Timestamp:  time.Duration(raw.Timestamp.Secs)*time.Second + time.Duration(raw.Timestamp.Nanos),
+		Source:     *raw.Source,
+		Event:      *raw.Event,
+		Properties: raw.Properties,
+	}, true, nil
+}
+
+func (er *EventReader) consume(n int) {
+	er.buf = er.buf[n:]
+	er.off += int64(n)
+	if len(er.buf) == 0 {
+		er.buf = er.buf[:0:0] // let a large consumed buffer go
+	}
+}
+
+// followPoll is how often FollowEvents looks for more data at the end of the stream.
+const followPoll = 20 * time.Millisecond
+
+// FollowEvents reads the event monitor at path (a regular file or a FIFO) from byte offset
+// and calls fn for every event, following the stream as CH appends to it, until ctx ends
+// (it then returns ctx.Err()) or fn returns an error (returned as is). Malformed records are
+// passed to bad, if not nil, and skipped. The returned offset is where a later call should
+// resume.
+func FollowEvents(ctx context.Context, path string, offset int64, fn func(Event) error, bad func(error)) (int64, error) {
+	// O_NONBLOCK keeps opening a FIFO without a writer from blocking.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscallNonblock, 0)
+	if err != nil {
+		return offset, fmt.Errorf("opening event monitor %s: %w", path, err)
+	}
+	defer f.Close()
+	if offset > 0 {
+		if _, err := f.Seek(offset, io.SeekStart); err != nil {
+			return offset, fmt.Errorf("seeking event monitor %s to %d: %w", path, offset, err)
+		}
+	}
+	// A FIFO read blocks in the poller; a past deadline wakes it when ctx ends. Regular
+	// files never block, so the error SetReadDeadline gives them does not matter.
+	stop := context.AfterFunc(ctx, func() { f.SetReadDeadline(time.Now()) })
+	defer stop()
+	er := NewEventReader(f)
+	er.off = offset
+	tick := time.NewTicker(followPoll)
+	defer tick.Stop()
+	for {
+		ev, err := er.Next()
+		switch {
+		case err == nil:
+			if err := fn(ev); err != nil {
+				return er.Offset(), err
+			}
+			continue
+		case errors.As(err, new(*MalformedEventError)):
+			if bad != nil {
+				bad(err)
+			}
+			continue
+		case errors.Is(err, io.EOF), errors.Is(err, os.ErrDeadlineExceeded):
+			// End of what CH has written so far (or a FIFO with no writer yet).
+		default:
+			return er.Offset(), fmt.Errorf("reading event monitor %s: %w", path, err)
+		}
+		select {
+		case <-ctx.Done():
+			return er.Offset(), ctx.Err()
+		case <-tick.C:
+		}
+	}
+}

@@ -1,0 +1,5 @@
+package chclient
+
+import "syscall"
+
+const syscallNonblock = syscall.O_NONBLOCK
