@@ -84,7 +84,7 @@ func Mdir(t testing.TB, img string) (label string, longNames []string) {
 	}
 	// Entry lines: SHORT [EXT] SIZE DATE TIME LONGNAME; the long name may
 	// contain spaces, so split on the time column.
-	entry := regexp.MustCompile(`^\S+(?: +\S{1,3})? +(?:\d[\d ]*|<DIR>) +\d{4}-\d\d-\d\d +\d\d:\d\d  (.+)$`)
+	entry := regexp.MustCompile(`^\S+(?: +\S{1,3})? +(?:\d[\d ]*|<DIR>) +\d{4}-\d\d-\d\d +\d{1,2}:\d\d  (.+)$`)
 	for _, line := range strings.Split(string(out), "\n") {
 		if l, ok := strings.CutPrefix(line, " Volume in drive : is "); ok {
 			label = strings.TrimRight(l, " ")

@@ -1,0 +1,147 @@
+package seed
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"vmhost/seed/fat"
+)
+
+// Size is the seed image's size in bytes (1 MiB, the layout the reference
+// recommends); the VM view reports it as seed_disk.size_bytes.
+const Size = fat.DefaultSize
+
+// Label is the seed's volume label, in the boot sector and the root
+// directory, as cloud-init's NoCloud datasource looks for it.
+const Label = fat.DefaultLabel
+
+// ErrNotSeed reports an image without meta-data or user-data, which NoCloud
+// would not accept as a seed.
+var ErrNotSeed = errors.New("not a NoCloud seed")
+
+// fatFiles lists the documents in the order they are stored.
+func (f Files) fatFiles() []fat.File {
+	files := []fat.File{{Name: MetaDataName, Data: f.MetaData}, {Name: UserDataName, Data: f.UserData}}
+	if f.NetworkConfig != nil {
+		files = append(files, fat.File{Name: NetworkConfigName, Data: f.NetworkConfig})
+	}
+	return files
+}
+
+// Image returns the seed image bytes for f, built with opts; the zero
+// Options give what Write writes. Documents that do not fit are an error
+// wrapping fat.ErrNoSpace.
+func Image(f Files, opts fat.Options) ([]byte, error) {
+	if opts.Label == "" {
+		opts.Label = Label
+	}
+	img, err := fat.Build(f.fatFiles(), opts)
+	if err != nil {
+		return nil, fmt.Errorf("building seed image: %w", err)
+	}
+	return img, nil
+}
+
+// Write writes the Size-byte seed image for f to w and returns the number
+// of bytes written.
+func Write(w io.Writer, f Files) (int64, error) {
+	img, err := Image(f, fat.Options{})
+	if err != nil {
+		return 0, err
+	}
+	n, err := w.Write(img)
+	if err != nil {
+		return int64(n), fmt.Errorf("writing seed image: %w", err)
+	}
+	return int64(n), nil
+}
+
+// WriteFile writes the seed image for f to path, replacing any file there
+// atomically: a temporary file in the same directory is written, synced
+// and renamed over path, and the directory is synced. The file is 0600
+// because user-data may hold a clear-text password. It returns the image
+// size (Size).
+func WriteFile(path string, f Files) (int64, error) {
+	img, err := Image(f, fat.Options{})
+	if err != nil {
+		return 0, err
+	}
+	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
+		return 0, fmt.Errorf("writing seed image %s: not a regular file", path)
+	}
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	if err != nil {
+		return 0, fmt.Errorf("writing seed image: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if _, err := tmp.Write(img); err != nil {
+		return 0, fmt.Errorf("writing seed image %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Chmod(0o600); err != nil {
+		return 0, fmt.Errorf("writing seed image %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		return 0, fmt.Errorf("syncing seed image %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return 0, fmt.Errorf("closing seed image %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return 0, fmt.Errorf("renaming seed image into place: %w", err)
+	}
+	done = true
+	// Sync the directory so the rename survives a power loss.
+	d, err := os.Open(dir)
+	if err != nil {
+		return 0, fmt.Errorf("syncing seed directory: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return 0, fmt.Errorf("syncing seed directory %s: %w", dir, err)
+	}
+	return int64(len(img)), nil
+}
+
+// ReadFiles reads the documents back from a seed image of size bytes. It
+// fails with ErrNotSeed when meta-data or user-data is missing or the
+// label is not Label, and with an error wrapping fat.ErrCorrupt for a
+// damaged image. NetworkConfig is nil when the image has none.
+func ReadFiles(r io.ReaderAt, size int64) (Files, error) {
+	v, err := fat.Read(r, size)
+	if err != nil {
+		return Files{}, fmt.Errorf("reading seed image: %w", err)
+	}
+	if v.Label != Label || v.BootLabel != Label {
+		return Files{}, fmt.Errorf("%w: labels %q and %q, want %q", ErrNotSeed, v.Label, v.BootLabel, Label)
+	}
+	var f Files
+	for _, file := range v.Files {
+		data := bytes.Clone(file.Data)
+		if data == nil {
+			data = []byte{}
+		}
+		switch file.Name {
+		case MetaDataName:
+			f.MetaData = data
+		case UserDataName:
+			f.UserData = data
+		case NetworkConfigName:
+			f.NetworkConfig = data
+		}
+	}
+	if f.MetaData == nil || f.UserData == nil {
+		return Files{}, fmt.Errorf("%w: meta-data or user-data missing", ErrNotSeed)
+	}
+	return f, nil
+}
