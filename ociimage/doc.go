@@ -1,0 +1,81 @@
+// Package ociimage imports a container image from a file on the host into
+// an ext4 root file system stored as qcow2, for AppVMs. It works offline:
+// the image arrives as an OCI image layout (a directory or a tar of one) or
+// as a `docker save` tarball, never from a registry.
+//
+// Import resolves the manifest, verifies every blob against its sha256
+// digest (and size, where the descriptor gives one) while reading it,
+// applies the layers in order into a staging directory, runs
+// `mkfs.ext4 -d` over it and converts the result with qcow2.ConvertRaw. The
+// image config's entrypoint, cmd, env, working directory, user and health
+// check come back in Image as the workload defaults.
+//
+// # Sources
+//
+//   - OCI image layout: a directory, or a tar of one, holding oci-layout,
+//     index.json and blobs/sha256/…. Nested indexes are followed. Among
+//     several manifests, Options.Ref picks one by its ref-name annotation;
+//     otherwise the one for Options.Platform (default linux/GOARCH), or the
+//     only one. build_digest is the manifest's digest.
+//   - `docker save` tarball: manifest.json with Config and Layers. Newer
+//     Docker (25+) also writes index.json; then the OCI route is taken.
+//     Older tarballs carry no manifest, so BuildDigest is the config's
+//     digest (Docker's image id), which changes whenever the image does.
+//     Layers named by a blobs/sha256/<hex> path are checked against that
+//     digest, legacy <id>/layer.tar files against the config's diff_ids.
+//   - The outer archive may be gzip-compressed; it is then decompressed
+//     into the import's temp dir first.
+//
+// # Layers
+//
+// Layers may be plain tar or gzip (detected from the bytes, not the media
+// type). zstd-compressed layers are refused with ErrUnsupported: the
+// standard library has no zstd decoder. Layers are applied like the OCI
+// image spec's changesets: `.wh.<name>` removes name from lower layers,
+// `.wh..wh..opq` empties its directory of everything lower layers put there.
+// Owners (lchown), modes including setuid, setgid and sticky, mtimes,
+// symlinks, hard links (to any earlier entry of the merged tree), device
+// nodes, fifos, and SCHILY.xattr.* extended attributes on regular files and
+// directories are kept. Directory mtimes are set once their layer is done.
+//
+// # Safety
+//
+// The staging tree is only ever touched through an os.Root and *at system
+// calls on the final path component with AT_SYMLINK_NOFOLLOW, so nothing is
+// created, changed or removed outside it. An entry is refused, and the import
+// fails with ErrUnsafePath, when its path is absolute, when it climbs out
+// with "..", or when reaching its parent would follow a symlink out of the
+// root. Absolute symlink targets count as leaving the root: a layer holding
+// `etc -> /etc` and then `etc/passwd` fails. Symlinks that stay inside
+// (`lib -> usr/lib`) are followed. Real image builders emit none of the
+// refused forms. The source archive is read by name lookup in an index of
+// it, never extracted, so its own paths cannot escape either.
+//
+// On failure, everything Import wrote (a temp dir .import-* under dstDir,
+// and dstDir itself when Import created it) is removed, and the error names
+// the cause: a digest mismatch, a missing blob, a truncated archive, an
+// unsafe path, an unsupported compression. It matches the sentinel errors
+// below with errors.Is.
+//
+// # Privileges
+//
+// Keeping owners needs CAP_CHOWN and creating character and block devices
+// needs CAP_MKNOD, so Import normally runs as root (vmhost serve does). As
+// another user it fails on the first owner or device it cannot set, unless
+// Options.IgnoreOwners (files then belong to the importing user) or
+// Options.SkipDevices (such device nodes are left out and counted in
+// Image.SkippedDevices) say otherwise. Fifos need no privilege.
+//
+// # Size
+//
+// The ext4 file system is sized from the staging tree: the bytes of every
+// regular file and symlink target rounded up to 4 KiB blocks (hard links
+// once), one block per directory, plus a fifth of that and 64 MiB of
+// headroom for journal and metadata, rounded up to 1 MiB. It gets one inode
+// per entry plus a quarter (at least 4096) for the workload. Image.SizeBytes
+// is that virtual size; the qcow2 file itself only holds the used clusters.
+// The caller grows the disk for a VM as it would any base image.
+//
+// mkfs.ext4 (e2fsprogs 1.43 or newer, for -d) must be on PATH, or named in
+// Options.Mkfs.
+package ociimage
