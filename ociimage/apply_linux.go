@@ -57,8 +57,9 @@ type applier struct {
 	opts    Options
 	buf     []byte
 
-	layer int    // 1-based, for errors
-	what  string // "layer N (digest)", for errors
+	layer int       // 1-based, for errors
+	what  string    // "layer N (digest)", for errors
+	blob  *verifier // the layer being read
 	// unpacked holds the paths this layer created and their ancestors: an
 	// opaque marker hides only what lower layers put in its directory.
 	unpacked map[string]bool
@@ -96,11 +97,12 @@ func (a *applier) keepTimes(dir string, fi fs.FileInfo) {
 }
 
 func (a *applier) applyLayer(ctx context.Context, src source, l descriptor) error {
-	v, err := openBlob(src, l, a.what)
+	v, err := openBlob(src, l, fmt.Sprintf("layer %d", a.layer))
 	if err != nil {
 		return err
 	}
 	defer v.Close()
+	a.blob = v
 	br := bufio.NewReaderSize(v, 64<<10)
 	magic, _ := br.Peek(4)
 	var r io.Reader = br
@@ -153,11 +155,15 @@ func (a *applier) applyLayer(ctx context.Context, src source, l descriptor) erro
 	return nil
 }
 
-// readErr explains an error from reading a layer's stream: the verifier's
-// own errors already name the layer.
+// readErr explains an error from reading a layer's stream. When the blob
+// itself is wrong (a corrupt gzip stream usually is), that is the cause to
+// report; the verifier's errors already name the layer.
 func (a *applier) readErr(err error) error {
 	if errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrTruncated) {
 		return err
+	}
+	if verr := a.blob.finish(); verr != nil && (errors.Is(verr, ErrDigestMismatch) || errors.Is(verr, ErrTruncated)) {
+		return verr
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		return fmt.Errorf("%w: unexpected EOF in %s", ErrTruncated, a.what)

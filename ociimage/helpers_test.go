@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -363,4 +364,41 @@ func assertEmptyDir(t testing.TB, dir string) {
 		})
 		t.Fatalf("%s is not empty after a failed import: %v", dir, names)
 	}
+}
+
+// readTar returns the regular files of the tar at path.
+func readTar(t testing.TB, path string) map[string][]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files := map[string][]byte{}
+	tr := tar.NewReader(f)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hdr.Typeflag == tar.TypeReg {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files[hdr.Name] = b
+		}
+	}
+}
+
+func linkCount(t testing.TB, path string) uint64 {
+	t.Helper()
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return uint64(st.Nlink)
 }

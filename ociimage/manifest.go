@@ -199,7 +199,7 @@ func resolveIndex(src source, idx *ociIndex, opts Options, depth int) (*resolved
 		return nil, err
 	}
 	what := "manifest " + e.Digest
-	data, err := readBlob(src, e.descriptor, what, maxIndexBytes)
+	data, err := readBlob(src, e.descriptor, "manifest", maxIndexBytes)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +294,7 @@ func resolveDocker(src source, data []byte, opts Options) (*resolved, error) {
 		cfg, err := readFile(src, pick.Config, maxConfigBytes)
 		if err != nil {
 			if errors.Is(err, fs.ErrNotExist) {
-				return nil, fmt.Errorf("config: blob %s missing from archive (%w)", pick.Config, ErrMissingBlob)
+				return nil, fmt.Errorf("blob %s (config) %w", pick.Config, ErrMissingBlob)
 			}
 			return nil, err
 		}

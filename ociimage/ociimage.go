@@ -36,7 +36,7 @@ var (
 
 type missingBlobError struct{}
 
-func (missingBlobError) Error() string        { return "missing blob" }
+func (missingBlobError) Error() string        { return "missing from archive" }
 func (missingBlobError) Is(target error) bool { return target == fs.ErrNotExist }
 
 // RootfsName is the file name of the imported root disk inside dstDir.
@@ -163,7 +163,7 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 	if err != nil {
 		return nil, err
 	}
-	cfgData, err := readBlob(source, res.config, "config", 16<<20)
+	cfgData, err := readBlob(source, res.config, "config", maxConfigBytes)
 	if err != nil {
 		return nil, err
 	}

@@ -235,25 +235,35 @@ func validDigest(d string) bool {
 	return true
 }
 
+// blobWhat names a blob in errors: "layer 2 (sha256:…)".
+func blobWhat(label string, d descriptor) string {
+	if d.Digest != "" {
+		return label + " (" + d.Digest + ")"
+	}
+	return label + " (" + d.Path + ")"
+}
+
 // openBlob opens the blob of d, verifying its digest and size as it is
 // read: the reader returns an error wrapping ErrDigestMismatch or
-// ErrTruncated instead of io.EOF when the content is wrong. what names the
-// blob in errors.
-func openBlob(src source, d descriptor, what string) (*verifier, error) {
-	name := d.Path
+// ErrTruncated instead of io.EOF when the content is wrong. label says what
+// the blob is ("layer 2", "config") for errors.
+func openBlob(src source, d descriptor, label string) (*verifier, error) {
+	what := blobWhat(label, d)
+	name, id := d.Path, d.Path
 	if name == "" {
 		if !validDigest(d.Digest) {
-			return nil, fmt.Errorf("%w: %s has digest %q, want sha256:<64 hex digits>", ErrInvalid, what, d.Digest)
+			return nil, fmt.Errorf("%w: %s has digest %q, want sha256:<64 hex digits>", ErrInvalid, label, d.Digest)
 		}
 		name = "blobs/sha256/" + strings.TrimPrefix(d.Digest, "sha256:")
+		id = d.Digest
 	}
 	rc, size, err := src.open(name)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			if trunc := src.truncation(); trunc != nil {
-				return nil, fmt.Errorf("%s: blob %s missing from archive (%w; %w)", what, name, ErrMissingBlob, trunc)
+				return nil, fmt.Errorf("blob %s (%s) %w (%w)", id, label, ErrMissingBlob, trunc)
 			}
-			return nil, fmt.Errorf("%s: blob %s missing from archive (%w)", what, name, ErrMissingBlob)
+			return nil, fmt.Errorf("blob %s (%s) %w", id, label, ErrMissingBlob)
 		}
 		return nil, fmt.Errorf("opening %s: %w", what, err)
 	}
@@ -263,7 +273,7 @@ func openBlob(src source, d descriptor, what string) (*verifier, error) {
 	}
 	if d.Size > 0 && size > d.Size {
 		rc.Close()
-		return nil, fmt.Errorf("%s: %w: blob holds %d bytes, descriptor says %d", what, ErrDigestMismatch, size, d.Size)
+		return nil, fmt.Errorf("%s %w: the blob holds %d bytes, its descriptor says %d", what, ErrDigestMismatch, size, d.Size)
 	}
 	return &verifier{rc: rc, h: sha256.New(), want: want, digest: d.Digest, what: what}, nil
 }
@@ -289,7 +299,7 @@ func (v *verifier) Read(p []byte) (int, error) {
 	v.h.Write(p[:n])
 	v.n += int64(n)
 	if v.n > v.want {
-		v.err = fmt.Errorf("%s: %w: more than the %d bytes its descriptor says", v.what, ErrDigestMismatch, v.want)
+		v.err = fmt.Errorf("%s %w: more than the %d bytes its descriptor says", v.what, ErrDigestMismatch, v.want)
 		return n, v.err
 	}
 	if err == io.EOF {
@@ -319,11 +329,12 @@ func (v *verifier) Close() error { return v.rc.Close() }
 
 // readBlob reads and verifies a small blob (manifest, index, config) of at
 // most limit bytes.
-func readBlob(src source, d descriptor, what string, limit int64) ([]byte, error) {
+func readBlob(src source, d descriptor, label string, limit int64) ([]byte, error) {
+	what := blobWhat(label, d)
 	if d.Size > limit {
 		return nil, fmt.Errorf("%w: %s is %d bytes, more than the %d allowed", ErrInvalid, what, d.Size, limit)
 	}
-	v, err := openBlob(src, d, what)
+	v, err := openBlob(src, d, label)
 	if err != nil {
 		return nil, err
 	}
