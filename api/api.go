@@ -1,0 +1,346 @@
+// Package api serves vmhost's HTTP contract (shared/spec/api.md): the
+// routes, authentication, the error envelope, strict body decoding (422)
+// and the JSON views.
+//
+// Every request goes: route match (unknown paths: 404 NOT_FOUND, wrong
+// method: 405 with Allow) → auth (401/403; nothing is read or written
+// before it passes) → body limit and strict decode (422 plain text) →
+// validation (400) → admission (409) → execution (201/202, or 500).
+//
+// Knobs: MaxBodyBytes. A body larger than that is refused with 400
+// BAD_REQUEST before decoding (the contract has no 413).
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+
+	"vmhost/appvm"
+	"vmhost/auth"
+	"vmhost/vm"
+)
+
+// MaxBodyBytes is the largest request body accepted (1 MiB).
+const MaxBodyBytes = 1 << 20
+
+// Error codes of contract §7, plus CAPACITY_CONFLICT (DESIGN §5).
+const (
+	CodeBadRequest       = "BAD_REQUEST"
+	CodeUnauthorized     = "UNAUTHORIZED"
+	CodeForbidden        = "FORBIDDEN"
+	CodeNotFound         = "NOT_FOUND"
+	CodeAlreadyExists    = "ALREADY_EXISTS"
+	CodeConflict         = "CONFLICT"
+	CodeInvalidState     = "INVALID_STATE"
+	CodeCapacityConflict = "CAPACITY_CONFLICT"
+	CodeCHError          = "CH_ERROR"
+	CodeNetworkError     = "NETWORK_ERROR"
+	CodeStorageError     = "STORAGE_ERROR"
+	CodeInternal         = "INTERNAL"
+)
+
+// Authorizer checks an Authorization header for a route pattern, exactly
+// as the mux spells it. *auth.Keyring implements it.
+type Authorizer interface {
+	Authorize(header, pattern string, mutates bool) (*auth.Key, error)
+}
+
+// Config holds the dependencies of the API. All fields but Logger are
+// required.
+type Config struct {
+	Keys   Authorizer
+	VMs    *vm.Service
+	AppVMs *appvm.Service
+	Logger *slog.Logger
+}
+
+// Server is the API's http.Handler. It is safe for concurrent use.
+type Server struct {
+	keys   Authorizer
+	vms    *vm.Service
+	apps   *appvm.Service
+	log    *slog.Logger
+	mux    *http.ServeMux
+	routes []Route
+}
+
+// Route is one API route: its pattern as the mux spells it (also the
+// allowlist entry of an API key) and whether it mutates (needs a
+// readwrite key).
+type Route struct {
+	Pattern string
+	Mutates bool
+	handle  func(*Server, http.ResponseWriter, *http.Request)
+}
+
+// routeTable is every route of the API, in one place.
+var routeTable = []Route{
+	{"GET /api/vms", false, (*Server).listVMs},
+	{"GET /api/vms/{id}", false, (*Server).getVM},
+	{"POST /api/vms", true, (*Server).createVM},
+	{"GET /api/appvm/vms", false, (*Server).listAppVMs},
+	{"GET /api/appvm/vms/{id}", false, (*Server).getAppVM},
+	{"POST /api/appvm/vms", true, (*Server).createAppVM},
+}
+
+// Routes lists the API's routes, for key allowlists and documentation.
+func Routes() []Route { return slices.Clone(routeTable) }
+
+// New returns the API handler.
+func New(c Config) *Server {
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, log: c.Logger, mux: http.NewServeMux(), routes: Routes()}
+	for _, rt := range s.routes {
+		s.mux.Handle(rt.Pattern, s.guard(rt))
+	}
+	s.mux.HandleFunc("/", s.noRoute)
+	return s
+}
+
+// ServeHTTP serves the API.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// guard authenticates a request for rt before anything else happens.
+func (s *Server) guard(rt Route) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := s.keys.Authorize(r.Header.Get("Authorization"), rt.Pattern, rt.Mutates); err != nil {
+			switch {
+			case errors.Is(err, auth.ErrForbidden):
+				writeError(w, http.StatusForbidden, CodeForbidden, err.Error())
+			default:
+				writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing or invalid API key")
+			}
+			return
+		}
+		rt.handle(s, w, r)
+	})
+}
+
+var probeMethods = []string{http.MethodGet, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete}
+
+// noRoute answers requests that match no route: 405 with Allow when the
+// path exists under another method, else 404, both as JSON.
+func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+	var allow []string
+	for _, m := range probeMethods {
+		probe := r.Clone(r.Context())
+		probe.Method = m
+		if _, pat := s.mux.Handler(probe); pat != "/" && pat != "" {
+			allow = append(allow, m)
+		}
+	}
+	if len(allow) > 0 {
+		if slices.Contains(allow, http.MethodGet) {
+			allow = append(allow, http.MethodHead)
+		}
+		w.Header().Set("Allow", joinComma(allow))
+		writeError(w, http.StatusMethodNotAllowed, CodeBadRequest, fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path))
+		return
+	}
+	writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("no such endpoint: %s", r.URL.Path))
+}
+
+func joinComma(s []string) string {
+	var b bytes.Buffer
+	for i, x := range s {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(x)
+	}
+	return b.String()
+}
+
+// errorBody is the contract's error envelope.
+type errorBody struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, errorBody{Code: code, Message: msg})
+}
+
+var bufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// writeJSON encodes v and writes it with its length.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	buf := bufPool.Get().(*bytes.Buffer)
+	defer func() {
+		if buf.Cap() <= 1<<20 {
+			buf.Reset()
+			bufPool.Put(buf)
+		}
+	}()
+	if err := json.NewEncoder(buf).Encode(v); err != nil {
+		buf.Reset()
+		status = http.StatusInternalServerError
+		fmt.Fprintf(buf, "{\"code\":%q,\"message\":\"encoding the response failed\"}\n", CodeInternal)
+	}
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = []string{strconv.Itoa(buf.Len())}
+	w.WriteHeader(status)
+	w.Write(buf.Bytes())
+}
+
+var jsonContentType = []string{"application/json"}
+
+// writeDecodeError answers 422 with one plain-text line.
+func writeDecodeError(w http.ResponseWriter, err error) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(http.StatusUnprocessableEntity)
+	io.WriteString(w, err.Error()+"\n")
+}
+
+// readBody reads a request body of at most MaxBodyBytes. It answers the
+// request itself and returns false when the body is refused.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	if r.ContentLength > MaxBodyBytes {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
+		} else {
+			writeError(w, http.StatusBadRequest, CodeBadRequest, "body: reading failed")
+		}
+		return nil, false
+	}
+	return body, true
+}
+
+// fail answers err with its status and code.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
+	var (
+		fe  *vm.FieldError
+		ee  *vm.ExistsError
+		ce  *vm.CapacityError
+		cfe *appvm.ConflictError
+		he  *vm.HostError
+	)
+	switch {
+	case errors.As(err, &fe):
+		writeError(w, http.StatusBadRequest, CodeBadRequest, fe.Error())
+	case errors.As(err, &ee):
+		writeError(w, http.StatusConflict, CodeAlreadyExists, ee.Error())
+	case errors.As(err, &ce):
+		writeError(w, http.StatusConflict, CodeCapacityConflict, "host capacity: "+ce.Error())
+	case errors.As(err, &cfe):
+		writeError(w, http.StatusConflict, CodeConflict, cfe.Error())
+	case errors.Is(err, fs.ErrNotExist):
+		writeError(w, http.StatusNotFound, CodeNotFound, err.Error())
+	case errors.As(err, &he):
+		code := map[vm.HostErrorKind]string{
+			vm.HostStorage:    CodeStorageError,
+			vm.HostNetwork:    CodeNetworkError,
+			vm.HostHypervisor: CodeCHError,
+		}[he.Kind]
+		if code == "" {
+			code = CodeInternal
+		}
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, code, he.Error())
+	default:
+		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
+		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")
+	}
+}
+
+func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
+	rec, err := s.vms.Get(vm.ModeVM, r.PathValue("id"))
+	if err != nil {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no classic VM has this id")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.vms.View(rec, vm.ViewOptions{DiskBytes: true}))
+}
+
+func (s *Server) getAppVM(w http.ResponseWriter, r *http.Request) {
+	rec, err := s.apps.Get(r.PathValue("id"))
+	if err != nil {
+		writeError(w, http.StatusNotFound, CodeNotFound, "no AppVM has this id")
+		return
+	}
+	writeJSON(w, http.StatusOK, s.apps.View(rec, vm.ViewOptions{DiskBytes: true}))
+}
+
+// vmList is the body of GET /api/vms (DESIGN §5).
+type vmList struct {
+	VMs []*vm.View `json:"vms"`
+}
+
+type appvmList struct {
+	VMs []*appvm.View `json:"vms"`
+}
+
+func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
+	out := vmList{VMs: []*vm.View{}}
+	for _, rec := range s.vms.List(vm.ModeVM) {
+		out.VMs = append(out.VMs, s.vms.View(rec, vm.ViewOptions{}))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
+	out := appvmList{VMs: []*appvm.View{}}
+	for _, rec := range s.apps.List() {
+		out.VMs = append(out.VMs, s.apps.View(rec, vm.ViewOptions{}))
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var spec vm.Spec
+	if err := decodeStrict(body, &spec); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	rec, async, err := s.vms.CreateVM(r.Context(), &spec)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	status := http.StatusCreated
+	if async {
+		status = http.StatusAccepted
+	}
+	writeJSON(w, status, s.vms.View(rec, vm.ViewOptions{DiskBytes: true}))
+}
+
+func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var req appvm.CreateRequest
+	if err := decodeStrict(body, &req); err != nil {
+		writeDecodeError(w, err)
+		return
+	}
+	resp, err := s.apps.Create(r.Context(), &req)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, resp)
+}

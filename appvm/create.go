@@ -1,0 +1,329 @@
+package appvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"vmhost/store"
+	"vmhost/vm"
+)
+
+// RestartPolicy is the restart_policy enum; any other value fails decoding.
+type RestartPolicy string
+
+// EnumValues lists the allowed restart policies.
+func (RestartPolicy) EnumValues() []string { return []string{"no", "on-failure", "always"} }
+
+// CreateRequest is the body of POST /api/appvm/vms (contract §4.3). Tags
+// as in vm.Spec.
+type CreateRequest struct {
+	VMID          string              `json:"vm_id,omitempty"`
+	ImageID       string              `json:"image_id" decode:"required"`
+	Vcpus         uint32              `json:"vcpus" decode:"required"`
+	MemoryMB      uint64              `json:"memory_mb" decode:"required"`
+	DiskGiB       uint32              `json:"disk_gib" decode:"required"`
+	NetworkID     string              `json:"network_id,omitempty"`
+	IP            *string             `json:"ip,omitempty"`
+	Prefix        *uint32             `json:"prefix,omitempty"`
+	Gateway       *string             `json:"gateway,omitempty"`
+	DNS           []string            `json:"dns,omitempty"`
+	Hostname      string              `json:"hostname,omitempty"`
+	AutoBoot      *bool               `json:"auto_boot,omitempty"`
+	Keepalive     bool                `json:"keepalive,omitempty"`
+	Env           []string            `json:"env,omitempty"`
+	SecretEnv     []vm.Secret         `json:"secret_env,omitempty"`
+	RestartPolicy RestartPolicy       `json:"restart_policy,omitempty"`
+	DataVolumes   []DataVolumeRequest `json:"data_volumes,omitempty"`
+	DiskBpsTotal  uint64              `json:"disk_bps_total,omitempty"`
+	DiskIopsTotal uint64              `json:"disk_iops_total,omitempty"`
+}
+
+// DataVolumeRequest is one requested data volume.
+type DataVolumeRequest struct {
+	SizeGiB    uint32 `json:"size_gib" decode:"required"`
+	Mountpoint string `json:"mountpoint" decode:"required"`
+}
+
+// Limits of contract §4.3 and §8.
+const (
+	MaxEnvEntries    = 100
+	MaxEnvEntryBytes = 8192
+	MaxDataVolumes   = 8
+	MaxMountpoint    = 256
+)
+
+// ConflictError is a create that must wait for a related operation (409
+// CONFLICT): the image is still importing.
+type ConflictError struct{ Msg string }
+
+func (e *ConflictError) Error() string { return e.Msg }
+
+// CreateResponse is the create-AppVM response (contract §2.4).
+type CreateResponse struct {
+	ID      string `json:"id"`
+	Mode    string `json:"mode"`
+	ImageID string `json:"image_id"`
+	Booted  bool   `json:"booted"`
+}
+
+// Service creates and views AppVMs on top of a vm.Service.
+type Service struct {
+	vms     *vm.Service
+	catalog Catalog
+}
+
+// New returns the AppVM service over vms, which holds the records of both
+// families. The catalog is <StateDir>/appvm-images.
+func New(vms *vm.Service) *Service {
+	return &Service{vms: vms, catalog: Catalog{Dir: filepath.Join(vms.Layout().StateDir, "appvm-images")}}
+}
+
+// Catalog returns the image catalog.
+func (s *Service) Catalog() Catalog { return s.catalog }
+
+var envKeyPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Create validates req (400 *vm.FieldError), checks the image is ready (409
+// *ConflictError), admits and creates the AppVM through the vm machinery.
+func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateResponse, error) {
+	img, err := s.validate(req)
+	if err != nil {
+		return nil, err
+	}
+	if img.Status == StatusImporting {
+		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q is still importing", img.ID)}
+	}
+	booted := req.AutoBoot == nil || *req.AutoBoot
+	size := uint32(req.DiskGiB)
+	spec := &vm.Spec{
+		VMID:          req.VMID,
+		Vcpus:         req.Vcpus,
+		MemoryMB:      req.MemoryMB,
+		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: s.catalog.RootFS(img.ID), SizeGiB: &size},
+		Nets:          []vm.NetSpec{{NetworkID: req.NetworkID}},
+		DiskBpsTotal:  req.DiskBpsTotal,
+		DiskIopsTotal: req.DiskIopsTotal,
+		AutoBoot:      booted,
+	}
+	app := &vm.AppVMSpec{
+		ImageID:       img.ID,
+		Hostname:      strings.TrimSpace(req.Hostname),
+		NetworkMode:   "dhcp",
+		Keepalive:     req.Keepalive,
+		Env:           req.Env,
+		RestartPolicy: string(req.RestartPolicy),
+		Booted:        booted,
+		Image:         img.Workload,
+	}
+	if app.RestartPolicy == "" {
+		app.RestartPolicy = "no"
+	}
+	if req.IP != nil {
+		app.NetworkMode = "static"
+		app.IP, app.Prefix, app.Gateway, app.DNS = *req.IP, *req.Prefix, *req.Gateway, req.DNS
+		spec.Nets[0].IPv4 = &vm.NetIPSpec{
+			Address:    fmt.Sprintf("%s/%d", *req.IP, *req.Prefix),
+			Gateway:    *req.Gateway,
+			DNSServers: req.DNS,
+		}
+	}
+	for _, d := range req.DataVolumes {
+		spec.Volumes = append(spec.Volumes, vm.VolumeSpec{SizeGiB: d.SizeGiB})
+		app.DataVolumes = append(app.DataVolumes, vm.DataVolume{SizeGiB: d.SizeGiB, Mountpoint: d.Mountpoint})
+	}
+	rec, err := s.vms.NewRecord(vm.ModeAppVM, spec, 1)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range req.SecretEnv {
+		k, v, _ := strings.Cut(e.Reveal(), "=")
+		app.SecretEnvKeys = append(app.SecretEnvKeys, k)
+		rec.Secrets.SecretEnv = append(rec.Secrets.SecretEnv, vm.SecretEnv{Key: k, Value: vm.Secret(v)})
+	}
+	rec.AppVM = app
+	rec.Base = &vm.BaseImage{Path: s.catalog.RootFS(img.ID), VirtualSizeBytes: img.SizeBytes}
+	rec, _, err = s.vms.Launch(ctx, rec)
+	if err != nil && rec == nil {
+		return nil, err
+	}
+	// A boot failure keeps the VM (rec != nil) and is still an error.
+	return &CreateResponse{ID: rec.ID, Mode: string(vm.ModeAppVM), ImageID: img.ID, Booted: booted}, err
+}
+
+func bad(field, format string, args ...any) error {
+	return &vm.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// validate checks every rule of contract §4.3 that goes beyond types and
+// returns the image. The image's import status is left to Create (409).
+func (s *Service) validate(r *CreateRequest) (*Image, error) {
+	if r.VMID != "" && !store.ValidID(r.VMID) {
+		return nil, bad("vm_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+	}
+	img, err := s.catalog.Get(r.ImageID)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, bad("image_id", "unknown AppVM image %q", r.ImageID)
+	case err != nil:
+		return nil, bad("image_id", "%v", err)
+	case img.Status == StatusFailed:
+		return nil, bad("image_id", "AppVM image %q failed to import", r.ImageID)
+	}
+	if r.Vcpus < 1 || r.Vcpus > vm.MaxVcpus {
+		return nil, bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)
+	}
+	if r.MemoryMB < vm.MinMemoryMB {
+		return nil, bad("memory_mb", "must be at least %d, got %d", vm.MinMemoryMB, r.MemoryMB)
+	}
+	if r.DiskGiB < 1 || r.DiskGiB > vm.MaxSizeGiB {
+		return nil, bad("disk_gib", "must be 1..%d, got %d", vm.MaxSizeGiB, r.DiskGiB)
+	}
+	if uint64(r.DiskGiB)<<30 < img.SizeBytes {
+		return nil, bad("disk_gib", "%d GiB is below the image's size of %d bytes", r.DiskGiB, img.SizeBytes)
+	}
+	if r.NetworkID != "" {
+		if _, ok := s.vms.Config().Network(r.NetworkID); !ok {
+			return nil, bad("network_id", "unknown network %q", r.NetworkID)
+		}
+	}
+	if err := checkNetworkMode(r); err != nil {
+		return nil, err
+	}
+	if h := strings.TrimSpace(r.Hostname); h != "" && !vm.ValidHostname(h) {
+		return nil, bad("hostname", "at most %d bytes of letters, digits and -, not starting or ending with -", vm.MaxHostnameBytes)
+	}
+	keys := map[string]string{}
+	plain := make([]string, len(r.Env))
+	copy(plain, r.Env)
+	if err := checkEnv("env", plain, keys); err != nil {
+		return nil, err
+	}
+	secret := make([]string, len(r.SecretEnv))
+	for i, e := range r.SecretEnv {
+		secret[i] = e.Reveal()
+	}
+	if err := checkEnv("secret_env", secret, keys); err != nil {
+		return nil, err
+	}
+	if len(r.DataVolumes) > MaxDataVolumes {
+		return nil, bad("data_volumes", "at most %d volumes, got %d", MaxDataVolumes, len(r.DataVolumes))
+	}
+	seen := map[string]int{}
+	for i, d := range r.DataVolumes {
+		f := func(n string) string { return fmt.Sprintf("data_volumes[%d].%s", i, n) }
+		if d.SizeGiB < 1 || d.SizeGiB > vm.MaxSizeGiB {
+			return nil, bad(f("size_gib"), "must be 1..%d, got %d", vm.MaxSizeGiB, d.SizeGiB)
+		}
+		if err := checkMountpoint(d.Mountpoint); err != nil {
+			return nil, bad(f("mountpoint"), "%s", err)
+		}
+		if j, dup := seen[d.Mountpoint]; dup {
+			return nil, bad(f("mountpoint"), "%s is also the mountpoint of data_volumes[%d]", d.Mountpoint, j)
+		}
+		seen[d.Mountpoint] = i
+	}
+	return img, nil
+}
+
+// checkNetworkMode applies the network mode rules 1-4.
+func checkNetworkMode(r *CreateRequest) error {
+	given := 0
+	for _, p := range []bool{r.IP != nil, r.Prefix != nil, r.Gateway != nil} {
+		if p {
+			given++
+		}
+	}
+	switch given {
+	case 0:
+		if len(r.DNS) > 0 {
+			return bad("dns", "must be empty in DHCP mode (ip, prefix and gateway omitted)")
+		}
+		return nil
+	case 3:
+	default:
+		for _, m := range []struct {
+			name    string
+			missing bool
+		}{{"ip", r.IP == nil}, {"prefix", r.Prefix == nil}, {"gateway", r.Gateway == nil}} {
+			if m.missing {
+				return bad(m.name, "static mode needs ip, prefix and gateway together; %s is missing", m.name)
+			}
+		}
+	}
+	ip, err := netip.ParseAddr(*r.IP)
+	if err != nil || !ip.Is4() {
+		return bad("ip", "must be an IPv4 address without a prefix length")
+	}
+	if *r.Prefix < 1 || *r.Prefix > 32 {
+		return bad("prefix", "must be 1..32, got %d", *r.Prefix)
+	}
+	gw, err := netip.ParseAddr(*r.Gateway)
+	if err != nil || !gw.Is4() {
+		return bad("gateway", "must be an IPv4 address")
+	}
+	for i, d := range r.DNS {
+		if _, err := netip.ParseAddr(d); err != nil {
+			return bad(fmt.Sprintf("dns[%d]", i), "not an IP address: %q", d)
+		}
+	}
+	return nil
+}
+
+// checkEnv applies the env item rules to one list; keys collects keys
+// across env and secret_env, which may not repeat. Values never appear in
+// messages (they may be secret).
+func checkEnv(field string, entries []string, keys map[string]string) error {
+	if len(entries) > MaxEnvEntries {
+		return bad(field, "at most %d entries, got %d", MaxEnvEntries, len(entries))
+	}
+	for i, e := range entries {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if len(e) > MaxEnvEntryBytes {
+			return bad(f, "entry longer than %d bytes", MaxEnvEntryBytes)
+		}
+		k, v, ok := strings.Cut(e, "=")
+		if !ok {
+			return bad(f, "must be KEY=VALUE")
+		}
+		if !envKeyPattern.MatchString(k) {
+			return bad(f, "key must match [A-Za-z_][A-Za-z0-9_]*")
+		}
+		if strings.ContainsAny(v, "\x00\n\r") {
+			return bad(f, "value of %s contains NUL, newline or carriage return", k)
+		}
+		if prev, dup := keys[k]; dup {
+			return bad(f, "key %s is already set by %s", k, prev)
+		}
+		keys[k] = f
+	}
+	return nil
+}
+
+func checkMountpoint(p string) error {
+	switch {
+	case utf8.RuneCountInString(p) > MaxMountpoint:
+		return fmt.Errorf("longer than %d characters", MaxMountpoint)
+	case strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return errors.New("contains NUL or a control character")
+	case !strings.HasPrefix(p, "/"):
+		return errors.New("must be an absolute path")
+	case p == "/":
+		return errors.New("must not be /")
+	}
+	for seg := range strings.SplitSeq(p[1:], "/") {
+		switch seg {
+		case "":
+			return errors.New("contains an empty path segment")
+		case ".", "..":
+			return fmt.Errorf("contains a %q segment", seg)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,211 @@
+package appvm
+
+import (
+	"fmt"
+	"strings"
+
+	"vmhost/vm"
+)
+
+// KeepaliveArgs is the workload argument vector of an AppVM created with
+// keepalive: a shell that stays up until it is told to stop.
+var KeepaliveArgs = []string{"/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done"}
+
+// View is the AppVM VmView: the VM view plus the appvm object.
+type View struct {
+	*vm.View
+	AppVM AppvmView `json:"appvm"`
+}
+
+// AppvmView is the appvm object of contract §2.3. Guest-reported fields
+// (lease, heartbeat, health, workload exit) are filled by later issues.
+type AppvmView struct {
+	ImageID             string          `json:"image_id"`
+	Hostname            string          `json:"hostname,omitempty"`
+	NetworkMode         string          `json:"network_mode"`
+	IP                  string          `json:"ip,omitempty"`
+	Prefix              uint32          `json:"prefix,omitempty"`
+	Gateway             string          `json:"gateway,omitempty"`
+	DNS                 []string        `json:"dns,omitempty"`
+	Args                []string        `json:"args,omitempty"`
+	Cwd                 string          `json:"cwd,omitempty"`
+	User                string          `json:"user,omitempty"`
+	Env                 []EnvVar        `json:"env,omitempty"`
+	SpecPending         bool            `json:"spec_pending,omitempty"`
+	Spec                SpecView        `json:"spec"`
+	Healthcheck         *vm.Healthcheck `json:"healthcheck,omitempty"`
+	InjectedFiles       []InjectedFile  `json:"injected_files,omitempty"`
+	RestartPolicy       string          `json:"restart_policy"`
+	RestartCount        uint32          `json:"restart_count,omitempty"`
+	DataMounts          []DataMount     `json:"data_mounts,omitempty"`
+	BuildDigest         string          `json:"build_digest,omitempty"`
+	HeartbeatStale      bool            `json:"heartbeat_stale,omitempty"`
+	LogStreamDetached   bool            `json:"log_stream_detached,omitempty"`
+	UpdateAvailable     bool            `json:"update_available,omitempty"`
+	Redeploying         bool            `json:"redeploying,omitempty"`
+	HealthFailingStreak uint32          `json:"health_failing_streak,omitempty"`
+}
+
+// EnvVar is one effective environment variable; a secret one has no value.
+type EnvVar struct {
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Secret bool   `json:"secret,omitempty"`
+}
+
+// InjectedFile is a file written into the guest; contents never shown.
+type InjectedFile struct {
+	Path   string `json:"path"`
+	Mode   uint32 `json:"mode"`
+	Secret bool   `json:"secret"`
+}
+
+// ExtraHost is one extra /etc/hosts entry.
+type ExtraHost struct {
+	Host string `json:"host"`
+	IP   string `json:"ip"`
+}
+
+// ConfigFile is a non-secret injected file with its contents.
+type ConfigFile struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode"`
+	Content string `json:"content"`
+}
+
+// TmpfsMount is one tmpfs mount in the guest.
+type TmpfsMount struct {
+	Path   string `json:"path"`
+	SizeMB uint64 `json:"size_mb,omitempty"`
+}
+
+// DataMount maps a data volume's device to its mountpoint.
+type DataMount struct {
+	Device     string `json:"device"`
+	Mountpoint string `json:"mountpoint"`
+	ReadOnly   bool   `json:"read_only"`
+}
+
+// SpecView is the stored workload spec (AppvmSpecView): what the request
+// set, not the image defaults.
+type SpecView struct {
+	Keepalive     bool            `json:"keepalive"`
+	Command       []string        `json:"command"`
+	Env           []string        `json:"env"`
+	SecretEnvKeys []string        `json:"secret_env_keys"`
+	Workdir       string          `json:"workdir,omitempty"`
+	User          string          `json:"user,omitempty"`
+	NoHealthcheck bool            `json:"no_healthcheck"`
+	Healthcheck   *vm.Healthcheck `json:"healthcheck,omitempty"`
+	ExtraHosts    []ExtraHost     `json:"extra_hosts"`
+	ConfigFiles   []ConfigFile    `json:"config_files"`
+	SecretFiles   []InjectedFile  `json:"secret_files"`
+	TmpfsMounts   []TmpfsMount    `json:"tmpfs_mounts"`
+	RestartPolicy string          `json:"restart_policy"`
+	StopGraceSecs uint32          `json:"stop_grace_secs,omitempty"`
+}
+
+// Hostname is the AppVM's hostname: the configured one, or "appvm-" and
+// the last three octets of its MAC in hex (02:00:00:a1:b2:c3 → appvm-a1b2c3).
+func Hostname(rec *vm.Record) string {
+	if rec.AppVM != nil && rec.AppVM.Hostname != "" {
+		return rec.AppVM.Hostname
+	}
+	if len(rec.NICs) == 0 {
+		return "appvm"
+	}
+	m := strings.ReplaceAll(rec.NICs[0].MAC, ":", "")
+	return "appvm-" + m[max(0, len(m)-6):]
+}
+
+// View builds the AppVM view of rec. Effective values (args, env, cwd,
+// user, health check) are the image defaults recorded at create time
+// overlaid with the request; secret env values are never included.
+func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
+	a := rec.AppVM
+	v := &View{View: s.vms.View(rec, o)}
+	av := AppvmView{
+		ImageID:       a.ImageID,
+		Hostname:      Hostname(rec),
+		NetworkMode:   a.NetworkMode,
+		IP:            a.IP,
+		Prefix:        a.Prefix,
+		Gateway:       a.Gateway,
+		DNS:           a.DNS,
+		User:          a.Image.User,
+		Healthcheck:   a.Image.Healthcheck,
+		RestartPolicy: a.RestartPolicy,
+		BuildDigest:   a.Image.BuildDigest,
+		Spec: SpecView{
+			Keepalive:     a.Keepalive,
+			Command:       []string{},
+			Env:           nonNil(a.Env),
+			SecretEnvKeys: nonNil(a.SecretEnvKeys),
+			ExtraHosts:    []ExtraHost{},
+			ConfigFiles:   []ConfigFile{},
+			SecretFiles:   []InjectedFile{},
+			TmpfsMounts:   []TmpfsMount{},
+			RestartPolicy: a.RestartPolicy,
+		},
+	}
+	if a.Keepalive {
+		av.Args = KeepaliveArgs
+	} else {
+		av.Args = append(append([]string(nil), a.Image.Entrypoint...), a.Image.Cmd...)
+	}
+	if a.Image.Workdir != "/" {
+		av.Cwd = a.Image.Workdir
+	}
+	av.Env = effectiveEnv(a)
+	for i, d := range a.DataVolumes {
+		// vda is the root disk; an AppVM has no seed disk.
+		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.DeviceName(1 + i), Mountpoint: d.Mountpoint})
+	}
+	v.AppVM = av
+	return v
+}
+
+// effectiveEnv overlays the request's env and secret keys on the image's
+// env: an override keeps the image variable's position, new keys follow.
+func effectiveEnv(a *vm.AppVMSpec) []EnvVar {
+	var out []EnvVar
+	index := map[string]int{}
+	set := func(e EnvVar) {
+		if i, ok := index[e.Key]; ok {
+			out[i] = e
+			return
+		}
+		index[e.Key] = len(out)
+		out = append(out, e)
+	}
+	for _, lists := range [][]string{a.Image.Env, a.Env} {
+		for _, kv := range lists {
+			k, v, _ := strings.Cut(kv, "=")
+			set(EnvVar{Key: k, Value: v})
+		}
+	}
+	for _, k := range a.SecretEnvKeys {
+		set(EnvVar{Key: k, Secret: true})
+	}
+	return out
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+// Get returns the AppVM record of id; not found (also for a classic id)
+// satisfies errors.Is(err, fs.ErrNotExist).
+func (s *Service) Get(id string) (*vm.Record, error) {
+	r, err := s.vms.Get(vm.ModeAppVM, id)
+	if err != nil {
+		return nil, fmt.Errorf("AppVM %q: %w", id, err)
+	}
+	return r, nil
+}
+
+// List returns every AppVM record, sorted by id.
+func (s *Service) List() []*vm.Record { return s.vms.List(vm.ModeAppVM) }

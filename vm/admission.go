@@ -1,0 +1,132 @@
+package vm
+
+import (
+	"fmt"
+	"math"
+	"slices"
+
+	"golang.org/x/sys/unix"
+)
+
+// CapacityError is a create that host admission rejected (409
+// CAPACITY_CONFLICT). Resource names what ran out: vcpus, memory_mb,
+// cpu_affinity, pci_devices or disk.
+type CapacityError struct {
+	Resource string
+	Msg      string
+}
+
+func (e *CapacityError) Error() string { return e.Resource + ": " + e.Msg }
+
+// active reports whether a VM holds CPU and memory: every state but stopped
+// and failed (a created VM is about to boot).
+func active(r *Record) bool { return r.State != StateStopped && r.State != StateFailed }
+
+// admission returns the check reserve runs, under the registry lock, with
+// every other stored or pending record. It counts vCPUs and memory of
+// active VMs against host totals times the overcommit ratios, the vCPUs of
+// a pinned VM against its pinned CPUs, PCI devices against every other
+// VM's claim, and the base image size against free space in the state dir.
+func (s *Service) admission(rec *Record) func(others []*Record) error {
+	return func(others []*Record) error {
+		cfg := s.o.Config
+		cpus := cfg.HostCPUs
+		online, onlineErr := s.facts.OnlineCPUs()
+		if cpus == 0 {
+			if onlineErr != nil {
+				return &CapacityError{Resource: "vcpus", Msg: onlineErr.Error()}
+			}
+			cpus = len(online)
+		}
+		memMB := uint64(cfg.HostMemoryMB)
+		if memMB == 0 {
+			m, err := s.facts.MemoryMB()
+			if err != nil {
+				return &CapacityError{Resource: "memory_mb", Msg: err.Error()}
+			}
+			memMB = m
+		}
+		var usedCPU, usedMem uint64
+		for _, o := range others {
+			if active(o) {
+				usedCPU += uint64(o.Spec.Vcpus)
+				usedMem += o.Spec.MemoryMB
+			}
+		}
+		cpuCap := uint64(math.Floor(float64(cpus) * ratio(cfg.Overcommit.CPU, 4)))
+		if usedCPU+uint64(rec.Spec.Vcpus) > cpuCap {
+			return &CapacityError{Resource: "vcpus", Msg: fmt.Sprintf("%d requested, %d of %d in use (%d host CPUs x overcommit %g)",
+				rec.Spec.Vcpus, usedCPU, cpuCap, cpus, ratio(cfg.Overcommit.CPU, 4))}
+		}
+		memCap := uint64(math.Floor(float64(memMB) * ratio(cfg.Overcommit.Memory, 1)))
+		if usedMem+rec.Spec.MemoryMB > memCap {
+			return &CapacityError{Resource: "memory_mb", Msg: fmt.Sprintf("%d MiB requested, %d of %d MiB in use (%d MiB x overcommit %g)",
+				rec.Spec.MemoryMB, usedMem, memCap, memMB, ratio(cfg.Overcommit.Memory, 1))}
+		}
+		if rec.Spec.CPUAffinity != nil {
+			pins, err := ParseCPUSet(*rec.Spec.CPUAffinity)
+			if err != nil {
+				return &CapacityError{Resource: "cpu_affinity", Msg: err.Error()}
+			}
+			for _, c := range pins {
+				if _, ok := slices.BinarySearch(online, c); !ok {
+					return &CapacityError{Resource: "cpu_affinity", Msg: fmt.Sprintf("CPU %d is not online", c)}
+				}
+			}
+			pinCap := uint64(math.Floor(float64(len(pins)) * ratio(cfg.Overcommit.CPU, 4)))
+			if uint64(rec.Spec.Vcpus) > pinCap {
+				return &CapacityError{Resource: "cpu_affinity", Msg: fmt.Sprintf("%d vCPUs on %d pinned CPUs exceed overcommit %g", rec.Spec.Vcpus, len(pins), ratio(cfg.Overcommit.CPU, 4))}
+			}
+		}
+		for _, d := range rec.Spec.PCIDevices {
+			for _, o := range others {
+				if slices.Contains(o.Spec.PCIDevices, d) {
+					return &CapacityError{Resource: "pci_devices", Msg: fmt.Sprintf("%s is already assigned to VM %q", d, o.ID)}
+				}
+			}
+		}
+		need := copyBytes(rec)
+		if need > 0 {
+			for _, o := range others {
+				if o.Provisioning() {
+					need += copyBytes(o)
+				}
+			}
+			free, err := s.o.DiskFree()
+			if err != nil {
+				return &CapacityError{Resource: "disk", Msg: err.Error()}
+			}
+			if need > free {
+				return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("disk copies need %d bytes, %d free in the state directory", need, free)}
+			}
+		}
+		return nil
+	}
+}
+
+// copyBytes is the space a root-disk copy may take: the base image's
+// virtual size, or the requested size when the base is not known yet.
+func copyBytes(r *Record) uint64 {
+	if r.Base != nil {
+		return r.Base.VirtualSizeBytes
+	}
+	if r.Spec.Disk != nil && r.Spec.Disk.SizeGiB != nil {
+		return uint64(*r.Spec.Disk.SizeGiB) << 30
+	}
+	return 0
+}
+
+func ratio(r, def float64) float64 {
+	if r <= 0 {
+		return def
+	}
+	return r
+}
+
+func diskFree(dir string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return st.Bavail * uint64(st.Bsize), nil
+}

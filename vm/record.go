@@ -1,0 +1,269 @@
+package vm
+
+import (
+	"encoding/json"
+	"fmt"
+	"path/filepath"
+	"time"
+)
+
+// Mode is the family of a VM: classic ("vm") or AppVM ("appvm"). Both
+// families share one record format, one registry and one id namespace.
+type Mode string
+
+// The two families.
+const (
+	ModeVM    Mode = "vm"
+	ModeAppVM Mode = "appvm"
+)
+
+// State is a stored lifecycle state (contract §3).
+type State string
+
+// Stored lifecycle states.
+const (
+	StateCreated State = "created"
+	StateRunning State = "running"
+	StatePaused  State = "paused"
+	StateStopped State = "stopped"
+	StateFailed  State = "failed"
+)
+
+// Display states beyond the lifecycle states, reported while provisioning
+// and booting.
+const (
+	DisplayBooting         = "booting"
+	DisplayDownloading     = "downloading"
+	DisplayCreating        = "creating"
+	DisplayProvisionFailed = "provision_failed"
+)
+
+// Record is everything vmhost keeps about one VM, stored as
+// <state>/vms/<id>.json (0600). Records are copy-on-write: a *Record handed
+// out by the Service is never modified again; changes store a new one.
+// Values derivable from the record (device letters, hostnames, paths, the
+// effective command line) are computed by the views, not stored.
+type Record struct {
+	ID           string    `json:"id"`
+	Mode         Mode      `json:"mode"`
+	State        State     `json:"state"`
+	DisplayState string    `json:"display_state"`
+	CreatedAt    time.Time `json:"created_at"`
+	// Spec is the validated request (for an AppVM: the VM-level spec
+	// synthesized from it), secrets removed.
+	Spec Spec `json:"spec"`
+	// NICs holds the generated identity of every effective interface, in
+	// order: Spec.Nets, or the one default interface of a cloud-init VM.
+	NICs []NIC `json:"nics"`
+	// Base is the canonical base image and its virtual size, as validated.
+	Base *BaseImage `json:"base,omitempty"`
+	// AppVM is the AppVM part; nil for a classic VM.
+	AppVM         *AppVMSpec     `json:"appvm,omitempty"`
+	FailureReason *FailureReason `json:"failure_reason,omitempty"`
+	PID           int            `json:"pid,omitempty"`
+	// Secrets never reaches a view; encodeRecord writes it to the file.
+	Secrets Secrets `json:"-"`
+}
+
+// NIC is the generated, recorded identity of one interface.
+type NIC struct {
+	MAC string `json:"mac"`
+	Tap string `json:"tap"`
+}
+
+// BaseImage is the base qcow2 image of a root disk copy.
+type BaseImage struct {
+	Path             string `json:"path"`
+	VirtualSizeBytes uint64 `json:"virtual_size_bytes"`
+}
+
+// Secrets is the secret material of a VM: it lives only in the 0600 record
+// file and in what is sent to the guest. Formatting and logging it gives
+// "[redacted]".
+type Secrets struct {
+	Password  Secret      `json:"-"`
+	SecretEnv []SecretEnv `json:"-"`
+}
+
+// SecretEnv is one secret environment variable of an AppVM.
+type SecretEnv struct {
+	Key   string
+	Value Secret
+}
+
+// String returns "[redacted]".
+func (Secrets) String() string { return redacted }
+
+// FailureReason explains why a VM is not running (contract §2.2).
+type FailureReason struct {
+	DetectedAt time.Time     `json:"detected_at"`
+	Summary    string        `json:"summary"`
+	Detail     FailureDetail `json:"detail"`
+	Cause      string        `json:"cause"`
+}
+
+// FailureDetail is the tagged detail object of a FailureReason.
+type FailureDetail struct {
+	Kind    string `json:"kind"`
+	Code    *int   `json:"code,omitempty"`
+	Signum  *int   `json:"signum,omitempty"`
+	Path    string `json:"path,omitempty"`
+	ID      string `json:"id,omitempty"`
+	Seconds *int   `json:"seconds,omitempty"`
+}
+
+// AppVMSpec is the AppVM part of a record: the request's workload settings
+// and a snapshot of the image's workload defaults taken at create time.
+type AppVMSpec struct {
+	ImageID       string       `json:"image_id"`
+	Hostname      string       `json:"hostname,omitempty"` // explicit; empty = derived from the MAC
+	NetworkMode   string       `json:"network_mode"`       // static or dhcp
+	IP            string       `json:"ip,omitempty"`
+	Prefix        uint32       `json:"prefix,omitempty"`
+	Gateway       string       `json:"gateway,omitempty"`
+	DNS           []string     `json:"dns,omitempty"`
+	Keepalive     bool         `json:"keepalive,omitempty"`
+	Env           []string     `json:"env,omitempty"`             // non-secret KEY=VALUE
+	SecretEnvKeys []string     `json:"secret_env_keys,omitempty"` // values in Record.Secrets
+	RestartPolicy string       `json:"restart_policy"`
+	DataVolumes   []DataVolume `json:"data_volumes,omitempty"`
+	Booted        bool         `json:"booted"` // the request asked to boot
+	Image         Workload     `json:"image"`
+}
+
+// DataVolume is one AppVM data volume; it is also Spec.Volumes[i].
+type DataVolume struct {
+	SizeGiB    uint32 `json:"size_gib"`
+	Mountpoint string `json:"mountpoint"`
+}
+
+// Workload is an AppVM image's workload defaults (the catalog's image.json
+// fields), snapshotted into each AppVM record.
+type Workload struct {
+	BuildDigest string       `json:"build_digest,omitempty"`
+	SizeBytes   uint64       `json:"size_bytes,omitempty"`
+	Entrypoint  []string     `json:"entrypoint,omitempty"`
+	Cmd         []string     `json:"cmd,omitempty"`
+	Env         []string     `json:"env,omitempty"`
+	Workdir     string       `json:"workdir,omitempty"`
+	User        string       `json:"user,omitempty"`
+	Healthcheck *Healthcheck `json:"healthcheck,omitempty"`
+}
+
+// Healthcheck is a workload health check, as an image defines it.
+type Healthcheck struct {
+	Test            []string `json:"test"`
+	IntervalSecs    uint32   `json:"interval_secs,omitempty"`
+	TimeoutSecs     uint32   `json:"timeout_secs,omitempty"`
+	StartPeriodSecs uint32   `json:"start_period_secs,omitempty"`
+	Retries         uint32   `json:"retries,omitempty"`
+}
+
+// recordFile is the on-disk form of a Record: the record plus its secrets
+// revealed. Only encodeRecord and decodeRecord use it.
+type recordFile struct {
+	*Record
+	Secrets *secretsFile `json:"secrets,omitempty"`
+}
+
+type secretsFile struct {
+	Password  string          `json:"password,omitempty"`
+	SecretEnv []secretEnvFile `json:"secret_env,omitempty"`
+}
+
+type secretEnvFile struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
+
+// encodeRecord gives the record file contents, secrets included.
+func encodeRecord(r *Record) ([]byte, error) {
+	f := recordFile{Record: r}
+	if r.Secrets.Password != "" || len(r.Secrets.SecretEnv) > 0 {
+		s := &secretsFile{Password: r.Secrets.Password.Reveal()}
+		for _, e := range r.Secrets.SecretEnv {
+			s.SecretEnv = append(s.SecretEnv, secretEnvFile{Key: e.Key, Value: e.Value.Reveal()})
+		}
+		f.Secrets = s
+	}
+	b, err := json.MarshalIndent(f, "", "\t")
+	if err != nil {
+		return nil, fmt.Errorf("encoding record %q: %w", r.ID, err)
+	}
+	return append(b, '\n'), nil
+}
+
+// decodeRecord parses a record file.
+func decodeRecord(data []byte) (*Record, error) {
+	f := recordFile{Record: new(Record)}
+	if err := json.Unmarshal(data, &f); err != nil {
+		return nil, err
+	}
+	r := f.Record
+	if f.Secrets != nil {
+		r.Secrets.Password = Secret(f.Secrets.Password)
+		for _, e := range f.Secrets.SecretEnv {
+			r.Secrets.SecretEnv = append(r.Secrets.SecretEnv, SecretEnv{Key: e.Key, Value: Secret(e.Value)})
+		}
+	}
+	switch {
+	case r.Mode != ModeVM && r.Mode != ModeAppVM:
+		return nil, fmt.Errorf("unknown mode %q", r.Mode)
+	case r.Mode == ModeAppVM && r.AppVM == nil:
+		return nil, fmt.Errorf("appvm record without its appvm part")
+	}
+	return r, nil
+}
+
+// clone returns a deep copy of r, for copy-on-write updates.
+func (r *Record) clone() *Record {
+	b, err := encodeRecord(r)
+	if err != nil {
+		panic(err) // every Record encodes
+	}
+	c, err := decodeRecord(b)
+	if err != nil {
+		panic(err)
+	}
+	return c
+}
+
+// Provisioning reports whether a classic provision is still in progress,
+// so the root disk and the console socket do not exist yet.
+func (r *Record) Provisioning() bool {
+	return r.State == StateCreated && (r.DisplayState == DisplayDownloading || r.DisplayState == DisplayCreating)
+}
+
+// Layout gives the host paths of a VM (DESIGN §3). Paths are derived from
+// the id and the state and run directories; records do not store them.
+type Layout struct {
+	StateDir string
+	RunDir   string
+}
+
+// VMDir is <state>/vms/<id>, the VM's own files.
+func (l Layout) VMDir(id string) string { return filepath.Join(l.StateDir, "vms", id) }
+
+// RootDisk is the agent-owned copy of the base image.
+func (l Layout) RootDisk(id string) string { return filepath.Join(l.VMDir(id), "root.qcow2") }
+
+// DataVolume is the n-th VM-owned data volume.
+func (l Layout) DataVolume(id string, n int) string {
+	return filepath.Join(l.VMDir(id), fmt.Sprintf("data%d.qcow2", n))
+}
+
+// Seed is the NoCloud seed image.
+func (l Layout) Seed(id string) string { return filepath.Join(l.VMDir(id), "seed.img") }
+
+// RunVMDir is <run>/vms/<id>, the VM's sockets and logs.
+func (l Layout) RunVMDir(id string) string { return filepath.Join(l.RunDir, "vms", id) }
+
+// ConsoleSocket is the serial console socket.
+func (l Layout) ConsoleSocket(id string) string {
+	return filepath.Join(l.RunVMDir(id), "console.sock")
+}
+
+// ImageCache is the verified download of a registry image.
+func (l Layout) ImageCache(sha256hex string) string {
+	return filepath.Join(l.StateDir, "images", "sha256-"+sha256hex+".qcow2")
+}

@@ -1,0 +1,155 @@
+package vm
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+
+	"vmhost/store"
+)
+
+// ExistsError is a create whose id is taken by a VM of either family, or
+// by a create still in flight.
+type ExistsError struct{ ID string }
+
+func (e *ExistsError) Error() string { return fmt.Sprintf("a VM with id %q already exists", e.ID) }
+
+// registry holds every record of both families in one id namespace. It is
+// safe for concurrent use. Records are copy-on-write, so readers use a
+// *Record without holding the lock.
+type registry struct {
+	st *store.Store
+
+	mu sync.RWMutex
+	// recs are the stored records by id.
+	recs map[string]*Record
+	// pending are creates that passed admission but are not stored yet;
+	// they hold their id and count in later admissions.
+	pending map[string]*Record
+}
+
+func newRegistry(st *store.Store) *registry {
+	return &registry{st: st, recs: map[string]*Record{}, pending: map[string]*Record{}}
+}
+
+// get returns the record of id, or nil.
+func (g *registry) get(id string) *Record {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.recs[id]
+}
+
+// list returns every stored record of mode, sorted by id.
+func (g *registry) list(mode Mode) []*Record {
+	g.mu.RLock()
+	out := make([]*Record, 0, len(g.recs))
+	for _, r := range g.recs {
+		if r.Mode == mode {
+			out = append(out, r)
+		}
+	}
+	g.mu.RUnlock()
+	slices.SortFunc(out, func(a, b *Record) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// reserve claims rec.ID for an in-flight create once admit, called with
+// every other stored and pending record under the lock, accepts. Of any
+// number of concurrent reserves of one id exactly one succeeds; the others
+// get *ExistsError. The caller must store or release the reservation.
+func (g *registry) reserve(rec *Record, admit func(others []*Record) error) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.recs[rec.ID]; ok {
+		return &ExistsError{ID: rec.ID}
+	}
+	if _, ok := g.pending[rec.ID]; ok {
+		return &ExistsError{ID: rec.ID}
+	}
+	if admit != nil {
+		others := make([]*Record, 0, len(g.recs)+len(g.pending))
+		for _, r := range g.recs {
+			others = append(others, r)
+		}
+		for _, r := range g.pending {
+			others = append(others, r)
+		}
+		if err := admit(others); err != nil {
+			return err
+		}
+	}
+	g.pending[rec.ID] = rec
+	return nil
+}
+
+// release drops a reservation that was never stored.
+func (g *registry) release(id string) {
+	g.mu.Lock()
+	delete(g.pending, id)
+	g.mu.Unlock()
+}
+
+// put stores rec (persisting it first) and ends its reservation, if any.
+func (g *registry) put(rec *Record) error {
+	data, err := encodeRecord(rec)
+	if err != nil {
+		return err
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if err := g.st.Put(rec.ID, data); err != nil {
+		return fmt.Errorf("storing record %q: %w", rec.ID, err)
+	}
+	g.recs[rec.ID] = rec
+	delete(g.pending, rec.ID)
+	return nil
+}
+
+// adopt puts a loaded record into memory without writing it.
+func (g *registry) adopt(rec *Record) {
+	g.mu.Lock()
+	g.recs[rec.ID] = rec
+	g.mu.Unlock()
+}
+
+// remove deletes the record of id from disk and memory, and its
+// reservation if any.
+func (g *registry) remove(id string) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	delete(g.pending, id)
+	if _, ok := g.recs[id]; !ok {
+		return nil
+	}
+	if err := g.st.Delete(id); err != nil {
+		return fmt.Errorf("deleting record %q: %w", id, err)
+	}
+	delete(g.recs, id)
+	return nil
+}
+
+// update replaces the stored record of id with f applied to a copy of it.
+func (g *registry) update(id string, f func(*Record)) (*Record, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	old, ok := g.recs[id]
+	if !ok {
+		old, ok = g.pending[id]
+	}
+	if !ok {
+		return nil, fmt.Errorf("updating record %q: %w", id, errNotFound)
+	}
+	rec := old.clone()
+	f(rec)
+	data, err := encodeRecord(rec)
+	if err != nil {
+		return nil, err
+	}
+	if err := g.st.Put(id, data); err != nil {
+		return nil, fmt.Errorf("storing record %q: %w", id, err)
+	}
+	g.recs[id] = rec
+	delete(g.pending, id)
+	return rec, nil
+}

@@ -1,0 +1,345 @@
+package vm
+
+import (
+	"os"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// SeedSizeBytes is the fixed guest-visible size of the NoCloud seed disk.
+const SeedSizeBytes = 1 << 20
+
+// View is the VmView of contract §2.1, built from a record at read time.
+// Field presence follows the contract: always-fields have no omitempty,
+// nullable fields are pointers without omitempty, optional ones omit.
+// It never holds a secret.
+type View struct {
+	ID                string         `json:"id"`
+	State             State          `json:"state"`
+	DisplayState      string         `json:"display_state"`
+	Vcpus             uint32         `json:"vcpus"`
+	MemoryMB          uint64         `json:"memory_mb"`
+	KernelPath        *string        `json:"kernel_path"`
+	FirmwarePath      *string        `json:"firmware_path"`
+	DiskPath          string         `json:"disk_path"`
+	Volumes           []VolumeView   `json:"volumes"`
+	SeedDisk          *SeedDiskView  `json:"seed_disk,omitempty"`
+	Cmdline           string         `json:"cmdline"`
+	ConsoleSocketPath string         `json:"console_socket_path"`
+	FailureReason     *FailureReason `json:"failure_reason,omitempty"`
+	PID               int            `json:"pid,omitempty"`
+	Nets              []NetView      `json:"nets"`
+	Platform          *Platform      `json:"platform,omitempty"`
+	Disk              *DiskView      `json:"disk,omitempty"`
+	Image             *ImageView     `json:"image,omitempty"`
+	CloudInit         *CloudInitView `json:"cloud_init,omitempty"`
+	IOLimit           *IOLimitView   `json:"io_limit,omitempty"`
+	Nested            *bool          `json:"nested,omitempty"`
+	CPUAffinity       []int          `json:"cpu_affinity,omitempty"`
+	CPUTopology       *CPUTopology   `json:"cpu_topology,omitempty"`
+	PCIDevices        []string       `json:"pci_devices"`
+	BalloonMB         uint64         `json:"balloon_mb,omitempty"`
+	CreatedAt         *time.Time     `json:"created_at,omitempty"`
+	DiscoveredIPv4    string         `json:"discovered_ipv4,omitempty"`
+	GuestPanickedAt   *time.Time     `json:"guest_panicked_at,omitempty"`
+	ShuttingDown      bool           `json:"shutting_down,omitempty"`
+	Mode              Mode           `json:"mode"`
+}
+
+// VolumeView is one attached data volume.
+type VolumeView struct {
+	ID               string  `json:"id"`
+	Path             string  `json:"path"`
+	VirtualSizeBytes uint64  `json:"virtual_size_bytes"`
+	Fmt              string  `json:"fmt"`
+	Readonly         bool    `json:"readonly"`
+	Owned            bool    `json:"owned"`
+	VolumeID         string  `json:"volume_id,omitempty"`
+	Device           string  `json:"device"`
+	DiskBytes        *uint64 `json:"disk_bytes,omitempty"`
+}
+
+// SeedDiskView is the cloud-init seed disk.
+type SeedDiskView struct {
+	Device    string `json:"device"`
+	SizeBytes uint64 `json:"size_bytes"`
+}
+
+// NetView is one interface (VmNetwork).
+type NetView struct {
+	Mode             string     `json:"mode"`
+	Bridge           string     `json:"bridge"`
+	TapName          string     `json:"tap_name"`
+	MAC              string     `json:"mac"`
+	NetworkID        string     `json:"network_id,omitempty"`
+	VLANTag          *uint32    `json:"vlan_tag,omitempty"`
+	IPv4             *NetIPSpec `json:"ipv4,omitempty"`
+	IPv6             *NetIPSpec `json:"ipv6,omitempty"`
+	MTU              uint32     `json:"mtu,omitempty"`
+	Isolated         *bool      `json:"isolated,omitempty"`
+	SpoofGuard       *bool      `json:"spoof_guard,omitempty"`
+	RateLimitMbps    *uint32    `json:"rate_limit_mbps,omitempty"`
+	AllowedIPs       []string   `json:"allowed_ips,omitempty"`
+	DHCPSnoopedIPv4  string     `json:"dhcp_snooped_ipv4,omitempty"`
+	LastObservedIPv4 string     `json:"last_observed_ipv4,omitempty"`
+}
+
+// DiskView is the agent-managed root disk (VmDisk).
+type DiskView struct {
+	Mode             string `json:"mode"`
+	BasePath         string `json:"base_path"`
+	VirtualSizeBytes uint64 `json:"virtual_size_bytes"`
+	Owned            bool   `json:"owned"`
+	ImageFmt         string `json:"image_fmt,omitempty"`
+}
+
+// ImageView is the source image identity (VmImage).
+type ImageView struct {
+	ImageID string `json:"image_id"`
+	Distro  string `json:"distro,omitempty"`
+	Version string `json:"version,omitempty"`
+}
+
+// CloudInitView is the cloud-init view; it has no password field at all.
+type CloudInitView struct {
+	Hostname          string        `json:"hostname"`
+	User              string        `json:"user"`
+	SSHAuthorizedKeys []string      `json:"ssh_authorized_keys"`
+	Network           *CloudInitNet `json:"network,omitempty"`
+	InstanceID        string        `json:"instance_id"`
+	ConsoleAutologin  bool          `json:"console_autologin"`
+	Sudo              bool          `json:"sudo"`
+}
+
+// IOLimitView is the root-disk throughput ceiling (DiskIoLimit).
+type IOLimitView struct {
+	BpsTotal  uint64 `json:"bps_total,omitempty"`
+	IopsTotal uint64 `json:"iops_total,omitempty"`
+}
+
+// ViewOptions select what a view fills.
+type ViewOptions struct {
+	// DiskBytes fills volumes[].disk_bytes (the single-VM read does; lists
+	// do not).
+	DiskBytes bool
+}
+
+// View builds the VmView of rec; derived values (paths, device letters,
+// hostname, the default interface, the effective command line, CPU
+// numbers) are computed here from the record and the host configuration.
+// For an AppVM it gives the base the appvm package extends.
+func (s *Service) View(rec *Record, o ViewOptions) *View {
+	sp := &rec.Spec
+	v := &View{
+		ID:            rec.ID,
+		State:         rec.State,
+		DisplayState:  rec.DisplayState,
+		Vcpus:         sp.Vcpus,
+		MemoryMB:      sp.MemoryMB,
+		KernelPath:    sp.KernelPath,
+		FirmwarePath:  sp.FirmwarePath,
+		Volumes:       []VolumeView{},
+		FailureReason: rec.FailureReason,
+		PID:           rec.PID,
+		Nets:          []NetView{},
+		Platform:      sp.Platform,
+		Nested:        sp.Nested,
+		CPUTopology:   sp.CPUTopology,
+		PCIDevices:    sp.PCIDevices,
+		Mode:          rec.Mode,
+	}
+	if v.PCIDevices == nil {
+		v.PCIDevices = []string{}
+	}
+	if !rec.CreatedAt.IsZero() {
+		t := rec.CreatedAt
+		v.CreatedAt = &t
+	}
+	switch {
+	case sp.Cmdline != nil:
+		v.Cmdline = *sp.Cmdline
+	case rec.Mode == ModeAppVM:
+		v.Cmdline = s.o.Config.AppVMCmdline
+	default:
+		v.Cmdline = s.o.Config.DefaultCmdline
+	}
+	if rec.Mode == ModeAppVM && v.KernelPath == nil && v.FirmwarePath == nil {
+		k := s.o.Config.AppVMKernel
+		v.KernelPath = &k
+	}
+	if !rec.Provisioning() {
+		v.DiskPath = s.layout.RootDisk(rec.ID)
+		v.ConsoleSocketPath = s.layout.ConsoleSocket(rec.ID)
+	}
+	dev := 1 // vda is the root disk
+	if sp.CloudInit != nil {
+		v.SeedDisk = &SeedDiskView{Device: DeviceName(dev), SizeBytes: SeedSizeBytes}
+		dev++
+	}
+	for i, vol := range sp.Volumes {
+		vv := VolumeView{
+			ID:               "data" + itoa(i),
+			Path:             s.layout.DataVolume(rec.ID, i),
+			VirtualSizeBytes: uint64(vol.SizeGiB) << 30,
+			Fmt:              "qcow2",
+			Owned:            true,
+			Device:           DeviceName(dev),
+		}
+		dev++
+		if o.DiskBytes {
+			vv.DiskBytes = allocatedBytes(vv.Path)
+		}
+		v.Volumes = append(v.Volumes, vv)
+	}
+	for i, nic := range rec.NICs {
+		var n NetSpec
+		if i < len(sp.Nets) {
+			n = sp.Nets[i]
+		}
+		v.Nets = append(v.Nets, s.netView(n, nic))
+	}
+	if d := sp.Disk; d != nil || sp.Image != nil {
+		dv := &DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
+		if rec.Base != nil {
+			dv.BasePath = rec.Base.Path
+			dv.VirtualSizeBytes = rec.Base.VirtualSizeBytes
+		} else if sp.Image != nil {
+			dv.BasePath = s.layout.ImageCache(sp.Image.ContentSHA256)
+		}
+		if d != nil && d.SizeGiB != nil {
+			dv.VirtualSizeBytes = max(dv.VirtualSizeBytes, uint64(*d.SizeGiB)<<30)
+		}
+		v.Disk = dv
+	}
+	if im := sp.Image; im != nil {
+		v.Image = &ImageView{ImageID: im.ImageID, Distro: im.Distro, Version: im.Version}
+	}
+	if ci := sp.CloudInit; ci != nil {
+		cv := &CloudInitView{
+			Hostname:          ClassicHostname(rec.ID),
+			User:              "root",
+			SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
+			Network:           ci.Network,
+			InstanceID:        rec.ID,
+			ConsoleAutologin:  ci.ConsoleAutologin,
+			Sudo:              ci.Sudo,
+		}
+		if ci.Hostname != nil {
+			cv.Hostname = *ci.Hostname
+		}
+		if ci.User != nil {
+			cv.User = *ci.User
+		}
+		if ci.InstanceID != nil {
+			cv.InstanceID = *ci.InstanceID
+		}
+		if cv.SSHAuthorizedKeys == nil {
+			cv.SSHAuthorizedKeys = []string{}
+		}
+		v.CloudInit = cv
+	}
+	if sp.DiskBpsTotal > 0 || sp.DiskIopsTotal > 0 {
+		v.IOLimit = &IOLimitView{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}
+	}
+	if sp.CPUAffinity != nil {
+		v.CPUAffinity, _ = ParseCPUSet(*sp.CPUAffinity) // validated at create
+	}
+	return v
+}
+
+// netView resolves an interface: its network (explicit, by bridge, or the
+// default network) gives bridge, MTU, isolation and spoof guard unless the
+// request overrides them.
+func (s *Service) netView(n NetSpec, nic NIC) NetView {
+	cfg := s.o.Config
+	nv := NetView{
+		Mode:          "bridge",
+		Bridge:        n.Bridge,
+		TapName:       nic.Tap,
+		MAC:           nic.MAC,
+		NetworkID:     n.NetworkID,
+		VLANTag:       n.VLANTag,
+		IPv4:          n.IPv4,
+		IPv6:          n.IPv6,
+		Isolated:      n.Isolated,
+		SpoofGuard:    n.SpoofGuard,
+		RateLimitMbps: n.RateLimitMbps,
+		AllowedIPs:    n.AllowedIPs,
+	}
+	if n.MTU != nil {
+		nv.MTU = *n.MTU
+	}
+	if nv.NetworkID == "" && nv.Bridge == "" {
+		nv.NetworkID = cfg.DefaultNetwork
+	}
+	if nv.NetworkID == "" {
+		if nw, ok := cfg.NetworkByBridge(nv.Bridge); ok {
+			nv.NetworkID = nw.ID
+		}
+	}
+	if nw, ok := cfg.Network(nv.NetworkID); ok {
+		if nv.Bridge == "" {
+			nv.Bridge = nw.Bridge
+		}
+		if nv.MTU == 0 {
+			nv.MTU = uint32(nw.MTU)
+		}
+	}
+	if nv.MTU == 0 && cfg.DefaultMTU > 0 {
+		nv.MTU = uint32(cfg.DefaultMTU)
+	}
+	return nv
+}
+
+// DeviceName is the guest block device of disk index i in disk order:
+// 0 → /dev/vda, 25 → /dev/vdz, 26 → /dev/vdaa (the kernel's virtio naming).
+func DeviceName(i int) string {
+	var b []byte
+	for i++; i > 0; i = (i - 1) / 26 {
+		b = append([]byte{byte('a' + (i-1)%26)}, b...)
+	}
+	return "/dev/vd" + string(b)
+}
+
+// ClassicHostname derives a hostname from a VM id: '_' and '.' become '-',
+// the result is cut to 63 bytes and trimmed of '-' at either end ("vm" if
+// nothing is left).
+func ClassicHostname(id string) string {
+	h := strings.Map(func(r rune) rune {
+		if r == '_' || r == '.' {
+			return '-'
+		}
+		return r
+	}, id)
+	if len(h) > MaxHostnameBytes {
+		h = h[:MaxHostnameBytes]
+	}
+	h = strings.Trim(h, "-")
+	if h == "" {
+		return "vm"
+	}
+	return h
+}
+
+// allocatedBytes is the space a file occupies on the host, or nil when it
+// cannot be read.
+func allocatedBytes(path string) *uint64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	n := uint64(st.Blocks) * 512
+	return &n
+}
+
+func itoa(i int) string {
+	if i < 10 {
+		return string(rune('0' + i))
+	}
+	return itoa(i/10) + string(rune('0'+i%10))
+}
