@@ -216,6 +216,27 @@ func (ns *testNS) createTap(name string, index int) {
 	}
 }
 
+// waitForwarding waits until the bridge ports are forwarding. A tap gets
+// its carrier when a guest attaches, and the bridge learns that through the
+// kernel's link watch, which may take a second.
+func (ns *testNS) waitForwarding(names ...string) {
+	ns.t.Helper()
+	const brStateForwarding = 3
+	deadline := time.Now().Add(5 * time.Second)
+	for _, name := range names {
+		for {
+			l := ns.link(name)
+			if l.Master != 0 && l.PortState == brStateForwarding {
+				break
+			}
+			if time.Now().After(deadline) {
+				ns.t.Fatalf("port %q not forwarding after 5s (master %d, state %d)", name, l.Master, l.PortState)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+}
+
 // guest is the guest end of a tap: the test reads and writes Ethernet frames
 // through it as the VM's NIC would. Frames carry the 10-byte virtio-net
 // header that IFF_VNET_HDR asks for.

@@ -67,7 +67,8 @@ type link struct {
 	MAC    net.HardwareAddr
 
 	// Bridge port (IFLA_INFO_SLAVE_DATA), when the link has a bridge master.
-	Isolated bool
+	Isolated  bool
+	PortState uint8 // IFLA_BRPORT_STATE: BR_STATE_FORWARDING is 3
 
 	// Bridge (IFLA_INFO_DATA of kind "bridge").
 	VLANFiltering bool
@@ -134,8 +135,11 @@ func parseLinkInfo(ad *netlink.AttributeDecoder, l *link) error {
 			return err
 		}
 		for sad.Next() {
-			if sad.Type() == unix.IFLA_BRPORT_ISOLATED {
+			switch sad.Type() {
+			case unix.IFLA_BRPORT_ISOLATED:
 				l.Isolated = sad.Uint8() != 0
+			case unix.IFLA_BRPORT_STATE:
+				l.PortState = sad.Uint8()
 			}
 		}
 		if err := sad.Err(); err != nil {

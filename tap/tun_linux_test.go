@@ -213,6 +213,7 @@ func TestIntegrationIsolation(t *testing.T) {
 				}
 			}
 			a, b, c := ns.guest("ta"), ns.guest("tb"), ns.guest("tc")
+			ns.waitForwarding("ta", "tb", "tc")
 			macA := mustMAC("02:00:00:00:00:0a")
 			bcast := mustMAC("ff:ff:ff:ff:ff:ff")
 			marker := []byte("isolation-probe")
