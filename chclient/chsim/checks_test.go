@@ -88,8 +88,10 @@ func TestCheck05InfoAfterCreate(t *testing.T) {
 	}
 	var cfg struct {
 		Console struct{ Mode string }
-		Cpus    struct{ BootVcpus int `json:"boot_vcpus"` }
-		Memory  struct{ Size uint64 }
+		Cpus    struct {
+			BootVcpus int `json:"boot_vcpus"`
+		}
+		Memory struct{ Size uint64 }
 	}
 	json.Unmarshal(info["config"], &cfg)
 	if cfg.Console.Mode != "Tty" || cfg.Cpus.BootVcpus != 1 || cfg.Memory.Size != 512<<20 {
