@@ -8,6 +8,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -43,6 +45,9 @@ func testLayers(t testing.TB) [][]byte {
 		fileEnt("opq/old1", "old", 0o644, 0, 0),
 		dirEnt("opq/sub/", 0o755, 0, 0),
 		fileEnt("opq/sub/old2", "old", 0o644, 0, 0),
+		dirEnt("swap/", 0o755, 0, 0),
+		fileEnt("swap/inner", "inner", 0o644, 0, 0),
+		fileEnt("swap2", "file", 0o644, 0, 0),
 		dirEnt("dev/", 0o755, 0, 0),
 		ent{hdr: tar.Header{Typeflag: tar.TypeChar, Name: "dev/null", Mode: 0o666, Devmajor: 1, Devminor: 3}},
 		ent{hdr: tar.Header{Typeflag: tar.TypeFifo, Name: "dev/fifo", Mode: 0o600, Uid: 7, Gid: 8}},
@@ -56,6 +61,9 @@ func testLayers(t testing.TB) [][]byte {
 		fileEnt("lib/liby.so", "ELF2", 0o755, 0, 0),
 		fileEnt("etc/passwd", "root:x:0:0::/root:/bin/sh\napp:x:1000:1000::/srv:/bin/sh\n", 0o644, 0, 0),
 		dirEnt("srv/", 0o750, 1000, 1000),
+		fileEnt("swap", "now a file", 0o600, 0, 0),
+		dirEnt("swap2/", 0o700, 0, 0),
+		fileEnt("swap2/inner", "now a dir", 0o644, 0, 0),
 	)
 	hostname := fileEnt("etc/hostname", "appvm\n", 0o644, 0, 0)
 	hostname.hdr.PAXRecords = map[string]string{"SCHILY.xattr.user.origin": "layer3"}
@@ -194,6 +202,8 @@ func checkTree(t *testing.T, raw string) {
 		{"/opq/new", "regular", 0o644, 0, 0},
 		{"/dev/fifo", "FIFO", 0o600, 7, 8},
 		{"/dev/null", "character special", 0o666, 0, 0},
+		{"/swap", "regular", 0o600, 0, 0},
+		{"/swap2", "directory", 0o700, 0, 0},
 	} {
 		got := stat(t, raw, w.path)
 		if got.typ != w.typ || got.mode != w.mode || got.uid != w.uid || got.gid != w.gid {
@@ -211,6 +221,8 @@ func checkTree(t *testing.T, raw string) {
 		"/bin/app3":        "#!/bin/sh\necho app\n",
 		"/usr/lib/libx.so": "ELF",
 		"/etc/hostname":    "appvm\n",
+		"/swap":            "now a file",
+		"/swap2/inner":     "now a dir",
 	} {
 		if got := debugfs(t, raw, "cat "+p); got != body {
 			t.Errorf("cat %s = %q, want %q", p, got, body)
@@ -317,5 +329,80 @@ func TestImportSelectsPlatform(t *testing.T) {
 	_, err := Import(context.Background(), src, filepath.Join(dir, "s390x"), Options{Platform: "linux/s390x"})
 	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "no manifest for platform linux/s390x") {
 		t.Errorf("Import(linux/s390x) error = %v, want no manifest for the platform", err)
+	}
+}
+
+// TestImportDockerSaveSharedLayer imports a docker save tarball whose third
+// layer repeats the first, stored as a symlink to it as docker does: the
+// file the second layer deletes comes back.
+func TestImportDockerSaveSharedLayer(t *testing.T) {
+	requireTools(t)
+	dir := t.TempDir()
+	add := layerTar(t, fileEnt("x", "x", 0o644, 0, 0))
+	del := layerTar(t, fileEnt(".wh.x", "", 0o644, 0, 0), fileEnt("y", "y", 0o644, 0, 0))
+	src := filepath.Join(dir, "save.tar")
+	dockerSave(t, src, [][]byte{add, del, add})
+	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), Options{})
+	if err != nil {
+		t.Fatalf("Import: %v", err)
+	}
+	raw := rawImage(t, img)
+	for p, body := range map[string]string{"/x": "x", "/y": "y"} {
+		if got := debugfs(t, raw, "cat "+p); got != body {
+			t.Errorf("cat %s = %q, want %q", p, got, body)
+		}
+	}
+}
+
+// TestImportManySmallFiles checks the inode rule: 20000 empty files need
+// more inodes than mkfs.ext4 would give a file system this small.
+func TestImportManySmallFiles(t *testing.T) {
+	requireTools(t)
+	dir := t.TempDir()
+	var ents []ent
+	for d := range 100 {
+		ents = append(ents, dirEnt(fmt.Sprintf("d%02d/", d), 0o755, 0, 0))
+		for f := range 200 {
+			ents = append(ents, fileEnt(fmt.Sprintf("d%02d/f%03d", d, f), "", 0o644, 0, 0))
+		}
+	}
+	files, _ := newLayout(t, true, layerTar(t, ents...)).files(t)
+	src := filepath.Join(dir, "layout")
+	writeDir(t, src, files)
+	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), Options{})
+	if err != nil {
+		t.Fatalf("Import: %v", err)
+	}
+	raw := rawImage(t, img)
+	if !exists(t, raw, "/d99/f199") {
+		t.Errorf("/d99/f199 missing")
+	}
+	out := debugfs(t, raw, "stats")
+	var count, free int
+	if m := regexp.MustCompile(`Inode count:\s+(\d+)`).FindStringSubmatch(out); m != nil {
+		count, _ = strconv.Atoi(m[1])
+	}
+	if m := regexp.MustCompile(`Free inodes:\s+(\d+)`).FindStringSubmatch(out); m != nil {
+		free, _ = strconv.Atoi(m[1])
+	}
+	if used := count - free; used < 20100 || free < 4096 {
+		t.Errorf("inodes: %d used, %d free; want >= 20100 used and >= 4096 spare", used, free)
+	}
+}
+
+func TestImportCancelled(t *testing.T) {
+	requireTools(t)
+	dir := t.TempDir()
+	files, _ := newLayout(t, true, layerTar(t, fileEnt("a", "1", 0o644, 0, 0))).files(t)
+	src := filepath.Join(dir, "layout")
+	writeDir(t, src, files)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	dst := filepath.Join(dir, "img")
+	if _, err := Import(ctx, src, dst, Options{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Import with a cancelled context: %v, want context.Canceled", err)
+	}
+	if _, err := os.Stat(dst); !os.IsNotExist(err) {
+		t.Errorf("dstDir left behind after cancel (stat: %v)", err)
 	}
 }
