@@ -400,3 +400,10 @@ func (s *Service) provisionInBackground(rec *Record) {
 }
 
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// ValidateSpec checks a classic spec against every field rule and host
+// precondition without creating anything; the error is a *FieldError.
+func (s *Service) ValidateSpec(spec *Spec) error {
+	_, err := validateSpec(spec, s.o.Config, s.facts)
+	return err
+}

@@ -1,0 +1,265 @@
+// Package vmtest holds test helpers for vm, appvm and api: a fake sysfs
+// tree, a Host that records what it was asked to do, and a Service over a
+// temp state dir with a fixed clock and a deterministic random source.
+// It exists only for tests.
+package vmtest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"vmhost/config"
+	"vmhost/qcow2"
+	"vmhost/store"
+	"vmhost/vm"
+)
+
+// Sysfs describes a fake sysfs tree.
+type Sysfs struct {
+	Online  string              // devices/system/cpu/online, such as "0-7"
+	Nested  bool                // module/kvm_intel/parameters/nested
+	Bridges []string            // class/net/<br>/bridge
+	Groups  map[string][]string // IOMMU group → PCI devices
+}
+
+// Write builds the tree under dir and returns dir.
+func (s Sysfs) Write(t testing.TB, dir string) string {
+	t.Helper()
+	write := func(rel, content string) {
+		p := filepath.Join(dir, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("devices/system/cpu/online", s.Online+"\n")
+	nested := "N"
+	if s.Nested {
+		nested = "Y"
+	}
+	write("module/kvm_intel/parameters/nested", nested+"\n")
+	for _, b := range s.Bridges {
+		if err := os.MkdirAll(filepath.Join(dir, "class/net", b, "bridge"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for g, devs := range s.Groups {
+		gdir := filepath.Join(dir, "kernel/iommu_groups", g, "devices")
+		if err := os.MkdirAll(gdir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range devs {
+			ddir := filepath.Join(dir, "bus/pci/devices", d)
+			if err := os.MkdirAll(ddir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("../../../kernel/iommu_groups/"+g, filepath.Join(ddir, "iommu_group")); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("../../../../bus/pci/devices/"+d, filepath.Join(gdir, d)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return dir
+}
+
+// Host is a vm.Host that records every call as a line ("provision vm1")
+// and creates the files provisioning would (sparse), so views can stat
+// them. Setting a Fail* field makes that step fail with it.
+type Host struct {
+	Layout vm.Layout
+
+	mu            sync.Mutex
+	calls         []string
+	FailPreflight error
+	FailProvision error
+	FailBoot      error
+	// Gate, when set, makes Provision wait until it is closed.
+	Gate chan struct{}
+}
+
+func (h *Host) record(op string, rec *vm.Record) {
+	h.mu.Lock()
+	h.calls = append(h.calls, op+" "+rec.ID)
+	h.mu.Unlock()
+}
+
+// Calls returns the transcript so far.
+func (h *Host) Calls() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.calls...)
+}
+
+// Transcript returns the calls as lines.
+func (h *Host) Transcript() string { return strings.Join(h.Calls(), "\n") }
+
+// Preflight records the call.
+func (h *Host) Preflight(_ context.Context, rec *vm.Record) error {
+	h.record("preflight", rec)
+	return h.FailPreflight
+}
+
+// Provision records the call and creates sparse root and data volume files.
+func (h *Host) Provision(_ context.Context, rec *vm.Record) error {
+	if h.Gate != nil {
+		<-h.Gate
+	}
+	h.record("provision", rec)
+	if h.FailProvision != nil {
+		return h.FailProvision
+	}
+	if err := os.MkdirAll(h.Layout.VMDir(rec.ID), 0o700); err != nil {
+		return err
+	}
+	files := map[string]int64{h.Layout.RootDisk(rec.ID): 1 << 30}
+	for i, v := range rec.Spec.Volumes {
+		files[h.Layout.DataVolume(rec.ID, i)] = int64(v.SizeGiB) << 30
+	}
+	for p, size := range files {
+		f, err := os.Create(p)
+		if err != nil {
+			return err
+		}
+		err = f.Truncate(size)
+		f.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Boot records the call.
+func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
+	h.record("boot", rec)
+	return h.FailBoot
+}
+
+// Rollback records the call and removes the VM's directory.
+func (h *Host) Rollback(_ context.Context, rec *vm.Record) error {
+	h.record("rollback", rec)
+	return os.RemoveAll(h.Layout.VMDir(rec.ID))
+}
+
+// Env is a test environment: a state dir, a run dir, a fake sysfs, a
+// config and a fake host.
+type Env struct {
+	StateDir, RunDir, SysfsDir string
+	Config                     *config.Config
+	Host                       *Host
+	// Kernel and Base are an existing kernel file and a 1 GiB qcow2 base image.
+	Kernel, Base string
+	// Now is the fixed clock's time.
+	Now time.Time
+	// Seed seeds the deterministic random source of each Service.
+	Seed uint64
+	// DiskFree is what the services report as free space.
+	DiskFree uint64
+}
+
+// NewEnv builds an Env: 8 online CPUs, nested supported, bridges br0 and
+// br1, IOMMU group 7 with 0000:01:00.0 and 0000:01:00.1, group 8 with
+// 0000:02:00.0; networks "default" (vmhost0) and "lab" (br1, MTU 9000);
+// 16 CPUs and 65536 MiB of host capacity.
+func NewEnv(t testing.TB) *Env {
+	t.Helper()
+	dir := t.TempDir()
+	e := &Env{
+		StateDir: filepath.Join(dir, "state"),
+		RunDir:   filepath.Join(dir, "run"),
+		SysfsDir: filepath.Join(dir, "sys"),
+		Now:      time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC),
+		Seed:     1,
+		DiskFree: 1 << 40,
+	}
+	Sysfs{
+		Online:  "0-7",
+		Nested:  true,
+		Bridges: []string{"br0", "br1"},
+		Groups:  map[string][]string{"7": {"0000:01:00.0", "0000:01:00.1"}, "8": {"0000:02:00.0"}},
+	}.Write(t, e.SysfsDir)
+	cfg := config.Default()
+	cfg.SysfsRoot = e.SysfsDir
+	cfg.AppVMKernel = "/usr/lib/vmhost/appvm-vmlinux"
+	cfg.Networks = append(cfg.Networks, config.Network{ID: "lab", Bridge: "br1", MTU: 9000})
+	cfg.HostCPUs = 16
+	cfg.HostMemoryMB = 65536
+	e.Config = cfg
+	e.Host = &Host{Layout: vm.Layout{StateDir: e.StateDir, RunDir: e.RunDir}}
+	if err := os.MkdirAll(filepath.Join(dir, "boot"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	e.Kernel = filepath.Join(dir, "boot", "vmlinux")
+	if err := os.WriteFile(e.Kernel, []byte("kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	e.Base = filepath.Join(dir, "boot", "base.qcow2")
+	if err := qcow2.Create(e.Base, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// Service opens a vm.Service on the env's state dir (a new store each
+// call, as a restarted agent would).
+func (e *Env) Service(t testing.TB) *vm.Service {
+	t.Helper()
+	st, err := store.Open(filepath.Join(e.StateDir, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s, err := vm.New(vm.Options{
+		StateDir: e.StateDir,
+		RunDir:   e.RunDir,
+		Config:   e.Config,
+		Store:    st,
+		Host:     e.Host,
+		Now:      func() time.Time { return e.Now },
+		Rand:     &detReader{r: rand.New(rand.NewPCG(e.Seed, e.Seed))},
+		DiskFree: func() (uint64, error) { return e.DiskFree, nil },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// detReader adapts a math/rand/v2 source to io.Reader: deterministic
+// bytes for generated ids and MACs.
+type detReader struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+var _ io.Reader = (*detReader)(nil)
+
+func (c *detReader) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range p {
+		p[i] = byte(c.r.Uint32())
+	}
+	return len(p), nil
+}
+
+// Must fails the test on err.
+func Must[T any](t testing.TB, v T, err error) T {
+	t.Helper()
+	if err != nil {
+		t.Fatal(fmt.Errorf("unexpected error: %w", err))
+	}
+	return v
+}
