@@ -165,7 +165,9 @@ func TestValidateRules(t *testing.T) {
 		{"ipv4 address family", "nets[0].ipv4.address", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{IPv4: &vm.NetIPSpec{Address: "fd00::2/64"}}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{IPv6: &vm.NetIPSpec{Address: "fd00::2/64"}}} }, nil},
 		{"ipv4 gateway without suffix", "nets[0].ipv4.gateway", func(s *vm.Spec) {
 			s.Nets = []vm.NetSpec{{IPv4: &vm.NetIPSpec{Address: "10.0.0.2/24", Gateway: "10.0.0.1/24"}}}
-		}, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{IPv4: &vm.NetIPSpec{Address: "10.0.0.2/24", Gateway: "10.0.0.1"}}} }, nil},
+		}, func(s *vm.Spec) {
+			s.Nets = []vm.NetSpec{{IPv4: &vm.NetIPSpec{Address: "10.0.0.2/24", Gateway: "10.0.0.1"}}}
+		}, nil},
 		{"dns_servers syntax", "nets[0].ipv4.dns_servers[1]", func(s *vm.Spec) {
 			s.Nets = []vm.NetSpec{{IPv4: &vm.NetIPSpec{Address: "10.0.0.2/24", DNSServers: []string{"1.1.1.1", "dns.example"}}}}
 		}, func(s *vm.Spec) {
