@@ -1,0 +1,219 @@
+// Package disk makes VM root disks and keeps the verified image cache.
+//
+// Copy turns a base image into a VM's own root.qcow2: a reflink (FICLONE)
+// where the file system can share extents, else a sparse-aware copy that
+// walks SEEK_DATA/SEEK_HOLE and moves only the data ranges with
+// copy_file_range, so holes stay holes (a plain io.Copy, and
+// copy_file_range over a whole file on ext4, fill them in). Base images with
+// a backing file, and other images qcow2.Header.CheckBase refuses, are not
+// copied.
+//
+// Cache holds downloaded images as <dir>/sha256-<hex>.qcow2, one download
+// per digest however many creates ask for it at once. A body is hashed
+// while it streams to a temp file in the same directory, then verified,
+// checked to be a qcow2 base image, fsynced and renamed into place; any
+// failure leaves nothing behind. Knobs: CacheOptions.MaxBytes (size cap),
+// MaxRedirects, and the http.Client.
+package disk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+
+	"golang.org/x/sys/unix"
+
+	"vmhost/qcow2"
+)
+
+// copyChunk bounds one copy_file_range call, so ctx is checked between
+// chunks of a large data range.
+const copyChunk = 64 << 20
+
+// Copy copies the qcow2 base image src to dst, which must not exist (the
+// error then satisfies errors.Is(err, fs.ErrExist)). The copy is written
+// to a temp file beside dst, fsynced, renamed into place without
+// replacing anything, and the directory fsynced; on failure or when ctx
+// ends nothing is left at dst. It refuses a src that is not a usable base
+// image (backing file, encryption, dirty or corrupt flags).
+func Copy(ctx context.Context, src, dst string) (err error) {
+	h, err := qcow2.ReadHeaderFile(src)
+	if err != nil {
+		return fmt.Errorf("copying base image %s: %w", src, err)
+	}
+	if err := h.CheckBase(); err != nil {
+		return fmt.Errorf("copying base image %s: %w", src, err)
+	}
+	if _, err := os.Lstat(dst); err == nil {
+		return fmt.Errorf("copying base image to %s: %w", dst, os.ErrExist)
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return fmt.Errorf("copying base image: %w", err)
+	}
+	defer in.Close()
+	out, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*")
+	if err != nil {
+		return fmt.Errorf("copying base image to %s: %w", dst, err)
+	}
+	tmp := out.Name()
+	defer func() {
+		if err != nil {
+			out.Close()
+			os.Remove(tmp)
+			err = fmt.Errorf("copying base image %s to %s: %w", src, dst, err)
+		}
+	}()
+	if err := out.Chmod(0o600); err != nil {
+		return err
+	}
+	if err := cloneOrCopy(ctx, in, out); err != nil {
+		return err
+	}
+	if err := out.Sync(); err != nil {
+		return err
+	}
+	if err := out.Close(); err != nil {
+		return err
+	}
+	if err := renameNoReplace(tmp, dst); err != nil {
+		return err
+	}
+	return syncDir(filepath.Dir(dst))
+}
+
+// cloneOrCopy shares src's extents with dst when the file system can
+// (btrfs, xfs with reflink), and otherwise copies the data ranges.
+func cloneOrCopy(ctx context.Context, src, dst *os.File) error {
+	err := unix.IoctlFileClone(int(dst.Fd()), int(src.Fd()))
+	if err == nil {
+		return nil
+	}
+	// ext4 and tmpfs answer EOPNOTSUPP; other file systems and
+	// cross-device pairs answer EXDEV, EINVAL or ENOTTY.
+	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
+		return fmt.Errorf("FICLONE: %w", err)
+	}
+	return sparseCopy(ctx, src, dst)
+}
+
+// sparseCopy copies the data ranges of src into dst at the same offsets
+// and sizes dst like src, leaving holes where src has them.
+func sparseCopy(ctx context.Context, src, dst *os.File) error {
+	st, err := src.Stat()
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	if err := dst.Truncate(size); err != nil {
+		return err
+	}
+	return dataRanges(src, size, func(start, end int64) error {
+		for off := start; off < end; {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			n, err := copyRange(src, dst, off, min(end-off, copyChunk))
+			if err != nil {
+				return err
+			}
+			off += n
+		}
+		return nil
+	})
+}
+
+// dataRanges calls fn for each data range of f in increasing order, found
+// with SEEK_DATA/SEEK_HOLE; where those are unsupported the whole file is
+// one range.
+func dataRanges(f *os.File, size int64, fn func(start, end int64) error) error {
+	for off := int64(0); off < size; {
+		start, err := f.Seek(off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return nil // the rest is a hole
+		}
+		if errors.Is(err, unix.EINVAL) && off == 0 {
+			return fn(0, size)
+		}
+		if err != nil {
+			return fmt.Errorf("SEEK_DATA at %d: %w", off, err)
+		}
+		end, err := f.Seek(start, unix.SEEK_HOLE)
+		if err != nil {
+			return fmt.Errorf("SEEK_HOLE at %d: %w", start, err)
+		}
+		end = min(end, size)
+		if end > start {
+			if err := fn(start, end); err != nil {
+				return err
+			}
+		}
+		off = end
+	}
+	return nil
+}
+
+// copyRange copies up to n bytes at off from src to dst at the same
+// offset, with copy_file_range where the kernel allows it between the two
+// files and read/write otherwise. It returns how many bytes it copied.
+func copyRange(src, dst *os.File, off, n int64) (int64, error) {
+	roff, woff := off, off
+	done, err := unix.CopyFileRange(int(src.Fd()), &roff, int(dst.Fd()), &woff, int(n), 0)
+	if err == nil && done > 0 {
+		return int64(done), nil
+	}
+	if err != nil && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) {
+		return 0, fmt.Errorf("copy_file_range at %d: %w", off, err)
+	}
+	if err == nil && done == 0 {
+		return 0, fmt.Errorf("copy_file_range at %d: %w", off, io.ErrUnexpectedEOF)
+	}
+	buf := make([]byte, min(n, 1<<20))
+	r, rerr := src.ReadAt(buf, off)
+	if r == 0 {
+		if rerr == nil || errors.Is(rerr, io.EOF) {
+			rerr = io.ErrUnexpectedEOF
+		}
+		return 0, fmt.Errorf("reading at %d: %w", off, rerr)
+	}
+	if _, err := dst.WriteAt(buf[:r], off); err != nil {
+		return 0, err
+	}
+	return int64(r), nil
+}
+
+// renameNoReplace moves tmp to dst, failing with fs.ErrExist rather than
+// replacing a file that appeared at dst meanwhile.
+func renameNoReplace(tmp, dst string) error {
+	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
+	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
+		// The file system cannot do RENAME_NOREPLACE: a hard link gives
+		// the same no-clobber guarantee.
+		if err = os.Link(tmp, dst); err == nil {
+			return os.Remove(tmp)
+		}
+	}
+	if errors.Is(err, unix.EEXIST) {
+		return fmt.Errorf("renaming into place: %w", os.ErrExist)
+	}
+	if err != nil {
+		return fmt.Errorf("renaming into place: %w", err)
+	}
+	return nil
+}
+
+// syncDir fsyncs a directory so a new entry in it survives power loss.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
