@@ -3,10 +3,14 @@ package chclient_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -50,6 +54,13 @@ func TestMain(m *testing.M) {
 	}
 }
 
+// childEnv is the environment for helper processes. A race-enabled binary sleeps a second
+// at exit by default; the helpers skip that.
+func childEnv(extra ...string) []string {
+	env := append(os.Environ(), "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+	return append(env, extra...)
+}
+
 // shortDir returns a directory whose paths fit a unix socket address.
 func shortDir(t testing.TB) string {
 	t.Helper()
@@ -76,7 +87,7 @@ func (f fixture) config(extra ...string) chclient.LaunchConfig {
 		Binary: os.Args[0], APISocket: f.sock, EventMonitor: f.events, LogFile: f.log,
 		VsockSocket: f.vsock, SerialSocket: f.serial,
 		ExtraArgs: append([]string{"-v"}, extra...),
-		Env:       append(os.Environ(), "CHCLIENT_TEST_MODE=chsim"),
+		Env:       childEnv("CHCLIENT_TEST_MODE=chsim"),
 	}
 }
 
@@ -113,3 +124,26 @@ func touch(t testing.TB, path string) string {
 }
 
 var _ = strconv.Itoa
+
+// simHTTP is a plain HTTP client on the simulator's socket, for /sim/v1/ calls.
+func simHTTP(f fixture) *http.Client {
+	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", f.sock)
+	}}}
+}
+
+// simPut calls a /sim/v1/ action and fails the test unless it answers 204.
+func simPut(t testing.TB, f fixture, action, body string) {
+	t.Helper()
+	req, _ := http.NewRequest("PUT", "http://x/sim/v1/"+action, strings.NewReader(body))
+	resp, err := simHTTP(f).Do(req)
+	if err != nil {
+		t.Fatalf("sim %s: %v", action, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 204 {
+		data, _ := io.ReadAll(resp.Body)
+		t.Fatalf("sim %s = %d %s", action, resp.StatusCode, data)
+	}
+}

@@ -61,7 +61,7 @@ func startSim(t *testing.T, extra ...string) *simProc {
 	args := append([]string{"--api-socket", "path=" + p.sock, "--event-monitor", "path=" + p.events,
 		"--log-file", p.log, "-v"}, extra...)
 	p.cmd = exec.Command(os.Args[0], args...)
-	p.cmd.Env = append(os.Environ(), "CHSIM_TEST_MAIN=1")
+	p.cmd.Env = append(os.Environ(), "CHSIM_TEST_MAIN=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {
 		t.Fatal(err)
