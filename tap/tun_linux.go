@@ -192,7 +192,7 @@ func configureTap(c *netlink.Conn, index, mtu int, alias string) error {
 	return nil
 }
 
-// Delete removes the tap name. A tap that is already
+// Delete removes the tap name and its anti-spoof chain (see Guard). A tap that is already
 // gone is success; an interface of that name that is not a tap is refused
 // with an error wrapping ErrConflict.
 func (h *Handle) Delete(ctx context.Context, name string) error {
@@ -217,6 +217,8 @@ func (h *Handle) Delete(ctx context.Context, name string) error {
 			errs = append(errs, fmt.Errorf("deleting tap %q: %w", name, err))
 		}
 	}
+	// The rules go with the tap, even when the link was already gone.
+	errs = append(errs, h.Unguard(ctx, name))
 	return errors.Join(errs...)
 }
 
