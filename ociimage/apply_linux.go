@@ -325,6 +325,13 @@ func (a *applier) applyEntry(hdr *tar.Header, tr *tar.Reader) error {
 			if err := unix.Unlinkat(dirfd, base, 0); err != nil {
 				return fmt.Errorf("%s: replacing %q: %w", a.what, name, err)
 			}
+			if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+				// The cached parent may have been reached through it.
+				a.dropParent()
+				if dirfd, err = a.parent(dir, name, true); err != nil {
+					return err
+				}
+			}
 		}
 	}
 

@@ -247,6 +247,22 @@ func TestImportBadInput(t *testing.T) {
 			reason: `^invalid image: neither index.json \(OCI image layout\) nor manifest.json \(docker save\) found$`,
 		},
 		{
+			// The parent of lib/a, reached through the symlink lib, must
+			// not be reused for lib/b once lib is a file.
+			name: "entry below a file that replaced a symlink",
+			src: func(t *testing.T, e env) string {
+				return oneLayer(t, e,
+					dirEnt("usr/", 0o755, 0, 0),
+					dirEnt("usr/lib/", 0o755, 0, 0),
+					symlinkEnt("lib", "usr/lib"),
+					fileEnt("lib/a", "a", 0o644, 0, 0),
+					fileEnt("lib", "now a file", 0o644, 0, 0),
+					fileEnt("lib/b", "b", 0o644, 0, 0))
+			},
+			is:     ErrInvalid,
+			reason: `^invalid image: layer 1 \(sha256:[0-9a-f]{64}\): entry "lib/b": a parent is not a directory$`,
+		},
+		{
 			name: "hard link to nothing",
 			src: func(t *testing.T, e env) string {
 				return oneLayer(t, e, hardlinkEnt("b", "missing"))
