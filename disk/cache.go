@@ -1,0 +1,302 @@
+package disk
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"vmhost/qcow2"
+)
+
+// Defaults for CacheOptions.
+const (
+	DefaultMaxBytes     = 64 << 30
+	DefaultMaxRedirects = 5
+)
+
+// progressInterval is the least time between two progress reports.
+const progressInterval = 100 * time.Millisecond
+
+// CacheOptions are the knobs of a Cache.
+type CacheOptions struct {
+	// MaxBytes caps the size of one image; a larger body (or
+	// Content-Length) fails the download. 0 means DefaultMaxBytes.
+	MaxBytes int64
+	// MaxRedirects caps the redirects followed; 0 means
+	// DefaultMaxRedirects, a negative value follows none.
+	MaxRedirects int
+	// Client makes the requests; nil means a client with no overall
+	// timeout (images are large; callers bound a download with ctx).
+	// Its CheckRedirect is replaced by the redirect cap.
+	Client *http.Client
+}
+
+// Cache is the verified image cache in one directory. Its methods are safe
+// for concurrent use.
+type Cache struct {
+	dir    string
+	opts   CacheOptions
+	client *http.Client
+
+	mu       sync.Mutex
+	inflight map[string]*download // by digest
+}
+
+// NewCache returns a cache keeping images in dir, creating dir (0700) if
+// needed. Temp files of downloads interrupted by a crash (".download-*")
+// are removed.
+func NewCache(dir string, opts CacheOptions) (*Cache, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating image cache: %w", err)
+	}
+	if stale, err := filepath.Glob(filepath.Join(dir, ".download-*")); err == nil {
+		for _, p := range stale {
+			os.Remove(p)
+		}
+	}
+	if opts.MaxBytes == 0 {
+		opts.MaxBytes = DefaultMaxBytes
+	}
+	if opts.MaxRedirects == 0 {
+		opts.MaxRedirects = DefaultMaxRedirects
+	}
+	client := &http.Client{}
+	if opts.Client != nil {
+		c := *opts.Client
+		client = &c
+	}
+	maxRedirects := max(opts.MaxRedirects, 0)
+	client.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if len(via) > maxRedirects {
+			return fmt.Errorf("stopped after %d redirects", maxRedirects)
+		}
+		if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+			return fmt.Errorf("redirect to unsupported scheme %q", req.URL.Scheme)
+		}
+		return nil
+	}
+	return &Cache{dir: dir, opts: opts, client: client, inflight: map[string]*download{}}, nil
+}
+
+// Path is where the image with the given sha256 (lower-case hex) lives
+// once fetched.
+func (c *Cache) Path(sha256hex string) string {
+	return filepath.Join(c.dir, "sha256-"+sha256hex+".qcow2")
+}
+
+// Has reports whether the image with the given digest is in the cache.
+func (c *Cache) Has(sha256hex string) bool {
+	_, err := os.Stat(c.Path(sha256hex))
+	return err == nil
+}
+
+// download is one transfer shared by every Fetch of its digest.
+type download struct {
+	done chan struct{}
+	err  error
+
+	cancel  context.CancelFunc
+	mu      sync.Mutex
+	waiters int
+	watch   map[int]func(done, total int64)
+	nextW   int
+}
+
+// Fetch returns the path of the image whose content has the sha256
+// sha256hex (64 hex digits), downloading it from rawURL if the cache lacks
+// it. Concurrent Fetches of one digest share a single download; the
+// download is cancelled only when every caller waiting on it has gone
+// (ctx ended). progress, if not nil, is called from the download's
+// goroutine with the bytes received so far and the total (-1 when the
+// server sent no length), at most every 100 ms and once at the end; it
+// must not block.
+//
+// Errors name the cause: an HTTP status, a content sha256 mismatch, a body
+// that is not a qcow2 image or that has a backing file, a body over the
+// size cap, a truncated body, too many redirects. No file is left behind
+// on failure.
+func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress func(done, total int64)) (string, error) {
+	sha256hex = strings.ToLower(sha256hex)
+	if len(sha256hex) != 64 || strings.Trim(sha256hex, "0123456789abcdef") != "" {
+		return "", fmt.Errorf("fetching image: content sha256 %q is not 64 hex digits", sha256hex)
+	}
+	final := c.Path(sha256hex)
+	if _, err := os.Stat(final); err == nil {
+		return final, nil
+	}
+	u, err := url.Parse(rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", fmt.Errorf("fetching image: url %q is not an http or https URL", rawURL)
+	}
+
+	c.mu.Lock()
+	d := c.inflight[sha256hex]
+	if d == nil {
+		dctx, cancel := context.WithCancel(context.Background())
+		d = &download{done: make(chan struct{}), cancel: cancel, watch: map[int]func(int64, int64){}}
+		c.inflight[sha256hex] = d
+		go func() {
+			d.err = c.download(dctx, rawURL, sha256hex, d)
+			cancel()
+			c.mu.Lock()
+			if c.inflight[sha256hex] == d {
+				delete(c.inflight, sha256hex)
+			}
+			c.mu.Unlock()
+			close(d.done)
+		}()
+	}
+	d.mu.Lock()
+	d.waiters++
+	w := d.nextW
+	d.nextW++
+	if progress != nil {
+		d.watch[w] = progress
+	}
+	d.mu.Unlock()
+	c.mu.Unlock()
+
+	// leave drops this caller; the last one to go cancels the download
+	// and forgets it, so a later Fetch starts afresh.
+	leave := func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		delete(d.watch, w)
+		d.waiters--
+		if d.waiters == 0 {
+			d.cancel()
+			if c.inflight[sha256hex] == d {
+				delete(c.inflight, sha256hex)
+			}
+		}
+	}
+	select {
+	case <-d.done:
+		leave()
+		if d.err != nil {
+			return "", d.err
+		}
+		return final, nil
+	case <-ctx.Done():
+		leave()
+		return "", fmt.Errorf("fetching image %s: %w", rawURL, ctx.Err())
+	}
+}
+
+func (d *download) report(done, total int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, fn := range d.watch {
+		fn(done, total)
+	}
+}
+
+// download fetches rawURL into the cache as sha256hex.
+func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *download) (err error) {
+	defer func() {
+		if err != nil {
+			err = fmt.Errorf("fetching image %s: %w", rawURL, err)
+		}
+	}()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("HTTP status %s", resp.Status)
+	}
+	total := resp.ContentLength // -1 when unknown
+	if total > c.opts.MaxBytes {
+		return fmt.Errorf("image of %d bytes exceeds the size cap of %d bytes", total, c.opts.MaxBytes)
+	}
+
+	f, err := os.CreateTemp(c.dir, ".download-sha256-"+sha256hex+"-*")
+	if err != nil {
+		return err
+	}
+	tmp := f.Name()
+	defer func() {
+		if err != nil {
+			f.Close()
+			os.Remove(tmp)
+		}
+	}()
+
+	h := sha256.New()
+	var n int64
+	buf := make([]byte, 1<<20)
+	last := time.Now()
+	body := io.LimitReader(resp.Body, c.opts.MaxBytes+1)
+	for {
+		m, rerr := body.Read(buf)
+		if m > 0 {
+			// Hash while streaming: the file is never read back.
+			h.Write(buf[:m])
+			if _, err := f.Write(buf[:m]); err != nil {
+				return err
+			}
+			n += int64(m)
+			if n > c.opts.MaxBytes {
+				return fmt.Errorf("body exceeds the size cap of %d bytes", c.opts.MaxBytes)
+			}
+			if now := time.Now(); now.Sub(last) >= progressInterval {
+				last = now
+				d.report(n, total)
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			if errors.Is(rerr, io.ErrUnexpectedEOF) && total >= 0 {
+				return fmt.Errorf("truncated body: got %d of %d bytes: %w", n, total, rerr)
+			}
+			return fmt.Errorf("reading body after %d bytes: %w", n, rerr)
+		}
+	}
+	if total >= 0 && n != total {
+		return fmt.Errorf("truncated body: got %d of %d bytes", n, total)
+	}
+	d.report(n, total)
+
+	if got := hex.EncodeToString(h.Sum(nil)); got != sha256hex {
+		return fmt.Errorf("content sha256 mismatch: expected %s, got %s", sha256hex, got)
+	}
+	hdr, err := qcow2.ReadHeader(f)
+	if err != nil {
+		return fmt.Errorf("downloaded image: %w", err)
+	}
+	if err := hdr.CheckBase(); err != nil {
+		return fmt.Errorf("downloaded image refused: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, 0o600); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, c.Path(sha256hex)); err != nil {
+		return err
+	}
+	return syncDir(c.dir)
+}
