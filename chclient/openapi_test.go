@@ -1,0 +1,316 @@
+package chclient_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"vmhost/chclient"
+)
+
+// openAPIPath is CH's v53 OpenAPI document as JSON, beside the checkout (shared/ref).
+const openAPIPath = "../../shared/ref/cloud-hypervisor.openapi.json"
+
+// schemaValidator checks a JSON value against the subset of OpenAPI 3 schemas CH's document
+// uses for request bodies: $ref, type, properties, required, items, enum,
+// additionalProperties and minimum. Unlike CH, which ignores unknown keys, it rejects a
+// property the schema does not name, so a misspelt field cannot be dropped silently.
+type schemaValidator struct {
+	schemas map[string]map[string]any
+}
+
+func (v *schemaValidator) resolve(s map[string]any) (map[string]any, error) {
+	for depth := 0; depth < 10; depth++ {
+		ref, ok := s["$ref"].(string)
+		if !ok {
+			return s, nil
+		}
+		name, ok := strings.CutPrefix(ref, "#/components/schemas/")
+		if !ok {
+			return nil, fmt.Errorf("unsupported $ref %q", ref)
+		}
+		if s, ok = v.schemas[name]; !ok {
+			return nil, fmt.Errorf("$ref %q names no schema", ref)
+		}
+	}
+	return nil, fmt.Errorf("$ref chain too deep")
+}
+
+func (v *schemaValidator) validate(path string, schema map[string]any, val any) []string {
+	s, err := v.resolve(schema)
+	if err != nil {
+		return []string{path + ": " + err.Error()}
+	}
+	var errs []string
+	if enum, ok := s["enum"].([]any); ok && !slices.Contains(enum, val) {
+		errs = append(errs, fmt.Sprintf("%s: %v is not one of %v", path, val, enum))
+	}
+	switch typ, _ := s["type"].(string); typ {
+	case "object", "":
+		obj, ok := val.(map[string]any)
+		if !ok {
+			if typ == "" {
+				return errs
+			}
+			return append(errs, fmt.Sprintf("%s: %T, want object", path, val))
+		}
+		props, _ := s["properties"].(map[string]any)
+		for _, r := range asSlice(s["required"]) {
+			if _, ok := obj[r.(string)]; !ok {
+				errs = append(errs, fmt.Sprintf("%s: required property %q missing", path, r))
+			}
+		}
+		extra, _ := s["additionalProperties"].(map[string]any)
+		for k, fv := range obj {
+			ps, ok := props[k].(map[string]any)
+			switch {
+			case ok:
+				errs = append(errs, v.validate(path+"."+k, ps, fv)...)
+			case extra != nil:
+				errs = append(errs, v.validate(path+"."+k, extra, fv)...)
+			default:
+				errs = append(errs, fmt.Sprintf("%s: property %q is not in the schema", path, k))
+			}
+		}
+	case "array":
+		arr, ok := val.([]any)
+		if !ok {
+			return append(errs, fmt.Sprintf("%s: %T, want array", path, val))
+		}
+		items, _ := s["items"].(map[string]any)
+		for i, e := range arr {
+			errs = append(errs, v.validate(fmt.Sprintf("%s[%d]", path, i), items, e)...)
+		}
+	case "string":
+		if _, ok := val.(string); !ok {
+			errs = append(errs, fmt.Sprintf("%s: %T, want string", path, val))
+		}
+	case "boolean":
+		if _, ok := val.(bool); !ok {
+			errs = append(errs, fmt.Sprintf("%s: %T, want boolean", path, val))
+		}
+	case "integer", "number":
+		n, ok := val.(json.Number)
+		if !ok {
+			return append(errs, fmt.Sprintf("%s: %T, want %s", path, val, typ))
+		}
+		if typ == "integer" && strings.ContainsAny(n.String(), ".eE") {
+			errs = append(errs, fmt.Sprintf("%s: %s is not an integer", path, n))
+		}
+		if min, ok := s["minimum"].(float64); ok {
+			if f, _ := n.Float64(); f < min {
+				errs = append(errs, fmt.Sprintf("%s: %s below minimum %v", path, n, min))
+			}
+		}
+	default:
+		errs = append(errs, fmt.Sprintf("%s: unsupported schema type %q", path, typ))
+	}
+	return errs
+}
+
+func asSlice(v any) []any {
+	s, _ := v.([]any)
+	return s
+}
+
+type openAPIDoc struct {
+	Paths      map[string]map[string]map[string]any `json:"paths"`
+	Components struct {
+		Schemas map[string]map[string]any `json:"schemas"`
+	} `json:"components"`
+}
+
+func loadOpenAPI(t *testing.T) (*openAPIDoc, *schemaValidator) {
+	t.Helper()
+	data, err := os.ReadFile(openAPIPath)
+	if os.IsNotExist(err) {
+		t.Skipf("CH OpenAPI document not found at %s (shared/ref must sit beside the checkout)", openAPIPath)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc openAPIDoc
+	if err := json.Unmarshal(data, &doc); err != nil {
+		t.Fatal(err)
+	}
+	return &doc, &schemaValidator{schemas: doc.Components.Schemas}
+}
+
+// requestSchema returns the body schema of method path, or nil when the route takes none.
+func (d *openAPIDoc) requestSchema(t *testing.T, method, path string) (map[string]any, bool) {
+	t.Helper()
+	op, ok := d.Paths["/"+path][strings.ToLower(method)]
+	if !ok {
+		t.Fatalf("OpenAPI document has no %s /%s", method, path)
+	}
+	rb, ok := op["requestBody"].(map[string]any)
+	if !ok {
+		return nil, false
+	}
+	content, _ := rb["content"].(map[string]any)
+	mt, _ := content["application/json"].(map[string]any)
+	schema, _ := mt["schema"].(map[string]any)
+	return schema, true
+}
+
+type wireRequest struct {
+	method, path string
+	body         []byte
+}
+
+// recordingClient returns a client whose requests go to an in-memory server that records
+// them and answers each with a plausible success.
+func recordingClient(t *testing.T) (*chclient.Client, func() []wireRequest) {
+	var mu sync.Mutex
+	var reqs []wireRequest
+	c := chclient.New("/nonexistent")
+	c.Dial = func(ctx context.Context) (net.Conn, error) {
+		client, server := net.Pipe()
+		go func() {
+			defer server.Close()
+			br := bufio.NewReader(server)
+			for {
+				req, err := http.ReadRequest(br)
+				if err != nil {
+					return
+				}
+				body, _ := io.ReadAll(req.Body)
+				path := strings.TrimPrefix(req.URL.Path, "/api/v1/")
+				mu.Lock()
+				reqs = append(reqs, wireRequest{req.Method, path, body})
+				mu.Unlock()
+				answer := "HTTP/1.1 204 No Content\r\n\r\n"
+				switch path {
+				case "vmm.ping":
+					answer = jsonAnswer(`{"build_version":"v53.0","version":"53.0.0","pid":1,"features":[]}`)
+				case "vm.info":
+					answer = jsonAnswer(`{"config":{},"state":"Running"}`)
+				case "vm.counters":
+					answer = jsonAnswer(`{}`)
+				case "vmm.shutdown":
+					answer = "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+				}
+				io.WriteString(server, answer)
+			}
+		}()
+		return client, nil
+	}
+	return c, func() []wireRequest {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(reqs)
+	}
+}
+
+func jsonAnswer(body string) string {
+	return fmt.Sprintf("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+}
+
+// TestRequestBodiesMatchOpenAPI sends every request chclient can make, with every config
+// field set, and validates each body on the wire against CH's OpenAPI document.
+func TestRequestBodiesMatchOpenAPI(t *testing.T) {
+	doc, v := loadOpenAPI(t)
+	c, recorded := recordingClient(t)
+	ctx := ctxT(t)
+	f := newFixture(t)
+	full := fullConfig(f)
+	yes := true
+	firmware := fullConfig(f)
+	firmware.Payload = &chclient.PayloadConfig{Firmware: "/usr/share/cloud-hypervisor/hypervisor-fw"}
+	firmware.Cpus.Nested = &yes
+	zero := uint64(0)
+	balloon := uint64(128 << 20)
+
+	steps := []struct {
+		name string
+		call func() error
+	}{
+		{"ping", func() error { _, err := c.Ping(ctx); return err }},
+		{"create full", func() error { return c.CreateVM(ctx, full) }},
+		{"create firmware", func() error { return c.CreateVM(ctx, firmware) }},
+		{"create minimal", func() error {
+			return c.CreateVM(ctx, &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k"}})
+		}},
+		{"boot", func() error { return c.BootVM(ctx) }},
+		{"info", func() error { _, err := c.VMInfo(ctx); return err }},
+		{"shutdown", func() error { return c.ShutdownVM(ctx) }},
+		{"power-button", func() error { return c.PowerButton(ctx) }},
+		{"reboot", func() error { return c.RebootVM(ctx) }},
+		{"pause", func() error { return c.PauseVM(ctx) }},
+		{"resume", func() error { return c.ResumeVM(ctx) }},
+		{"delete", func() error { return c.DeleteVM(ctx) }},
+		{"add-disk vhost-user", func() error { _, err := c.AddDisk(ctx, &full.Disks[0]); return err }},
+		{"add-disk raw", func() error { _, err := c.AddDisk(ctx, &full.Disks[1]); return err }},
+		{"remove-device", func() error { return c.RemoveDevice(ctx, "_disk1") }},
+		{"resize all", func() error {
+			return c.Resize(ctx, &chclient.VmResize{DesiredVcpus: 4, DesiredRam: 2 << 30, DesiredBalloon: &balloon})
+		}},
+		{"resize balloon to zero", func() error { return c.Resize(ctx, &chclient.VmResize{DesiredBalloon: &zero}) }},
+		{"counters", func() error { _, err := c.Counters(ctx); return err }},
+		{"vmm.shutdown", func() error { return c.ShutdownVMM(ctx) }},
+	}
+	for _, s := range steps {
+		if err := s.call(); err != nil {
+			t.Fatalf("%s: %v", s.name, err)
+		}
+	}
+	reqs := recorded()
+	if len(reqs) != len(steps) {
+		t.Fatalf("recorded %d requests for %d calls", len(reqs), len(steps))
+	}
+	for i, r := range reqs {
+		schema, hasBody := doc.requestSchema(t, r.method, r.path)
+		if !hasBody {
+			if len(r.body) != 0 {
+				t.Errorf("%s: %s %s carries a body %q; CH answers 400", steps[i].name, r.method, r.path, r.body)
+			}
+			continue
+		}
+		dec := json.NewDecoder(strings.NewReader(string(r.body)))
+		dec.UseNumber()
+		var val any
+		if err := dec.Decode(&val); err != nil {
+			t.Fatalf("%s: body %q: %v", steps[i].name, r.body, err)
+		}
+		for _, e := range v.validate(r.path, schema, val) {
+			t.Errorf("%s: %s", steps[i].name, e)
+		}
+	}
+	// Sanity: the full config really reaches the nested schemas.
+	if !strings.Contains(string(reqs[1].body), `"rate_limiter_config":{"bandwidth"`) || !strings.Contains(string(reqs[1].body), `"nested":false`) {
+		t.Errorf("full config body lacks nested fields: %s", reqs[1].body)
+	}
+}
+
+// TestValidatorCatchesMistakes proves the validator fails on what it must catch.
+func TestValidatorCatchesMistakes(t *testing.T) {
+	doc, v := loadOpenAPI(t)
+	schema, _ := doc.requestSchema(t, "PUT", "vm.create")
+	for _, bad := range []string{
+		`{}`, // payload is required by the document
+		`{"payload":{},"cpus":{"boot_vcpus":1}}`,
+		`{"payload":{},"console":{"mode":"Bogus"}}`,
+		`{"payload":{},"disks":[{"socket":"/x"}]}`,
+		`{"payload":{},"memory":{"size":"1G"}}`,
+		`{"payload":{},"pvpanic":1}`,
+		`{"payload":{},"vsock":{"cid":2,"socket":"/x"}}`,
+		`{"payload":{},"net":[{"rate_limiter_config":{"bandwidth":{"size":1}}}]}`,
+	} {
+		dec := json.NewDecoder(strings.NewReader(bad))
+		dec.UseNumber()
+		var val any
+		dec.Decode(&val)
+		if errs := v.validate("vm.create", schema, val); len(errs) == 0 {
+			t.Errorf("%s validated", bad)
+		}
+	}
+}
