@@ -98,7 +98,7 @@ func TestFetch(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, path, sha, want string
-		maxBytes            int64
+		maxBytes              int64
 	}{
 		{name: "success", path: "/img.qcow2", sha: digest(img)},
 		{name: "redirect followed", path: "/hop", sha: digest(img)},
