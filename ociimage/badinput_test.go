@@ -158,6 +158,20 @@ func TestImportBadInput(t *testing.T) {
 			reason: `^layer 1 \(sha256:[0-9a-f]{64}\) digest mismatch: got sha256:[0-9a-f]{64}$`,
 		},
 		{
+			name: "digest mismatch in docker save",
+			src: func(t *testing.T, e env) string {
+				src := filepath.Join(e.dir, "save.tar")
+				dockerSave(t, src, [][]byte{layerTar(t, fileEnt("a", "original", 0o644, 0, 0))})
+				files := readTar(t, src)
+				name := strings.Repeat("0", 63) + "1/layer.tar"
+				files[name] = []byte(strings.Replace(string(files[name]), "original", "tampered", 1))
+				archive(t, src, sortedNames(files), files)
+				return src
+			},
+			is:     ErrDigestMismatch,
+			reason: `^layer 1 \(sha256:[0-9a-f]{64}\) digest mismatch: got sha256:[0-9a-f]{64}$`,
+		},
+		{
 			name: "corrupt gzip layer",
 			src: func(t *testing.T, e env) string {
 				l := newLayout(t, true, layerTar(t, fileEnt("a", strings.Repeat("data ", 1000), 0o644, 0, 0)))

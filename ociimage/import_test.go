@@ -3,6 +3,7 @@ package ociimage
 import (
 	"archive/tar"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -404,5 +405,48 @@ func TestImportCancelled(t *testing.T) {
 	}
 	if _, err := os.Stat(dst); !os.IsNotExist(err) {
 		t.Errorf("dstDir left behind after cancel (stat: %v)", err)
+	}
+}
+
+func TestImportSelectsRef(t *testing.T) {
+	requireTools(t)
+	dir := t.TempDir()
+	a := newLayout(t, false, layerTar(t, fileEnt("which", "a", 0o644, 0, 0)))
+	a.ref = "a:1"
+	b := newLayout(t, false, layerTar(t, fileEnt("which", "b", 0o644, 0, 0)))
+	b.ref = "b:1"
+	aFiles, _ := a.files(t)
+	bFiles, _ := b.files(t)
+	var aIndex, bIndex ociIndex
+	if err := json.Unmarshal(aFiles["index.json"], &aIndex); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(bFiles["index.json"], &bIndex); err != nil {
+		t.Fatal(err)
+	}
+	for k, v := range bFiles {
+		aFiles[k] = v
+	}
+	aFiles["index.json"] = mustJSON(t, ociIndex{SchemaVersion: 2, MediaType: mediaOCIIndex, Manifests: append(aIndex.Manifests, bIndex.Manifests...)})
+	src := filepath.Join(dir, "layout.tar")
+	archive(t, src, sortedNames(aFiles), aFiles)
+
+	for _, ref := range []string{"a:1", "b:1"} {
+		img, err := Import(context.Background(), src, filepath.Join(dir, ref), Options{Ref: ref})
+		if err != nil {
+			t.Fatalf("Import(Ref %s): %v", ref, err)
+		}
+		if got, want := debugfs(t, rawImage(t, img), "cat /which"), ref[:1]; got != want {
+			t.Errorf("Import(Ref %s): /which = %q, want %q", ref, got, want)
+		}
+	}
+	for _, tt := range []struct{ ref, reason string }{
+		{"", "invalid image: the index holds 2 images for linux/amd64; choose one by name (a:1, b:1)"},
+		{"c:1", `invalid image: no image named "c:1" in the index (have a:1, b:1)`},
+	} {
+		_, err := Import(context.Background(), src, filepath.Join(dir, "none"), Options{Ref: tt.ref, Platform: "linux/amd64"})
+		if err == nil || err.Error() != tt.reason {
+			t.Errorf("Import(Ref %q) error = %v, want %q", tt.ref, err, tt.reason)
+		}
 	}
 }

@@ -70,7 +70,6 @@ type ociIndex struct {
 	SchemaVersion int          `json:"schemaVersion"`
 	MediaType     string       `json:"mediaType"`
 	Manifests     []indexEntry `json:"manifests"`
-	Layers        []descriptor `json:"layers"` // present only if this is a manifest
 }
 
 type ociManifest struct {
@@ -167,11 +166,13 @@ func pickManifest(entries []indexEntry, opts Options) (*indexEntry, error) {
 			byPlatform = append(byPlatform, e)
 		}
 	}
-	switch len(byPlatform) {
-	case 1:
+	switch {
+	case len(byPlatform) == 1:
 		return byPlatform[0], nil
-	case 0:
+	case len(byPlatform) == 0 && slices.ContainsFunc(cands, func(e *indexEntry) bool { return e.Platform != nil }):
 		return nil, fmt.Errorf("%w: no manifest for platform %s in the index (have %s)", ErrInvalid, opts.Platform, strings.Join(have, ", "))
+	case len(byPlatform) == 0:
+		byPlatform = cands // several images that do not say their platform
 	}
 	var names []string
 	for _, e := range byPlatform {
