@@ -450,3 +450,31 @@ func TestImportSelectsRef(t *testing.T) {
 		}
 	}
 }
+
+func TestRemoveStale(t *testing.T) {
+	dst := t.TempDir()
+	for _, d := range []string{".import-123/rootfs/etc", "keep-dir"} {
+		if err := os.MkdirAll(filepath.Join(dst, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, f := range []string{RootfsName, "image.json", ".import-file"} {
+		if err := os.WriteFile(filepath.Join(dst, f), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := RemoveStale(dst); err != nil {
+		t.Fatalf("RemoveStale: %v", err)
+	}
+	ents, _ := os.ReadDir(dst)
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	if want := []string{".import-file", "image.json", "keep-dir", RootfsName}; !reflect.DeepEqual(names, want) {
+		t.Errorf("after RemoveStale: %v, want %v", names, want)
+	}
+	if err := RemoveStale(filepath.Join(dst, "missing")); err != nil {
+		t.Errorf("RemoveStale(missing dir) = %v, want nil", err)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"vmhost/qcow2"
@@ -121,7 +122,8 @@ func (h *Healthcheck) Disabled() bool {
 // replacing an existing one by rename. dstDir is created (0755) when
 // missing. Work happens in a temp dir .import-* inside dstDir, which is
 // removed in the end; on failure so is dstDir if Import created it, so a
-// failed import leaves nothing behind. Cancelling ctx stops the import.
+// failed import leaves nothing behind (after a crash, RemoveStale cleans
+// up). The temp dir needs room for about twice the unpacked image. Cancelling ctx stops the import.
 // Import is safe to call concurrently for different dstDirs.
 func Import(ctx context.Context, src string, dstDir string, opts Options) (img *Image, err error) {
 	if opts.Platform == "" {
@@ -137,7 +139,7 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 		}
 		createdDst = true
 	}
-	tmp, err := os.MkdirTemp(dstDir, ".import-")
+	tmp, err := os.MkdirTemp(dstDir, tempPrefix)
 	if err != nil {
 		return nil, fmt.Errorf("creating import temp dir: %w", err)
 	}
@@ -222,6 +224,31 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 	img.RootfsPath = dst
 	img.SizeBytes = size
 	return img, nil
+}
+
+// tempPrefix starts the name of Import's temp dir inside dstDir.
+const tempPrefix = ".import-"
+
+// RemoveStale removes the temp dirs that imports interrupted by a crash or
+// power loss left in dstDir; a missing dstDir is fine. Call it only while
+// no Import into dstDir runs, such as when the agent starts.
+func RemoveStale(dstDir string) error {
+	ents, err := os.ReadDir(dstDir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("removing stale imports: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if e.IsDir() && strings.HasPrefix(e.Name(), tempPrefix) {
+			if err := os.RemoveAll(filepath.Join(dstDir, e.Name())); err != nil {
+				errs = append(errs, fmt.Errorf("removing stale import: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // convertToQcow2 writes the raw image at rawPath as qcow2 at dst.
