@@ -183,7 +183,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 			bufPool.Put(buf)
 		}
 	}()
-	if err := json.NewEncoder(buf).Encode(v); err != nil {
+	enc := json.NewEncoder(buf)
+	enc.SetEscapeHTML(false) // shell snippets in args stay readable
+	if err := enc.Encode(v); err != nil {
 		buf.Reset()
 		status = http.StatusInternalServerError
 		fmt.Fprintf(buf, "{\"code\":%q,\"message\":\"encoding the response failed\"}\n", CodeInternal)

@@ -88,16 +88,24 @@ func TestCreateRules(t *testing.T) {
 		}, func(r *appvm.CreateRequest) {
 			r.IP, r.Prefix, r.Gateway, r.DNS = ptr("10.0.0.5"), ptr[uint32](24), ptr("10.0.0.1"), []string{"1.1.1.1"}
 		}},
-		{"static ip syntax", "ip", func(r *appvm.CreateRequest) { r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5/24"), ptr[uint32](24), ptr("10.0.0.1") }, func(r *appvm.CreateRequest) {
+		{"static ip syntax", "ip", func(r *appvm.CreateRequest) {
+			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5/24"), ptr[uint32](24), ptr("10.0.0.1")
+		}, func(r *appvm.CreateRequest) {
 			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](24), ptr("10.0.0.1")
 		}},
-		{"prefix minimum", "prefix", func(r *appvm.CreateRequest) { r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](0), ptr("10.0.0.1") }, func(r *appvm.CreateRequest) {
+		{"prefix minimum", "prefix", func(r *appvm.CreateRequest) {
+			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](0), ptr("10.0.0.1")
+		}, func(r *appvm.CreateRequest) {
 			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](1), ptr("10.0.0.1")
 		}},
-		{"prefix maximum", "prefix", func(r *appvm.CreateRequest) { r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](33), ptr("10.0.0.1") }, func(r *appvm.CreateRequest) {
+		{"prefix maximum", "prefix", func(r *appvm.CreateRequest) {
+			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](33), ptr("10.0.0.1")
+		}, func(r *appvm.CreateRequest) {
 			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](32), ptr("10.0.0.1")
 		}},
-		{"gateway syntax", "gateway", func(r *appvm.CreateRequest) { r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](24), ptr("fd00::1") }, func(r *appvm.CreateRequest) {
+		{"gateway syntax", "gateway", func(r *appvm.CreateRequest) {
+			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](24), ptr("fd00::1")
+		}, func(r *appvm.CreateRequest) {
 			r.IP, r.Prefix, r.Gateway = ptr("10.0.0.5"), ptr[uint32](24), ptr("10.0.0.1")
 		}},
 		{"hostname", "hostname", func(r *appvm.CreateRequest) { r.Hostname = "web_1" }, func(r *appvm.CreateRequest) { r.Hostname = "  web-1  " }},
@@ -105,7 +113,9 @@ func TestCreateRules(t *testing.T) {
 		{"env not KEY=VALUE", "env[0]", func(r *appvm.CreateRequest) { r.Env = []string{"A"} }, func(r *appvm.CreateRequest) { r.Env = []string{"A="} }},
 		{"env value newline", "env[0]", func(r *appvm.CreateRequest) { r.Env = []string{"A=x\ny"} }, func(r *appvm.CreateRequest) { r.Env = []string{"A=x y=z"} }},
 		{"env value NUL", "env[0]", func(r *appvm.CreateRequest) { r.Env = []string{"A=x\x00"} }, func(r *appvm.CreateRequest) { r.Env = []string{"A=x\t"} }},
-		{"env count", "env", func(r *appvm.CreateRequest) { r.Env = envList(101, func(i int) string { return fmt.Sprintf("K%d=v", i) }) }, func(r *appvm.CreateRequest) {
+		{"env count", "env", func(r *appvm.CreateRequest) {
+			r.Env = envList(101, func(i int) string { return fmt.Sprintf("K%d=v", i) })
+		}, func(r *appvm.CreateRequest) {
 			r.Env = envList(100, func(i int) string { return fmt.Sprintf("K%d=v", i) })
 		}},
 		{"env size", "env[0]", func(r *appvm.CreateRequest) { r.Env = []string{long(8193)} }, func(r *appvm.CreateRequest) { r.Env = []string{long(8192)} }},
@@ -116,7 +126,9 @@ func TestCreateRules(t *testing.T) {
 		{"secret_env value", "secret_env[0]", func(r *appvm.CreateRequest) { r.SecretEnv = secrets([]string{"A=x\r"}) }, func(r *appvm.CreateRequest) { r.SecretEnv = secrets([]string{"A=x"}) }},
 		{"secret_env count", "secret_env", func(r *appvm.CreateRequest) {
 			r.SecretEnv = secrets(envList(101, func(i int) string { return fmt.Sprintf("S%d=v", i) }))
-		}, func(r *appvm.CreateRequest) { r.SecretEnv = secrets(envList(100, func(i int) string { return fmt.Sprintf("S%d=v", i) })) }},
+		}, func(r *appvm.CreateRequest) {
+			r.SecretEnv = secrets(envList(100, func(i int) string { return fmt.Sprintf("S%d=v", i) }))
+		}},
 		{"secret_env size", "secret_env[0]", func(r *appvm.CreateRequest) { r.SecretEnv = secrets([]string{long(8193)}) }, func(r *appvm.CreateRequest) { r.SecretEnv = secrets([]string{long(8192)}) }},
 		{"data_volumes count", "data_volumes", func(r *appvm.CreateRequest) {
 			for i := range 9 {
@@ -153,7 +165,9 @@ func TestCreateRules(t *testing.T) {
 		}},
 		{"mountpoint length", "data_volumes[0].mountpoint", func(r *appvm.CreateRequest) {
 			r.DataVolumes = []appvm.DataVolumeRequest{{1, "/" + strings.Repeat("é", 256)}}
-		}, func(r *appvm.CreateRequest) { r.DataVolumes = []appvm.DataVolumeRequest{{1, "/" + strings.Repeat("é", 255)}} }},
+		}, func(r *appvm.CreateRequest) {
+			r.DataVolumes = []appvm.DataVolumeRequest{{1, "/" + strings.Repeat("é", 255)}}
+		}},
 		{"mountpoint unique", "data_volumes[1].mountpoint", func(r *appvm.CreateRequest) {
 			r.DataVolumes = []appvm.DataVolumeRequest{{1, "/data"}, {1, "/data"}}
 		}, func(r *appvm.CreateRequest) { r.DataVolumes = []appvm.DataVolumeRequest{{1, "/data"}, {1, "/data2"}} }},

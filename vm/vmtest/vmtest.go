@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -167,6 +168,8 @@ type Env struct {
 	Seed uint64
 	// DiskFree is what the services report as free space.
 	DiskFree uint64
+	// Logger, when set, is the services' logger.
+	Logger *slog.Logger
 }
 
 // NewEnv builds an Env: 8 online CPUs, nested supported, bridges br0 and
@@ -230,6 +233,7 @@ func (e *Env) Service(t testing.TB) *vm.Service {
 		Now:      func() time.Time { return e.Now },
 		Rand:     &detReader{r: rand.New(rand.NewPCG(e.Seed, e.Seed))},
 		DiskFree: func() (uint64, error) { return e.DiskFree, nil },
+		Logger:   e.Logger,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,526 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"vmhost/appvm"
+	"vmhost/auth"
+	"vmhost/store"
+	"vmhost/vm"
+)
+
+func indent(t testing.TB, body string) string {
+	t.Helper()
+	var b bytes.Buffer
+	if err := json.Indent(&b, []byte(body), "", "  "); err != nil {
+		t.Fatalf("response is not JSON: %v\n%s", err, body)
+	}
+	return b.String() + "\n"
+}
+
+func minimalVMBody(h *harness, id string) string {
+	return fmt.Sprintf(`{"vm_id":%q,"vcpus":1,"memory_mb":512,"kernel_path":%q,"disk":{"base_path":%q}}`, id, h.e.Kernel, h.e.Base)
+}
+
+// fullVMBody uses every field of the classic create request. The root disk
+// comes from an image, so the create answers 202.
+func fullVMBody(h *harness) string {
+	return fmt.Sprintf(`{
+	"vm_id": "full-vm",
+	"vcpus": 4,
+	"memory_mb": 4096,
+	"kernel_path": %q,
+	"disk": {"mode": "copy", "size_gib": 20},
+	"image": {"image_id": "debian-12", "content_sha256": "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+		"fetch_url": "https://images.example/debian-12.qcow2", "distro": "debian", "version": "12"},
+	"volumes": [{"size_gib": 10}, {"size_gib": 1}],
+	"cmdline": "console=ttyS0 root=/dev/vda1 quiet",
+	"nets": [
+		{"mode": "bridge", "network_id": "lab", "mac": "02:aa:bb:cc:dd:01", "vlan_tag": 42,
+		 "ipv4": {"address": "192.0.2.10/24", "gateway": "192.0.2.1", "dns_servers": ["192.0.2.53"]},
+		 "ipv6": {"address": "2001:db8::10/64", "gateway": "2001:db8::1", "dns_servers": ["2001:db8::53"]},
+		 "mtu": 1500, "isolated": true, "spoof_guard": false, "rate_limit_mbps": 1000, "allowed_ips": ["198.51.100.0/24"]},
+		{"bridge": "br0"}
+	],
+	"platform": {"serial_number": "SN-0001"},
+	"cloud_init": {"hostname": "full", "user": "ops", "ssh_authorized_keys": ["ssh-ed25519 AAAAC3Nza ops@example"],
+		"password": %q,
+		"network": {"ipv4": {"address": "192.0.2.10/24", "gateway": "192.0.2.1", "dns": ["192.0.2.53"]},
+		            "ipv6": {"address": "2001:db8::10/64", "gateway": "2001:db8::1", "dns": ["2001:db8::53"]}},
+		"console_autologin": true, "sudo": true, "instance_id": "iid-full-1",
+		"raw_user_data": null, "raw_network_config": null},
+	"nested": true,
+	"cpu_affinity": "2-3,5",
+	"cpu_topology": {"sockets": 1, "cores": 2, "threads": 2},
+	"pci_devices": ["0000:01:00.0", "0000:01:00.1"],
+	"disk_bps_total": 104857600,
+	"disk_iops_total": 2000,
+	"auto_boot": true
+}`, h.e.Kernel, plantedPassword)
+}
+
+const minimalAppVMBody = `{"vm_id":"app-min","image_id":"plain","vcpus":1,"memory_mb":256,"disk_gib":1}`
+
+// fullAppVMBody uses every field of the AppVM create request.
+const fullAppVMBody = `{
+	"vm_id": "app-full",
+	"image_id": "web",
+	"vcpus": 2,
+	"memory_mb": 1024,
+	"disk_gib": 8,
+	"network_id": "lab",
+	"ip": "192.0.2.20",
+	"prefix": 24,
+	"gateway": "192.0.2.1",
+	"dns": ["192.0.2.53", "192.0.2.54"],
+	"hostname": "  web-1  ",
+	"auto_boot": false,
+	"keepalive": true,
+	"env": ["MODE=staging", "LOG=debug"],
+	"secret_env": ["API_TOKEN=` + plantedSecret + `"],
+	"restart_policy": "on-failure",
+	"data_volumes": [{"size_gib": 5, "mountpoint": "/var/lib/data"}, {"size_gib": 1, "mountpoint": "/cache"}],
+	"disk_bps_total": 52428800,
+	"disk_iops_total": 1000
+}`
+
+func TestGoldenViews(t *testing.T) {
+	h := newHarness(t)
+
+	st, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "min-vm"))
+	if st != http.StatusCreated {
+		t.Fatalf("POST minimal VM = %d %s", st, body)
+	}
+	golden(t, "vm-minimal-create.json", h.sanitize(indent(t, body)))
+	_, _, body = h.do(t, "GET", "/api/vms/min-vm", h.ro, "")
+	golden(t, "vm-minimal.json", h.sanitize(indent(t, body)))
+
+	st, _, body = h.do(t, "POST", "/api/vms", h.rw, fullVMBody(h))
+	if st != http.StatusAccepted {
+		t.Fatalf("POST full VM = %d %s", st, body)
+	}
+	golden(t, "vm-full-accepted.json", h.sanitize(indent(t, body)))
+	h.vms.Wait()
+	_, _, body = h.do(t, "GET", "/api/vms/full-vm", h.ro, "")
+	golden(t, "vm-full.json", h.sanitize(indent(t, body)))
+
+	st, _, body = h.do(t, "POST", "/api/appvm/vms", h.rw, minimalAppVMBody)
+	if st != http.StatusCreated {
+		t.Fatalf("POST minimal AppVM = %d %s", st, body)
+	}
+	golden(t, "appvm-minimal-create.json", indent(t, body))
+	_, _, body = h.do(t, "GET", "/api/appvm/vms/app-min", h.ro, "")
+	golden(t, "appvm-minimal.json", h.sanitize(indent(t, body)))
+
+	st, _, body = h.do(t, "POST", "/api/appvm/vms", h.rw, fullAppVMBody)
+	if st != http.StatusCreated {
+		t.Fatalf("POST full AppVM = %d %s", st, body)
+	}
+	golden(t, "appvm-full-create.json", indent(t, body))
+	_, _, body = h.do(t, "GET", "/api/appvm/vms/app-full", h.ro, "")
+	golden(t, "appvm-full.json", h.sanitize(indent(t, body)))
+
+	want := strings.Join([]string{
+		"preflight min-vm", "provision min-vm",
+		"preflight full-vm", "provision full-vm", "boot full-vm",
+		"preflight app-min", "provision app-min", "boot app-min",
+		"preflight app-full", "provision app-full",
+	}, "\n")
+	if got := h.e.Host.Transcript(); got != want {
+		t.Errorf("host calls:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestViewPresence checks the presence rules on a decoded minimal view:
+// always-fields present, nullable present as null, optional omitted.
+func TestViewPresence(t *testing.T) {
+	h := newHarness(t)
+	h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "p1"))
+	_, _, body := h.do(t, "GET", "/api/vms/p1", h.ro, "")
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(body), &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"id", "state", "display_state", "vcpus", "memory_mb", "disk_path", "volumes", "cmdline", "console_socket_path", "nets", "pci_devices", "mode"} {
+		if _, ok := m[f]; !ok {
+			t.Errorf("always-field %s missing", f)
+		}
+	}
+	if string(m["firmware_path"]) != "null" {
+		t.Errorf("firmware_path = %s, want null", m["firmware_path"])
+	}
+	for _, f := range []string{"seed_disk", "failure_reason", "pid", "platform", "image", "cloud_init", "io_limit", "nested", "cpu_affinity", "cpu_topology", "balloon_mb", "discovered_ipv4", "guest_panicked_at", "shutting_down"} {
+		if v, ok := m[f]; ok {
+			t.Errorf("optional field %s present (%s), want omitted", f, v)
+		}
+	}
+	if string(m["volumes"]) != "[]" || string(m["nets"]) != "[]" || string(m["pci_devices"]) != "[]" || string(m["mode"]) != `"vm"` {
+		t.Errorf("volumes %s nets %s pci_devices %s mode %s", m["volumes"], m["nets"], m["pci_devices"], m["mode"])
+	}
+}
+
+// TestDerivedValues checks device letters, the default interface and
+// hostnames of a cloud-init VM without nets.
+func TestDerivedValues(t *testing.T) {
+	h := newHarness(t)
+	body := fmt.Sprintf(`{"vm_id":"web_01.a","vcpus":1,"memory_mb":512,"kernel_path":%q,"disk":{"base_path":%q},
+		"volumes":[{"size_gib":1},{"size_gib":2}],"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAA k"]}}`, h.e.Kernel, h.e.Base)
+	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, body); st != http.StatusCreated {
+		t.Fatalf("POST = %d %s", st, b)
+	}
+	_, _, b := h.do(t, "GET", "/api/vms/web_01.a", h.ro, "")
+	var v vm.View
+	if err := json.Unmarshal([]byte(b), &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.SeedDisk == nil || v.SeedDisk.Device != "/dev/vdb" {
+		t.Errorf("seed_disk = %+v, want /dev/vdb", v.SeedDisk)
+	}
+	if len(v.Volumes) != 2 || v.Volumes[0].Device != "/dev/vdc" || v.Volumes[1].Device != "/dev/vdd" || v.Volumes[1].ID != "data1" {
+		t.Errorf("volumes = %+v, want data0 on vdc, data1 on vdd", v.Volumes)
+	}
+	if len(v.Nets) != 1 || v.Nets[0].NetworkID != "default" || v.Nets[0].Bridge != "vmhost0" || !strings.HasPrefix(v.Nets[0].MAC, "02:") || len(v.Nets[0].TapName) > 15 {
+		t.Errorf("default interface = %+v", v.Nets)
+	}
+	if v.CloudInit.Hostname != "web-01-a" || v.CloudInit.User != "root" || v.CloudInit.InstanceID != "web_01.a" {
+		t.Errorf("cloud_init = %+v", v.CloudInit)
+	}
+	if v.Cmdline != h.e.Config.DefaultCmdline {
+		t.Errorf("cmdline = %q, want the host default %q", v.Cmdline, h.e.Config.DefaultCmdline)
+	}
+	if v.Volumes[0].DiskBytes == nil {
+		t.Error("single-VM read did not fill disk_bytes")
+	}
+	_, _, b = h.do(t, "GET", "/api/vms", h.ro, "")
+	if strings.Contains(b, "disk_bytes") || !strings.Contains(b, `"vms":[{`) {
+		t.Errorf("list = %s, want vms without disk_bytes", b)
+	}
+}
+
+func TestErrorsAndRouting(t *testing.T) {
+	h := newHarness(t)
+	h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "c1"))
+	h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"a1","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false}`)
+	tests := []struct {
+		name, method, path, body string
+		status                   int
+		code                     string
+	}{
+		{"unknown path", "GET", "/api/nope", "", 404, CodeNotFound},
+		{"unknown nested path", "GET", "/api/vms/c1/disks", "", 404, CodeNotFound},
+		{"wrong method", "DELETE", "/api/vms", "", 405, CodeBadRequest},
+		{"missing VM", "GET", "/api/vms/zz", "", 404, CodeNotFound},
+		{"AppVM through classic", "GET", "/api/vms/a1", "", 404, CodeNotFound},
+		{"classic through AppVM", "GET", "/api/appvm/vms/c1", "", 404, CodeNotFound},
+		{"taken id", "POST", "/api/vms", minimalVMBody(h, "c1"), 409, CodeAlreadyExists},
+		{"taken id across families", "POST", "/api/vms", minimalVMBody(h, "a1"), 409, CodeAlreadyExists},
+		{"AppVM taken id", "POST", "/api/appvm/vms", `{"vm_id":"c1","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`, 409, CodeAlreadyExists},
+		{"importing image", "POST", "/api/appvm/vms", `{"image_id":"pending","vcpus":1,"memory_mb":64,"disk_gib":1}`, 409, CodeConflict},
+		{"unknown image", "POST", "/api/appvm/vms", `{"image_id":"nope","vcpus":1,"memory_mb":64,"disk_gib":1}`, 400, CodeBadRequest},
+		{"capacity", "POST", "/api/vms", strings.Replace(minimalVMBody(h, "big"), `"memory_mb":512`, `"memory_mb":70000`, 1), 409, CodeCapacityConflict},
+		{"validation", "POST", "/api/vms", strings.Replace(minimalVMBody(h, "v"), `"vcpus":1`, `"vcpus":0`, 1), 400, CodeBadRequest},
+		{"body too large", "POST", "/api/vms", `{"cmdline":"` + strings.Repeat("x", MaxBodyBytes) + `"}`, 400, CodeBadRequest},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			st, hdr, body := h.do(t, tt.method, tt.path, h.rw, tt.body)
+			var e errorBody
+			if st != tt.status || hdr.Get("Content-Type") != "application/json" || json.Unmarshal([]byte(body), &e) != nil || e.Code != tt.code || e.Message == "" {
+				t.Errorf("%s %s = %d %q %s, want %d with code %s", tt.method, tt.path, st, hdr.Get("Content-Type"), body, tt.status, tt.code)
+			}
+		})
+	}
+	if _, hdr, _ := h.do(t, "DELETE", "/api/vms", h.rw, ""); hdr.Get("Allow") != "GET, POST, HEAD" {
+		t.Errorf("405 Allow = %q, want \"GET, POST, HEAD\"", hdr.Get("Allow"))
+	}
+	// 422 is plain text, one line naming the field.
+	st, hdr, body := h.do(t, "POST", "/api/vms", h.rw, `{"vcpus":1}`)
+	if st != 422 || !strings.HasPrefix(hdr.Get("Content-Type"), "text/plain") || body != "memory_mb: required field missing\n" {
+		t.Errorf("422 = %d %q %q", st, hdr.Get("Content-Type"), body)
+	}
+	// Nothing was handed to the host for any rejected create.
+	for _, c := range h.e.Host.Calls() {
+		if !strings.HasSuffix(c, " c1") && !strings.HasSuffix(c, " a1") {
+			t.Errorf("host call %q for a rejected create", c)
+		}
+	}
+}
+
+// TestConcurrentCreatesOneWinner races creates of one id across both
+// families: exactly one wins, the rest are ALREADY_EXISTS.
+func TestConcurrentCreatesOneWinner(t *testing.T) {
+	h := newHarness(t)
+	const n = 16
+	statuses := make([]int, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			var st int
+			var body string
+			if i%2 == 0 {
+				st, _, body = h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "race"))
+			} else {
+				st, _, body = h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"race","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false}`)
+			}
+			if st == http.StatusConflict && !strings.Contains(body, CodeAlreadyExists) {
+				t.Errorf("409 body %s, want ALREADY_EXISTS", body)
+			}
+			statuses[i] = st
+		})
+	}
+	wg.Wait()
+	won := 0
+	for _, st := range statuses {
+		switch st {
+		case http.StatusCreated:
+			won++
+		case http.StatusConflict:
+		default:
+			t.Errorf("status %d, want 201 or 409", st)
+		}
+	}
+	if won != 1 {
+		t.Errorf("%d creates won, want exactly 1 (%v)", won, statuses)
+	}
+	if got := strings.Count(h.e.Host.Transcript(), "provision race"); got != 1 {
+		t.Errorf("%d provisions of race, want 1", got)
+	}
+}
+
+// TestCapacityCountsConcurrentCreates: admission holds pending creates, so
+// concurrent creates cannot overbook memory together.
+func TestCapacityCountsConcurrentCreates(t *testing.T) {
+	h := newHarness(t)
+	h.e.Host.Gate = make(chan struct{})
+	// 65536 MiB x 1.0: two creates of 40000 MiB cannot both fit.
+	body := func(id string) string {
+		return strings.Replace(minimalVMBody(h, id), `"memory_mb":512`, `"memory_mb":40000`, 1)
+	}
+	res := make(chan int, 2)
+	for _, id := range []string{"m1", "m2"} {
+		go func() { st, _, _ := h.do(t, "POST", "/api/vms", h.rw, body(id)); res <- st }()
+	}
+	first := <-res // the loser answers while the winner waits at the gate
+	close(h.e.Host.Gate)
+	second := <-res
+	if first != http.StatusConflict || second != http.StatusCreated {
+		t.Errorf("statuses %d then %d, want 409 CAPACITY_CONFLICT then 201", first, second)
+	}
+}
+
+func TestCreateFailures(t *testing.T) {
+	h := newHarness(t)
+	h.e.Host.FailProvision = &vm.HostError{Kind: vm.HostStorage, Op: "copying base image", Err: errors.New("no space left on device")}
+	st, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "f1"))
+	if st != 500 || !strings.Contains(body, CodeStorageError) {
+		t.Errorf("failed provision = %d %s, want 500 STORAGE_ERROR", st, body)
+	}
+	if st, _, _ := h.do(t, "GET", "/api/vms/f1", h.ro, ""); st != 404 {
+		t.Errorf("after rollback GET = %d, want 404", st)
+	}
+	h.e.Host.FailProvision = nil
+	if st, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "f1")); st != 201 {
+		t.Errorf("retry after rollback = %d %s, want 201", st, body)
+	}
+	if got := h.e.Host.Transcript(); !strings.Contains(got, "provision f1\nrollback f1\npreflight f1") {
+		t.Errorf("transcript %q lacks the rollback", got)
+	}
+
+	// A boot failure keeps the VM and answers 500.
+	h.e.Host.FailBoot = &vm.HostError{Kind: vm.HostHypervisor, Op: "vm.boot", Err: errors.New("500 Internal Server Error")}
+	st, _, body = h.do(t, "POST", "/api/vms", h.rw, strings.Replace(minimalVMBody(h, "f2"), "}}", `},"auto_boot":true}`, 1))
+	if st != 500 || !strings.Contains(body, CodeCHError) {
+		t.Errorf("failed boot = %d %s, want 500 CH_ERROR", st, body)
+	}
+	if st, _, _ := h.do(t, "GET", "/api/vms/f2", h.ro, ""); st != 200 {
+		t.Errorf("after failed boot GET = %d, want 200 (VM kept)", st)
+	}
+
+	// Background provisioning failure: provision_failed.
+	h.e.Host.FailProvision = &vm.HostError{Kind: vm.HostStorage, Op: "downloading image", Err: errors.New("sha256 mismatch")}
+	body = strings.Replace(minimalVMBody(h, "f3"), fmt.Sprintf(`"disk":{"base_path":%q}`, h.e.Base),
+		`"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"}`, 1)
+	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, body); st != 202 || !strings.Contains(b, `"display_state":"downloading"`) || !strings.Contains(b, `"disk_path":""`) {
+		t.Errorf("image create = %d %s, want 202 downloading with empty disk_path", st, b)
+	}
+	h.vms.Wait()
+	_, _, b := h.do(t, "GET", "/api/vms/f3", h.ro, "")
+	if !strings.Contains(b, `"display_state":"provision_failed"`) || !strings.Contains(b, `"kind":"provision_failed"`) || !strings.Contains(b, `"cause":"provision_failed"`) {
+		t.Errorf("after failed background provision: %s", b)
+	}
+}
+
+// TestNotBuiltHost: with the production host every create that needs host
+// work answers 500 INTERNAL naming the missing part, after 4xx checks.
+func TestNotBuiltHost(t *testing.T) {
+	h := newHarness(t)
+	st, err := store.Open(filepath.Join(t.TempDir(), "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Store: st, Host: vm.NotBuiltHost{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, _ := auth.Open(h.keysPath)
+	apps := appvm.New(vms)
+	h.srv = New(Config{Keys: keys, VMs: vms, AppVMs: apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	code, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "nb"))
+	if code != 500 || !strings.Contains(body, CodeInternal) || !strings.Contains(body, "classic VM provisioning (disk copy, taps, seed, qemu-storage-daemon, Cloud Hypervisor) is not built yet") {
+		t.Errorf("classic create = %d %s", code, body)
+	}
+	code, _, body = h.do(t, "POST", "/api/appvm/vms", h.rw, minimalAppVMBody)
+	if code != 500 || !strings.Contains(body, "AppVM provisioning") || !strings.Contains(body, "not built yet") {
+		t.Errorf("AppVM create = %d %s", code, body)
+	}
+	if code, _, _ := h.do(t, "GET", "/api/vms/nb", h.ro, ""); code != 404 {
+		t.Errorf("GET after not-built create = %d, want 404 (nothing stored)", code)
+	}
+	if code, _, _ := h.do(t, "POST", "/api/vms", h.rw, `{"vcpus":1}`); code != 422 {
+		t.Errorf("422 before 500: got %d", code)
+	}
+}
+
+// TestRestart stores VMs of both families, restarts on the same state
+// dir and gets identical views; a torn temp file never replaces a record;
+// a damaged record is moved aside and reported; an invalid file name loads
+// as a failed VM.
+func TestRestart(t *testing.T) {
+	h := newHarness(t)
+	h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "r1"))
+	h.do(t, "POST", "/api/vms", h.rw, fullVMBody(h))
+	h.vms.Wait()
+	h.do(t, "POST", "/api/appvm/vms", h.rw, fullAppVMBody)
+	h.do(t, "POST", "/api/appvm/vms", h.rw, minimalAppVMBody)
+	paths := []string{"/api/vms/r1", "/api/vms/full-vm", "/api/appvm/vms/app-full", "/api/appvm/vms/app-min", "/api/vms", "/api/appvm/vms"}
+	before := map[string]string{}
+	for _, p := range paths {
+		_, _, before[p] = h.do(t, "GET", p, h.ro, "")
+	}
+	vmsDir := filepath.Join(h.e.StateDir, "vms")
+	good, err := os.ReadFile(filepath.Join(vmsDir, "r1.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(mustRead(t, filepath.Join(vmsDir, "full-vm.json")), []byte(plantedPassword)) {
+		t.Error("the record lost the cloud-init password the engine needs")
+	}
+	if fi, _ := os.Stat(filepath.Join(vmsDir, "full-vm.json")); fi.Mode().Perm() != 0o600 {
+		t.Errorf("record mode %v, want 0600", fi.Mode().Perm())
+	}
+	// A torn temp file next to the good record, a damaged record, and a
+	// record whose name is not a valid id.
+	if err := os.WriteFile(filepath.Join(vmsDir, ".tmp-r1.json-123"), good[:len(good)/2], 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(vmsDir, "broken.json"), []byte(`{"id":"broken","mo`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bad := bytes.Replace(good, []byte(`"id": "r1"`), []byte(`"id": "-bad"`), 1)
+	if err := os.WriteFile(filepath.Join(vmsDir, "-bad.json"), bad, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	h.start(t)
+	for _, p := range paths {
+		_, _, after := h.do(t, "GET", p, h.ro, "")
+		want := before[p]
+		if p == "/api/vms" {
+			// The list now holds the invalid-id record too; compare the rest.
+			var l vmList
+			if err := json.Unmarshal([]byte(after), &l); err != nil {
+				t.Fatal(err)
+			}
+			if len(l.VMs) != 3 || l.VMs[0].ID != "-bad" || l.VMs[0].FailureReason == nil || l.VMs[0].FailureReason.Detail.Kind != "invalid_vm_id" ||
+				l.VMs[0].FailureReason.Detail.ID != "-bad" || l.VMs[0].FailureReason.Cause != "record_invalid" || l.VMs[0].State != vm.StateFailed {
+				t.Errorf("invalid-id record in list: %s", after)
+			}
+			continue
+		}
+		if after != want {
+			t.Errorf("GET %s after restart:\n%s\nbefore:\n%s", p, after, want)
+		}
+	}
+	if after := mustRead(t, filepath.Join(vmsDir, "r1.json")); !bytes.Equal(after, good) {
+		t.Error("the torn temp file replaced the good record")
+	}
+	if _, err := os.Stat(filepath.Join(vmsDir, ".tmp-r1.json-123")); err == nil {
+		t.Error("the torn temp file was left behind")
+	}
+	rep := h.vms.Report()
+	if len(rep.Damaged) != 1 || rep.Damaged[0].ID != "broken" || len(rep.RemovedTemps) != 1 || len(rep.Invalid) != 1 || rep.Loaded != 4 {
+		t.Errorf("load report = %+v", rep)
+	}
+	if _, err := os.Stat(filepath.Join(vmsDir, rep.Damaged[0].MovedTo)); err != nil {
+		t.Errorf("damaged record not moved aside: %v", err)
+	}
+	if !strings.Contains(logBuf.String(), "damaged VM record moved aside") {
+		t.Error("damaged record not logged")
+	}
+	if st, _, _ := h.do(t, "GET", "/api/vms/broken", h.ro, ""); st != 404 {
+		t.Errorf("damaged record served: %d", st)
+	}
+	// New creates still work after a restart and cannot take a loaded id.
+	if st, _, _ := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "app-min")); st != 409 {
+		t.Errorf("create of a loaded AppVM id after restart = %d, want 409", st)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestSecretsNeverLeak sends the planted secrets through every path that
+// could echo them: views, 400s, 422s; TestMain greps all bodies.
+func TestSecretsNeverLeak(t *testing.T) {
+	h := newHarness(t)
+	h.do(t, "POST", "/api/vms", h.rw, fullVMBody(h))
+	h.vms.Wait()
+	h.do(t, "POST", "/api/appvm/vms", h.rw, fullAppVMBody)
+	h.do(t, "GET", "/api/vms/full-vm", h.ro, "")
+	h.do(t, "GET", "/api/appvm/vms/app-full", h.ro, "")
+	h.do(t, "GET", "/api/vms", h.ro, "")
+	h.do(t, "GET", "/api/appvm/vms", h.ro, "")
+	// Rejections that carry the secrets in the body.
+	h.do(t, "POST", "/api/appvm/vms", h.rw, `{"image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":["BAD KEY=`+plantedSecret+`"]}`)
+	h.do(t, "POST", "/api/appvm/vms", h.rw, `{"image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":["K=`+plantedSecret+"\\n"+`"]}`)
+	h.do(t, "POST", "/api/appvm/vms", h.rw, `{"image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":["`+plantedSecret+`"]}`)
+	h.do(t, "POST", "/api/appvm/vms", h.rw, `{"image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":"`+plantedSecret+`"}`)
+	h.do(t, "POST", "/api/appvm/vms", h.rw, `{"image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":["K=`+plantedSecret+`"],"zz":1}`)
+	h.do(t, "POST", "/api/vms", h.rw, `{"vcpus":1,"memory_mb":64,"cloud_init":{"password":"`+plantedPassword+"\\u0007"+`"}}`)
+	h.do(t, "POST", "/api/vms", h.rw, fmt.Sprintf(`{"vcpus":1,"memory_mb":64,"kernel_path":%q,"disk":{"base_path":%q},"cloud_init":{"password":"%s\n"}}`, h.e.Kernel, h.e.Base, plantedPassword))
+	h.do(t, "POST", "/api/vms", h.rw, `{"vcpus":1,"memory_mb":64,"cloud_init":{"password":{"v":"`+plantedPassword+`"}}}`)
+	// The secret env value reaches the record (for the guest) but no view.
+	rec, err := h.apps.Get("app-full")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Secrets.SecretEnv) != 1 || rec.Secrets.SecretEnv[0].Value.Reveal() != plantedSecret {
+		t.Errorf("record secrets = %v", rec.Secrets.SecretEnv)
+	}
+	if s := fmt.Sprintf("%v %+v %#v %s", rec.Secrets, rec.Secrets.SecretEnv, rec.Secrets.SecretEnv[0].Value, rec.Secrets.SecretEnv[0].Value); strings.Contains(s, plantedSecret) {
+		t.Errorf("formatting secrets leaks: %s", s)
+	}
+	seenMu.Lock()
+	n := len(seenBodies)
+	seenMu.Unlock()
+	if n == 0 {
+		t.Fatal("no bodies recorded")
+	}
+}

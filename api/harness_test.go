@@ -1,0 +1,188 @@
+package api
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"vmhost/appvm"
+	"vmhost/auth"
+	"vmhost/vm"
+	"vmhost/vm/vmtest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in ../testdata/api")
+
+// Planted secrets: every test that sends a password or a secret env value
+// uses these, and TestMain checks that no response body and no log line
+// of the whole suite contains them.
+const (
+	plantedPassword = "PLANTED-pw-4711"
+	plantedSecret   = "PLANTED-secret-0815"
+	plantedFile     = "PLANTED-file-2342"
+)
+
+var (
+	seenMu     sync.Mutex
+	seenBodies []string
+	logBuf     lockedBuffer
+)
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	code := m.Run()
+	seenMu.Lock()
+	n := len(seenBodies)
+	leaks := 0
+	for _, b := range append(seenBodies, logBuf.String()) {
+		for _, s := range []string{plantedPassword, plantedSecret, plantedFile} {
+			if strings.Contains(b, s) {
+				fmt.Fprintf(os.Stderr, "FAIL: planted secret %q appears in a response body or log:\n%s\n", s, b)
+				leaks++
+			}
+		}
+	}
+	seenMu.Unlock()
+	if leaks > 0 {
+		code = 1
+	} else if code == 0 && testing.Verbose() {
+		fmt.Printf("secret grep: %d response bodies and the log checked, no planted secret found\n", n)
+	}
+	os.Exit(code)
+}
+
+// harness is an API over a vmtest.Env with three keys: rw (readwrite), ro
+// (read) and narrow (readwrite, allowlist GET /api/vms/{id} only).
+type harness struct {
+	e        *vmtest.Env
+	vms      *vm.Service
+	apps     *appvm.Service
+	srv      *Server
+	keysPath string
+	rw       string
+	ro       string
+	narrow   string
+}
+
+func newHarness(t testing.TB) *harness {
+	t.Helper()
+	h := &harness{e: vmtest.NewEnv(t)}
+	h.e.Logger = slog.New(slog.NewTextHandler(&logBuf, nil))
+	h.keysPath = filepath.Join(h.e.StateDir, "keys.json")
+	if err := os.MkdirAll(h.e.StateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if h.rw, err = auth.Add(h.keysPath, "rw", auth.ScopeReadWrite, nil); err != nil {
+		t.Fatal(err)
+	}
+	if h.ro, err = auth.Add(h.keysPath, "ro", auth.ScopeRead, nil); err != nil {
+		t.Fatal(err)
+	}
+	if h.narrow, err = auth.Add(h.keysPath, "narrow", auth.ScopeReadWrite, []string{"GET /api/vms/{id}"}); err != nil {
+		t.Fatal(err)
+	}
+	h.start(t)
+	for _, im := range []*appvm.Image{
+		{ID: "web", Status: appvm.StatusReady, CreatedAt: h.e.Now, Workload: vm.Workload{
+			BuildDigest: "sha256:1a2b3c4d", SizeBytes: 1 << 30,
+			Entrypoint: []string{"/entry.sh"}, Cmd: []string{"serve", "--port", "80"},
+			Env: []string{"PATH=/usr/bin:/bin", "MODE=prod"}, Workdir: "/srv", User: "www",
+			Healthcheck: &vm.Healthcheck{Test: []string{"CMD", "true"}, IntervalSecs: 30, TimeoutSecs: 5, StartPeriodSecs: 10, Retries: 3},
+		}},
+		{ID: "plain", Status: appvm.StatusReady, CreatedAt: h.e.Now, Workload: vm.Workload{SizeBytes: 512 << 20, Cmd: []string{"/app"}, Workdir: "/"}},
+		{ID: "pending", Status: appvm.StatusImporting, CreatedAt: h.e.Now},
+	} {
+		if err := h.apps.Catalog().Put(im); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h
+}
+
+// start (re)opens the services and the API on the env's state dir, as an
+// agent start does.
+func (h *harness) start(t testing.TB) {
+	t.Helper()
+	keys, err := auth.Open(h.keysPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.vms = h.e.Service(t)
+	h.apps = appvm.New(h.vms)
+	h.srv = New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+}
+
+// do sends a request with token (none when empty) and returns status,
+// headers and body. Every body is kept for the secret grep.
+func (h *harness) do(t testing.TB, method, path, token, body string) (int, http.Header, string) {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, path, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	w := httptest.NewRecorder()
+	h.srv.ServeHTTP(w, req)
+	seenMu.Lock()
+	seenBodies = append(seenBodies, w.Body.String())
+	seenMu.Unlock()
+	return w.Code, w.Header(), w.Body.String()
+}
+
+// sanitize replaces the env's temp root with a fixed path, so goldens do
+// not depend on where the test ran.
+func (h *harness) sanitize(s string) string {
+	return strings.ReplaceAll(s, filepath.Dir(h.e.StateDir), "/TEST")
+}
+
+// golden compares got with testdata/api/name, or rewrites it with -update.
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("..", "testdata", "api", name)
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("reading golden (run with -update to create it): %v", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the golden file; got:\n%s\nwant:\n%s", name, got, want)
+	}
+}
