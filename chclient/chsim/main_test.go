@@ -55,6 +55,25 @@ func shortDir(t *testing.T) string {
 
 func startSim(t *testing.T, extra ...string) *simProc {
 	t.Helper()
+	p, err := startSimErr(t, extra...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// startSimNoFatal is startSim for goroutines other than the test's; it returns nil on
+// failure after logging why.
+func startSimNoFatal(t *testing.T, extra ...string) *simProc {
+	p, err := startSimErr(t, extra...)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	return p
+}
+
+func startSimErr(t *testing.T, extra ...string) (*simProc, error) {
 	dir := shortDir(t)
 	p := &simProc{t: t, dir: dir, sock: filepath.Join(dir, "ch.sock"),
 		events: filepath.Join(dir, "events"), log: filepath.Join(dir, "ch.log"), done: make(chan struct{})}
@@ -64,7 +83,7 @@ func startSim(t *testing.T, extra ...string) *simProc {
 	p.cmd.Env = append(os.Environ(), "CHSIM_TEST_MAIN=1", "GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	p.cmd.Stderr = os.Stderr
 	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	go func() { p.cmd.Wait(); close(p.done) }()
 	t.Cleanup(func() {
@@ -79,11 +98,11 @@ func startSim(t *testing.T, extra ...string) *simProc {
 		}
 		select {
 		case <-p.done:
-			t.Fatalf("simulator exited early: %v", p.cmd.ProcessState)
+			return nil, fmt.Errorf("simulator exited early: %v", p.cmd.ProcessState)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("simulator socket did not appear")
+			return nil, fmt.Errorf("simulator socket did not appear")
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -92,7 +111,7 @@ func startSim(t *testing.T, extra ...string) *simProc {
 		return d.DialContext(ctx, "unix", p.sock)
 	}}}
 	t.Cleanup(p.hc.CloseIdleConnections)
-	return p
+	return p, nil
 }
 
 // raw sends one request as literal text and returns the parsed response with its headers
