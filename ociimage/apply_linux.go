@@ -68,8 +68,8 @@ type applier struct {
 	dirTimes map[string]dirTime
 
 	// The parent directory of the last entry, kept open because tar
-	// entries come grouped by directory. Dropped whenever a directory is
-	// removed that it might be, or be inside of.
+	// entries come grouped by directory. Dropped whenever something is
+	// removed that it might be, be inside of, or be reached through.
 	parentName string
 	parentDir  *os.File
 

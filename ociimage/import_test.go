@@ -56,6 +56,7 @@ func testLayers(t testing.TB) [][]byte {
 	l2 := layerTar(t,
 		fileEnt("gone/.wh.a", "", 0o644, 0, 0),
 		fileEnt(".wh.removeme", "", 0o644, 0, 0),
+		fileEnt("nodir/.wh.never", "", 0o644, 0, 0), // hides nothing, creates nothing
 		dirEnt("opq/", 0o755, 0, 0),
 		fileEnt("opq/.wh..wh..opq", "", 0o644, 0, 0),
 		fileEnt("opq/new", "new", 0o644, 0, 0),
@@ -211,7 +212,7 @@ func checkTree(t *testing.T, raw string) {
 			t.Errorf("%s: type %s mode %#o owner %d:%d, want %s %#o %d:%d", w.path, got.typ, got.mode, got.uid, got.gid, w.typ, w.mode, w.uid, w.gid)
 		}
 	}
-	for _, gone := range []string{"/gone/a", "/removeme", "/opq/old1", "/opq/sub"} {
+	for _, gone := range []string{"/gone/a", "/removeme", "/opq/old1", "/opq/sub", "/nodir"} {
 		if exists(t, raw, gone) {
 			t.Errorf("%s exists; a whiteout should have removed it", gone)
 		}
