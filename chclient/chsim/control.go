@@ -67,6 +67,11 @@ func (s *sim) control(r *request) (response, func()) {
 		if !running {
 			return controlError(http.StatusConflict, "the VM is not running"), nil
 		}
+		if s.cfg.NoShutdown {
+			s.guestPoweroff(0)
+			return noContent(), nil
+		}
+		// The process exits: answer first.
 		return noContent(), func() { s.guestPoweroff(0) }
 	case "reboot":
 		s.mu.Lock()
