@@ -9,30 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// PortOptions configures a tap's bridge port.
-type PortOptions struct {
-	// Isolated sets IFLA_BRPORT_ISOLATED: an isolated port cannot exchange
-	// frames with other isolated ports of the bridge, only with the others.
-	Isolated bool
-	// VLAN, when not zero (1..4094), becomes the port's untagged PVID and
-	// VLAN 1 is removed from the port, on a bridge that filters VLANs. On a
-	// bridge without VLAN filtering it is metadata only and nothing is sent.
-	VLAN uint16
-}
-
-// ErrNotBridge is wrapped by the error for a master that exists but is not a
-// bridge.
-var ErrNotBridge = errors.New("not a bridge")
-
-// Port is what the kernel reports about a tap's bridge port.
-type Port struct {
-	Master   int  // ifindex of the bridge, or 0 when the tap is on none
-	Isolated bool // IFLA_BRPORT_ISOLATED
-	Up       bool // IFF_UP on the tap
-	MTU      int
-	Alias    string
-}
-
 // Attach makes tap a port of the bridge named bridge and applies opts. A
 // bridge that does not exist gives an error satisfying
 // errors.Is(err, fs.ErrNotExist); an interface that is not a bridge gives
@@ -174,11 +150,4 @@ func (h *Handle) Port(ctx context.Context, tap string) (Port, error) {
 		return Port{}, fmt.Errorf("reading port %q: %w", tap, err)
 	}
 	return Port{Master: l.Master, Isolated: l.Isolated, Up: l.Flags&unix.IFF_UP != 0, MTU: l.MTU, Alias: l.Alias}, nil
-}
-
-func boolByte(b bool) uint8 {
-	if b {
-		return 1
-	}
-	return 0
 }

@@ -194,3 +194,20 @@ func FuzzParseDHCP(f *testing.F) {
 		_, _ = ackBinding(b, m.CHAddr)
 	})
 }
+
+func mustMAC(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+// rawFrame builds an Ethernet frame with an arbitrary ethertype and payload.
+func rawFrame(dst, src net.HardwareAddr, etherType uint16, payload []byte) []byte {
+	f := make([]byte, 14, 14+len(payload))
+	copy(f[0:6], dst)
+	copy(f[6:12], src)
+	f[12], f[13] = byte(etherType>>8), byte(etherType)
+	return append(f, payload...)
+}

@@ -12,31 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// GuardTable is the bridge-family nftables table that holds the anti-spoof
-// chains. vmhost owns it; each guarded tap has a chain "guard-<tap>".
-const GuardTable = "vmhost"
-
-// GuardRule says what a tap's guest may send.
-type GuardRule struct {
-	// Tap is the interface the frames come from.
-	Tap string
-	// MAC is the VM's MAC: the only Ethernet (and ARP sender) source allowed.
-	MAC net.HardwareAddr
-	// IPv4 is the pinned IPv4 address: the interface's static address, or
-	// the binding DHCP snooping learned. Invalid when there is neither; then
-	// only DHCP discovery from 0.0.0.0 and ARP probes pass for IPv4.
-	IPv4 netip.Addr
-	// IPv6 is the interface's static IPv6 address, if any.
-	IPv6 netip.Addr
-	// AllowedIPs are further sources (addresses or prefixes, either family).
-	// They take effect only while IPv4 is valid: an interface with neither a
-	// static IPv4 nor a learned binding has nothing to extend.
-	AllowedIPs []netip.Prefix
-}
-
-// guardChain names the anti-spoof chain of a tap.
-func guardChain(tap string) string { return "guard-" + tap }
-
 // ifname pads an interface name to IFNAMSIZ, as meta iifname loads it.
 func ifname(name string) []byte {
 	b := make([]byte, unix.IFNAMSIZ)

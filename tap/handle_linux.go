@@ -9,16 +9,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Config configures a Handle. The zero value works in the caller's network
-// namespace.
-type Config struct {
-	// NetNS is an open file descriptor of the network namespace to work in
-	// (for example of /proc/PID/ns/net). Zero means the caller's namespace.
-	// The Handle does not take ownership: the caller keeps it open while the
-	// Handle is in use and closes it afterwards.
-	NetNS int
-}
-
 // A Handle creates and configures taps, bridge ports, anti-spoof rules and
 // snoopers in one network namespace. Each call opens and closes its own
 // netlink sockets, so a Handle is safe for concurrent use.

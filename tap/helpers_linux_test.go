@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -321,21 +320,4 @@ func sawMarker(frames [][]byte, marker []byte) bool {
 		}
 	}
 	return false
-}
-
-func mustMAC(s string) net.HardwareAddr {
-	m, err := net.ParseMAC(s)
-	if err != nil {
-		panic(err)
-	}
-	return m
-}
-
-// rawFrame builds an Ethernet frame with an arbitrary ethertype and payload.
-func rawFrame(dst, src net.HardwareAddr, etherType uint16, payload []byte) []byte {
-	f := make([]byte, 14, 14+len(payload))
-	copy(f[0:6], dst)
-	copy(f[6:12], src)
-	f[12], f[13] = byte(etherType>>8), byte(etherType)
-	return append(f, payload...)
 }

@@ -2,69 +2,13 @@ package tap
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
-	"strconv"
 	"strings"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
-
-// aliasPrefix starts the ifalias of every tap this package creates.
-const aliasPrefix = "vmhost:"
-
-// TapConfig describes a tap to create.
-type TapConfig struct {
-	// Name is the interface name, at most 15 bytes (see Name).
-	Name string
-	// Owner is the uid allowed to attach to the tap without CAP_NET_ADMIN;
-	// zero leaves the tap without an owner (only privileged processes may
-	// attach), which is what a root agent needs.
-	Owner int
-	// MTU is the interface MTU; zero keeps the kernel default (1500).
-	MTU int
-	// VMID and Index are recorded in the ifalias "vmhost:<VMID>:<Index>",
-	// which ListOwned reads back. VMID must not be empty or contain ':'.
-	VMID  string
-	Index int
-	// MultiQueue creates the tap with IFF_MULTI_QUEUE, which Cloud
-	// Hypervisor needs when an interface has more than one queue pair.
-	MultiQueue bool
-}
-
-// Alias returns the ifalias that marks a tap as made by vmhost for interface
-// index of VM vmID.
-func Alias(vmID string, index int) string {
-	return aliasPrefix + vmID + ":" + strconv.Itoa(index)
-}
-
-// Name returns a tap name for interface index of VM vmID: "vmh", a hash of
-// the id, and the index, always within IFNAMSIZ-1 (15) bytes. Callers record
-// it; it is stable for the same inputs.
-func Name(vmID string, index int) string {
-	sum := sha256.Sum256([]byte(vmID))
-	idx := strconv.Itoa(index)
-	hashLen := min(8, unix.IFNAMSIZ-1-len("vmh")-len(idx))
-	return "vmh" + hex.EncodeToString(sum[:])[:max(hashLen, 0)] + idx
-}
-
-// ErrConflict is wrapped by errors about an existing interface that does not
-// match what was asked for (a tap with other settings, or not a tap).
-var ErrConflict = errors.New("interface exists with other settings")
-
-func validName(name string) error {
-	if name == "" || len(name) > unix.IFNAMSIZ-1 {
-		return fmt.Errorf("interface name %q: must be 1 to %d bytes", name, unix.IFNAMSIZ-1)
-	}
-	if name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\x00") {
-		return fmt.Errorf("interface name %q: contains a character an interface name cannot have", name)
-	}
-	return nil
-}
 
 // Create makes a persistent tap as cfg describes, sets its MTU and alias and
 // brings it up. Creating a tap that already exists with the same settings
@@ -222,14 +166,6 @@ func (h *Handle) Delete(ctx context.Context, name string) error {
 	return errors.Join(errs...)
 }
 
-// Owned is a tap whose ifalias says vmhost made it.
-type Owned struct {
-	Name   string // interface name
-	VMID   string // VM id from the alias
-	Index  int    // interface index within the VM (nets[Index])
-	Master int    // ifindex of the bridge it is attached to, or 0
-}
-
 // ListOwned returns the taps whose ifalias has the form
 // "vmhost:<vm_id>:<index>", so that orphans (taps of VMs that no longer
 // exist) can be found and deleted.
@@ -259,25 +195,3 @@ func (h *Handle) ListOwned(ctx context.Context) ([]Owned, error) {
 	}
 	return owned, nil
 }
-
-func parseAlias(alias string) (vmID string, index int, ok bool) {
-	rest, ok := strings.CutPrefix(alias, aliasPrefix)
-	if !ok {
-		return "", 0, false
-	}
-	i := strings.LastIndexByte(rest, ':')
-	if i <= 0 {
-		return "", 0, false
-	}
-	n, err := strconv.Atoi(rest[i+1:])
-	if err != nil || n < 0 || strings.Contains(rest[:i], ":") {
-		return "", 0, false
-	}
-	return rest[:i], n, true
-}
-
-// notExist wraps a not-found error so that errors.Is(err, fs.ErrNotExist).
-type notExist struct{ msg string }
-
-func (e *notExist) Error() string        { return e.msg }
-func (e *notExist) Is(target error) bool { return target == fs.ErrNotExist }

@@ -20,6 +20,10 @@ func TestName(t *testing.T) {
 		{"3f2c8a4e-9b1d-4c55-8e0f-6d7a1b2c3d4e", 3},
 		{strings.Repeat("a", 64), 12345},
 		{"x", 999999999},
+		{"x", 9999},
+		{"x", 10000},
+		{"x", -1},
+		{"x", int(^uint(0) >> 1)},
 	}
 	seen := map[string]bool{}
 	for _, tt := range tests {
@@ -35,7 +39,10 @@ func TestName(t *testing.T) {
 		}
 		seen[name] = true
 	}
-	if Name("a", 1) == Name("b", 1) || Name("a", 1) == Name("a", 2) {
+	if len(seen) != len(tests) {
+		t.Errorf("Name gave %d distinct names for %d inputs", len(seen), len(tests))
+	}
+	if Name("a", 1) == Name("b", 1) || Name("a", 1) == Name("a", 2) || Name("a", 10000) == Name("a", 10001) {
 		t.Errorf("Name collides for different inputs: %q %q %q", Name("a", 1), Name("b", 1), Name("a", 2))
 	}
 }
@@ -199,6 +206,7 @@ func TestIntegrationAttachRefusals(t *testing.T) {
 // TestIntegrationIsolation proves port isolation with traffic: guests on two
 // isolated ports cannot reach each other, guests on ordinary ports can.
 func TestIntegrationIsolation(t *testing.T) {
+	requireRoot(t)
 	for _, isolated := range []bool{false, true} {
 		t.Run(map[bool]string{false: "open", true: "isolated"}[isolated], func(t *testing.T) {
 			ns := newTestNS(t)

@@ -1,0 +1,169 @@
+package tap
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// ifNameMax is the longest interface name, IFNAMSIZ less the NUL.
+const ifNameMax = 15
+
+// Config configures a Handle. The zero value works in the caller's network
+// namespace.
+type Config struct {
+	// NetNS is an open file descriptor of the network namespace to work in
+	// (for example of /proc/PID/ns/net). Zero means the caller's namespace.
+	// The Handle does not take ownership: the caller keeps it open while the
+	// Handle is in use and closes it afterwards.
+	NetNS int
+}
+
+// aliasPrefix starts the ifalias of every tap this package creates.
+const aliasPrefix = "vmhost:"
+
+// TapConfig describes a tap to create.
+type TapConfig struct {
+	// Name is the interface name, at most 15 bytes (see Name).
+	Name string
+	// Owner is the uid allowed to attach to the tap without CAP_NET_ADMIN;
+	// zero leaves the tap without an owner (only privileged processes may
+	// attach), which is what a root agent needs.
+	Owner int
+	// MTU is the interface MTU; zero keeps the kernel default (1500).
+	MTU int
+	// VMID and Index are recorded in the ifalias "vmhost:<VMID>:<Index>",
+	// which ListOwned reads back. VMID must not be empty or contain ':'.
+	VMID  string
+	Index int
+	// MultiQueue creates the tap with IFF_MULTI_QUEUE, which Cloud
+	// Hypervisor needs when an interface has more than one queue pair.
+	MultiQueue bool
+}
+
+// Alias returns the ifalias that marks a tap as made by vmhost for interface
+// index of VM vmID.
+func Alias(vmID string, index int) string {
+	return aliasPrefix + vmID + ":" + strconv.Itoa(index)
+}
+
+// Name returns a tap name for interface index of VM vmID: "vmh", 8 hex
+// digits of a hash of the id, and the index, so an operator can tell a VM's
+// taps apart. An index of more than 4 digits (or a negative one) gives "vmh"
+// and 12 hex digits of a hash of both instead. The name always fits
+// IFNAMSIZ-1 (15) bytes and is stable for the same inputs; callers record it.
+func Name(vmID string, index int) string {
+	idx := strconv.Itoa(index)
+	if index < 0 || len(idx) > 4 {
+		sum := sha256.Sum256([]byte(vmID + ":" + idx))
+		return "vmh" + hex.EncodeToString(sum[:])[:12]
+	}
+	sum := sha256.Sum256([]byte(vmID))
+	return "vmh" + hex.EncodeToString(sum[:])[:8] + idx
+}
+
+// ErrConflict is wrapped by errors about an existing interface that does not
+// match what was asked for (a tap with other settings, or not a tap).
+var ErrConflict = errors.New("interface exists with other settings")
+
+func validName(name string) error {
+	if name == "" || len(name) > ifNameMax {
+		return fmt.Errorf("interface name %q: must be 1 to %d bytes", name, ifNameMax)
+	}
+	if name == "." || name == ".." || strings.ContainsAny(name, "/: \t\n\x00") {
+		return fmt.Errorf("interface name %q: contains a character an interface name cannot have", name)
+	}
+	return nil
+}
+
+// Owned is a tap whose ifalias says vmhost made it.
+type Owned struct {
+	Name   string // interface name
+	VMID   string // VM id from the alias
+	Index  int    // interface index within the VM (nets[Index])
+	Master int    // ifindex of the bridge it is attached to, or 0
+}
+
+func parseAlias(alias string) (vmID string, index int, ok bool) {
+	rest, ok := strings.CutPrefix(alias, aliasPrefix)
+	if !ok {
+		return "", 0, false
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i <= 0 {
+		return "", 0, false
+	}
+	n, err := strconv.Atoi(rest[i+1:])
+	if err != nil || n < 0 || strings.Contains(rest[:i], ":") {
+		return "", 0, false
+	}
+	return rest[:i], n, true
+}
+
+// notExist wraps a not-found error so that errors.Is(err, fs.ErrNotExist).
+type notExist struct{ msg string }
+
+func (e *notExist) Error() string        { return e.msg }
+func (e *notExist) Is(target error) bool { return target == fs.ErrNotExist }
+
+// PortOptions configures a tap's bridge port.
+type PortOptions struct {
+	// Isolated sets IFLA_BRPORT_ISOLATED: an isolated port cannot exchange
+	// frames with other isolated ports of the bridge, only with the others.
+	Isolated bool
+	// VLAN, when not zero (1..4094), becomes the port's untagged PVID and
+	// VLAN 1 is removed from the port, on a bridge that filters VLANs. On a
+	// bridge without VLAN filtering it is metadata only and nothing is sent.
+	VLAN uint16
+}
+
+// ErrNotBridge is wrapped by the error for a master that exists but is not a
+// bridge.
+var ErrNotBridge = errors.New("not a bridge")
+
+// Port is what the kernel reports about a tap's bridge port.
+type Port struct {
+	Master   int  // ifindex of the bridge, or 0 when the tap is on none
+	Isolated bool // IFLA_BRPORT_ISOLATED
+	Up       bool // IFF_UP on the tap
+	MTU      int
+	Alias    string
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// GuardTable is the bridge-family nftables table that holds the anti-spoof
+// chains. vmhost owns it; each guarded tap has a chain "guard-<tap>".
+const GuardTable = "vmhost"
+
+// GuardRule says what a tap's guest may send.
+type GuardRule struct {
+	// Tap is the interface the frames come from.
+	Tap string
+	// MAC is the VM's MAC: the only Ethernet (and ARP sender) source allowed.
+	MAC net.HardwareAddr
+	// IPv4 is the pinned IPv4 address: the interface's static address, or
+	// the binding DHCP snooping learned. Invalid when there is neither; then
+	// only DHCP discovery from 0.0.0.0 and ARP probes pass for IPv4.
+	IPv4 netip.Addr
+	// IPv6 is the interface's static IPv6 address, if any.
+	IPv6 netip.Addr
+	// AllowedIPs are further sources (addresses or prefixes, either family).
+	// They take effect only while IPv4 is valid: an interface with neither a
+	// static IPv4 nor a learned binding has nothing to extend.
+	AllowedIPs []netip.Prefix
+}
+
+// guardChain names the anti-spoof chain of a tap.
+func guardChain(tap string) string { return "guard-" + tap }
