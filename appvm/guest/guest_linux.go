@@ -1,0 +1,728 @@
+// Package guest is the AppVM guest agent, `vmhost guest`: the /init of an
+// AppVM's initramfs. It dials the host over vsock, says Hello, receives the
+// workload Spec (package proto), sets up the guest (network, hostname,
+// /etc/hosts, resolv.conf, config and secret files, tmpfs and data mounts),
+// runs the workload in the image root as its user, and reports heartbeats,
+// the DHCP lease, start, health, output and exit. As PID 1 it reaps every
+// zombie and forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the
+// workload. When the workload ends it powers the guest off, unless the Spec
+// says keepalive.
+//
+// # Modes
+//
+// VM mode (PID 1, or --vm): mounts /proc, /sys, /dev, mounts the root disk
+// at /mnt/root, configures the network over netlink (static) or its own DHCP
+// client, and runs the workload chrooted into /mnt/root; poweroff is
+// reboot(2). Kernel command-line knobs: vmhost.root= (root device, default
+// /dev/vda), vmhost.rootfstype= (default ext4), vmhost.port= (vsock port,
+// default proto.Port). No secret is ever read from the command line.
+//
+// Process mode (the simulator and tests): the agent is an ordinary process:
+//
+//	vmhost guest --transport unix:<path> --root <dir> [--chroot] [--mounts]
+//	             [--network] [--heartbeat 5s]
+//
+// It dials the unix socket instead of AF_VSOCK (chsim passes the hybrid vsock
+// listener `<vsock socket>_<port>`), makes itself a child subreaper, writes
+// the hostname, hosts, resolv.conf and injected files under --root, and runs
+// the workload on the host; with --chroot (root only) the workload and exec
+// health checks are chrooted into --root, otherwise commands resolve on the
+// host and only the working directory is taken inside --root. --mounts
+// performs the tmpfs and data mounts (root, meant for a private mount
+// namespace; otherwise the mountpoints are only created), --network applies
+// the Spec's network to the current network namespace (root). Poweroff exits
+// the process with status 0 ([ExitPoweroff]); agent failures exit 1.
+//
+// # Secrets
+//
+// Secret env values and secret file contents reach the workload's
+// environment and files only; the agent never writes them to its stderr or
+// into any message it sends.
+package guest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"vmhost/appvm/guest/proto"
+)
+
+// Exit statuses of the agent process in process mode.
+const (
+	// ExitPoweroff is the status of a guest that powered off.
+	ExitPoweroff = 0
+	// ExitError is the status of an agent that could not do its job
+	// (no host, protocol error).
+	ExitError = 1
+)
+
+// AgentVersion is reported in Hello.
+const AgentVersion = "vmhost-guest/1"
+
+// defaultPath is the workload's PATH when its environment has none.
+const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// forwarded are the signals passed on to the workload.
+var forwarded = []os.Signal{syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, syscall.SIGUSR1, syscall.SIGUSR2}
+
+// options are the command-line settings.
+type options struct {
+	transport string
+	root      string
+	chroot    bool
+	mounts    bool
+	network   bool
+	heartbeat time.Duration
+	vm        bool
+	dialWait  time.Duration
+}
+
+// Main runs the agent with args (without the program name and subcommand)
+// and returns the process exit status. As PID 1 it never returns: it powers
+// the VM off. Flag errors are ignored as PID 1, since the kernel passes
+// unknown boot parameters to init as arguments.
+func Main(args []string) int {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil)).With("component", "guest")
+	pid1 := os.Getpid() == 1
+	var o options
+	fl := flag.NewFlagSet("guest", flag.ContinueOnError)
+	fl.StringVar(&o.transport, "transport", "vsock", "vsock, or unix:<path> to dial a unix socket (process mode)")
+	fl.StringVar(&o.root, "root", "", "workload root (VM mode: /mnt/root)")
+	fl.BoolVar(&o.chroot, "chroot", false, "process mode: chroot the workload into --root (needs root)")
+	fl.BoolVar(&o.mounts, "mounts", false, "process mode: perform tmpfs and data mounts (needs root; use a private mount namespace)")
+	fl.BoolVar(&o.network, "network", false, "process mode: configure the Spec's network in this network namespace (needs root)")
+	fl.DurationVar(&o.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval unless the Spec sets one")
+	fl.BoolVar(&o.vm, "vm", false, "VM mode without being PID 1")
+	fl.DurationVar(&o.dialWait, "dial-timeout", 30*time.Second, "how long to keep dialing the host")
+	if pid1 {
+		fl.SetOutput(io.Discard)
+	}
+	if err := fl.Parse(args); err != nil && !pid1 {
+		return 2
+	}
+	var sys system
+	if pid1 || o.vm {
+		o.vm, o.chroot, o.mounts, o.network = true, true, true, true
+		vs := newVMSystem(log)
+		if o.root == "" {
+			o.root = vmRoot
+		}
+		sys = vs
+	} else {
+		if o.root == "" {
+			fmt.Fprintln(os.Stderr, "guest: process mode needs --root")
+			return 2
+		}
+		sys = &processSystem{mounts: o.mounts, network: o.network, log: log}
+	}
+	a := &agent{opts: o, sys: sys, log: log}
+	err := a.run()
+	if err != nil {
+		log.Error("agent failed", "err", err)
+	}
+	code := ExitPoweroff
+	if err != nil {
+		code = ExitError
+	}
+	sys.poweroff(code)
+	return code
+}
+
+// agent is one run of the guest agent.
+type agent struct {
+	opts   options
+	sys    system
+	log    *slog.Logger
+	conn   *proto.Conn
+	reaper *reaper
+
+	// lost is set once the host connection failed; later sends are dropped.
+	lost   atomic.Bool
+	logSeq atomic.Uint64
+
+	// mu guards the workload pid.
+	mu          sync.Mutex
+	workloadPID int
+}
+
+// send sends m; after the first failure the connection counts as lost and
+// messages are dropped (the workload keeps running).
+func (a *agent) send(m proto.Message) {
+	if a.lost.Load() {
+		return
+	}
+	if err := m.Validate(); err != nil {
+		a.log.Error("not sending an invalid message", "type", m.Type(), "err", err)
+		return
+	}
+	if err := a.conn.Send(m); err != nil {
+		if !a.lost.Swap(true) {
+			a.log.Error("host connection lost", "err", err)
+		}
+	}
+}
+
+func (a *agent) run() error {
+	if err := a.sys.prepare(); err != nil {
+		return fmt.Errorf("preparing the guest: %w", err)
+	}
+	a.reaper = newReaper()
+	defer a.reaper.stop()
+
+	sigs := make(chan os.Signal, 8)
+	signal.Notify(sigs, forwarded...)
+	defer signal.Stop(sigs)
+
+	nc, err := a.dial()
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	a.conn = proto.NewConn(nc)
+
+	bootID := make([]byte, 16)
+	rand.Read(bootID)
+	if err := a.conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: hex.EncodeToString(bootID)}); err != nil {
+		return err
+	}
+	hbCtx, stopHB := context.WithCancel(context.Background())
+	defer stopHB()
+	hbInterval := make(chan time.Duration, 1)
+	go a.heartbeats(hbCtx, a.opts.heartbeat, hbInterval)
+
+	m, err := a.conn.Recv()
+	if err != nil {
+		return fmt.Errorf("waiting for the spec: %w", err)
+	}
+	spec, ok := m.(*proto.Spec)
+	if !ok {
+		return fmt.Errorf("waiting for the spec: got %s", m.Type())
+	}
+	if spec.HeartbeatSecs > 0 {
+		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
+	}
+
+	stops := make(chan *proto.Stop, 1)
+	go a.receive(stops)
+
+	w, err := a.setupAndStart(spec)
+	if err != nil {
+		// The message names paths and commands, never secret values.
+		a.log.Error("workload not started", "err", err)
+		a.send(&proto.Fatal{Message: err.Error()})
+		return a.idle(spec, sigs, stops, false)
+	}
+	return a.supervise(spec, w, sigs, stops)
+}
+
+// dial connects to the host, retrying until opts.dialWait passes.
+func (a *agent) dial() (net.Conn, error) {
+	deadline := time.Now().Add(a.opts.dialWait)
+	delay := 50 * time.Millisecond
+	for {
+		var c net.Conn
+		var err error
+		if p, ok := strings.CutPrefix(a.opts.transport, "unix:"); ok {
+			c, err = net.Dial("unix", p)
+		} else if a.opts.transport == "vsock" {
+			c, err = dialVsock(a.sys.vsockPort())
+		} else {
+			return nil, fmt.Errorf("unknown transport %q", a.opts.transport)
+		}
+		if err == nil {
+			return c, nil
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("dialing the host over %s: %w", a.opts.transport, err)
+		}
+		time.Sleep(delay)
+		delay = min(2*delay, time.Second)
+	}
+}
+
+// receive reads host messages after the Spec: Stop goes to stops; the end of
+// the connection marks it lost.
+func (a *agent) receive(stops chan<- *proto.Stop) {
+	for {
+		m, err := a.conn.Recv()
+		if err != nil {
+			if !a.lost.Swap(true) {
+				a.log.Error("host connection lost", "err", err)
+			}
+			return
+		}
+		switch m := m.(type) {
+		case *proto.Stop:
+			select {
+			case stops <- m:
+			default:
+			}
+		default:
+			a.log.Warn("ignoring unexpected message from the host", "type", m.Type())
+		}
+	}
+}
+
+func (a *agent) heartbeats(ctx context.Context, interval time.Duration, change <-chan time.Duration) {
+	var seq uint64
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	beat := func() {
+		seq++
+		a.send(&proto.Heartbeat{Seq: seq, At: time.Now().UTC()})
+	}
+	beat()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d := <-change:
+			t.Reset(d)
+		case <-t.C:
+			beat()
+		}
+	}
+}
+
+// workload is a started workload process.
+type workload struct {
+	pid     int
+	status  <-chan syscall.WaitStatus
+	logs    sync.WaitGroup
+	started time.Time
+	cmd     *exec.Cmd
+	acc     account
+	env     []string
+}
+
+// setupAndStart prepares the guest and starts the workload.
+func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
+	root := a.opts.root
+	hostname := spec.Hostname
+	var lease *proto.Lease
+	if a.opts.network && spec.Network.Mode != proto.NetworkNone {
+		l, err := a.sys.configureNetwork(spec.Network, hostname)
+		if err != nil {
+			return nil, fmt.Errorf("configuring the network: %w", err)
+		}
+		if l != nil {
+			lease = l
+			a.send(l)
+			if hostname == "" {
+				hostname = l.Hostname
+			}
+		}
+	}
+	if hostname != "" {
+		if err := a.sys.setHostname(hostname); err != nil {
+			return nil, fmt.Errorf("setting the hostname: %w", err)
+		}
+	}
+	acc, err := lookupUser(root, spec.User)
+	if err != nil {
+		return nil, fmt.Errorf("resolving the workload user: %w", err)
+	}
+	if err := writeEtc(root, spec, hostname, lease); err != nil {
+		return nil, err
+	}
+	if a.opts.vm {
+		// The agent's own /etc, for health checks that resolve names.
+		if err := writeEtc("/", spec, hostname, lease); err != nil {
+			return nil, err
+		}
+	}
+	owner := -1
+	if os.Geteuid() == 0 {
+		owner = int(acc.uid)
+	}
+	if err := writeInjected(root, spec, owner, int(acc.gid)); err != nil {
+		return nil, err
+	}
+	for _, t := range spec.TmpfsMounts {
+		target, err := mkdirInRoot(root, t.Path)
+		if err != nil {
+			return nil, err
+		}
+		if err := a.sys.mountTmpfs(target, t); err != nil {
+			return nil, fmt.Errorf("mounting tmpfs at %s: %w", t.Path, err)
+		}
+	}
+	for _, d := range spec.DataMounts {
+		target, err := mkdirInRoot(root, d.Mountpoint)
+		if err != nil {
+			return nil, err
+		}
+		if err := a.sys.mountData(d.Device, target, d.ReadOnly); err != nil {
+			return nil, fmt.Errorf("mounting %s at %s: %w", d.Device, d.Mountpoint, err)
+		}
+	}
+	if err := a.sys.prepareRoot(root); err != nil {
+		return nil, err
+	}
+
+	env := buildEnv(spec, acc, hostname)
+	argv := append(append([]string{}, spec.Entrypoint...), spec.Command...)
+	cmd, err := a.command(argv, env, spec.Workdir, acc)
+	if err != nil {
+		return nil, err
+	}
+	w := &workload{acc: acc, env: env}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		return nil, err
+	}
+	errR, errW, err := os.Pipe()
+	if err != nil {
+		outR.Close()
+		outW.Close()
+		return nil, err
+	}
+	cmd.Stdout, cmd.Stderr = outW, errW
+	a.mu.Lock()
+	w.pid, w.status, err = a.reaper.start(cmd)
+	a.workloadPID = w.pid
+	a.mu.Unlock()
+	outW.Close()
+	errW.Close()
+	if err != nil {
+		outR.Close()
+		errR.Close()
+		return nil, fmt.Errorf("starting the workload %q: %w", argv[0], err)
+	}
+	w.started = time.Now()
+	w.cmd = cmd
+	// Started goes out before any output: the pipes hold it meanwhile.
+	a.send(&proto.Started{PID: w.pid})
+	w.logs.Add(2)
+	go a.pump(proto.Stdout, outR, &w.logs)
+	go a.pump(proto.Stderr, errR, &w.logs)
+	return w, nil
+}
+
+// command builds the exec.Cmd for argv with the workload's root, user,
+// environment and working directory.
+func (a *agent) command(argv, env []string, workdir string, acc account) (*exec.Cmd, error) {
+	pathEnv := defaultPath
+	for _, e := range env {
+		if v, ok := strings.CutPrefix(e, "PATH="); ok {
+			pathEnv = v
+		}
+	}
+	lookRoot := "/"
+	if a.opts.chroot {
+		lookRoot = a.opts.root
+	}
+	guestPath, hostPath, err := lookPath(lookRoot, argv[0], pathEnv)
+	if err != nil {
+		return nil, err
+	}
+	if workdir == "" {
+		workdir = "/"
+	}
+	attr := &syscall.SysProcAttr{Setpgid: true}
+	cmd := &exec.Cmd{Path: hostPath, Args: argv, Env: env, SysProcAttr: attr}
+	if a.opts.chroot {
+		attr.Chroot = a.opts.root
+		cmd.Path = guestPath
+		if _, err := mkdirInRoot(a.opts.root, workdir); err != nil {
+			return nil, err
+		}
+		cmd.Dir = workdir
+	} else {
+		dir, err := mkdirInRoot(a.opts.root, workdir)
+		if err != nil {
+			return nil, err
+		}
+		cmd.Dir = dir
+	}
+	if os.Geteuid() == 0 {
+		attr.Credential = &syscall.Credential{Uid: acc.uid, Gid: acc.gid, Groups: acc.groups}
+	} else if acc.uid != uint32(os.Geteuid()) {
+		a.log.Warn("agent is not root: running the workload as itself", "wanted_uid", acc.uid, "uid", os.Geteuid())
+	}
+	return cmd, nil
+}
+
+// buildEnv returns the workload environment: PATH, HOSTNAME and HOME
+// defaults, then Env, then SecretEnv; a later entry replaces an earlier one
+// with the same key.
+func buildEnv(spec *proto.Spec, acc account, hostname string) []string {
+	var keys []string
+	vals := map[string]string{}
+	set := func(k, v string) {
+		if _, ok := vals[k]; !ok {
+			keys = append(keys, k)
+		}
+		vals[k] = v
+	}
+	set("PATH", defaultPath)
+	if hostname != "" {
+		set("HOSTNAME", hostname)
+	}
+	set("HOME", acc.home)
+	for _, e := range spec.Env {
+		k, v, _ := strings.Cut(e, "=")
+		set(k, v)
+	}
+	for _, e := range spec.SecretEnv {
+		set(e.Key, e.Value.Reveal())
+	}
+	env := make([]string, len(keys))
+	for i, k := range keys {
+		env[i] = k + "=" + vals[k]
+	}
+	return env
+}
+
+// pump forwards one output stream as Log chunks.
+func (a *agent) pump(stream string, r *os.File, wg *sync.WaitGroup) {
+	defer wg.Done()
+	defer r.Close()
+	buf := make([]byte, proto.MaxLogChunk)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			a.send(&proto.Log{Stream: stream, Data: append([]byte(nil), buf[:n]...), Seq: a.logSeq.Add(1)})
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// supervise waits for the workload, forwarding signals and handling Stop,
+// runs the health checks, reports the exit, then idles or powers off.
+func (a *agent) supervise(spec *proto.Spec, w *workload, sigs <-chan os.Signal, stops <-chan *proto.Stop) error {
+	hcCtx, stopHC := context.WithCancel(context.Background())
+	defer stopHC()
+	if spec.Healthcheck != nil {
+		h := newHealthChecker(a, spec.Healthcheck, w, spec.Workdir)
+		go h.run(hcCtx)
+	}
+	stopping := false
+	var kill <-chan time.Time
+	for {
+		select {
+		case ws := <-w.status:
+			stopHC()
+			a.mu.Lock()
+			a.workloadPID = 0
+			a.mu.Unlock()
+			// Output written just before the exit should precede Exit; an
+			// orphan holding the pipes open must not block it for long.
+			drained := make(chan struct{})
+			go func() { w.logs.Wait(); close(drained) }()
+			select {
+			case <-drained:
+			case <-time.After(time.Second):
+			}
+			a.send(exitMessage(ws))
+			return a.idle(spec, sigs, stops, stopping)
+		case s := <-sigs:
+			a.reaper.signal(w.pid, s.(syscall.Signal))
+		case st := <-stops:
+			if stopping {
+				continue
+			}
+			stopping = true
+			grace := st.GraceSecs
+			if grace == 0 {
+				grace = spec.StopGraceSecs
+			}
+			if grace == 0 {
+				grace = 10
+			}
+			a.reaper.signal(w.pid, syscall.SIGTERM)
+			kill = time.After(time.Duration(grace) * time.Second)
+		case <-kill:
+			a.log.Warn("workload outlived its stop grace; killing it")
+			a.reaper.signalGroup(w.pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// idle is the life after the workload: with keepalive (and no Stop) the
+// guest stays up, heartbeating, until a Stop or (process mode) SIGTERM or
+// SIGINT; otherwise it returns at once and the guest powers off.
+func (a *agent) idle(spec *proto.Spec, sigs <-chan os.Signal, stops <-chan *proto.Stop, stopping bool) error {
+	if !spec.Keepalive || stopping {
+		return nil
+	}
+	for {
+		select {
+		case <-stops:
+			return nil
+		case s := <-sigs:
+			if !a.opts.vm && (s == syscall.SIGTERM || s == syscall.SIGINT) {
+				return nil
+			}
+		}
+	}
+}
+
+// exitMessage converts a wait status.
+func exitMessage(ws syscall.WaitStatus) *proto.Exit {
+	if ws.Signaled() {
+		return &proto.Exit{Signal: int(ws.Signal())}
+	}
+	code := ws.ExitStatus()
+	return &proto.Exit{Code: &code}
+}
+
+// mkdirInRoot creates the guest directory p (and parents, 0755) inside
+// root and returns its host path.
+func mkdirInRoot(root, p string) (string, error) {
+	h, err := inRoot(root, p)
+	if err != nil {
+		return "", err
+	}
+	if err := os.MkdirAll(h, 0o755); err != nil {
+		return "", fmt.Errorf("creating %s in the workload root: %w", p, err)
+	}
+	return h, nil
+}
+
+// writeEtc writes /etc/hostname, /etc/hosts and (when DNS servers are known)
+// /etc/resolv.conf into root.
+func writeEtc(root string, spec *proto.Spec, hostname string, lease *proto.Lease) error {
+	var ip string
+	dns := spec.Network.DNS
+	var search []string
+	switch {
+	case spec.Network.Mode == proto.NetworkStatic:
+		ip = spec.Network.IP
+	case lease != nil:
+		ip, dns, search = lease.IP, lease.DNS, lease.Search
+	}
+	var hosts strings.Builder
+	hosts.WriteString("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+	if hostname != "" {
+		if ip == "" {
+			ip = "127.0.1.1"
+		}
+		short, _, _ := strings.Cut(hostname, ".")
+		if short != hostname {
+			fmt.Fprintf(&hosts, "%s\t%s %s\n", ip, hostname, short)
+		} else {
+			fmt.Fprintf(&hosts, "%s\t%s\n", ip, hostname)
+		}
+	}
+	for _, h := range spec.ExtraHosts {
+		fmt.Fprintf(&hosts, "%s\t%s\n", h.IP, h.Host)
+	}
+	files := []struct {
+		path, content string
+	}{{"/etc/hosts", hosts.String()}}
+	if hostname != "" {
+		files = append(files, struct{ path, content string }{"/etc/hostname", hostname + "\n"})
+	}
+	if len(dns) > 0 {
+		var rc strings.Builder
+		if len(search) > 0 {
+			fmt.Fprintf(&rc, "search %s\n", strings.Join(search, " "))
+		}
+		for _, d := range dns {
+			fmt.Fprintf(&rc, "nameserver %s\n", d)
+		}
+		files = append(files, struct{ path, content string }{"/etc/resolv.conf", rc.String()})
+	}
+	for _, f := range files {
+		if err := writeInRoot(root, f.path, 0o644, []byte(f.content), -1, -1); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeInjected writes the config and secret files. With owner >= 0 they
+// belong to the workload user, so a 0400 secret is readable by it.
+func writeInjected(root string, spec *proto.Spec, owner, group int) error {
+	for _, f := range spec.ConfigFiles {
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		if err := writeInRoot(root, f.Path, mode, []byte(f.Content), owner, group); err != nil {
+			return err
+		}
+	}
+	for _, f := range spec.SecretFiles {
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o400
+		}
+		if err := writeInRoot(root, f.Path, mode, []byte(f.Content.Reveal()), owner, group); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeInRoot replaces the guest file p inside root. Errors name the path,
+// never the content.
+func writeInRoot(root, p string, mode uint32, data []byte, uid, gid int) error {
+	dir, err := mkdirInRoot(root, path.Dir(p))
+	if err != nil {
+		return err
+	}
+	target := filepath.Join(dir, path.Base(p))
+	if fi, err := os.Lstat(target); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+		// A link in the image (resolv.conf often is one) is replaced, not
+		// followed, so the write stays inside the root.
+		if err := os.Remove(target); err != nil {
+			return fmt.Errorf("writing %s: %w", p, err)
+		}
+	}
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return fmt.Errorf("writing %s: %w", p, err)
+	}
+	_, werr := f.Write(data)
+	if uid >= 0 && werr == nil {
+		werr = f.Chown(uid, gid)
+	}
+	if werr == nil {
+		werr = f.Chmod(os.FileMode(mode & 0o777))
+		if mode&0o7000 != 0 && werr == nil {
+			werr = os.Chmod(target, os.FileMode(mode&0o777)|unixModeBits(mode))
+		}
+	}
+	if err := f.Close(); werr == nil {
+		werr = err
+	}
+	if werr != nil {
+		return fmt.Errorf("writing %s: %w", p, werr)
+	}
+	return nil
+}
+
+// unixModeBits converts setuid, setgid and sticky bits to os.FileMode.
+func unixModeBits(mode uint32) os.FileMode {
+	var m os.FileMode
+	if mode&0o4000 != 0 {
+		m |= os.ModeSetuid
+	}
+	if mode&0o2000 != 0 {
+		m |= os.ModeSetgid
+	}
+	if mode&0o1000 != 0 {
+		m |= os.ModeSticky
+	}
+	return m
+}

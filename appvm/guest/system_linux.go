@@ -1,0 +1,272 @@
+package guest
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/mdlayher/vsock"
+	"golang.org/x/sys/unix"
+
+	"vmhost/appvm/guest/proto"
+)
+
+// vmRoot is where VM mode mounts the root disk.
+const vmRoot = "/mnt/root"
+
+// system holds the duties that differ between a VM (PID 1) and process
+// mode. It exists so that process mode (the simulator, tests) can run the
+// rest of the agent unchanged.
+type system interface {
+	// prepare runs first: VM mode mounts the pseudo filesystems and the root
+	// disk; process mode becomes a child subreaper.
+	prepare() error
+	// vsockPort is the host port to dial over vsock.
+	vsockPort() uint32
+	// configureNetwork applies n; in DHCP mode it returns the lease.
+	configureNetwork(n proto.Network, hostname string) (*proto.Lease, error)
+	setHostname(name string) error
+	mountTmpfs(target string, t proto.TmpfsMount) error
+	mountData(device, target string, readOnly bool) error
+	// prepareRoot readies the workload root (VM: /proc, /sys, /dev inside it).
+	prepareRoot(root string) error
+	// poweroff ends the guest: VM mode never returns; process mode kills
+	// what is left of the workload and returns, and Main exits with code.
+	poweroff(code int)
+}
+
+func dialVsock(port uint32) (net.Conn, error) {
+	return vsock.Dial(proto.HostCID, port, nil)
+}
+
+// tmpfsOptions is the data argument of a tmpfs mount.
+func tmpfsOptions(t proto.TmpfsMount) string {
+	mode := t.Mode
+	if mode == 0 {
+		mode = 0o1777
+	}
+	opts := "mode=" + strconv.FormatUint(uint64(mode), 8)
+	if t.SizeBytes > 0 {
+		opts += ",size=" + strconv.FormatUint(t.SizeBytes, 10)
+	}
+	return opts
+}
+
+func mountTmpfs(target string, t proto.TmpfsMount) error {
+	return unix.Mount("tmpfs", target, "tmpfs", unix.MS_NOSUID|unix.MS_NODEV, tmpfsOptions(t))
+}
+
+func mountData(device, target string, readOnly bool) error {
+	var flags uintptr
+	if readOnly {
+		flags |= unix.MS_RDONLY
+	}
+	return unix.Mount(device, target, "ext4", flags, "")
+}
+
+// processSystem is process mode.
+type processSystem struct {
+	mounts, network bool
+	log             *slog.Logger
+}
+
+func (s *processSystem) prepare() error {
+	// Orphans of the workload come to us, as they would to PID 1.
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("becoming a child subreaper: %w", err)
+	}
+	return nil
+}
+
+func (s *processSystem) vsockPort() uint32 { return proto.Port }
+
+func (s *processSystem) configureNetwork(n proto.Network, hostname string) (*proto.Lease, error) {
+	return applyNetwork(n, hostname)
+}
+
+// setHostname leaves the host's hostname alone; /etc/hostname in the root
+// still gets it.
+func (s *processSystem) setHostname(string) error { return nil }
+
+func (s *processSystem) mountTmpfs(target string, t proto.TmpfsMount) error {
+	if !s.mounts {
+		return nil
+	}
+	return mountTmpfs(target, t)
+}
+
+func (s *processSystem) mountData(device, target string, readOnly bool) error {
+	if !s.mounts {
+		return nil
+	}
+	return mountData(device, target, readOnly)
+}
+
+func (s *processSystem) prepareRoot(string) error { return nil }
+
+// poweroff kills the descendants left behind (orphans parked on us as
+// subreaper), so that nothing of the guest outlives it.
+func (s *processSystem) poweroff(int) {
+	for _, pid := range childrenOf(os.Getpid()) {
+		unix.Kill(pid, unix.SIGKILL)
+	}
+}
+
+// childrenOf lists the children of pid from /proc/<pid>/task/*/children.
+func childrenOf(pid int) []int {
+	tasks, _ := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/task")
+	var out []int
+	for _, t := range tasks {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/task/" + t.Name() + "/children")
+		if err != nil {
+			continue
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if c, err := strconv.Atoi(f); err == nil {
+				out = append(out, c)
+			}
+		}
+	}
+	return out
+}
+
+// vmSystem is VM mode: the agent is PID 1 of the guest.
+type vmSystem struct {
+	log        *slog.Logger
+	rootDev    string
+	rootFSType string
+	port       uint32
+	// mounted lists mountpoints to detach at poweroff, innermost last.
+	mounted []string
+}
+
+func newVMSystem(log *slog.Logger) *vmSystem {
+	return &vmSystem{log: log, rootDev: "/dev/vda", rootFSType: "ext4", port: proto.Port}
+}
+
+// parseCmdline reads the vmhost.* knobs from the kernel command line.
+func (s *vmSystem) parseCmdline(cmdline string) {
+	for _, f := range strings.Fields(cmdline) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "vmhost.root":
+			s.rootDev = v
+		case "vmhost.rootfstype":
+			s.rootFSType = v
+		case "vmhost.port":
+			if p, err := strconv.ParseUint(v, 10, 32); err == nil {
+				s.port = uint32(p)
+			}
+		}
+	}
+}
+
+func (s *vmSystem) mount(source, target, fstype string, flags uintptr, data string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return fmt.Errorf("creating mountpoint %s: %w", target, err)
+	}
+	if err := unix.Mount(source, target, fstype, flags, data); err != nil && !errors.Is(err, unix.EBUSY) {
+		return fmt.Errorf("mounting %s on %s: %w", fstype, target, err)
+	}
+	s.mounted = append(s.mounted, target)
+	return nil
+}
+
+func (s *vmSystem) prepare() error {
+	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	steps := []struct {
+		source, target, fstype string
+		flags                  uintptr
+		data                   string
+	}{
+		{"proc", "/proc", "proc", nodev, ""},
+		{"sysfs", "/sys", "sysfs", nodev, ""},
+		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "gid=5,mode=620,ptmxmode=666"},
+		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+		{"tmpfs", "/run", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=0755"},
+	}
+	for _, m := range steps {
+		if err := s.mount(m.source, m.target, m.fstype, m.flags, m.data); err != nil {
+			return err
+		}
+	}
+	if b, err := os.ReadFile("/proc/cmdline"); err == nil {
+		s.parseCmdline(string(b))
+	}
+	// The root disk may show up a moment after init starts.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(s.rootDev); err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := s.mount(s.rootDev, vmRoot, s.rootFSType, 0, ""); err != nil {
+		return err
+	}
+	return linkUp("lo")
+}
+
+func (s *vmSystem) vsockPort() uint32 { return s.port }
+
+func (s *vmSystem) configureNetwork(n proto.Network, hostname string) (*proto.Lease, error) {
+	return applyNetwork(n, hostname)
+}
+
+func (s *vmSystem) setHostname(name string) error { return unix.Sethostname([]byte(name)) }
+
+func (s *vmSystem) mountTmpfs(target string, t proto.TmpfsMount) error {
+	if err := mountTmpfs(target, t); err != nil {
+		return err
+	}
+	s.mounted = append(s.mounted, target)
+	return nil
+}
+
+func (s *vmSystem) mountData(device, target string, readOnly bool) error {
+	if err := mountData(device, target, readOnly); err != nil {
+		return err
+	}
+	s.mounted = append(s.mounted, target)
+	return nil
+}
+
+// prepareRoot gives the workload its own /proc and /sys and the guest's
+// /dev.
+func (s *vmSystem) prepareRoot(root string) error {
+	const nodev = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := s.mount("proc", root+"/proc", "proc", nodev, ""); err != nil {
+		return err
+	}
+	if err := s.mount("sysfs", root+"/sys", "sysfs", nodev, ""); err != nil {
+		return err
+	}
+	return s.mount("/dev", root+"/dev", "", unix.MS_BIND|unix.MS_REC, "")
+}
+
+// poweroff stops everything that is left, detaches the mounts so the
+// filesystems are clean, and powers the VM off. It never returns.
+func (s *vmSystem) poweroff(code int) {
+	unix.Kill(-1, unix.SIGTERM)
+	time.Sleep(500 * time.Millisecond)
+	unix.Kill(-1, unix.SIGKILL)
+	unix.Sync()
+	for i := len(s.mounted) - 1; i >= 0; i-- {
+		unix.Unmount(s.mounted[i], unix.MNT_DETACH)
+	}
+	unix.Sync()
+	s.log.Info("powering off", "agent_status", code)
+	for {
+		if err := unix.Reboot(unix.LINUX_REBOOT_CMD_POWER_OFF); err != nil {
+			s.log.Error("poweroff", "err", err)
+		}
+		// PID 1 must not exit: the kernel would panic.
+		time.Sleep(time.Second)
+	}
+}
