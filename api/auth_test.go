@@ -1,0 +1,149 @@
+package api
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"vmhost/auth"
+)
+
+// spyBody records whether the handler read the request body.
+type spyBody struct {
+	r    io.Reader
+	read bool
+}
+
+func (b *spyBody) Read(p []byte) (int, error) { b.read = true; return b.r.Read(p) }
+func (b *spyBody) Close() error               { return nil }
+
+// TestAuthMatrix runs every route with no header, malformed headers, an
+// unknown token, a read key, a key whose allowlist lacks the route, and an
+// allowed key. A request that fails auth reads no body and changes nothing.
+func TestAuthMatrix(t *testing.T) {
+	h := newHarness(t)
+	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "fixture")); st != 201 {
+		t.Fatalf("fixture: %d %s", st, b)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"app-fixture","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`); st != 201 {
+		t.Fatalf("fixture: %d %s", st, b)
+	}
+	// A key allowed only a route that is not the one under test.
+	other, err := auth.Add(h.keysPath, "other", auth.ScopeReadWrite, []string{"GET /api/networks"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.start(t) // reload the keyring
+
+	paths := map[string]string{
+		"GET /api/vms":            "/api/vms",
+		"GET /api/vms/{id}":       "/api/vms/fixture",
+		"POST /api/vms":           "/api/vms",
+		"GET /api/appvm/vms":      "/api/appvm/vms",
+		"GET /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture",
+		"POST /api/appvm/vms":     "/api/appvm/vms",
+	}
+	n := 0
+	for _, rt := range Routes() {
+		method, _, _ := strings.Cut(rt.Pattern, " ")
+		path, ok := paths[rt.Pattern]
+		if !ok {
+			t.Fatalf("no test path for route %s", rt.Pattern)
+		}
+		// A body that would be a 422 if it were decoded.
+		const junk = `{"vcpus":`
+		type tc struct {
+			name, header string
+			status       int
+			code         string
+		}
+		cases := []tc{
+			{"no header", "", 401, CodeUnauthorized},
+			{"basic scheme", "Basic dXNlcjpwYXNz", 401, CodeUnauthorized},
+			{"bearer without token", "Bearer", 401, CodeUnauthorized},
+			{"bearer with two tokens", "Bearer " + h.rw + " x", 401, CodeUnauthorized},
+			{"unknown token", "Bearer vmh_" + strings.Repeat("0", 43), 401, CodeUnauthorized},
+			{"allowlist lacks route", "Bearer " + other, 403, CodeForbidden},
+		}
+		if rt.Mutates {
+			cases = append(cases, tc{"read key on mutation", "Bearer " + h.ro, 403, CodeForbidden})
+		}
+		if rt.Pattern != "GET /api/vms/{id}" {
+			cases = append(cases, tc{"narrow key elsewhere", "Bearer " + h.narrow, 403, CodeForbidden})
+		}
+		for _, c := range cases {
+			t.Run(rt.Pattern+"/"+c.name, func(t *testing.T) {
+				before := h.e.Host.Transcript()
+				recs := countRecords(t, h)
+				body := &spyBody{r: strings.NewReader(junk)}
+				req := httptest.NewRequest(method, path, body)
+				if c.header != "" {
+					req.Header.Set("Authorization", c.header)
+				}
+				w := httptest.NewRecorder()
+				h.srv.ServeHTTP(w, req)
+				seenMu.Lock()
+				seenBodies = append(seenBodies, w.Body.String())
+				seenMu.Unlock()
+				if w.Code != c.status || !strings.Contains(w.Body.String(), `"code":"`+c.code+`"`) {
+					t.Errorf("%s %s with %q = %d %s, want %d %s", method, path, c.name, w.Code, w.Body, c.status, c.code)
+				}
+				if body.read {
+					t.Error("the body was read for a request that failed auth")
+				}
+				if h.e.Host.Transcript() != before || countRecords(t, h) != recs {
+					t.Error("a request that failed auth changed the host or the store")
+				}
+				if strings.Contains(w.Body.String(), h.rw) {
+					t.Error("the response echoes the token")
+				}
+			})
+			n++
+		}
+		// Allowed: readwrite key for everything; read key for reads; the
+		// narrow key on its one route.
+		allowed := []string{h.rw}
+		if !rt.Mutates {
+			allowed = append(allowed, h.ro)
+		}
+		if rt.Pattern == "GET /api/vms/{id}" {
+			allowed = append(allowed, h.narrow)
+		}
+		for i, tok := range allowed {
+			t.Run(fmt.Sprintf("%s/allowed%d", rt.Pattern, i), func(t *testing.T) {
+				body := ""
+				switch rt.Pattern {
+				case "POST /api/vms":
+					body = minimalVMBody(h, "ok-vm")
+				case "POST /api/appvm/vms":
+					body = `{"vm_id":"ok-app","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`
+				}
+				st, _, b := h.do(t, method, path, tok, body)
+				want := http.StatusOK
+				if rt.Mutates {
+					want = http.StatusCreated
+				}
+				if st != want {
+					t.Errorf("%s %s allowed = %d %s, want %d", method, path, st, b, want)
+				}
+			})
+			n++
+		}
+	}
+	t.Logf("%d auth cases over %d routes", n, len(Routes()))
+}
+
+func countRecords(t *testing.T, h *harness) int {
+	t.Helper()
+	m, err := filepath.Glob(filepath.Join(h.e.StateDir, "vms", "*.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(filepath.Join(h.e.StateDir, "vms"))
+	return len(m) + len(ents)
+}
