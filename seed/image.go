@@ -49,27 +49,21 @@ func Image(f Files, opts fat.Options) ([]byte, error) {
 // Write writes the Size-byte seed image for f to w and returns the number
 // of bytes written.
 func Write(w io.Writer, f Files) (int64, error) {
-	img, err := Image(f, fat.Options{})
+	n, err := fat.Write(w, f.fatFiles(), fat.Options{Label: Label})
 	if err != nil {
-		return 0, err
+		return n, fmt.Errorf("writing seed image: %w", err)
 	}
-	n, err := w.Write(img)
-	if err != nil {
-		return int64(n), fmt.Errorf("writing seed image: %w", err)
-	}
-	return int64(n), nil
+	return n, nil
 }
 
 // WriteFile writes the seed image for f to path, replacing any file there
 // atomically: a temporary file in the same directory is written, synced
-// and renamed over path, and the directory is synced. The file is 0600
+// and renamed over path, and the directory is synced. The file is sparse
+// (only the used part is written; the rest reads as zeros) and 0600,
 // because user-data may hold a clear-text password. It returns the image
-// size (Size).
+// size (Size). Documents that do not fit give an error wrapping
+// fat.ErrNoSpace and leave path untouched.
 func WriteFile(path string, f Files) (int64, error) {
-	img, err := Image(f, fat.Options{})
-	if err != nil {
-		return 0, err
-	}
 	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
 		return 0, fmt.Errorf("writing seed image %s: not a regular file", path)
 	}
@@ -85,8 +79,9 @@ func WriteFile(path string, f Files) (int64, error) {
 			os.Remove(tmp.Name())
 		}
 	}()
-	if _, err := tmp.Write(img); err != nil {
-		return 0, fmt.Errorf("writing seed image %s: %w", tmp.Name(), err)
+	n, err := fat.WriteSparse(tmp, f.fatFiles(), fat.Options{Label: Label})
+	if err != nil {
+		return 0, fmt.Errorf("writing seed image: %w", err)
 	}
 	if err := tmp.Chmod(0o600); err != nil {
 		return 0, fmt.Errorf("writing seed image %s: %w", tmp.Name(), err)
@@ -110,7 +105,7 @@ func WriteFile(path string, f Files) (int64, error) {
 	if err := d.Sync(); err != nil {
 		return 0, fmt.Errorf("syncing seed directory %s: %w", dir, err)
 	}
-	return int64(len(img)), nil
+	return n, nil
 }
 
 // ReadFiles reads the documents back from a seed image of size bytes. It

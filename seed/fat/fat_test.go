@@ -437,3 +437,53 @@ func TestReadRejectsCorruption(t *testing.T) {
 		}
 	}
 }
+
+func TestWriteAndWriteSparseMatchBuild(t *testing.T) {
+	files := append(exampleFiles(t), File{Name: "big", Data: bytes.Repeat([]byte{0xAB}, 100000)})
+	want, err := Build(files, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	n, err := Write(&buf, files, Options{})
+	if err != nil || n != DefaultSize || !bytes.Equal(buf.Bytes(), want) {
+		t.Errorf("Write = %d, %v; bytes equal to Build: %v", n, err, bytes.Equal(buf.Bytes(), want))
+	}
+
+	// WriteSparse over a file full of junk, longer than the image.
+	path := filepath.Join(t.TempDir(), "sparse.img")
+	if err := os.WriteFile(path, bytes.Repeat([]byte{0xEE}, 2*DefaultSize), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err = WriteSparse(f, files, Options{})
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil || n != DefaultSize {
+		t.Fatalf("WriteSparse = %d, %v", n, err)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("WriteSparse file (%d bytes) differs from Build", len(got))
+	}
+	fatcheck.Fsck(t, path)
+
+	// A failing writer's error comes back wrapped.
+	if _, err := Write(failWriter{}, files, Options{}); !errors.Is(err, os.ErrClosed) {
+		t.Errorf("Write to a failing writer = %v, want os.ErrClosed", err)
+	}
+	if _, err := Write(&buf, []File{{Name: "a:b"}}, Options{}); !errors.Is(err, ErrInvalidName) {
+		t.Errorf("Write with a bad name = %v", err)
+	}
+}
+
+type failWriter struct{}
+
+func (failWriter) Write(p []byte) (int, error) { return 0, os.ErrClosed }

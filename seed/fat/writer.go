@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -125,11 +126,19 @@ func newLayout(size int64) (layout, error) {
 	return l, nil
 }
 
-// Build returns the bytes of an image holding files in the given order.
-// Files are stored contiguously from cluster 2 in that order. An empty file
-// takes no cluster. Build rejects invalid names, duplicate names (ignoring
-// case) and files that do not fit (ErrNoSpace); it never truncates.
-func Build(files []File, opts Options) ([]byte, error) {
+// image is a checked plan for one image: everything Build and Write need.
+type image struct {
+	l        layout
+	label    string
+	volID    uint32
+	date, tm uint16
+	files    []File
+	shorts   [][11]byte
+	dataEnd  int // end of the last used cluster; every byte after it is zero
+}
+
+// plan validates the files and options and lays the image out.
+func plan(files []File, opts Options) (*image, error) {
 	size := opts.Size
 	if size == 0 {
 		size = DefaultSize
@@ -138,24 +147,21 @@ func Build(files []File, opts Options) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	label := opts.Label
-	if label == "" {
-		label = DefaultLabel
+	im := &image{l: l, label: opts.Label, volID: opts.VolumeID, files: files}
+	if im.label == "" {
+		im.label = DefaultLabel
 	}
-	if err := checkLabel(label); err != nil {
+	if err := checkLabel(im.label); err != nil {
 		return nil, err
 	}
 	mtime := opts.ModTime
 	if mtime.IsZero() {
 		mtime = DefaultModTime
 	}
-	date, tm, err := dosDateTime(mtime)
-	if err != nil {
+	if im.date, im.tm, err = dosDateTime(mtime); err != nil {
 		return nil, err
 	}
-
-	shorts, err := shortNames(files)
-	if err != nil {
+	if im.shorts, err = shortNames(files); err != nil {
 		return nil, err
 	}
 	entries := 1 // the volume label
@@ -170,14 +176,18 @@ func Build(files []File, opts Options) ([]byte, error) {
 	if clusters > l.clusters {
 		return nil, fmt.Errorf("files need %d clusters of %d bytes, image has %d: %w", clusters, ClusterSize, l.clusters, ErrNoSpace)
 	}
-
-	volID := opts.VolumeID
-	if volID == 0 {
-		volID = deriveVolumeID(label, files)
+	im.dataEnd = l.dataStart + clusters*ClusterSize
+	if im.volID == 0 {
+		im.volID = deriveVolumeID(im.label, files)
 	}
+	return im, nil
+}
 
-	img := make([]byte, size)
-	writeBootSector(img[:SectorSize], l, label, volID)
+// fill writes the image into img, which must be zeroed and at least
+// dataEnd bytes long.
+func (im *image) fill(img []byte) {
+	l := im.l
+	writeBootSector(img[:SectorSize], l, im.label, im.volID)
 
 	fat := img[l.fatStart : l.fatStart+l.fatSectors*SectorSize]
 	setFAT12(fat, 0, 0xF00|media)
@@ -185,13 +195,13 @@ func Build(files []File, opts Options) ([]byte, error) {
 
 	dir := img[l.rootStart:l.dataStart]
 	var labelName [11]byte
-	copy(labelName[:], fmt.Sprintf("%-11s", label))
-	writeShortEntry(dir[0:dirEntrySize], labelName, attrVolumeID, date, tm, 0, 0)
+	copy(labelName[:], fmt.Sprintf("%-11s", im.label))
+	writeShortEntry(dir[0:dirEntrySize], labelName, attrVolumeID, im.date, im.tm, 0, 0)
 	pos := dirEntrySize
 
 	next := 2 // next free cluster
-	for i, f := range files {
-		sum := checksum(shorts[i])
+	for i, f := range im.files {
+		sum := checksum(im.shorts[i])
 		for _, e := range lfnChunks(f.Name) {
 			writeLFNEntry(dir[pos:pos+dirEntrySize], e, sum)
 			pos += dirEntrySize
@@ -206,25 +216,74 @@ func Build(files []File, opts Options) ([]byte, error) {
 			copy(img[l.dataStart+(first-2)*ClusterSize:], f.Data)
 			next += n
 		}
-		writeShortEntry(dir[pos:pos+dirEntrySize], shorts[i], attrArchive, date, tm, first, len(f.Data))
+		writeShortEntry(dir[pos:pos+dirEntrySize], im.shorts[i], attrArchive, im.date, im.tm, first, len(f.Data))
 		pos += dirEntrySize
 	}
 	copy(img[l.fatStart+l.fatSectors*SectorSize:l.rootStart], fat)
+}
+
+// Build returns the bytes of an image holding files in the given order.
+// Files are stored contiguously from cluster 2 in that order. An empty file
+// takes no cluster. Build rejects invalid names, duplicate names (ignoring
+// case) and files that do not fit (ErrNoSpace); it never truncates.
+func Build(files []File, opts Options) ([]byte, error) {
+	im, err := plan(files, opts)
+	if err != nil {
+		return nil, err
+	}
+	img := make([]byte, im.l.size)
+	im.fill(img)
 	return img, nil
 }
 
-// Write builds an image (see Build) and writes all of it to w, returning the
-// number of bytes written.
+// zeros is the source of the all-zero tail Write streams.
+var zeros [64 << 10]byte
+
+// Write writes the image Build would return to w, without holding all of
+// it in memory: the used part is built in a buffer, the zero tail is
+// streamed. It returns the number of bytes written.
 func Write(w io.Writer, files []File, opts Options) (int64, error) {
-	img, err := Build(files, opts)
+	im, err := plan(files, opts)
 	if err != nil {
 		return 0, err
 	}
-	n, err := w.Write(img)
-	if err != nil {
-		return int64(n), fmt.Errorf("writing fat image: %w", err)
+	head := make([]byte, im.dataEnd)
+	im.fill(head)
+	n, err := w.Write(head)
+	total := int64(n)
+	for err == nil && total < im.l.size {
+		n, err = w.Write(zeros[:min(int64(len(zeros)), im.l.size-total)])
+		total += int64(n)
 	}
-	return int64(n), nil
+	if err != nil {
+		return total, fmt.Errorf("writing fat image: %w", err)
+	}
+	return total, nil
+}
+
+// WriteSparse writes the image into f from offset 0 and sets f's size to
+// the image size. Only the used part (boot sector, FATs, root directory and
+// the files' clusters) is written; the rest is a hole that reads as zeros,
+// so a 1 MiB seed costs a few kilobytes of writes. Whatever f held before
+// is discarded. f's offset is left unspecified.
+func WriteSparse(f *os.File, files []File, opts Options) (int64, error) {
+	im, err := plan(files, opts)
+	if err != nil {
+		return 0, err
+	}
+	head := make([]byte, im.dataEnd)
+	im.fill(head)
+	// Truncate to 0 first, so old bytes cannot survive in the hole.
+	if err := f.Truncate(0); err != nil {
+		return 0, fmt.Errorf("writing fat image %s: %w", f.Name(), err)
+	}
+	if _, err := f.WriteAt(head, 0); err != nil {
+		return 0, fmt.Errorf("writing fat image %s: %w", f.Name(), err)
+	}
+	if err := f.Truncate(im.l.size); err != nil {
+		return 0, fmt.Errorf("writing fat image %s: %w", f.Name(), err)
+	}
+	return im.l.size, nil
 }
 
 // Directory entry attributes.
