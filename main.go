@@ -1,0 +1,72 @@
+// Command vmhost is a per-host VM agent: it runs Cloud Hypervisor VMs and
+// AppVMs on one host and serves an authenticated JSON-over-HTTP API for them.
+//
+// Subcommands:
+//
+//	vmhost serve --listen ADDR --state-dir DIR --run-dir DIR [--config FILE] [--dev]
+//	vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow PATTERN]...
+//	vmhost key list --state-dir DIR
+//	vmhost key remove --state-dir DIR --name NAME
+//
+// serve is the default when the first argument is a flag or absent. See
+// README.md for the configuration file and the API.
+package main
+
+import (
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+)
+
+const usage = `usage:
+  vmhost serve --listen ADDR --state-dir DIR --run-dir DIR [--config FILE]
+  vmhost serve --dev [--listen ADDR] [--config FILE]
+  vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow 'GET /api/vms/{id}']...
+  vmhost key list --state-dir DIR
+  vmhost key remove --state-dir DIR --name NAME
+Run "vmhost COMMAND -h" for the flags of a command.
+`
+
+// usageExtra lists the commands of extraCommands, for help.
+func usageExtra() string {
+	if len(extraCommands) == 0 {
+		return ""
+	}
+	names := slices.Sorted(maps.Keys(extraCommands))
+	return "Also: " + strings.Join(names, ", ") + " (simulators and helpers; see README.md).\n"
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run dispatches a command line (without the program name) and returns the
+// exit status: 0 success, 1 failure, 2 usage error.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
+		return serve(args, stdout, stderr)
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(rest, stdout, stderr)
+	case "key":
+		return key(rest, stdout, stderr)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage+usageExtra())
+		return 0
+	}
+	if f, ok := extraCommands[cmd]; ok {
+		return f(rest)
+	}
+	fmt.Fprintf(stderr, "vmhost: unknown command %q\n%s", cmd, usage)
+	return 2
+}
+
+// extraCommands are subcommands that hand their arguments to another
+// package's Main (simulators, the guest agent, the image importer). They
+// are added in files of their own as those packages land.
+var extraCommands = map[string]func(args []string) int{}

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"vmhost/auth"
+	"vmhost/config"
+	"vmhost/store"
+)
+
+// Paths of `serve --dev`, relative to the working directory.
+const (
+	devDir        = "vmhost-dev"
+	devStateDir   = devDir + "/state"
+	devRunDir     = devDir + "/run"
+	devConfigFile = devDir + "/config.json"
+	devListen     = "127.0.0.1:8080"
+	devKeyName    = "dev"
+)
+
+// shutdownTimeout bounds how long serve waits for in-flight requests after
+// SIGTERM or SIGINT before closing their connections.
+const shutdownTimeout = 15 * time.Second
+
+// serveOptions are the flags of serve.
+type serveOptions struct {
+	listen     string
+	stateDir   string
+	runDir     string
+	configPath string
+	dev        bool
+}
+
+// serveEnv is what the wiring of the API (newService) gets from serve.
+type serveEnv struct {
+	StateDir string
+	RunDir   string
+	Config   *config.Config
+	Store    *store.Store // <state>/vms
+	Keys     *auth.Keyring
+	Log      *slog.Logger
+}
+
+func serve(args []string, stdout, stderr io.Writer) int {
+	var o serveOptions
+	fl := flag.NewFlagSet("vmhost serve", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	fl.StringVar(&o.listen, "listen", "", `address to serve on: "host:port", or "unix:/path" for a unix socket (dev default `+devListen+`)`)
+	fl.StringVar(&o.stateDir, "state-dir", "", "directory of VM records, disks, images and keys.json")
+	fl.StringVar(&o.runDir, "run-dir", "", "directory of runtime sockets and logs (e.g. /run/vmhost)")
+	fl.StringVar(&o.configPath, "config", "", "host configuration file (JSON); none = built-in defaults")
+	fl.BoolVar(&o.dev, "dev", false, "development mode: state, run dir and config under ./"+devDir+"/, a readwrite key printed on first start")
+	if err := fl.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fl.NArg() > 0 {
+		fmt.Fprintf(stderr, "vmhost serve: unexpected argument %q\n", fl.Arg(0))
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	if o.dev {
+		if err := setUpDev(&o, stdout, log); err != nil {
+			log.Error("setting up dev mode", "err", err)
+			return 1
+		}
+	}
+	for _, req := range []struct{ name, val string }{{"--listen", o.listen}, {"--state-dir", o.stateDir}, {"--run-dir", o.runDir}} {
+		if req.val == "" {
+			fmt.Fprintf(stderr, "vmhost serve: %s is required (or use --dev)\n", req.name)
+			return 2
+		}
+	}
+	if err := runServer(o, log); err != nil {
+		log.Error("serve", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// setUpDev fills in the dev defaults, writes the default config if absent
+// and, on first start (no keys.json yet), creates a readwrite key and
+// prints it.
+func setUpDev(o *serveOptions, stdout io.Writer, log *slog.Logger) error {
+	if o.listen == "" {
+		o.listen = devListen
+	}
+	if o.stateDir == "" {
+		o.stateDir = devStateDir
+	}
+	if o.runDir == "" {
+		o.runDir = devRunDir
+	}
+	if o.configPath == "" {
+		o.configPath = devConfigFile
+		if err := writeIfAbsent(devConfigFile, config.Default()); err != nil {
+			return err
+		}
+	}
+	if err := os.MkdirAll(o.stateDir, 0o700); err != nil {
+		return err
+	}
+	path := keysFile(o.stateDir)
+	if _, err := os.Lstat(path); err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return err // nil: keys exist, not a first start
+	}
+	token, err := auth.Add(path, devKeyName, auth.ScopeReadWrite, nil)
+	if err != nil {
+		return err
+	}
+	log.Info("created dev API key", "name", devKeyName, "scope", auth.ScopeReadWrite, "keys", path)
+	fmt.Fprintf(stdout, "vmhost dev mode: API key %q (readwrite), shown only this once:\n%s\n", devKeyName, token)
+	return nil
+}
+
+// writeIfAbsent writes cfg to path, creating its directory, unless the file
+// exists.
+func writeIfAbsent(path string, cfg *config.Config) error {
+	data, err := cfg.Marshal()
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("writing dev config: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("writing dev config: %w", err)
+	}
+	return f.Close()
+}
+
+// runServer serves until SIGTERM or SIGINT, then shuts down gracefully.
+// SIGHUP rereads keys.json.
+func runServer(o serveOptions, log *slog.Logger) error {
+	cfg := config.Default()
+	if o.configPath != "" {
+		var err error
+		if cfg, err = config.Load(o.configPath); err != nil {
+			return err
+		}
+	} else {
+		log.Info("no --config given; using the built-in defaults")
+	}
+	for _, dir := range []string{o.stateDir, o.runDir} {
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("creating %s: %w", dir, err)
+		}
+	}
+	stateDir, err := filepath.Abs(o.stateDir)
+	if err != nil {
+		return err
+	}
+	runDir, err := filepath.Abs(o.runDir)
+	if err != nil {
+		return err
+	}
+	keys, err := auth.Open(keysFile(stateDir))
+	if err != nil {
+		return err
+	}
+	if keys.Len() == 0 {
+		log.Warn("no API keys: every request will be refused; add one with vmhost key add", "keys", keysFile(stateDir))
+	}
+	st, err := store.Open(filepath.Join(stateDir, "vms"))
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+
+	// Signals are caught before the service starts, so a SIGTERM during
+	// start-up is not lost and does not kill the process mid-recovery.
+	sigs := make(chan os.Signal, 4)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	defer signal.Stop(sigs)
+
+	svc, err := newService(serveEnv{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log})
+	if err != nil {
+		return err
+	}
+
+	ln, err := listen(o.listen)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{
+		Handler:           svc.Handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	addr := ln.Addr().String()
+	if ln.Addr().Network() == "unix" {
+		addr = "unix:" + addr // the --listen spelling
+	}
+	log.Info("serving", "listen", addr, "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
+
+	for {
+		select {
+		case err := <-served:
+			return fmt.Errorf("serving: %w", err)
+		case sig := <-sigs:
+			if sig == syscall.SIGHUP {
+				if err := keys.Reload(); err != nil {
+					log.Error("reloading keys; keeping the previous ones", "err", err)
+				} else {
+					log.Info("reloaded keys", "keys", keys.Len())
+				}
+				continue
+			}
+			log.Info("shutting down", "signal", sig.String())
+			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			err := srv.Shutdown(ctx)
+			cancel()
+			if err != nil {
+				srv.Close()
+				return fmt.Errorf("shutting down: %w", err)
+			}
+			log.Info("stopped")
+			return nil
+		}
+	}
+}
+
+// listen opens the listening socket. "unix:/path" listens on a unix socket
+// (mode 0600): a stale socket file is removed, but if something answers on
+// it, listen refuses rather than steal the path from a running server.
+func listen(addr string) (net.Listener, error) {
+	path, ok := strings.CutPrefix(addr, "unix:")
+	if !ok {
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("listening on %s: %w", addr, err)
+		}
+		return ln, nil
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c.Close()
+		return nil, fmt.Errorf("listening on %s: another server is answering there", path)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("listening on %s: the path exists and is not a socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("listening on %s: %w", path, err)
+	}
+	return ln, nil
+}
