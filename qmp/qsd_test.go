@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -394,6 +395,103 @@ func TestQSDStartupFailure(t *testing.T) {
 			cfg.Root.Socket = filepath.Join(dir, strings.Repeat("x", 120))
 			if _, err := qmp.LaunchQSD(ctx, cfg); err == nil || !strings.Contains(err.Error(), "socket path") {
 				t.Errorf("LaunchQSD with a long socket path = %v", err)
+			}
+		})
+	}
+}
+
+// TestQSDDottedArgs runs the ref's dotted command line (not the JSON one
+// LaunchQSD writes) and checks SIGTERM, the pidfile lock and re-attaching
+// after a detach, on both backends.
+func TestQSDDottedArgs(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			dir := socketDir(t)
+			root, data := filepath.Join(dir, "root.qcow2"), filepath.Join(dir, "data0.qcow2")
+			for _, p := range []string{root, data} {
+				if err := qcow2.Create(p, 1<<30); err != nil {
+					t.Fatal(err)
+				}
+			}
+			qmpSock, pidFile, log := filepath.Join(dir, "qsd.qmp"), filepath.Join(dir, "qsd.pid"), filepath.Join(dir, "log")
+			args := append(append([]string(nil), b.preArgs...),
+				"--blockdev", "driver=file,node-name=root-file,filename="+root,
+				"--blockdev", "driver=qcow2,node-name=root-qcow2,file=root-file",
+				"--object", "throttle-group,id=root-tg,limits.bps-total=1048576,x-iops-total=50",
+				"--blockdev", "driver=throttle,node-name=root,throttle-group=root-tg,file=root-qcow2",
+				"--export", "type=vhost-user-blk,id=root,node-name=root,addr.type=unix,addr.path="+filepath.Join(dir, "root.vhost")+",writable=on,num-queues=1",
+				"--blockdev", "driver=file,node-name=data0-file,filename="+data,
+				"--blockdev", "driver=qcow2,node-name=data0,file=data0-file",
+				"--export", "type=vhost-user-blk,id=data0,node-name=data0,addr.type=unix,addr.path="+filepath.Join(dir, "data0.vhost")+",writable=on",
+				"--chardev", "socket,id=qmp,path="+qmpSock+",server=on,wait=off",
+				"--monitor", "chardev=qmp",
+				"--pidfile", pidFile)
+			child, err := proc.Spawn(proc.SpawnConfig{Path: b.binary, Args: args, Env: b.env, LogFile: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer child.Signal(os.Kill)
+			// QSD writes the pidfile once its sockets exist.
+			for {
+				if _, err := os.Stat(pidFile); err == nil {
+					break
+				}
+				select {
+				case <-child.Done():
+					t.Fatalf("exited: %s", proc.LogTail(log, 20))
+				case <-time.After(2 * time.Millisecond):
+				}
+			}
+			q, err := qmp.AttachQSD(ctx, qmpSock, child.Pid, child.StartTime)
+			if err != nil {
+				t.Fatalf("%v\n%s", err, proc.LogTail(log, 20))
+			}
+			if l, err := q.RootLimits(ctx); err != nil || l != (qmp.ThrottleLimits{BpsTotal: 1 << 20, IopsTotal: 50}) {
+				t.Errorf("limits from the command line = %+v (%v)", l, err)
+			}
+			// Detach and re-attach: a new session must negotiate again.
+			if err := q.Close(); err != nil {
+				t.Fatal(err)
+			}
+			q, err = qmp.AttachQSD(ctx, qmpSock, child.Pid, child.StartTime)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exports, err := q.Client().QueryBlockExports(ctx); err != nil || len(exports) != 2 || exports[0].ID != "data0" {
+				t.Errorf("exports = %+v (%v), want data0 then root (newest first)", exports, err)
+			}
+			if _, err := qmp.AttachQSD(ctx, qmpSock, child.Pid, child.StartTime+1); !errors.Is(err, proc.ErrIdentityMismatch) {
+				t.Errorf("AttachQSD with a wrong start time = %v, want ErrIdentityMismatch", err)
+			}
+
+			// A second daemon on the same pidfile is refused.
+			second := exec.Command(b.binary, append(append([]string(nil), b.preArgs...),
+				"--chardev", "socket,id=m,path="+filepath.Join(dir, "2.qmp")+",server=on,wait=off",
+				"--monitor", "chardev=m", "--pidfile", pidFile)...)
+			second.Env = b.env
+			out, err := second.CombinedOutput()
+			if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || !strings.Contains(string(out), "Cannot lock pid file") {
+				t.Errorf("second daemon on the pidfile: %v, %q; want exit 1 with a lock error", err, out)
+			}
+			// SIGTERM behaves like quit.
+			q.Close()
+			if err := child.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-child.Done():
+			case <-ctx.Done():
+				t.Fatal("no exit after SIGTERM")
+			}
+			if st := child.Exit(); st.Code != 0 || st.Signaled() {
+				t.Errorf("exit after SIGTERM = %v, want 0", st)
+			}
+			for _, p := range []string{qmpSock, pidFile, filepath.Join(dir, "root.vhost"), filepath.Join(dir, "data0.vhost")} {
+				if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s left behind after SIGTERM", p)
+				}
 			}
 		})
 	}
