@@ -21,6 +21,8 @@ import (
 //	PUT /sim/v1/vsock/listen      {"port":N}: a guest program listens on vsock port N
 //	PUT /sim/v1/vsock/unlisten    {"port":N}
 //	PUT /sim/v1/vsock/connect     {"port":N,"data":"…"}: the guest dials host port N
+//	PUT /sim/v1/dhcp-ack          {"ip","server","mask"?,"router"?,"lease"?,"net"?,"server_mac"?}:
+//	                              a DHCP ACK for the guest's MAC enters the host through the tap
 //	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports"}
 func (s *sim) control(r *request) (response, func()) {
 	name := strings.TrimPrefix(r.path, "/sim/v1/")
@@ -115,6 +117,15 @@ func (s *sim) control(r *request) (response, func()) {
 		s.mu.Lock()
 		s.serialWrite(body.Data)
 		s.mu.Unlock()
+		return noContent(), nil
+	case "dhcp-ack":
+		var req dhcpAckRequest
+		if err := json.Unmarshal(r.body, &req); err != nil {
+			return controlError(http.StatusBadRequest, "decoding body: "+err.Error()), nil
+		}
+		if err := s.dhcpAck(req); err != nil {
+			return controlError(http.StatusConflict, err.Error()), nil
+		}
 		return noContent(), nil
 	case "vsock/listen", "vsock/unlisten":
 		port, bad := needPort()

@@ -1,6 +1,7 @@
 package chsim_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -37,6 +38,25 @@ func TestBootMissingTap(t *testing.T) {
 		}
 	}
 }
+
+// waitRunning waits for the tap's IFF_RUNNING (carrier while a queue is attached) to
+// equal want. The kernel reports a lost carrier through linkwatch, which batches such
+// events for up to a second.
+func waitRunning(name string, want bool, when string) error {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		up, err := tapRunning(name)
+		if err == nil && up == want {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: running=%v, %v; want %v", when, up, err, want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func htons(v uint16) uint16 { return v<<8 | v>>8 }
 
 // createPersistentTap makes a tap that outlives its fd, as vmhost's tap package does.
 func createPersistentTap(name string) error {
@@ -128,12 +148,7 @@ func TestIntegrationTapAttach(t *testing.T) {
 		t.Fatal("simulator did not start")
 	}
 	p.wantStatus("PUT", "/api/v1/vm.create", netConfig(t, p, tap), 204)
-	if err := inNS(func() error {
-		if up, err := tapRunning(tap); err != nil || up {
-			return fmt.Errorf("before boot: running=%v, %v; want an idle tap", up, err)
-		}
-		return nil
-	}); err != nil {
+	if err := inNS(func() error { return waitRunning(tap, false, "before boot") }); err != nil {
 		t.Fatal(err)
 	}
 	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
@@ -142,30 +157,52 @@ func TestIntegrationTapAttach(t *testing.T) {
 	if len(st.Taps) != 1 || st.Taps[0] != tap {
 		t.Errorf("simulator taps = %v", st.Taps)
 	}
+	if err := inNS(func() error { return waitRunning(tap, true, "after boot") }); err != nil {
+		t.Fatal(err)
+	}
+
+	// A DHCP ACK injected by the simulator arrives on the tap as a real frame.
+	var sock int
 	if err := inNS(func() error {
-		if up, err := tapRunning(tap); err != nil || !up {
-			return fmt.Errorf("after boot: running=%v, %v; want the tap attached", up, err)
+		ifi, err := net.InterfaceByName(tap)
+		if err != nil {
+			return err
 		}
-		return nil
+		sock, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, int(htons(unix.ETH_P_ALL)))
+		if err != nil {
+			return err
+		}
+		return unix.Bind(sock, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index})
 	}); err != nil {
 		t.Fatal(err)
 	}
-	p.wantStatus("PUT", "/api/v1/vm.shutdown", "", 204)
-	if err := inNS(func() error {
-		// The kernel reports a lost carrier through linkwatch, which batches such
-		// events for up to a second.
-		deadline := time.Now().Add(5 * time.Second)
-		for {
-			up, err := tapRunning(tap)
-			if err == nil && !up {
-				return nil
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("after shutdown: running=%v, %v; want the tap released", up, err)
-			}
-			time.Sleep(20 * time.Millisecond)
+	defer unix.Close(sock)
+	unix.SetsockoptTimeval(sock, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 5})
+	p.wantStatus("PUT", "/sim/v1/dhcp-ack", `{"ip":"10.9.0.23","server":"10.9.0.1","router":"10.9.0.1","lease":600}`, 204)
+	// The kernel also sends its own frames (IPv6 DAD, MLD) out of a tap that came up:
+	// look for the IPv4 UDP frame to port 68.
+	var frame []byte
+	for i := 0; i < 50 && frame == nil; i++ {
+		buf := make([]byte, 2048)
+		n, _, err := unix.Recvfrom(sock, buf, 0)
+		if err != nil {
+			t.Fatalf("no DHCP frame on the tap: %v", err)
 		}
-	}); err != nil {
+		if buf = buf[:n]; n > 14+20+8 && buf[12] == 8 && buf[13] == 0 && buf[14+9] == 17 && buf[14+20+2] == 0 && buf[14+20+3] == 68 {
+			frame = buf
+		}
+	}
+	if frame == nil || len(frame) < 14+20+8+243 || !bytes.Equal(frame[0:6], []byte{2, 0, 0, 0, 0, 1}) {
+		t.Fatalf("frame = % x", frame)
+	}
+	bootp := frame[14+20+8:]
+	if bootp[0] != 2 || !bytes.Equal(bootp[16:20], []byte{10, 9, 0, 23}) || !bytes.Equal(bootp[28:34], []byte{2, 0, 0, 0, 0, 1}) ||
+		!bytes.Equal(bootp[240:243], []byte{53, 1, 5}) {
+		t.Errorf("BOOTP = % x, want an ACK for 10.9.0.23 to 02:00:00:00:00:01", bootp)
+	}
+
+	p.wantStatus("PUT", "/api/v1/vm.shutdown", "", 204)
+	if err := inNS(func() error { return waitRunning(tap, false, "after shutdown") }); err != nil {
 		t.Fatal(err)
 	}
 }
