@@ -496,3 +496,47 @@ func TestQSDDottedArgs(t *testing.T) {
 		})
 	}
 }
+
+// TestQSDStartupErrors: startup failures exit 1 with QSD's message, on
+// both backends.
+func TestQSDStartupErrors(t *testing.T) {
+	for _, b := range backends(t) {
+		t.Run(b.name, func(t *testing.T) {
+			dir := socketDir(t)
+			img := filepath.Join(dir, "img.qcow2")
+			raw := filepath.Join(dir, "raw.img")
+			if err := qcow2.Create(img, 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(raw, make([]byte, 1<<20), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			file := func(path string) []string {
+				return []string{"--blockdev", "driver=file,node-name=f,filename=" + path}
+			}
+			for _, tc := range []struct {
+				name string
+				args []string
+				want string
+			}{
+				{"missing image", file(filepath.Join(dir, "nope.qcow2")), "Could not open '" + filepath.Join(dir, "nope.qcow2") + "': No such file or directory"},
+				{"raw file", append(file(raw), "--blockdev", "driver=qcow2,node-name=q,file=f"), "Image is not in qcow2 format"},
+				{"group before object", append(file(img), "--blockdev", "driver=qcow2,node-name=q,file=f", "--blockdev", "driver=throttle,node-name=t,throttle-group=tg,file=q"), "Throttle group 'tg' does not exist"},
+				{"export before node", []string{"--export", "type=vhost-user-blk,id=e,node-name=q,addr.type=unix,addr.path=" + filepath.Join(dir, "e.sock")}, "Cannot find device='' nor node-name='q'"},
+				{"missing socket dir", append(file(img), "--export", "type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path="+filepath.Join(dir, "nodir", "e.sock")), "Failed to bind socket to " + filepath.Join(dir, "nodir", "e.sock") + ": No such file or directory"},
+			} {
+				t.Run(tc.name, func(t *testing.T) {
+					cmd := exec.Command(b.binary, append(append([]string(nil), b.preArgs...), tc.args...)...)
+					cmd.Env = b.env
+					out, err := cmd.CombinedOutput()
+					if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+						t.Fatalf("exit = %v, want status 1; output %q", err, out)
+					}
+					if !strings.HasPrefix(string(out), "qemu-storage-daemon: ") || !strings.Contains(string(out), tc.want) {
+						t.Errorf("output = %q, want %q", out, tc.want)
+					}
+				})
+			}
+		})
+	}
+}
