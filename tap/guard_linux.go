@@ -185,6 +185,15 @@ func (h *Handle) Unguard(ctx context.Context, tap string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	// A plain lookup first: a batch costs a commit (milliseconds) even when
+	// it only fails, and most taps being deleted have no guard.
+	exists, err := h.chainExists(GuardTable, guardChain(tap))
+	if err != nil {
+		return fmt.Errorf("unguarding tap %q: %w", tap, err)
+	}
+	if !exists {
+		return nil
+	}
 	m, err := delChainMsg(unix.NFPROTO_BRIDGE, GuardTable, guardChain(tap))
 	if err != nil {
 		return fmt.Errorf("unguarding tap %q: %w", tap, err)
@@ -193,6 +202,28 @@ func (h *Handle) Unguard(ctx context.Context, tap string) error {
 		return fmt.Errorf("unguarding tap %q: %w", tap, err)
 	}
 	return nil
+}
+
+// chainExists reports whether a bridge-family chain exists
+// (NFT_MSG_GETCHAIN).
+func (h *Handle) chainExists(table, chain string) (bool, error) {
+	c, err := h.dial(unix.NETLINK_NETFILTER)
+	if err != nil {
+		return false, fmt.Errorf("dialing nfnetlink: %w", err)
+	}
+	defer c.Close()
+	req, err := getChainMsg(unix.NFPROTO_BRIDGE, table, chain)
+	if err != nil {
+		return false, err
+	}
+	_, err = c.Execute(req)
+	switch {
+	case isNotExist(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("looking up chain %s: %w", chain, err)
+	}
+	return true, nil
 }
 
 // nftTransact sends msgs as one nf_tables batch and waits for the kernel to

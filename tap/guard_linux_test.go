@@ -285,12 +285,24 @@ func TestGuardValidation(t *testing.T) {
 func TestGuardMessages(t *testing.T) {
 	var sent []netlink.Message
 	failType := -1
+	chainThere := true
 	h := New(nil)
 	h.dial = func(family int) (*netlink.Conn, error) {
 		if family != unix.NETLINK_NETFILTER {
 			return nil, fmt.Errorf("family %d", family)
 		}
 		return nltest.Dial(func(reqs []netlink.Message) ([]netlink.Message, error) {
+			if len(reqs) == 0 {
+				return nil, nil
+			}
+			if len(reqs) == 1 && int(reqs[0].Header.Type)&0xff == unix.NFT_MSG_GETCHAIN {
+				if !chainThere {
+					return nltest.Error(int(unix.ENOENT), reqs)
+				}
+				m := reqs[0]
+				m.Header.Type = unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_NEWCHAIN
+				return []netlink.Message{m}, nil
+			}
 			sent = reqs
 			var replies []netlink.Message
 			for _, r := range reqs {
@@ -336,8 +348,19 @@ func TestGuardMessages(t *testing.T) {
 	if err := h.Guard(t.Context(), r); !errors.Is(err, unix.ENOENT) {
 		t.Errorf("Guard with a refused rule = %v, want ENOENT", err)
 	}
+	// The chain vanishes between the lookup and the delete: still done.
 	failType = unix.NFT_MSG_DELCHAIN
+	sent = nil
 	if err := h.Unguard(t.Context(), "t0"); err != nil {
-		t.Errorf("Unguard of a missing chain = %v, want nil", err)
+		t.Errorf("Unguard of a chain deleted meanwhile = %v, want nil", err)
+	}
+	if len(sent) != 3 || int(sent[1].Header.Type)&0xff != unix.NFT_MSG_DELCHAIN {
+		t.Errorf("Unguard sent %d messages, want a batch with NFT_MSG_DELCHAIN", len(sent))
+	}
+	// No chain: no transaction at all.
+	chainThere = false
+	sent = nil
+	if err := h.Unguard(t.Context(), "t0"); err != nil || sent != nil {
+		t.Errorf("Unguard of a missing chain = %v after sending %d messages, want nil and none", err, len(sent))
 	}
 }

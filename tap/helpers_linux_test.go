@@ -68,7 +68,7 @@ func rootNetState() (string, error) {
 	return state, nil
 }
 
-func requireRoot(t *testing.T) {
+func requireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces; run: sudo go test ./tap/...")
@@ -78,7 +78,7 @@ func requireRoot(t *testing.T) {
 // newNetNS creates a network namespace and returns an open fd of it. The
 // namespace, and every interface and nftables table in it, goes away when
 // the fd is closed at the end of the test.
-func newNetNS(t *testing.T) int {
+func newNetNS(t testing.TB) int {
 	t.Helper()
 	requireRoot(t)
 	type result struct {
@@ -106,13 +106,13 @@ func newNetNS(t *testing.T) int {
 
 // testNS is a namespace with a Handle and a raw rtnetlink conn for setup.
 type testNS struct {
-	t  *testing.T
+	t  testing.TB
 	fd int
 	h  *Handle
 	c  *netlink.Conn
 }
 
-func newTestNS(t *testing.T) *testNS {
+func newTestNS(t testing.TB) *testNS {
 	fd := newNetNS(t)
 	h := New(&Config{NetNS: fd})
 	c, err := h.dial(unix.NETLINK_ROUTE)
@@ -240,7 +240,7 @@ func (ns *testNS) waitForwarding(names ...string) {
 // through it as the VM's NIC would. Frames carry the 10-byte virtio-net
 // header that IFF_VNET_HDR asks for.
 type guest struct {
-	t *testing.T
+	t testing.TB
 	f *os.File
 }
 

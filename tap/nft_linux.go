@@ -180,6 +180,15 @@ func flushChainMsg(family uint8, table, chain string) (netlink.Message, error) {
 	})
 }
 
+// getChainMsg asks for one chain; the kernel answers ENOENT when it or its
+// table is missing.
+func getChainMsg(family uint8, table, chain string) (netlink.Message, error) {
+	return nftMessage(unix.NFT_MSG_GETCHAIN, 0, family, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.NFTA_CHAIN_TABLE, table)
+		ae.String(unix.NFTA_CHAIN_NAME, chain)
+	})
+}
+
 // delChainMsg deletes a chain together with its rules.
 func delChainMsg(family uint8, table, chain string) (netlink.Message, error) {
 	return nftMessage(unix.NFT_MSG_DELCHAIN, netlink.Acknowledge, family, func(ae *netlink.AttributeEncoder) {

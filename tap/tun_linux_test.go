@@ -112,6 +112,23 @@ func TestIntegrationTapLifecycle(t *testing.T) {
 	if err := ns.h.Create(ctx, other); !errors.Is(err, ErrConflict) {
 		t.Errorf("Create with another queue mode = %v, want ErrConflict", err)
 	}
+	withOwner := TapConfig{Name: "town", VMID: "vm3", Owner: 1000}
+	if err := ns.h.Create(ctx, withOwner); err != nil {
+		t.Fatalf("Create with owner = %v", err)
+	}
+	if l := ns.link("town"); l.Owner != 1000 {
+		t.Errorf("tap owner = %d, want 1000", l.Owner)
+	}
+	if err := ns.h.Create(ctx, withOwner); err != nil {
+		t.Errorf("second Create with owner = %v, want nil", err)
+	}
+	withOwner.Owner = 0
+	if err := ns.h.Create(ctx, withOwner); !errors.Is(err, ErrConflict) {
+		t.Errorf("Create with another owner = %v, want ErrConflict", err)
+	}
+	if err := ns.h.Delete(ctx, "town"); err != nil {
+		t.Fatal(err)
+	}
 	// A bridge is not a tap.
 	if err := ns.h.Create(ctx, TapConfig{Name: "br0", VMID: "vm1"}); !errors.Is(err, ErrConflict) {
 		t.Errorf("Create over a bridge = %v, want ErrConflict", err)
