@@ -292,9 +292,6 @@ func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *downl
 	if err := f.Close(); err != nil {
 		return err
 	}
-	if err := os.Chmod(tmp, 0o600); err != nil {
-		return err
-	}
 	if err := os.Rename(tmp, c.Path(sha256hex)); err != nil {
 		return err
 	}
