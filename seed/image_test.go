@@ -3,6 +3,7 @@ package seed
 import (
 	"bytes"
 	"errors"
+	"flag"
 	"net"
 	"os"
 	"path/filepath"
@@ -14,6 +15,8 @@ import (
 	"vmhost/seed/fat"
 	"vmhost/seed/internal/fatcheck"
 )
+
+var imageDir = flag.String("image-dir", "", "also copy each render case's seed image to DIR/<case>.img (for testdata/cloud-init-check.sh)")
 
 func TestWriteFileEndToEnd(t *testing.T) {
 	for _, tc := range renderCases {
@@ -38,6 +41,11 @@ func TestWriteFileEndToEnd(t *testing.T) {
 			img, err := os.ReadFile(path)
 			if err != nil {
 				t.Fatal(err)
+			}
+			if *imageDir != "" {
+				if err := os.WriteFile(filepath.Join(*imageDir, tc.name+".img"), img, 0o600); err != nil {
+					t.Fatal(err)
+				}
 			}
 			back, err := ReadFiles(bytes.NewReader(img), int64(len(img)))
 			if err != nil {

@@ -32,6 +32,10 @@
 // on every entry (default 1980-01-01 00:00:00, the FAT epoch, so the image
 // says nothing about when it was built).
 //
+// Build returns the whole image as a byte slice; Write streams it to an
+// io.Writer with only the used part in memory; WriteSparse writes only the
+// used part into a file and sets its size, so the rest is a hole.
+//
 // Read parses images this package writes (and ordinary FAT12/16 root
 // directories in general) and returns every file; tests use it to read the
 // bytes back.
