@@ -36,7 +36,8 @@
 // Owners (lchown), modes including setuid, setgid and sticky, mtimes,
 // symlinks, hard links (to any earlier entry of the merged tree), device
 // nodes, fifos, and SCHILY.xattr.* extended attributes on regular files and
-// directories are kept. Directory mtimes are set once their layer is done.
+// directories are kept. Directory times are set once their layer is done;
+// a directory that a layer changes without an entry of its own keeps them.
 //
 // # Safety
 //
@@ -52,7 +53,8 @@
 // it, never extracted, so its own paths cannot escape either.
 //
 // On failure, everything Import wrote (a temp dir .import-* under dstDir,
-// and dstDir itself when Import created it) is removed, and the error names
+// and dstDir itself when Import created it) is removed (after a crash,
+// RemoveStale does it), and the error names
 // the cause: a digest mismatch, a missing blob, a truncated archive, an
 // unsafe path, an unsupported compression. It matches the sentinel errors
 // below with errors.Is.
@@ -68,13 +70,16 @@
 //
 // # Size
 //
-// The ext4 file system is sized from the staging tree: the bytes of every
-// regular file and symlink target rounded up to 4 KiB blocks (hard links
-// once), one block per directory, plus a fifth of that and 64 MiB of
-// headroom for journal and metadata, rounded up to 1 MiB. It gets one inode
-// per entry plus a quarter (at least 4096) for the workload. Image.SizeBytes
-// is that virtual size; the qcow2 file itself only holds the used clusters.
-// The caller grows the disk for a VM as it would any base image.
+// The ext4 file system gets one inode per entry of the staging tree plus a
+// quarter more (at least 4096) for the workload, passed as mkfs -N since
+// mkfs's own ratio runs short on trees of many small files. Its size is
+// the bytes of every regular file and symlink rounded up to 4 KiB blocks
+// (hard-linked inodes once), one block per directory and 256 bytes per
+// inode, plus a fifth of that and 64 MiB of headroom for journal and
+// metadata, rounded up to 1 MiB. Image.SizeBytes is that virtual size; the
+// qcow2 file holds only the clusters in use. The caller grows the disk for
+// a VM as it would any base image. While importing, the temp dir needs
+// room for about twice the unpacked image (staging tree, then raw ext4).
 //
 // mkfs.ext4 (e2fsprogs 1.43 or newer, for -d) must be on PATH, or named in
 // Options.Mkfs.
