@@ -230,6 +230,10 @@ func Run(cfg Config) int {
 	for _, p := range cfg.GuestPorts {
 		s.guestPorts[p] = true
 	}
+	// Catch SIGTERM/SIGINT before the API socket exists: a supervisor may signal as soon
+	// as the socket answers.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	// CH sets its umask so the sockets it creates are private.
 	syscall.Umask(0o077)
 	if cfg.LogFile != "" {
@@ -254,8 +258,6 @@ func Run(cfg Config) int {
 	s.emit("vmm", "starting", nil)
 	s.logf(1, "API server listening, pid %d", os.Getpid())
 
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		sig := <-sigs
 		s.logf(1, "received signal %v, shutting down", sig)
