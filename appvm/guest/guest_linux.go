@@ -317,7 +317,7 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	hostname := spec.Hostname
 	var lease *proto.Lease
 	if a.opts.network && spec.Network.Mode != proto.NetworkNone {
-		l, err := a.sys.configureNetwork(spec.Network, hostname)
+		l, err := a.sys.configureNetwork(spec.Network, hostname, func(l *proto.Lease) { a.send(l) })
 		if err != nil {
 			return nil, fmt.Errorf("configuring the network: %w", err)
 		}

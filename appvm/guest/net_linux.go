@@ -14,8 +14,9 @@ import (
 )
 
 // applyNetwork configures the guest interface: static over rtnetlink, or
-// through the agent's DHCP client, whose lease it returns.
-func applyNetwork(n proto.Network, hostname string) (*proto.Lease, error) {
+// through the agent's DHCP client, whose lease it returns; renewed leases go
+// to report.
+func applyNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
 	if err := linkUp("lo"); err != nil {
 		return nil, err
 	}
@@ -40,11 +41,7 @@ func applyNetwork(n proto.Network, hostname string) (*proto.Lease, error) {
 		}
 		return nil, addAddrAndRoute(ifi.Index, netip.PrefixFrom(ip, n.Prefix), gw)
 	case proto.NetworkDHCP:
-		l, err := dhcpLease(ifi, hostname)
-		if err != nil {
-			return nil, err
-		}
-		return l, nil
+		return dhcpLease(ifi, hostname, report)
 	}
 	return nil, nil
 }

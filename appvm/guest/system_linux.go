@@ -28,8 +28,9 @@ type system interface {
 	prepare() error
 	// vsockPort is the host port to dial over vsock.
 	vsockPort() uint32
-	// configureNetwork applies n; in DHCP mode it returns the lease.
-	configureNetwork(n proto.Network, hostname string) (*proto.Lease, error)
+	// configureNetwork applies n; in DHCP mode it returns the lease, and
+	// renewals go to report.
+	configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error)
 	setHostname(name string) error
 	mountTmpfs(target string, t proto.TmpfsMount) error
 	mountData(device, target string, readOnly bool) error
@@ -85,8 +86,8 @@ func (s *processSystem) prepare() error {
 
 func (s *processSystem) vsockPort() uint32 { return proto.Port }
 
-func (s *processSystem) configureNetwork(n proto.Network, hostname string) (*proto.Lease, error) {
-	return applyNetwork(n, hostname)
+func (s *processSystem) configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+	return applyNetwork(n, hostname, report)
 }
 
 // setHostname leaves the host's hostname alone; /etc/hostname in the root
@@ -215,8 +216,8 @@ func (s *vmSystem) prepare() error {
 
 func (s *vmSystem) vsockPort() uint32 { return s.port }
 
-func (s *vmSystem) configureNetwork(n proto.Network, hostname string) (*proto.Lease, error) {
-	return applyNetwork(n, hostname)
+func (s *vmSystem) configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+	return applyNetwork(n, hostname, report)
 }
 
 func (s *vmSystem) setHostname(name string) error { return unix.Sethostname([]byte(name)) }
