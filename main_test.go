@@ -444,3 +444,12 @@ func TestSimCHDispatch(t *testing.T) {
 		t.Errorf("vmhost sim-ch = %d, %q; want the simulator's usage error", code, errOut)
 	}
 }
+
+// TestSimQSDDispatch checks that sim-qsd reaches the simulator's own option
+// parsing, which answers in qemu-storage-daemon's words.
+func TestSimQSDDispatch(t *testing.T) {
+	_, errOut, code := vmhost(t, "", "sim-qsd", "bogus")
+	if code != 1 || !strings.Contains(errOut, "qemu-storage-daemon: Unexpected argument: bogus") {
+		t.Errorf("vmhost sim-qsd bogus = %d, %q; want the simulator's error", code, errOut)
+	}
+}
