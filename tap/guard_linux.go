@@ -129,6 +129,9 @@ func validGuardRule(r GuardRule) (GuardRule, error) {
 	if r.IPv6.IsValid() && (!r.IPv6.Is6() || r.IPv6.Is4In6()) {
 		return r, fmt.Errorf("ipv6 %v is not an IPv6 address", r.IPv6)
 	}
+	if len(r.AllowedIPs) > MaxAllowedIPs {
+		return r, fmt.Errorf("%d allowed ips, more than %d", len(r.AllowedIPs), MaxAllowedIPs)
+	}
 	allowed := make([]netip.Prefix, 0, len(r.AllowedIPs))
 	for _, p := range r.AllowedIPs {
 		if !p.IsValid() {
@@ -226,38 +229,41 @@ func (h *Handle) chainExists(table, chain string) (bool, error) {
 	return true, nil
 }
 
-// nftTransact sends msgs as one nf_tables batch and waits for the kernel to
-// ack each one; the first error aborts (and the kernel has then rolled the
-// whole batch back).
+// nftTransact sends msgs as one nf_tables batch, which the kernel applies
+// all or nothing. Only the last message asks for an ack: the kernel reports
+// errors of any message anyway, in order, and one ack per rule would
+// overflow the socket's receive buffer on a long chain. So the first error,
+// or else the last ack, settles the outcome.
 func (h *Handle) nftTransact(msgs []netlink.Message) error {
+	if len(msgs) == 0 {
+		return nil
+	}
 	c, err := h.dial(unix.NETLINK_NETFILTER)
 	if err != nil {
 		return fmt.Errorf("dialing nfnetlink: %w", err)
 	}
 	defer c.Close()
+	for i := range msgs {
+		msgs[i].Header.Flags &^= netlink.Acknowledge
+	}
+	msgs[len(msgs)-1].Header.Flags |= netlink.Acknowledge
 	sent, err := c.SendMessages(batch(msgs))
 	if err != nil {
 		return err
 	}
-	pending := map[uint32]bool{}
-	for _, m := range sent {
-		if m.Header.Flags&netlink.Acknowledge != 0 {
-			pending[m.Header.Sequence] = true
-		}
-	}
+	last := sent[len(sent)-2].Header.Sequence // before BATCH_END
 	// A kernel that stops answering must not hang the caller forever. Fake
 	// conns in tests have no deadlines, hence the ignored error.
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	for len(pending) > 0 {
+	for {
 		replies, err := c.Receive()
 		if err != nil {
 			return err
 		}
 		for _, r := range replies {
-			if r.Header.Type == netlink.Error {
-				delete(pending, r.Header.Sequence)
+			if r.Header.Type == netlink.Error && r.Header.Sequence == last {
+				return nil
 			}
 		}
 	}
-	return nil
 }

@@ -214,6 +214,24 @@ func TestIntegrationGuardStatic(t *testing.T) {
 	}
 }
 
+// TestIntegrationGuardMaxAllowed applies the largest rule set a GuardRule
+// may carry, which must fit one netlink batch.
+func TestIntegrationGuardMaxAllowed(t *testing.T) {
+	ns := newTestNS(t)
+	allowed := make([]netip.Prefix, MaxAllowedIPs)
+	for i := range allowed {
+		a := netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)})
+		allowed[i] = netip.PrefixFrom(a, 128)
+	}
+	r := GuardRule{Tap: "tg", MAC: guestMAC, IPv4: netip.MustParseAddr("10.0.0.10"), AllowedIPs: allowed}
+	if err := ns.h.Guard(t.Context(), r); err != nil {
+		t.Fatalf("Guard with %d allowed ips = %v", len(allowed), err)
+	}
+	if got := nftList(t, ns); !strings.Contains(got, "ip6 saddr fd00::ff accept") || strings.Count(got, "\n") < MaxAllowedIPs {
+		t.Errorf("rules missing from the chain:\n%s", got)
+	}
+}
+
 // TestIntegrationGuardDHCPBinding starts a guard with no pinned address,
 // learns a binding by snooping, and re-applies the guard with it.
 func TestIntegrationGuardDHCPBinding(t *testing.T) {
@@ -272,6 +290,7 @@ func TestGuardValidation(t *testing.T) {
 		{Tap: "t0", MAC: guestMAC, IPv4: netip.MustParseAddr("fd00::1")},
 		{Tap: "t0", MAC: guestMAC, IPv6: netip.MustParseAddr("10.0.0.1")},
 		{Tap: "t0", MAC: guestMAC, AllowedIPs: []netip.Prefix{{}}},
+		{Tap: "t0", MAC: guestMAC, AllowedIPs: make([]netip.Prefix, MaxAllowedIPs+1)},
 	}
 	for _, r := range bad {
 		if err := h.Guard(t.Context(), r); err == nil || strings.Contains(err.Error(), "must not dial") {
@@ -306,17 +325,13 @@ func TestGuardMessages(t *testing.T) {
 			sent = reqs
 			var replies []netlink.Message
 			for _, r := range reqs {
-				if r.Header.Flags&netlink.Acknowledge == 0 {
-					continue
-				}
-				errno := 0
-				if int(r.Header.Type)&0xff == failType {
-					errno = int(unix.ENOENT)
-				}
-				m, _ := nltest.Error(errno, []netlink.Message{r})
-				replies = append(replies, m...)
-				if errno != 0 {
-					break
+				// Like nfnetlink: errors always, acks when asked.
+				if r.Header.Type != unix.NFNL_MSG_BATCH_BEGIN && int(r.Header.Type)&0xff == failType {
+					m, _ := nltest.Error(int(unix.ENOENT), []netlink.Message{r})
+					replies = append(replies, m...)
+				} else if r.Header.Flags&netlink.Acknowledge != 0 {
+					m, _ := nltest.Error(0, []netlink.Message{r})
+					replies = append(replies, m...)
 				}
 			}
 			return replies, nil
@@ -338,9 +353,12 @@ func TestGuardMessages(t *testing.T) {
 	if begin := sent[0].Data; !bytes.Equal(begin, []byte{unix.AF_UNSPEC, 0, 0, unix.NFNL_SUBSYS_NFTABLES}) {
 		t.Errorf("batch begin nfgenmsg = %x, want res_id NFNL_SUBSYS_NFTABLES", begin)
 	}
-	for _, m := range sent[1 : len(sent)-1] {
+	for i, m := range sent[1 : len(sent)-1] {
 		if m.Data[0] != unix.NFPROTO_BRIDGE {
 			t.Errorf("message %#x family %d, want NFPROTO_BRIDGE", uint16(m.Header.Type), m.Data[0])
+		}
+		if ack := m.Header.Flags&netlink.Acknowledge != 0; ack != (i == len(sent)-3) {
+			t.Errorf("message %d of the batch asks for an ack: %t, want only the last", i, ack)
 		}
 	}
 
@@ -362,5 +380,29 @@ func TestGuardMessages(t *testing.T) {
 	sent = nil
 	if err := h.Unguard(t.Context(), "t0"); err != nil || sent != nil {
 		t.Errorf("Unguard of a missing chain = %v after sending %d messages, want nil and none", err, len(sent))
+	}
+}
+
+// TestIntegrationNftBatchError checks that an error in the middle of a batch
+// is reported (not hidden by the ack of the last message) and that nothing
+// of the batch stays.
+func TestIntegrationNftBatchError(t *testing.T) {
+	ns := newTestNS(t)
+	must := func(m netlink.Message, err error) netlink.Message {
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	}
+	msgs := []netlink.Message{
+		must(newTableMsg(unix.NFPROTO_BRIDGE, "batchtest")),
+		must(newRuleMsg(unix.NFPROTO_BRIDGE, "batchtest", "nochain", []expr{verdict(nfDrop)})),
+		must(newBaseChainMsg(unix.NFPROTO_BRIDGE, "batchtest", "c", nfBrPreRouting, nfBrPriFilter)),
+	}
+	if err := ns.h.nftTransact(msgs); !errors.Is(err, unix.ENOENT) {
+		t.Fatalf("batch with a rule for a missing chain = %v, want ENOENT", err)
+	}
+	if exists, err := ns.h.chainExists("batchtest", "c"); err != nil || exists {
+		t.Errorf("chain of an aborted batch exists = %t, %v, want false", exists, err)
 	}
 }

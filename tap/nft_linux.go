@@ -150,7 +150,7 @@ func verdict(code int32) expr {
 }
 
 func newTableMsg(family uint8, table string) (netlink.Message, error) {
-	return nftMessage(unix.NFT_MSG_NEWTABLE, netlink.Create|netlink.Acknowledge, family, func(ae *netlink.AttributeEncoder) {
+	return nftMessage(unix.NFT_MSG_NEWTABLE, netlink.Create, family, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_TABLE_NAME, table)
 	})
 }
@@ -158,7 +158,7 @@ func newTableMsg(family uint8, table string) (netlink.Message, error) {
 // newBaseChainMsg creates (or keeps) a filter chain on a hook with policy
 // accept.
 func newBaseChainMsg(family uint8, table, chain string, hook uint32, priority int32) (netlink.Message, error) {
-	return nftMessage(unix.NFT_MSG_NEWCHAIN, netlink.Create|netlink.Acknowledge, family, func(ae *netlink.AttributeEncoder) {
+	return nftMessage(unix.NFT_MSG_NEWCHAIN, netlink.Create, family, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_CHAIN_TABLE, table)
 		ae.String(unix.NFTA_CHAIN_NAME, chain)
 		ae.Nested(unix.NFTA_CHAIN_HOOK, func(h *netlink.AttributeEncoder) error {
@@ -174,7 +174,7 @@ func newBaseChainMsg(family uint8, table, chain string, hook uint32, priority in
 // flushChainMsg deletes every rule of a chain (NFT_MSG_DELRULE without a
 // handle).
 func flushChainMsg(family uint8, table, chain string) (netlink.Message, error) {
-	return nftMessage(unix.NFT_MSG_DELRULE, netlink.Acknowledge, family, func(ae *netlink.AttributeEncoder) {
+	return nftMessage(unix.NFT_MSG_DELRULE, 0, family, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_RULE_TABLE, table)
 		ae.String(unix.NFTA_RULE_CHAIN, chain)
 	})
@@ -191,7 +191,7 @@ func getChainMsg(family uint8, table, chain string) (netlink.Message, error) {
 
 // delChainMsg deletes a chain together with its rules.
 func delChainMsg(family uint8, table, chain string) (netlink.Message, error) {
-	return nftMessage(unix.NFT_MSG_DELCHAIN, netlink.Acknowledge, family, func(ae *netlink.AttributeEncoder) {
+	return nftMessage(unix.NFT_MSG_DELCHAIN, 0, family, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_CHAIN_TABLE, table)
 		ae.String(unix.NFTA_CHAIN_NAME, chain)
 	})
@@ -199,7 +199,7 @@ func delChainMsg(family uint8, table, chain string) (netlink.Message, error) {
 
 // newRuleMsg appends a rule made of exprs to a chain.
 func newRuleMsg(family uint8, table, chain string, exprs []expr) (netlink.Message, error) {
-	return nftMessage(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append|netlink.Acknowledge, family, func(ae *netlink.AttributeEncoder) {
+	return nftMessage(unix.NFT_MSG_NEWRULE, netlink.Create|netlink.Append, family, func(ae *netlink.AttributeEncoder) {
 		ae.String(unix.NFTA_RULE_TABLE, table)
 		ae.String(unix.NFTA_RULE_CHAIN, chain)
 		ae.Nested(unix.NFTA_RULE_EXPRESSIONS, func(le *netlink.AttributeEncoder) error {

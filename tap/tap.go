@@ -162,8 +162,14 @@ type GuardRule struct {
 	// AllowedIPs are further sources (addresses or prefixes, either family).
 	// They take effect only while IPv4 is valid: an interface with neither a
 	// static IPv4 nor a learned binding has nothing to extend.
+	// At most MaxAllowedIPs entries.
 	AllowedIPs []netip.Prefix
 }
+
+// MaxAllowedIPs bounds GuardRule.AllowedIPs: each entry is a rule that
+// every frame from the tap may walk, and the whole chain is replaced in one
+// netlink message.
+const MaxAllowedIPs = 256
 
 // guardChain names the anti-spoof chain of a tap.
 func guardChain(tap string) string { return "guard-" + tap }
