@@ -26,17 +26,28 @@
 //     frames of any other ethertype (including VLAN-tagged ones) from the
 //     guest are dropped.
 //   - Snoop watches frames the host sends to a tap and reports the address a
-//     DHCPACK assigns to the VM's MAC.
+//     DHCPACK assigns to the VM's MAC. The caller re-applies Guard with it.
 //   - LastIPv4 reads the neighbour table for the newest IPv4 address of a MAC.
+//
+// Handle.Create, Delete, Attach, Guard and Unguard are idempotent, so a
+// caller recovering after a restart can simply apply its records again.
 //
 // # Limits
 //
 // Rate limits are not handled here (Cloud Hypervisor's net rate limiter does
 // that). IPv6 addresses are not learned: a guard pins only the static IPv6
-// address and the allowed prefixes, plus link-local and "::" so that
-// neighbour discovery works. Allowed prefixes take effect only while the
-// interface has a pinned IPv4 address (static or learned), as the API
-// contract says. The package is Linux only.
+// address and the allowed prefixes, plus any link-local source and "::" so
+// that neighbour discovery works (a guest can therefore forge link-local
+// sources). Allowed prefixes take effect only while the interface has a
+// pinned IPv4 address (static or learned), as the API contract says, and
+// there are at most MaxAllowedIPs of them. Each guarded tap adds one base
+// chain that every bridged frame enters (and leaves at its first rule unless
+// it came from that tap), so the cost per frame grows with the number of
+// guarded taps on the host. Until a guest's address is pinned, its IPv4
+// traffic other than DHCP is dropped; a caller that loses a snooped binding
+// (by restarting) should keep it in its records. VLAN filtering needs a
+// kernel with CONFIG_BRIDGE_VLAN_FILTERING. On systems other than Linux
+// every operation fails with ErrNotSupported.
 //
 // # Network namespaces
 //

@@ -245,6 +245,18 @@ func delLink(c *netlink.Conn, index int) error {
 	return err
 }
 
+// delLinkByName removes a link by name.
+func delLinkByName(c *netlink.Conn, name string) error {
+	req, err := linkMessage(unix.RTM_DELLINK, netlink.Acknowledge, ifInfo{}, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.IFLA_IFNAME, name)
+	})
+	if err != nil {
+		return err
+	}
+	_, err = c.Execute(req)
+	return err
+}
+
 // vlanInfo is struct bridge_vlan_info: flags, then the VLAN id.
 func vlanInfo(flags, vid uint16) []byte {
 	b := make([]byte, 4)

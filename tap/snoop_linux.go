@@ -85,7 +85,9 @@ func (h *Handle) Snoop(tap string, mac net.HardwareAddr) (*Snooper, error) {
 }
 
 // Next blocks until a DHCPACK gives the MAC an address and returns the
-// binding, or returns ctx's error when ctx ends first.
+// binding, or returns ctx's error when ctx ends first. Every ACK is reported,
+// renewals of the same address included. When the tap is deleted, Next fails
+// (the kernel reports ENETDOWN on the socket).
 func (s *Snooper) Next(ctx context.Context) (Binding, error) {
 	for {
 		n, sa, err := s.conn.Recvfrom(ctx, s.buf, 0)

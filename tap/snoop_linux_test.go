@@ -64,6 +64,16 @@ func TestIntegrationSnoop(t *testing.T) {
 		t.Errorf("Next with nothing to learn = %+v, %v, want deadline exceeded", b, err)
 	}
 
+	// Deleting the tap ends the snooper with an error, not a hang.
+	if err := ns.h.Delete(t.Context(), "tguest"); err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel3 := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel3()
+	if b, err := s.Next(gone); err == nil || errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Next after the tap was deleted = %+v, %v, want the socket's error", b, err)
+	}
+
 	if _, err := ns.h.Snoop("absent", guestMAC); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Snoop on a missing tap = %v, want fs.ErrNotExist", err)
 	}

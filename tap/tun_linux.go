@@ -58,8 +58,9 @@ func (h *Handle) Create(ctx context.Context, cfg TapConfig) error {
 		err = configureTap(c, created.Index, cfg.MTU, alias)
 	}
 	if err != nil {
-		if created.Index != 0 {
-			err = errors.Join(err, delLink(c, created.Index))
+		// Roll back, so that a retry starts from nothing.
+		if derr := delLinkByName(c, cfg.Name); derr != nil && !isNotExist(derr) {
+			err = errors.Join(err, fmt.Errorf("removing it again: %w", derr))
 		}
 		return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
 	}

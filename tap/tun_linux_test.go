@@ -195,6 +195,19 @@ func TestIntegrationTapLifecycle(t *testing.T) {
 	}
 }
 
+// TestIntegrationCreateRollback makes the kernel refuse the alias (longer
+// than IFALIASZ) after the tap exists, and checks that it is removed again.
+func TestIntegrationCreateRollback(t *testing.T) {
+	ns := newTestNS(t)
+	err := ns.h.Create(t.Context(), TapConfig{Name: "trb", VMID: strings.Repeat("v", 300)})
+	if err == nil {
+		t.Fatal("Create with a 300-byte vm id = nil, want the kernel's refusal")
+	}
+	if _, perr := ns.h.Port(t.Context(), "trb"); !errors.Is(perr, fs.ErrNotExist) {
+		t.Errorf("after a failed Create (%v), the tap is still there (%v)", err, perr)
+	}
+}
+
 func TestIntegrationAttachRefusals(t *testing.T) {
 	ns := newTestNS(t)
 	ctx := t.Context()
