@@ -178,8 +178,9 @@ func TestCopyRefuses(t *testing.T) {
 	}
 }
 
-// fsyncPath makes an external tool's output durable, so every method in
-// BenchmarkCopy pays for the flush as Copy does.
+// fsyncPath makes an external tool's output durable (the file and its
+// directory entry, like `cp && sync`), so every method in BenchmarkCopy
+// pays for the same flushes as Copy does.
 func fsyncPath(b *testing.B, path string) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -189,6 +190,9 @@ func fsyncPath(b *testing.B, path string) {
 		b.Fatal(err)
 	}
 	f.Close()
+	if err := syncDir(filepath.Dir(path)); err != nil {
+		b.Fatal(err)
+	}
 }
 
 // BenchmarkCopy compares Copy with the tools an operator would use on the
