@@ -223,6 +223,9 @@ func (h *Handle) chainExists(table, chain string) (bool, error) {
 	switch {
 	case isNotExist(err):
 		return false, nil
+	case errors.Is(err, unix.EOPNOTSUPP), errors.Is(err, unix.EAFNOSUPPORT), errors.Is(err, unix.EPROTONOSUPPORT):
+		// No nf_tables in this kernel: no guard can exist.
+		return false, nil
 	case err != nil:
 		return false, fmt.Errorf("looking up chain %s: %w", chain, err)
 	}

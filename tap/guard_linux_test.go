@@ -253,20 +253,35 @@ func TestIntegrationGuardDHCPBinding(t *testing.T) {
 		t.Errorf("before the binding, allowed_ips let a frame through (it must be inert)")
 	}
 
-	s, err := b.ns.h.Snoop("tg", guestMAC)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	b.receiver.send(udpFrame(guestMAC, mustMAC("02:00:00:00:00:01"), serverIP, bcastIP, 67, 68, dhcpReply(dhcpACK, guestMAC, leased)))
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	// FollowDHCP learns the binding and pins it in the guard.
+	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	bnd, err := s.Next(wctx)
-	if err != nil || bnd.IP != leased {
-		t.Fatalf("snooped binding = %+v, %v, want %v", bnd, err, leased)
+	bindings := make(chan Binding, 4)
+	done := make(chan error, 1)
+	go func() {
+		rule := GuardRule{Tap: "tg", MAC: guestMAC, AllowedIPs: allowed}
+		done <- b.ns.h.FollowDHCP(wctx, "tg", guestMAC, &rule, func(bnd Binding) { bindings <- bnd })
+	}()
+	ack := udpFrame(guestMAC, mustMAC("02:00:00:00:00:01"), serverIP, bcastIP, 67, 68, dhcpReply(dhcpACK, guestMAC, leased))
+	// The snooper may not be listening yet: repeat the ACK, as a server
+	// answering retransmitted requests would.
+	var bnd Binding
+	deadline := time.Now().Add(5 * time.Second)
+	for got := false; !got; {
+		if time.Now().After(deadline) {
+			t.Fatal("FollowDHCP learned nothing in 5s")
+		}
+		b.receiver.send(ack)
+		select {
+		case bnd = <-bindings:
+			got = true
+		case err := <-done:
+			t.Fatalf("FollowDHCP = %v", err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	if err := b.ns.h.Guard(ctx, GuardRule{Tap: "tg", MAC: guestMAC, IPv4: bnd.IP, AllowedIPs: allowed}); err != nil {
-		t.Fatalf("Guard with the binding = %v", err)
+	if bnd.IP != leased {
+		t.Fatalf("learned binding %+v, want %v", bnd, leased)
 	}
 	genuine := from(leased)
 	if !b.passes(t, from(leased), genuine) {
@@ -277,6 +292,10 @@ func TestIntegrationGuardDHCPBinding(t *testing.T) {
 	}
 	if b.passes(t, from(netip.MustParseAddr("10.0.0.51")), genuine) {
 		t.Errorf("after the binding, a frame from another address crossed the bridge")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("FollowDHCP after cancel = %v, want context.Canceled", err)
 	}
 }
 

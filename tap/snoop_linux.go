@@ -121,3 +121,38 @@ func (s *Snooper) Next(ctx context.Context) (Binding, error) {
 func (s *Snooper) Close() error { return s.conn.Close() }
 
 func htons(v uint16) uint16 { return v<<8 | v>>8 }
+
+// FollowDHCP snoops tap for DHCPACKs to mac until ctx ends, and returns
+// ctx's error then. For each ACK that gives a new address it calls found
+// (when not nil). With a guard (not nil) whose IPv4 is not set, the guard is
+// first re-applied with the learned address pinned, so the guest's traffic
+// from it passes; a guard with a static IPv4 is left alone, since a static
+// address is the pinned one. An error snooping or guarding ends the watch.
+func (h *Handle) FollowDHCP(ctx context.Context, tap string, mac net.HardwareAddr, guard *GuardRule, found func(Binding)) error {
+	s, err := h.Snoop(tap, mac)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var last Binding
+	for {
+		b, err := s.Next(ctx)
+		if err != nil {
+			return err
+		}
+		if b.IP == last.IP {
+			continue // a renewal
+		}
+		last = b
+		if guard != nil && !guard.IPv4.IsValid() {
+			pinned := *guard
+			pinned.IPv4 = b.IP
+			if err := h.Guard(ctx, pinned); err != nil {
+				return fmt.Errorf("following dhcp on %q: pinning %v: %w", tap, b.IP, err)
+			}
+		}
+		if found != nil {
+			found(b)
+		}
+	}
+}
