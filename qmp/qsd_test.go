@@ -2,7 +2,9 @@ package qmp_test
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -161,6 +163,12 @@ func testQSD(t *testing.T, b backend) {
 		t.Errorf("start time of pid %d = %d (%v), recorded %d", q.Pid, st, err, q.StartTime)
 	}
 
+	// The guest-visible capacity already has the grown size: the root
+	// export was added after the resize.
+	if p := vhostProbe(t, cfg.Root.Socket); p.capacity != (2<<30)/512 || p.blkSize != 512 || p.numQueues != 1 || p.features&(1<<5) != 0 || p.features&(1<<32) == 0 {
+		t.Errorf("root export probe = %+v, want 2 GiB of 512-byte sectors, 1 queue, writable, VERSION_1", p)
+	}
+
 	// Exports.
 	exports, err := c.QueryBlockExports(ctx)
 	if err != nil {
@@ -239,6 +247,11 @@ func testQSD(t *testing.T, b backend) {
 	if got, err := q.NodeSize(ctx, "root"); err != nil || got != 3<<30 {
 		t.Errorf("root size after block_resize = %d (%v), want 3 GiB", got, err)
 	}
+	// ... but a 7.2 export keeps telling front-ends the size it had when it
+	// was made, even on a new connection: why LaunchQSD grows first.
+	if p := vhostProbe(t, cfg.Root.Socket); p.capacity != (2<<30)/512 {
+		t.Errorf("root export capacity after a live resize = %d sectors, want the old %d", p.capacity, (2<<30)/512)
+	}
 
 	// A blank volume made by QMP blockdev-create (job events, dismissal),
 	// then exported and removed at run time.
@@ -280,13 +293,6 @@ func testQSD(t *testing.T, b backend) {
 	}
 	wantQMPError(t, q.RemoveDataExport(ctx, "data1"), "GenericError", "Export 'data1' is not found")
 	wantQMPError(t, c.BlockdevAdd(ctx, qmp.FileNode("m", filepath.Join(dir, "missing.qcow2"))), "GenericError", "Could not open")
-
-	// A vhost-user front-end can connect to an export.
-	if conn, err := net.Dial("unix", cfg.Root.Socket); err != nil {
-		t.Errorf("connecting to root export: %v", err)
-	} else {
-		conn.Close()
-	}
 
 	// Clean quit: process exits 0, sockets and pidfile gone, image clean.
 	events := c.Events()
@@ -539,4 +545,54 @@ func TestQSDStartupErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// probe is what a vhost-user front-end learns before setting up rings.
+type probe struct {
+	features  uint64
+	capacity  uint64 // 512-byte sectors
+	blkSize   uint32
+	numQueues uint16
+}
+
+// vhostProbe sends GET_FEATURES and GET_CONFIG to a vhost-user-blk socket
+// (ref §10.11) and disconnects.
+func vhostProbe(t *testing.T, path string) probe {
+	t.Helper()
+	c, err := net.Dial("unix", path)
+	if err != nil {
+		t.Fatalf("connecting to %s: %v", path, err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	le := binary.LittleEndian
+	call := func(req uint32, payload []byte) []byte {
+		msg := le.AppendUint32(nil, req)
+		msg = le.AppendUint32(msg, 1) // version 1
+		msg = le.AppendUint32(msg, uint32(len(payload)))
+		if _, err := c.Write(append(msg, payload...)); err != nil {
+			t.Fatalf("vhost-user request %d: %v", req, err)
+		}
+		var hdr [12]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			t.Fatalf("vhost-user reply to %d: %v", req, err)
+		}
+		if le.Uint32(hdr[0:]) != req || le.Uint32(hdr[4:]) != 5 {
+			t.Fatalf("vhost-user reply header %x to request %d", hdr, req)
+		}
+		body := make([]byte, le.Uint32(hdr[8:]))
+		if _, err := io.ReadFull(c, body); err != nil {
+			t.Fatalf("vhost-user reply to %d: %v", req, err)
+		}
+		return body
+	}
+	var p probe
+	p.features = le.Uint64(call(1, nil))
+	cfgReq := make([]byte, 12+60)
+	le.PutUint32(cfgReq[4:], 60)
+	cfg := call(24, cfgReq)[12:]
+	p.capacity = le.Uint64(cfg[0:])
+	p.blkSize = le.Uint32(cfg[20:])
+	p.numQueues = le.Uint16(cfg[34:])
+	return p
 }

@@ -7,8 +7,10 @@
 // uses with QSD's shapes and error texts (see shared/ref/qsd-qmp-qcow2.md).
 // It exits 0 on quit and on SIGTERM, removing its sockets and pidfile.
 //
-// Limits: export sockets accept connections but speak no vhost-user; no
-// I/O is served and throttle limits are stored, not enforced. block_resize
+// Limits: export sockets answer only the vhost-user queries a front-end
+// makes before setting up rings (GET_FEATURES, GET_PROTOCOL_FEATURES,
+// GET_QUEUE_NUM, GET_CONFIG with the capacity fixed at export time); no I/O
+// is served, and throttle limits are stored, not enforced. block_resize
 // rewrites the qcow2 header (size and L1 length) when the grown L1 table
 // still fits in its clusters, which covers growth up to 4 TiB for images
 // made by qemu-img; beyond that the new size is kept in memory only.
@@ -65,6 +67,11 @@ type export struct {
 	id, node, path string
 	ln             net.Listener
 	conns          []net.Conn
+	// What the front-end is told: fixed when the export is made, since a
+	// 7.2 export never reports a later resize.
+	capacity  uint64 // in 512-byte sectors
+	writable  bool
+	numQueues int
 }
 
 type job struct {
@@ -579,17 +586,22 @@ func (s *sim) exportAdd(m map[string]any) error {
 		return errors.New("the simulator only exports on unix sockets")
 	}
 	path, _ := str(addr, "path")
-	if _, err := boolean(m, "writable"); err != nil {
+	writable, err := boolean(m, "writable")
+	if err != nil {
 		return err
 	}
-	if _, _, err := integer(m, "num-queues"); err != nil {
+	numQueues, ok, err := integer(m, "num-queues")
+	if err != nil {
 		return err
+	}
+	if !ok {
+		numQueues = 1
 	}
 	ln, err := listenUnix(path)
 	if err != nil {
 		return err
 	}
-	e := &export{id: id, node: nodeName, path: path, ln: ln}
+	e := &export{id: id, node: nodeName, path: path, ln: ln, capacity: n.size / 512, writable: writable, numQueues: int(numQueues)}
 	n.users++
 	s.exports = append([]*export{e}, s.exports...)
 	go s.serveExport(e)
@@ -597,7 +609,7 @@ func (s *sim) exportAdd(m map[string]any) error {
 }
 
 // serveExport accepts front-ends and holds their connections until the
-// export goes away; it speaks no vhost-user.
+// export goes away.
 func (s *sim) serveExport(e *export) {
 	for {
 		c, err := e.ln.Accept()
@@ -607,7 +619,82 @@ func (s *sim) serveExport(e *export) {
 		s.mu.Lock()
 		e.conns = append(e.conns, c)
 		s.mu.Unlock()
-		go io.Copy(io.Discard, c)
+		go e.serveVhostUser(c)
+	}
+}
+
+// vhost-user requests the simulator answers; it ignores the rest.
+const (
+	vhostGetFeatures         = 1
+	vhostGetProtocolFeatures = 15
+	vhostGetQueueNum         = 17
+	vhostGetConfig           = 24
+	vhostFlagVersion         = 0x1
+	vhostFlagReply           = 0x4
+	// The feature bits QSD 7.2 offered for a writable export (ref §10);
+	// bit 5 (VIRTIO_BLK_F_RO) is added for a read-only one.
+	vhostFeatures         = 0x175007e46
+	vhostProtocolFeatures = 0x0000000000000a07 // MQ, REPLY_ACK, CONFIG, ...
+)
+
+// serveVhostUser answers the vhost-user queries a front-end makes before
+// it sets up rings: features, queue count and the virtio-blk config (the
+// capacity and num_queues); it serves no I/O.
+func (e *export) serveVhostUser(c net.Conn) {
+	le := binary.LittleEndian
+	var hdr [12]byte
+	for {
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			return
+		}
+		req, size := le.Uint32(hdr[0:]), le.Uint32(hdr[8:])
+		if size > 4096 {
+			return
+		}
+		payload := make([]byte, size)
+		if _, err := io.ReadFull(c, payload); err != nil {
+			return
+		}
+		var body []byte
+		switch req {
+		case vhostGetFeatures:
+			f := uint64(vhostFeatures)
+			if !e.writable {
+				f |= 1 << 5
+			}
+			body = le.AppendUint64(nil, f)
+		case vhostGetProtocolFeatures:
+			body = le.AppendUint64(nil, vhostProtocolFeatures)
+		case vhostGetQueueNum:
+			body = le.AppendUint64(nil, uint64(e.numQueues))
+		case vhostGetConfig:
+			if len(payload) < 12 {
+				return
+			}
+			off, n := le.Uint32(payload[0:]), le.Uint32(payload[4:])
+			cfg := make([]byte, 60)
+			le.PutUint64(cfg[0:], e.capacity)
+			le.PutUint32(cfg[12:], 128) // seg_max
+			le.PutUint32(cfg[20:], 512) // blk_size
+			le.PutUint16(cfg[34:], uint16(e.numQueues))
+			body = append([]byte(nil), payload[:12]...)
+			for i := range n {
+				var b byte
+				if int(off+i) < len(cfg) {
+					b = cfg[off+i]
+				}
+				body = append(body, b)
+			}
+		default:
+			continue
+		}
+		out := make([]byte, 12, 12+len(body))
+		le.PutUint32(out[0:], req)
+		le.PutUint32(out[4:], vhostFlagVersion|vhostFlagReply)
+		le.PutUint32(out[8:], uint32(len(body)))
+		if _, err := c.Write(append(out, body...)); err != nil {
+			return
+		}
 	}
 }
 
