@@ -10,7 +10,7 @@
 //
 // # Modes
 //
-// VM mode (PID 1, or --vm): mounts /proc, /sys, /dev, mounts the root disk
+// VM mode (PID 1): mounts /proc, /sys, /dev, mounts the root disk
 // at /mnt/root, configures the network over netlink (static) or its own DHCP
 // client, and runs the workload chrooted into /mnt/root; poweroff is
 // reboot(2). Kernel command-line knobs: vmhost.root= (root device, default
@@ -108,7 +108,6 @@ func Main(args []string) int {
 	fl.BoolVar(&o.mounts, "mounts", false, "process mode: perform tmpfs and data mounts (needs root; use a private mount namespace)")
 	fl.BoolVar(&o.network, "network", false, "process mode: configure the Spec's network in this network namespace (needs root)")
 	fl.DurationVar(&o.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval unless the Spec sets one")
-	fl.BoolVar(&o.vm, "vm", false, "VM mode without being PID 1")
 	fl.DurationVar(&o.dialWait, "dial-timeout", 30*time.Second, "how long to keep dialing the host")
 	if pid1 {
 		fl.SetOutput(io.Discard)
@@ -117,7 +116,9 @@ func Main(args []string) int {
 		return 2
 	}
 	var sys system
-	if pid1 || o.vm {
+	// VM mode only as PID 1: its poweroff is reboot(2), which must never
+	// reach a host.
+	if pid1 {
 		o.vm, o.chroot, o.mounts, o.network = true, true, true, true
 		vs := newVMSystem(log)
 		if o.root == "" {
@@ -149,32 +150,127 @@ type agent struct {
 	opts   options
 	sys    system
 	log    *slog.Logger
-	conn   *proto.Conn
 	reaper *reaper
-
-	// lost is set once the host connection failed; later sends are dropped.
-	lost   atomic.Bool
+	bootID string
 	logSeq atomic.Uint64
+
+	// cmu guards the connection and the state replayed after a reconnect.
+	cmu  sync.Mutex
+	nc   net.Conn
+	conn *proto.Conn
+	// lost is set once the connection failed; sends are dropped until a
+	// reconnect succeeds.
+	lost bool
+	// resumable is set once the Spec is in: from then on a lost connection
+	// is redialed.
+	resumable bool
+	// done ends reconnect attempts when the agent finishes.
+	done  chan struct{}
+	stops chan *proto.Stop
+	state struct {
+		lease   *proto.Lease
+		started *proto.Started
+		exit    *proto.Exit
+		health  *proto.Health
+	}
 
 	// mu guards the workload pid.
 	mu          sync.Mutex
 	workloadPID int
 }
 
-// send sends m; after the first failure the connection counts as lost and
-// messages are dropped (the workload keeps running).
+// send sends m. While the connection is lost, messages are dropped (the
+// workload keeps running); the last Lease, Started, Exit and Health are kept
+// and replayed after a reconnect.
 func (a *agent) send(m proto.Message) {
-	if a.lost.Load() {
-		return
-	}
 	if err := m.Validate(); err != nil {
 		a.log.Error("not sending an invalid message", "type", m.Type(), "err", err)
 		return
 	}
+	a.cmu.Lock()
+	defer a.cmu.Unlock()
+	switch m := m.(type) {
+	case *proto.Lease:
+		a.state.lease = m
+	case *proto.Started:
+		a.state.started = m
+	case *proto.Exit:
+		a.state.exit = m
+	case *proto.Health:
+		a.state.health = m
+	}
+	if a.lost {
+		return
+	}
 	if err := a.conn.Send(m); err != nil {
-		if !a.lost.Swap(true) {
-			a.log.Error("host connection lost", "err", err)
+		a.lostLocked(a.conn, err)
+	}
+}
+
+// lostLocked marks conn lost (if it is still the current one) and, after
+// the Spec, starts redialing. cmu must be held.
+func (a *agent) lostLocked(conn *proto.Conn, err error) {
+	if a.lost || conn != a.conn {
+		return
+	}
+	a.lost = true
+	a.nc.Close()
+	a.log.Error("host connection lost", "err", err)
+	if a.resumable {
+		go a.reconnect()
+	}
+}
+
+// reconnect redials the host until it answers (or the agent is done), says
+// Hello with Resume set, and replays the state the host would otherwise
+// miss: the last Lease, Started, Exit and Health, in that order.
+func (a *agent) reconnect() {
+	delay := 100 * time.Millisecond
+	for {
+		select {
+		case <-a.done:
+			return
+		case <-time.After(delay):
 		}
+		delay = min(2*delay, 5*time.Second)
+		nc, err := a.dialOnce()
+		if err != nil {
+			continue
+		}
+		conn := proto.NewConn(nc)
+		if err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID, Resume: true}); err != nil {
+			nc.Close()
+			continue
+		}
+		a.cmu.Lock()
+		var replay []proto.Message
+		if a.state.lease != nil {
+			replay = append(replay, a.state.lease)
+		}
+		if a.state.started != nil {
+			replay = append(replay, a.state.started)
+		}
+		if a.state.exit != nil {
+			replay = append(replay, a.state.exit)
+		}
+		if a.state.health != nil {
+			replay = append(replay, a.state.health)
+		}
+		for _, m := range replay {
+			if err = conn.Send(m); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			a.cmu.Unlock()
+			nc.Close()
+			continue
+		}
+		a.nc, a.conn, a.lost = nc, conn, false
+		a.cmu.Unlock()
+		a.log.Info("host connection resumed")
+		go a.receive(conn)
+		return
 	}
 }
 
@@ -184,6 +280,9 @@ func (a *agent) run() error {
 	}
 	a.reaper = newReaper()
 	defer a.reaper.stop()
+	a.done = make(chan struct{})
+	defer close(a.done)
+	a.stops = make(chan *proto.Stop, 1)
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -193,12 +292,18 @@ func (a *agent) run() error {
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
-	a.conn = proto.NewConn(nc)
+	a.nc, a.conn = nc, proto.NewConn(nc)
+	defer func() {
+		a.cmu.Lock()
+		a.resumable, a.lost = false, true
+		a.nc.Close()
+		a.cmu.Unlock()
+	}()
 
-	bootID := make([]byte, 16)
-	rand.Read(bootID)
-	if err := a.conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: hex.EncodeToString(bootID)}); err != nil {
+	id := make([]byte, 16)
+	rand.Read(id)
+	a.bootID = hex.EncodeToString(id)
+	if err := a.conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID}); err != nil {
 		return err
 	}
 	hbCtx, stopHB := context.WithCancel(context.Background())
@@ -217,18 +322,20 @@ func (a *agent) run() error {
 	if spec.HeartbeatSecs > 0 {
 		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
 	}
-
-	stops := make(chan *proto.Stop, 1)
-	go a.receive(stops)
+	a.cmu.Lock()
+	a.resumable = true
+	conn := a.conn
+	a.cmu.Unlock()
+	go a.receive(conn)
 
 	w, err := a.setupAndStart(spec)
 	if err != nil {
 		// The message names paths and commands, never secret values.
 		a.log.Error("workload not started", "err", err)
 		a.send(&proto.Fatal{Message: err.Error()})
-		return a.idle(spec, sigs, stops, false)
+		return a.idle(spec, sigs, a.stops, false)
 	}
-	return a.supervise(spec, w, sigs, stops)
+	return a.supervise(spec, w, sigs, a.stops)
 }
 
 // dial connects to the host, retrying until opts.dialWait passes.
@@ -236,41 +343,49 @@ func (a *agent) dial() (net.Conn, error) {
 	deadline := time.Now().Add(a.opts.dialWait)
 	delay := 50 * time.Millisecond
 	for {
-		var c net.Conn
-		var err error
-		if p, ok := strings.CutPrefix(a.opts.transport, "unix:"); ok {
-			c, err = net.Dial("unix", p)
-		} else if a.opts.transport == "vsock" {
-			c, err = dialVsock(a.sys.vsockPort())
-		} else {
-			return nil, fmt.Errorf("unknown transport %q", a.opts.transport)
-		}
+		c, err := a.dialOnce()
 		if err == nil {
 			return c, nil
 		}
 		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("dialing the host over %s: %w", a.opts.transport, err)
+			return nil, err
 		}
 		time.Sleep(delay)
 		delay = min(2*delay, time.Second)
 	}
 }
 
-// receive reads host messages after the Spec: Stop goes to stops; the end of
-// the connection marks it lost.
-func (a *agent) receive(stops chan<- *proto.Stop) {
+func (a *agent) dialOnce() (net.Conn, error) {
+	var c net.Conn
+	var err error
+	if p, ok := strings.CutPrefix(a.opts.transport, "unix:"); ok {
+		c, err = net.Dial("unix", p)
+	} else if a.opts.transport == "vsock" {
+		c, err = dialVsock(a.sys.vsockPort())
+	} else {
+		return nil, fmt.Errorf("unknown transport %q", a.opts.transport)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("dialing the host over %s: %w", a.opts.transport, err)
+	}
+	return c, nil
+}
+
+// receive reads host messages from conn after the Spec: Stop goes to
+// a.stops; an error marks the connection lost.
+func (a *agent) receive(conn *proto.Conn) {
 	for {
-		m, err := a.conn.Recv()
+		m, err := conn.Recv()
 		if err != nil {
-			if !a.lost.Swap(true) {
-				a.log.Error("host connection lost", "err", err)
-			}
+			a.cmu.Lock()
+			a.lostLocked(conn, err)
+			a.cmu.Unlock()
 			return
 		}
 		switch m := m.(type) {
 		case *proto.Stop:
 			select {
-			case stops <- m:
+			case a.stops <- m:
 			default:
 			}
 		default:

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,8 +56,10 @@ func (l *lockedBuffer) String() string {
 // for the hybrid vsock socket, speaking proto.
 type fakeHost struct {
 	t      *testing.T
+	ln     net.Listener
 	root   string
 	cmd    *exec.Cmd
+	nc     net.Conn
 	conn   *proto.Conn
 	hello  *proto.Hello
 	stderr *lockedBuffer
@@ -90,9 +93,9 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	args := append([]string{"--transport", "unix:" + sock, "--root", o.root, "--heartbeat", "100ms"}, o.args...)
-	h := &fakeHost{t: t, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{})}
+	h := &fakeHost{t: t, ln: ln, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{})}
 	h.cmd = exec.Command(os.Args[0], args...)
 	h.cmd.Env = append(os.Environ(), agentEnv+"=1")
 	h.cmd.Stderr = h.stderr
@@ -127,7 +130,7 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 		t.Fatal("agent did not dial")
 	}
 	t.Cleanup(func() { c.Close() })
-	h.conn = proto.NewConn(c)
+	h.nc, h.conn = c, proto.NewConn(c)
 	m, err := h.conn.Recv()
 	if err != nil {
 		t.Fatalf("receiving hello: %v", err)
@@ -442,10 +445,11 @@ func zombiesOf(t *testing.T, pid int) []int {
 func TestReapsOrphans(t *testing.T) {
 	dir := t.TempDir()
 	pidFile := filepath.Join(dir, "orphan.pid")
-	// The subshell exits at once, so its background sleep is orphaned and
-	// reparented to the agent (subreaper here, PID 1 in a VM); the workload
-	// itself ends before the orphan.
-	script := fmt.Sprintf(`(sleep 0.8 & echo $! > %s); (sleep 0.05 &); exec sleep 0.2`, pidFile)
+	gate := filepath.Join(dir, "gate")
+	// The subshells exit at once, so their background children are orphaned
+	// and reparented to the agent (subreaper here, PID 1 in a VM); the first
+	// orphan lives until the test opens the gate, after the workload ended.
+	script := fmt.Sprintf(`(while ! test -f %s; do sleep 0.02; done & echo $! > %s); (sleep 0.05 &); exec sleep 0.2`, gate, pidFile)
 	h := startAgent(t, &proto.Spec{Command: sh(script), Keepalive: true}, agentOpts{})
 	if exit, _, _ := h.waitExit(); exit.Code == nil || *exit.Code != 0 {
 		t.Fatalf("exit = %+v", exit)
@@ -463,6 +467,9 @@ func TestReapsOrphans(t *testing.T) {
 		t.Fatalf("orphan %d: parent %d, %v; want the agent %d", orphan, ppid, err, agentPID)
 	}
 	// Once the orphan exits, the agent must reap it: no zombie may remain.
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		_, _, err := procStat(orphan)
@@ -724,5 +731,58 @@ func TestUserAndOwnership(t *testing.T) {
 	want := fmt.Sprintf("4242\n4243\n4243 4300\n/home/app\n%s/work\nreadable", root)
 	if exit.Code == nil || *exit.Code != 0 || out != want {
 		t.Errorf("exit %+v, stdout %q (stderr %q), want %q", exit, out, errOut, want)
+	}
+}
+
+// TestReconnect cuts the host connection while the workload runs: the agent
+// redials, says Hello with Resume and the same boot id, replays Started, and
+// later reports the exit on the new connection.
+func TestReconnect(t *testing.T) {
+	root := t.TempDir()
+	gate := filepath.Join(root, "go")
+	h := startAgent(t, &proto.Spec{Command: sh("while ! test -f " + gate + "; do sleep 0.05; done; exit 4")}, agentOpts{root: root})
+	st, ok := h.next().(*proto.Started)
+	if !ok {
+		t.Fatalf("want Started, got %#v", st)
+	}
+	h.nc.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		if c, err := h.ln.Accept(); err == nil {
+			accepted <- c
+		}
+	}()
+	var c net.Conn
+	select {
+	case c = <-accepted:
+	case <-time.After(10 * time.Second):
+		t.Fatal("agent did not redial")
+	}
+	defer c.Close()
+	conn := proto.NewConn(c)
+	m, err := conn.Recv()
+	if hello, ok := m.(*proto.Hello); err != nil || !ok || !hello.Resume || hello.BootID != h.hello.BootID {
+		t.Fatalf("after redial: %#v, %v; want Hello with Resume and boot id %q", m, err, h.hello.BootID)
+	}
+	if m, err := conn.Recv(); err != nil || !reflect.DeepEqual(m, st) {
+		t.Fatalf("replay: %#v, %v; want %#v", m, err, st)
+	}
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		m, err := conn.Recv()
+		if err != nil {
+			t.Fatalf("waiting for the exit: %v", err)
+		}
+		if e, ok := m.(*proto.Exit); ok {
+			if e.Code == nil || *e.Code != 4 {
+				t.Errorf("exit = %+v, want code 4", e)
+			}
+			break
+		}
+	}
+	if code := h.waitAgent(); code != ExitPoweroff {
+		t.Errorf("agent exit status = %d", code)
 	}
 }

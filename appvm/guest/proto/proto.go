@@ -23,7 +23,8 @@
 // therefore bumps Version, and a host that sees an older Hello sends what that
 // version understands. After the Spec the guest sends [Heartbeat], [Lease],
 // [Started], [Health], [Log], [Exit] and [Fatal] as things happen; the host may
-// send [Stop].
+// send [Stop]. When the connection breaks (a host agent restart), the guest
+// redials and sends a Hello with Resume set instead of expecting a Spec.
 //
 // # Secrets
 //
@@ -120,6 +121,12 @@ type Hello struct {
 	AgentVersion string `json:"agent_version"`
 	// BootID is random per boot of the agent.
 	BootID string `json:"boot_id"`
+	// Resume reports a reconnection within the same boot (same BootID)
+	// after the connection was lost (a host agent restart): the host sends
+	// no Spec, and the guest follows with its current state, the last
+	// Lease, Started, Exit and Health it sent, in that order. Messages
+	// from the outage (logs, heartbeats) are not replayed.
+	Resume bool `json:"resume,omitempty"`
 }
 
 // Spec is the host's first message: everything the guest needs to set up and

@@ -41,6 +41,7 @@ func samples() []Message {
 			Healthcheck: &Healthcheck{Type: CheckHTTP, URL: "http://127.0.0.1:8080/", IntervalSecs: 5, TimeoutSecs: 2, Retries: 3, StartPeriodSecs: 10},
 			Keepalive:   true, StopGraceSecs: 3, HeartbeatSecs: 2,
 		},
+		&Hello{V: Version, AgentVersion: "test", BootID: "b1", Resume: true},
 		&Stop{GraceSecs: 4},
 		&Heartbeat{Seq: 7, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},
 		&Lease{IP: "192.168.1.10", Prefix: 24, Gateway: "192.168.1.1", DNS: []string{"1.1.1.1"}, Search: []string{"lan"}, LeaseSecs: 3600, Hostname: "h"},
