@@ -26,7 +26,8 @@
 //     frames of any other ethertype (including VLAN-tagged ones) from the
 //     guest are dropped.
 //   - Snoop watches frames the host sends to a tap and reports the address a
-//     DHCPACK assigns to the VM's MAC. The caller re-applies Guard with it.
+//     DHCPACK assigns to the VM's MAC; FollowDHCP keeps snooping and
+//     re-applies the guard with each newly learned address.
 //   - LastIPv4 reads the neighbour table for the newest IPv4 address of a MAC.
 //
 // Handle.Create, Delete, Attach, Guard and Unguard are idempotent, so a

@@ -95,6 +95,9 @@ func sameTap(l link, cfg TapConfig, alias string) error {
 // namespace, since a tun device belongs to the namespace of its creator.
 func makeTap(cfg TapConfig) error {
 	fd, err := unix.Open("/dev/net/tun", unix.O_RDWR|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENODEV) {
+		return fmt.Errorf("opening /dev/net/tun: %w (is the tun module loaded? try: modprobe tun)", err)
+	}
 	if err != nil {
 		return fmt.Errorf("opening /dev/net/tun: %w", err)
 	}
@@ -109,6 +112,9 @@ func makeTap(cfg TapConfig) error {
 	}
 	ifr.SetUint16(flags)
 	if err := unix.IoctlIfreq(fd, unix.TUNSETIFF, ifr); err != nil {
+		if errors.Is(err, unix.EPERM) {
+			return fmt.Errorf("TUNSETIFF: %w (creating a tap needs CAP_NET_ADMIN)", err)
+		}
 		return fmt.Errorf("TUNSETIFF: %w", err)
 	}
 	if cfg.Owner != 0 {
