@@ -24,6 +24,19 @@ const (
 	DefaultMaxRedirects = 5
 )
 
+// ErrDigestMismatch is wrapped by Fetch's error when the body's sha256 is
+// not the expected one; the message carries both digests.
+var ErrDigestMismatch = errors.New("content sha256 mismatch")
+
+// HTTPStatusError is a download answered with a status other than 200
+// (after redirects).
+type HTTPStatusError struct {
+	StatusCode int
+	Status     string // e.g. "404 Not Found"
+}
+
+func (e *HTTPStatusError) Error() string { return "HTTP status " + e.Status }
+
 // progressInterval is the least time between two progress reports.
 const progressInterval = 100 * time.Millisecond
 
@@ -121,10 +134,11 @@ type download struct {
 // server sent no length), at most every 100 ms and once at the end; it
 // must not block.
 //
-// Errors name the cause: an HTTP status, a content sha256 mismatch, a body
-// that is not a qcow2 image or that has a backing file, a body over the
-// size cap, a truncated body, too many redirects. No file is left behind
-// on failure.
+// Errors name the cause: an HTTP status (*HTTPStatusError), a content
+// sha256 mismatch (ErrDigestMismatch), a body that is not a qcow2 image
+// (qcow2.ErrNotQcow2) or that has a backing file, a body over the size
+// cap, a truncated body, too many redirects. No file is left behind on
+// failure.
 func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress func(done, total int64)) (string, error) {
 	sha256hex = strings.ToLower(sha256hex)
 	if len(sha256hex) != 64 || strings.Trim(sha256hex, "0123456789abcdef") != "" {
@@ -220,7 +234,7 @@ func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *downl
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("HTTP status %s", resp.Status)
+		return &HTTPStatusError{StatusCode: resp.StatusCode, Status: resp.Status}
 	}
 	total := resp.ContentLength // -1 when unknown
 	if total > c.opts.MaxBytes {
@@ -277,7 +291,7 @@ func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *downl
 	d.report(n, total)
 
 	if got := hex.EncodeToString(h.Sum(nil)); got != sha256hex {
-		return fmt.Errorf("content sha256 mismatch: expected %s, got %s", sha256hex, got)
+		return fmt.Errorf("%w: expected %s, got %s", ErrDigestMismatch, sha256hex, got)
 	}
 	hdr, err := qcow2.ReadHeader(f)
 	if err != nil {

@@ -99,13 +99,17 @@ func TestFetch(t *testing.T) {
 	for _, tc := range []struct {
 		name, path, sha, want string
 		maxBytes              int64
+		is                    func(error) bool
 	}{
 		{name: "success", path: "/img.qcow2", sha: digest(img)},
 		{name: "redirect followed", path: "/hop", sha: digest(img)},
-		{name: "digest mismatch", path: "/img.qcow2", sha: digest(notQcow2), want: "content sha256 mismatch: expected " + digest(notQcow2) + ", got " + digest(img)},
-		{name: "404", path: "/missing.qcow2", sha: digest(img), want: "HTTP status 404 Not Found"},
+		{name: "digest mismatch", path: "/img.qcow2", sha: digest(notQcow2), want: "content sha256 mismatch: expected " + digest(notQcow2) + ", got " + digest(img),
+			is: func(err error) bool { return errors.Is(err, ErrDigestMismatch) }},
+		{name: "404", path: "/missing.qcow2", sha: digest(img), want: "HTTP status 404 Not Found",
+			is: func(err error) bool { var h *HTTPStatusError; return errors.As(err, &h) && h.StatusCode == 404 }},
 		{name: "truncated body", path: "/truncated.qcow2", sha: digest(img), want: "truncated body"},
-		{name: "not qcow2", path: "/random.bin", sha: digest(notQcow2), want: "not a qcow2 image"},
+		{name: "not qcow2", path: "/random.bin", sha: digest(notQcow2), want: "not a qcow2 image",
+			is: func(err error) bool { return errors.Is(err, qcow2.ErrNotQcow2) }},
 		{name: "backing file", path: "/overlay.qcow2", sha: digest(overlay), want: "backing file"},
 		{name: "redirect loop", path: "/loop", sha: digest(img), want: "stopped after 5 redirects"},
 		{name: "size cap", path: "/img.qcow2", sha: digest(img), maxBytes: 1 << 20, want: "exceeds the size cap"},
@@ -125,6 +129,9 @@ func TestFetch(t *testing.T) {
 			if tc.want != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Fatalf("Fetch = %q, %v; want an error containing %q", path, err, tc.want)
+				}
+				if tc.is != nil && !tc.is(err) {
+					t.Errorf("error %v does not match its type", err)
 				}
 				if names := dirEntries(t, dir); len(names) != 0 {
 					t.Errorf("files left after a failed fetch: %v", names)
