@@ -15,6 +15,8 @@
 // still fits in its clusters, which covers growth up to 4 TiB for images
 // made by qemu-img; beyond that the new size is kept in memory only.
 // blockdev-create writes a minimal qcow2 image (no header extensions).
+// Images are not locked, so a second daemon on the same image is not
+// refused as QSD refuses it ("Failed to get \"write\" lock").
 //
 // The package imports none of vmhost's packages.
 package qsdsim
