@@ -75,6 +75,9 @@ type fakeHost struct {
 type agentOpts struct {
 	root string
 	args []string
+	// wrap prefixes the agent's command line (e.g. unshare), which must
+	// exec the agent in place so its pid stays the agent's.
+	wrap []string
 }
 
 // startAgent starts the agent, accepts its connection, checks the Hello
@@ -96,7 +99,12 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 	t.Cleanup(func() { ln.Close() })
 	args := append([]string{"--transport", "unix:" + sock, "--root", o.root, "--heartbeat", "100ms"}, o.args...)
 	h := &fakeHost{t: t, ln: ln, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{})}
-	h.cmd = exec.Command(os.Args[0], args...)
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	argv := append(append(append([]string{}, o.wrap...), exe), args...)
+	h.cmd = exec.Command(argv[0], argv[1:]...)
 	h.cmd.Env = append(os.Environ(), agentEnv+"=1")
 	h.cmd.Stderr = h.stderr
 	if err := h.cmd.Start(); err != nil {
