@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -398,7 +399,7 @@ func die(sig syscall.Signal) {
 		// The Go runtime ignores user-sent synchronous signals (SIGSEGV, SIGBUS, …);
 		// restore the default action directly.
 		var sa [4]uint64 // struct kernel_sigaction: handler SIG_DFL (0), flags, restorer, mask
-		unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafePointer(&sa)), 0, 8, 0, 0)
+		unix.RawSyscall6(unix.SYS_RT_SIGACTION, uintptr(sig), uintptr(unsafe.Pointer(&sa)), 0, 8, 0, 0)
 		var set unix.Sigset_t
 		set.Val[0] = 1 << (uint(sig) - 1)
 		unix.PthreadSigmask(unix.SIG_UNBLOCK, &set, nil)

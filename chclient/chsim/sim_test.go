@@ -333,3 +333,51 @@ func TestSIGTERM(t *testing.T) {
 	}
 	p.waitEvents("vm/shutdown", "vm/deleted", "vmm/shutdown")
 }
+
+// TestInheritedFDs runs the simulator with --api-socket fd=N (an already listening socket)
+// and --event-monitor fd=N (a pipe), as a supervisor passing descriptors would.
+func TestInheritedFDs(t *testing.T) {
+	dir := shortDir(t)
+	sock := filepath.Join(dir, "ch.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf, err := l.(*net.UnixListener).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close() // the simulator holds the listening socket through its copy
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pr.Close()
+	cmd := exec.Command(os.Args[0], "--api-socket", "fd=3", "--event-monitor", "fd=4")
+	cmd.Env = append(os.Environ(), "CHSIM_TEST_MAIN=1", "GORACE=atexit_sleep_ms=0")
+	cmd.ExtraFiles = []*os.File{lf, pw}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lf.Close()
+	pw.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer cmd.Process.Kill()
+
+	hc := &http.Client{Transport: &http.Transport{Dial: func(_, _ string) (net.Conn, error) { return net.Dial("unix", sock) }}}
+	req, _ := http.NewRequest("PUT", "http://x/api/v1/vmm.shutdown", nil)
+	resp, err := hc.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("vmm.shutdown over the inherited socket = %v, %v", resp, err)
+	}
+	resp.Body.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("exit: %v", err)
+	}
+	events, _ := io.ReadAll(pr)
+	if !strings.Contains(string(events), `"starting"`) || !strings.Contains(string(events), `"shutdown"`) {
+		t.Errorf("events through the pipe = %q", events)
+	}
+}

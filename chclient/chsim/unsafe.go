@@ -1,5 +1,0 @@
-package chsim
-
-import "unsafe"
-
-func unsafePointer[T any](p *T) unsafe.Pointer { return unsafe.Pointer(p) }
