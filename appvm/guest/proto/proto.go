@@ -43,6 +43,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"time"
 )
@@ -447,12 +448,35 @@ func (m *Spec) Validate() error {
 	if m.StopGraceSecs < 0 || m.HeartbeatSecs < 0 {
 		return errors.New("spec: negative stop_grace_secs or heartbeat_secs")
 	}
+	for _, e := range m.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || !validEnvKey(k) {
+			return fmt.Errorf("spec: env entry with key %q is not KEY=VALUE", k)
+		}
+	}
 	for _, e := range m.SecretEnv {
-		if e.Key == "" {
-			return errors.New("spec: secret_env entry without a key")
+		if !validEnvKey(e.Key) {
+			// The key is not secret; the value is never named.
+			return fmt.Errorf("spec: secret_env key %q is not a valid name", e.Key)
 		}
 	}
 	return nil
+}
+
+// validEnvKey reports whether k matches [A-Za-z_][A-Za-z0-9_]*.
+func validEnvKey(k string) bool {
+	if k == "" {
+		return false
+	}
+	for i, c := range k {
+		switch {
+		case c == '_', c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z':
+		case c >= '0' && c <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // checkPath accepts absolute, clean paths other than /.
@@ -588,16 +612,20 @@ func Marshal(m Message) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("encoding %s: %w", m.Type(), err)
 	}
-	env, err := json.Marshal(envelope{Type: m.Type(), Body: body})
-	if err != nil {
-		return nil, fmt.Errorf("encoding %s: %w", m.Type(), err)
+	// The envelope is assembled by hand: type names are plain ASCII, and
+	// json.Marshal of a RawMessage would scan the whole body again.
+	typ := m.Type()
+	n := len(`{"type":"","body":}`) + len(typ) + len(body)
+	if n > MaxFrame {
+		return nil, fmt.Errorf("encoding %s: %d bytes: %w", typ, n, ErrFrameTooLarge)
 	}
-	if len(env) > MaxFrame {
-		return nil, fmt.Errorf("encoding %s: %d bytes: %w", m.Type(), len(env), ErrFrameTooLarge)
-	}
-	b := make([]byte, 4, 4+len(env))
-	binary.BigEndian.PutUint32(b, uint32(len(env)))
-	return append(b, env...), nil
+	b := make([]byte, 4, 4+n)
+	binary.BigEndian.PutUint32(b, uint32(n))
+	b = append(b, `{"type":"`...)
+	b = append(b, typ...)
+	b = append(b, `","body":`...)
+	b = append(b, body...)
+	return append(b, '}'), nil
 }
 
 // Recv reads one frame and returns its message, a pointer to one of this

@@ -144,6 +144,9 @@ func TestRecvErrors(t *testing.T) {
 		{"spec bad mode", frame(`{"type":"spec","body":{"v":1,"command":["x"],"network":{"mode":"bridge"}}}`), "network.mode"},
 		{"spec no command", frame(`{"type":"spec","body":{"v":1,"network":{"mode":"dhcp"}}}`), "empty command"},
 		{"secret not string", frame(`{"type":"spec","body":{"v":1,"command":["x"],"network":{"mode":"dhcp"},"secret_env":[{"key":"K","value":5}]}}`), "want a string"},
+		{"env without =", frame(`{"type":"spec","body":{"v":1,"command":["x"],"network":{"mode":"dhcp"},"env":["NOVALUE"]}}`), "KEY=VALUE"},
+		{"env bad key", frame(`{"type":"spec","body":{"v":1,"command":["x"],"network":{"mode":"dhcp"},"env":["1A=b"]}}`), "KEY=VALUE"},
+		{"secret bad key", frame(`{"type":"spec","body":{"v":1,"command":["x"],"network":{"mode":"dhcp"},"secret_env":[{"key":"A-B","value":"hidden-v"}]}}`), "not a valid name"},
 		{"oversize", huge, "maximum size"},
 		{"truncated body", frame(`{"type":"started","body":{"pid":1}}`)[:10], "unexpected EOF"},
 		{"truncated header", []byte{0, 0}, "unexpected EOF"},
@@ -157,7 +160,11 @@ func TestRecvErrors(t *testing.T) {
 			}
 		})
 	}
-	_, err := NewConn(bytes.NewBuffer(huge)).Recv()
+	_, err := NewConn(bytes.NewBuffer(frame(`{"type":"spec","body":{"v":1,"command":["x"],"network":{"mode":"dhcp"},"secret_env":[{"key":"A-B","value":"hidden-v"}]}}`))).Recv()
+	if err == nil || strings.Contains(err.Error(), "hidden-v") {
+		t.Errorf("error %v names the secret value", err)
+	}
+	_, err = NewConn(bytes.NewBuffer(huge)).Recv()
 	if !errors.Is(err, ErrFrameTooLarge) {
 		t.Errorf("oversize: %v is not ErrFrameTooLarge", err)
 	}
@@ -241,4 +248,51 @@ func FuzzRecv(f *testing.F) {
 			}
 		}
 	})
+}
+
+func logFrame() *Log {
+	return &Log{Stream: Stdout, Data: bytes.Repeat([]byte("log line of a workload\n"), 1000), Seq: 1}
+}
+
+// BenchmarkLogRoundTrip encodes and decodes a 23 KB Log chunk through
+// Conn.
+func BenchmarkLogRoundTrip(b *testing.B) {
+	m := logFrame()
+	var buf bytes.Buffer
+	c := NewConn(&buf)
+	for b.Loop() {
+		if err := c.Send(m); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Recv(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkLogRoundTripNDJSON is the plain alternative: newline-delimited
+// JSON with json.Encoder/Decoder, without strictness or validation.
+func BenchmarkLogRoundTripNDJSON(b *testing.B) {
+	m := logFrame()
+	var buf bytes.Buffer
+	enc, dec := json.NewEncoder(&buf), json.NewDecoder(&buf)
+	for b.Loop() {
+		if err := enc.Encode(envelopeOf(m)); err != nil {
+			b.Fatal(err)
+		}
+		var env struct {
+			Type string
+			Body Log
+		}
+		if err := dec.Decode(&env); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func envelopeOf(m Message) any {
+	return struct {
+		Type string  `json:"type"`
+		Body Message `json:"body"`
+	}{m.Type(), m}
 }
