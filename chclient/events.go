@@ -45,10 +45,12 @@ type MalformedEventError struct {
 	Err    error
 }
 
+// Error names the offset and the decoding problem.
 func (e *MalformedEventError) Error() string {
 	return fmt.Sprintf("malformed event at offset %d: %v", e.Offset, e.Err)
 }
 
+// Unwrap returns the decoding error.
 func (e *MalformedEventError) Unwrap() error { return e.Err }
 
 // EventReader splits CH's event stream: pretty-printed JSON objects separated by blank

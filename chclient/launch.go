@@ -92,6 +92,7 @@ type LaunchError struct {
 	err  error
 }
 
+// Error says why the process did not come up, with its log and output tails.
 func (e *LaunchError) Error() string { return e.msg }
 
 // Unwrap returns the wait error (*proc.EarlyExitError or a context error).
