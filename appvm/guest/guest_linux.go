@@ -173,10 +173,6 @@ type agent struct {
 		exit    *proto.Exit
 		health  *proto.Health
 	}
-
-	// mu guards the workload pid.
-	mu          sync.Mutex
-	workloadPID int
 }
 
 // send sends m. While the connection is lost, messages are dropped (the
@@ -421,7 +417,6 @@ type workload struct {
 	status  <-chan syscall.WaitStatus
 	logs    sync.WaitGroup
 	started time.Time
-	cmd     *exec.Cmd
 	acc     account
 	env     []string
 }
@@ -509,10 +504,7 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		return nil, err
 	}
 	cmd.Stdout, cmd.Stderr = outW, errW
-	a.mu.Lock()
 	w.pid, w.status, err = a.reaper.start(cmd)
-	a.workloadPID = w.pid
-	a.mu.Unlock()
 	outW.Close()
 	errW.Close()
 	if err != nil {
@@ -521,7 +513,6 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		return nil, fmt.Errorf("starting the workload %q: %w", argv[0], err)
 	}
 	w.started = time.Now()
-	w.cmd = cmd
 	// Started goes out before any output: the pipes hold it meanwhile.
 	a.send(&proto.Started{PID: w.pid})
 	w.logs.Add(2)
@@ -624,21 +615,23 @@ func (a *agent) pump(stream string, r *os.File, wg *sync.WaitGroup) {
 // supervise waits for the workload, forwarding signals and handling Stop,
 // runs the health checks, reports the exit, then idles or powers off.
 func (a *agent) supervise(spec *proto.Spec, w *workload, sigs <-chan os.Signal, stops <-chan *proto.Stop) error {
-	hcCtx, stopHC := context.WithCancel(context.Background())
-	defer stopHC()
+	hcCtx, cancelHC := context.WithCancel(context.Background())
+	hcDone := make(chan struct{})
+	// stopHC returns once the checker is gone, so no Health follows Exit.
+	stopHC := func() { cancelHC(); <-hcDone }
 	if spec.Healthcheck != nil {
 		h := newHealthChecker(a, spec.Healthcheck, w, spec.Workdir)
-		go h.run(hcCtx)
+		go func() { h.run(hcCtx); close(hcDone) }()
+	} else {
+		close(hcDone)
 	}
+	defer stopHC()
 	stopping := false
 	var kill <-chan time.Time
 	for {
 		select {
 		case ws := <-w.status:
 			stopHC()
-			a.mu.Lock()
-			a.workloadPID = 0
-			a.mu.Unlock()
 			// Output written just before the exit should precede Exit; an
 			// orphan holding the pipes open must not block it for long.
 			drained := make(chan struct{})
