@@ -188,3 +188,26 @@ func TestReadFilesRejectsNonSeeds(t *testing.T) {
 		t.Errorf("label OTHER: ReadFiles = %v, want ErrNotSeed", err)
 	}
 }
+
+func TestImageWithOptions(t *testing.T) {
+	f, err := Render(renderCases[0].cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if _, err := Write(&buf, f); err != nil {
+		t.Fatal(err)
+	}
+	img, err := Image(f, fat.Options{})
+	if err != nil || !bytes.Equal(img, buf.Bytes()) {
+		t.Errorf("Image with zero Options differs from Write (err %v)", err)
+	}
+	img, err = Image(f, fat.Options{VolumeID: 0x1234ABCD})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := fat.Read(bytes.NewReader(img), int64(len(img)))
+	if err != nil || v.VolumeID != 0x1234ABCD || v.Label != Label {
+		t.Errorf("Image with VolumeID: %+v, %v", v, err)
+	}
+}

@@ -166,9 +166,10 @@ func (c *Config) Validate() error {
 			return &ConfigError{fmt.Sprintf("ssh_authorized_keys[%d]", i), "empty"}
 		}
 	}
-	if r := plainText(c.Password); r != "" {
-		// r names only the offending character class, never the value.
-		return &ConfigError{"password", r}
+	if plainText(c.Password) != "" {
+		// Say nothing about which character: the error must not leak
+		// anything of the password.
+		return &ConfigError{"password", "must be valid UTF-8 without control characters"}
 	}
 	gw4, gw6 := -1, -1
 	names := make(map[string]int)

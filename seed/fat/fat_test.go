@@ -273,6 +273,16 @@ func TestMatchesMkfsMcopy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// The reader also understands the independent writer's image.
+			v, err := Read(bytes.NewReader(want), int64(len(want)))
+			if err != nil {
+				t.Fatalf("Read of the mkfs.vfat+mcopy image: %v", err)
+			}
+			checkFiles(t, v.Files, files)
+			if v.Label != "CIDATA" || v.VolumeID != refVolumeID {
+				t.Errorf("reference image: label %q, volume ID %08X", v.Label, v.VolumeID)
+			}
+
 			got, err := Build(files, Options{VolumeID: refVolumeID, ModTime: refTime})
 			if err != nil {
 				t.Fatal(err)

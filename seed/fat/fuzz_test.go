@@ -85,3 +85,41 @@ func FuzzWriteRead(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRead feeds damaged images to Read: it may refuse them, but must not
+// panic, loop or allocate beyond the image size, and whatever it returns
+// must be consistent with the bytes. The fuzzed bytes are laid over the
+// start of a valid MinSize image (boot sector, FATs, root directory and the
+// first clusters), so inputs stay small while sizes still vary: a short
+// input can also be taken as the whole image.
+func FuzzRead(f *testing.F) {
+	good, err := Build([]File{
+		{Name: "meta-data", Data: []byte("instance-id: x\n")},
+		{Name: "user-data", Data: bytes.Repeat([]byte("#cloud-config\n"), 400)},
+		{Name: "network-config"},
+	}, Options{Size: MinSize})
+	if err != nil {
+		f.Fatal(err)
+	}
+	l, _ := newLayout(MinSize)
+	f.Add(good[:l.dataStart+3*ClusterSize], false)
+	f.Add(good[:SectorSize], true)
+	f.Fuzz(func(t *testing.T, head []byte, whole bool) {
+		img := head
+		if !whole {
+			img = bytes.Clone(good)
+			copy(img, head)
+		}
+		v, err := Read(bytes.NewReader(img), int64(len(img)))
+		if err != nil {
+			return
+		}
+		total := 0
+		for _, fl := range v.Files {
+			total += len(fl.Data)
+		}
+		if total > len(img) {
+			t.Fatalf("read %d bytes of files from a %d-byte image", total, len(img))
+		}
+	})
+}

@@ -39,3 +39,18 @@ for d in testdata/render/*/; do
 	/usr/bin/python3 testdata/nocloud_read.py "$imgs/$(basename "$d").img" "$d" 2>&1
 	echo "[exit $?]"
 done
+
+# Contrast for the package's IPv6 default-route choice: the dual-stack golden
+# with gateway6 replaced by the route form "to: ::/0".
+echo
+echo "## contrast: static-dual-stack-multi-nic with routes: [{to: \"::/0\"}] instead of gateway6"
+sed -e '/^    gateway6: /d' -e 's/^        via: "192.0.2.1"$/&\n      - to: "::\/0"\n        via: "2001:db8:10::1"/' \
+	testdata/render/static-dual-stack-multi-nic/network-config >"$imgs/v6-route.yaml"
+grep -n -B3 -A1 '::/0' "$imgs/v6-route.yaml" | sed 's/^/    /'
+for r in networkd eni; do
+	rm -rf "$out"/*
+	echo "\$ cloud-init devel net-convert -p v6-route.yaml -k yaml -D debian -O $r -d OUT"
+	cloud-init devel net-convert -p "$imgs/v6-route.yaml" -k yaml -D debian -O "$r" -d "$out" >/dev/null 2>&1
+	echo "[exit $?] IPv6 routes:"
+	cat "$out"/etc/systemd/network/*.network "$out"/etc/network/interfaces.d/50-cloud-init 2>/dev/null | grep -E 'Destination=::|inet6 ::|2001:db8:10::1' | sed 's/^/    /'
+done
