@@ -106,7 +106,9 @@ func (s *sim) control(r *request) (response, func()) {
 		s.emit("guest", "panic", map[string]string{"event": ev})
 		return noContent(), nil
 	case "hang":
-		return noContent(), func() { s.hung.Store(true) }
+		// /sim/v1/ keeps answering, so this response still goes out.
+		s.hung.Store(true)
+		return noContent(), nil
 	case "crash":
 		sig := syscall.Signal(body.Signal)
 		if body.Signal <= 0 || body.Signal >= 65 {
