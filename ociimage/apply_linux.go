@@ -364,7 +364,7 @@ func (a *applier) writeFile(dirfd int, base, name string, hdr *tar.Header, tr *t
 	}
 	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
-	if _, err := io.CopyBuffer(onlyWriter{f}, tr, a.buf); err != nil {
+	if err := a.copySparse(f, tr); err != nil {
 		var pe *fs.PathError
 		if errors.As(err, &pe) && pe.Path == name {
 			return fmt.Errorf("%s: writing %q: %w", a.what, name, err)
@@ -380,11 +380,61 @@ func (a *applier) writeFile(dirfd int, base, name string, hdr *tar.Header, tr *t
 	return a.setTimesAt(dirfd, base, name, hdr.AccessTime, hdr.ModTime)
 }
 
-// onlyWriter hides os.File's ReadFrom so that CopyBuffer uses our buffer
-// instead of falling back to a small one per call.
-type onlyWriter struct{ w io.Writer }
+// zeroBlock is one file system block of zeros.
+var zeroBlock [blockSize]byte
 
-func (o onlyWriter) Write(p []byte) (int, error) { return o.w.Write(p) }
+// copySparse copies r into the empty file f, leaving holes where whole
+// blocks are zero: mkfs.ext4 -d keeps holes, so zero-filled files (and
+// sparse tar entries) cost no space in the staging tree or the image.
+func (a *applier) copySparse(f *os.File, r io.Reader) error {
+	var off int64
+	for {
+		n, rerr := fill(r, a.buf)
+		chunk := a.buf[:n]
+		for i := 0; i < n; {
+			end := min(i+blockSize, n)
+			if bytes.Equal(chunk[i:end], zeroBlock[:end-i]) {
+				i = end
+				continue
+			}
+			// Write the run of non-zero blocks in one call.
+			j := end
+			for j < n {
+				next := min(j+blockSize, n)
+				if bytes.Equal(chunk[j:next], zeroBlock[:next-j]) {
+					break
+				}
+				j = next
+			}
+			if _, err := f.WriteAt(chunk[i:j], off+int64(i)); err != nil {
+				return err
+			}
+			i = j
+		}
+		off += int64(n)
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+	// Trailing zeros are a hole too; the size must still be right.
+	return f.Truncate(off)
+}
+
+// fill reads from r until buf is full or r fails; io.EOF means r ended.
+func fill(r io.Reader, buf []byte) (int, error) {
+	n := 0
+	for n < len(buf) {
+		m, err := r.Read(buf[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
 
 func (a *applier) link(dirfd int, base, name string, hdr *tar.Header) error {
 	target, err := a.cleanEntryName(hdr.Linkname)

@@ -2,6 +2,7 @@ package ociimage
 
 import (
 	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -477,5 +478,47 @@ func TestRemoveStale(t *testing.T) {
 	}
 	if err := RemoveStale(filepath.Join(dst, "missing")); err != nil {
 		t.Errorf("RemoveStale(missing dir) = %v, want nil", err)
+	}
+}
+
+// TestImportZeroFilledFile checks that zero blocks become holes (in the
+// staging tree, the ext4 image and the qcow2) without changing content.
+func TestImportZeroFilledFile(t *testing.T) {
+	requireTools(t)
+	dir := t.TempDir()
+	const size = 256 << 20
+	body := make([]byte, size+10)
+	copy(body[5000:], "data in the middle")
+	copy(body[size:], "tail bytes")
+	files, _ := newLayout(t, true, layerTar(t, fileEnt("big", string(body), 0o644, 0, 0))).files(t)
+	src := filepath.Join(dir, "layout")
+	writeDir(t, src, files)
+	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), Options{})
+	if err != nil {
+		t.Fatalf("Import: %v", err)
+	}
+	raw := rawImage(t, img)
+	st := stat(t, raw, "/big")
+	if st.size != int64(len(body)) {
+		t.Errorf("/big size = %d, want %d", st.size, len(body))
+	}
+	if m := regexp.MustCompile(`Blockcount: (\d+)`).FindStringSubmatch(st.raw); m == nil || len(m[1]) > 3 {
+		t.Errorf("/big is not sparse in the ext4 image:\n%s", st.raw)
+	}
+	out := filepath.Join(dir, "big.out")
+	debugfs(t, raw, "dump /big "+out)
+	got, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, body) {
+		t.Errorf("/big content differs after import")
+	}
+	fi, err := os.Stat(img.RootfsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() > 64<<20 {
+		t.Errorf("%s is %d bytes for a mostly zero file system", img.RootfsPath, fi.Size())
 	}
 }
