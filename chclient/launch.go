@@ -29,7 +29,14 @@ type LaunchConfig struct {
 	SerialSocket string
 	ExtraArgs    []string // appended after CH's flags, e.g. "-v"
 	Env          []string // nil means the agent's environment
+	// StartTimeout bounds the wait for the API socket (on top of ctx); 0 means
+	// DefaultStartTimeout.
+	StartTimeout time.Duration
 }
+
+// DefaultStartTimeout is how long Launch waits for the API socket unless told otherwise.
+// CH serves its API within milliseconds of starting; seconds mean something is wrong.
+const DefaultStartTimeout = 30 * time.Second
 
 // Process is one CH process: a child this agent started (Launch), or one adopted after an
 // agent restart (Adopt). Its methods are safe for concurrent use.
@@ -45,8 +52,8 @@ type Process struct {
 
 // Launch removes stale sockets (the API socket, its .lock, the vsock and serial sockets),
 // starts CH in its own session, and waits until the API socket accepts connections. If the
-// process exits first, the error carries the tail of its log and output; if ctx ends first,
-// the process is killed. The caller owns the returned Process.
+// process exits first, the error carries the tail of its log and output; if ctx or
+// StartTimeout ends first, the process is killed. The caller owns the returned Process.
 func Launch(ctx context.Context, cfg LaunchConfig) (*Process, error) {
 	if cfg.Binary == "" || cfg.APISocket == "" || cfg.EventMonitor == "" || cfg.LogFile == "" {
 		return nil, errors.New("launching cloud hypervisor: binary, API socket, event monitor and log file are required")
@@ -71,7 +78,13 @@ func Launch(ctx context.Context, cfg LaunchConfig) (*Process, error) {
 	if err != nil {
 		return nil, fmt.Errorf("launching cloud hypervisor: %w", err)
 	}
-	if err := proc.WaitSocket(ctx, cfg.APISocket, child.Done(), cfg.LogFile); err != nil {
+	timeout := cfg.StartTimeout
+	if timeout <= 0 {
+		timeout = DefaultStartTimeout
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := proc.WaitSocket(wctx, cfg.APISocket, child.Done(), cfg.LogFile); err != nil {
 		child.Signal(syscall.SIGKILL)
 		st := child.Exit()
 		msg := fmt.Sprintf("launching cloud hypervisor %s: %v", cfg.Binary, err)

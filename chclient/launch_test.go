@@ -149,3 +149,22 @@ func TestAdopt(t *testing.T) {
 		t.Error("Exit claims to know the status of a process that is not our child")
 	}
 }
+
+// TestLaunchTimeoutKills covers a CH that never opens its socket: Launch gives up after
+// StartTimeout and kills it.
+func TestLaunchTimeoutKills(t *testing.T) {
+	f := newFixture(t)
+	cfg := f.config()
+	cfg.StartTimeout = 300 * time.Millisecond
+	// A process that takes CH's flags as positional parameters and never listens.
+	cfg.Binary = "/bin/sh"
+	cfg.PreArgs = []string{"-c", "sleep 30", "sh"}
+	_, err := chclient.Launch(context.Background(), cfg)
+	var le *chclient.LaunchError
+	if !errors.As(err, &le) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Launch = %v, want a LaunchError wrapping context.DeadlineExceeded", err)
+	}
+	if le.Exit.Signal != syscall.SIGKILL {
+		t.Errorf("exit = %v, want killed", le.Exit)
+	}
+}
