@@ -124,7 +124,7 @@ var (
 	// userRE is Debian's default NAME_REGEX with '_' allowed first, capped
 	// at 32 bytes (utmp's limit).
 	userRE   = regexp.MustCompile(`^[a-z_][a-z0-9_-]{0,31}$`)
-	ifnameRE = regexp.MustCompile(`^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}$`)
+	ifnameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$`)
 )
 
 // plainText reports why s cannot be rendered as a one-line value, or "".
