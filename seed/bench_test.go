@@ -5,8 +5,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"testing"
 	"syscall"
+	"testing"
 	"time"
 
 	"vmhost/seed/fat"
