@@ -215,6 +215,10 @@ func TestCheck13VMMShutdown(t *testing.T) {
 	if _, err := os.Stat(p.sock); !os.IsNotExist(err) {
 		t.Errorf("API socket still there after exit: %v", err)
 	}
+	// v53 never deletes its lock file.
+	if _, err := os.Stat(p.sock + ".lock"); err != nil {
+		t.Errorf("lock file: %v", err)
+	}
 	evs := p.eventsSoFar()
 	if len(evs) == 0 || evs[len(evs)-1].String() != "vmm/shutdown" {
 		t.Errorf("events = %v, want vmm/shutdown last", evs)
