@@ -85,7 +85,10 @@ const (
 // ConfigError reports a Config field that cannot be rendered. Its message
 // never includes the password.
 type ConfigError struct {
-	Field  string // e.g. "hostname", "interfaces[1].ipv4.gateway"
+	// Field is named like the API's cloud_init fields ("hostname",
+	// "ssh_authorized_keys[0]"); "interfaces[i]" is Config.Interfaces[i],
+	// that is nets[i] (or cloud_init.network for the first one's addresses).
+	Field  string
 	Reason string
 }
 
