@@ -15,7 +15,10 @@
 // client, and runs the workload chrooted into /mnt/root; poweroff is
 // reboot(2). Kernel command-line knobs: vmhost.root= (root device, default
 // /dev/vda), vmhost.rootfstype= (default ext4), vmhost.port= (vsock port,
-// default proto.Port). No secret is ever read from the command line.
+// default proto.Port). No secret is ever read from the command line. The
+// flags --transport, --root, --root-device and --root-fstype also apply, for
+// tests that run VM mode as PID 1 of a PID namespace; init's other
+// arguments are ignored.
 //
 // Process mode (the simulator and tests): the agent is an ordinary process:
 //
@@ -91,6 +94,8 @@ type options struct {
 	heartbeat time.Duration
 	vm        bool
 	dialWait  time.Duration
+
+	rootDevice, rootFSType string
 }
 
 // Main runs the agent with args (without the program name and subcommand)
@@ -109,6 +114,8 @@ func Main(args []string) int {
 	fl.BoolVar(&o.network, "network", false, "process mode: configure the Spec's network in this network namespace (needs root)")
 	fl.DurationVar(&o.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval unless the Spec sets one")
 	fl.DurationVar(&o.dialWait, "dial-timeout", 30*time.Second, "how long to keep dialing the host")
+	fl.StringVar(&o.rootDevice, "root-device", "", "VM mode: root disk device, over vmhost.root= (tests)")
+	fl.StringVar(&o.rootFSType, "root-fstype", "", "VM mode: root disk filesystem, over vmhost.rootfstype= (tests)")
 	if pid1 {
 		fl.SetOutput(io.Discard)
 	}
@@ -124,6 +131,7 @@ func Main(args []string) int {
 		if o.root == "" {
 			o.root = vmRoot
 		}
+		vs.root, vs.flagDev, vs.flagFSType = o.root, o.rootDevice, o.rootFSType
 		sys = vs
 	} else {
 		if o.root == "" {

@@ -65,8 +65,9 @@ type fakeHost struct {
 	stderr *lockedBuffer
 	msgs   chan proto.Message
 	exited chan struct{}
-	// exitCode is the agent's status, valid once exited is closed.
-	exitCode int
+	// exitCode and waitStatus are the agent's, valid once exited is closed.
+	exitCode   int
+	waitStatus syscall.WaitStatus
 
 	mu  sync.Mutex
 	all []proto.Message
@@ -78,6 +79,9 @@ type agentOpts struct {
 	// wrap prefixes the agent's command line (e.g. unshare), which must
 	// exec the agent in place so its pid stays the agent's.
 	wrap []string
+	// exe replaces the test binary's path (an agent in a chroot); sock and
+	// agentSock are the listener's path here and as the agent sees it.
+	exe, sock, agentSock string
 }
 
 // startAgent starts the agent, accepts its connection, checks the Hello
@@ -92,16 +96,23 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 		}
 	}
 	sock := filepath.Join(dir, "vsock.sock_"+strconv.Itoa(proto.Port))
+	agentSock := sock
+	if o.sock != "" {
+		sock, agentSock = o.sock, o.agentSock
+	}
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	args := append([]string{"--transport", "unix:" + sock, "--root", o.root, "--heartbeat", "100ms"}, o.args...)
+	args := append([]string{"--transport", "unix:" + agentSock, "--root", o.root, "--heartbeat", "100ms"}, o.args...)
 	h := &fakeHost{t: t, ln: ln, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{})}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if o.exe != "" {
+		exe = o.exe
 	}
 	argv := append(append(append([]string{}, o.wrap...), exe), args...)
 	h.cmd = exec.Command(argv[0], argv[1:]...)
@@ -113,6 +124,7 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 	go func() {
 		h.cmd.Wait()
 		h.exitCode = h.cmd.ProcessState.ExitCode()
+		h.waitStatus = h.cmd.ProcessState.Sys().(syscall.WaitStatus)
 		close(h.exited)
 	}()
 	t.Cleanup(func() {

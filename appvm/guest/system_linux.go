@@ -138,16 +138,20 @@ func childrenOf(pid int) []int {
 
 // vmSystem is VM mode: the agent is PID 1 of the guest.
 type vmSystem struct {
-	log        *slog.Logger
+	log *slog.Logger
+	// root is where the root disk is mounted (the workload root).
+	root       string
 	rootDev    string
 	rootFSType string
+	// flagDev and flagFSType, when set, win over the kernel command line.
+	flagDev, flagFSType string
 	port       uint32
 	// mounted lists mountpoints to detach at poweroff, innermost last.
 	mounted []string
 }
 
 func newVMSystem(log *slog.Logger) *vmSystem {
-	return &vmSystem{log: log, rootDev: "/dev/vda", rootFSType: "ext4", port: proto.Port}
+	return &vmSystem{log: log, root: vmRoot, rootDev: "/dev/vda", rootFSType: "ext4", port: proto.Port}
 }
 
 // parseCmdline reads the vmhost.* knobs from the kernel command line.
@@ -200,6 +204,12 @@ func (s *vmSystem) prepare() error {
 	if b, err := os.ReadFile("/proc/cmdline"); err == nil {
 		s.parseCmdline(string(b))
 	}
+	if s.flagDev != "" {
+		s.rootDev = s.flagDev
+	}
+	if s.flagFSType != "" {
+		s.rootFSType = s.flagFSType
+	}
 	// The root disk may show up a moment after init starts.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -208,7 +218,7 @@ func (s *vmSystem) prepare() error {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	if err := s.mount(s.rootDev, vmRoot, s.rootFSType, 0, ""); err != nil {
+	if err := s.mount(s.rootDev, s.root, s.rootFSType, 0, ""); err != nil {
 		return err
 	}
 	return linkUp("lo")

@@ -1,0 +1,121 @@
+package guest
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"vmhost/appvm/guest/proto"
+	"vmhost/initramfs"
+)
+
+// TestIntegrationVMMode runs the agent the way a VM does: the initramfs
+// (written by package initramfs with this test binary as /init, unpacked by
+// cpio) is the agent's root, the agent is PID 1 of new PID, mount, UTS and
+// network namespaces, mounts /proc, /sys, /dev and an ext4 root disk (a
+// loop device), chroots the workload into it, and powers off with
+// reboot(2), which in a PID namespace ends the namespace's init with SIGINT.
+func TestIntegrationVMMode(t *testing.T) {
+	requireRoot(t)
+	for _, tool := range []string{"unshare", "chroot", "cpio", "mkfs.ext4", "losetup", "debugfs", "ldd"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := os.MkdirTemp("", "guest-vm-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(work) })
+
+	// The initramfs, unpacked, plus the shared libraries of this (test,
+	// not static) binary.
+	cpioPath := filepath.Join(work, "initramfs.cpio")
+	f, err := os.Create(cpioPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := initramfs.ForGuestAgent(f, exe); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	initrd := filepath.Join(work, "initrd")
+	os.Mkdir(initrd, 0o755)
+	unpack := exec.Command("cpio", "-idm", "--quiet", "-F", cpioPath)
+	unpack.Dir = initrd
+	if out, err := unpack.CombinedOutput(); err != nil {
+		t.Fatalf("cpio -i: %v\n%s", err, out)
+	}
+	copyFiles(t, initrd, libsOf(t, exe))
+
+	// The image root: /bin/sh and its libraries, on an ext4 disk.
+	image := filepath.Join(work, "image")
+	copyFiles(t, image, append([]string{"/bin/sh"}, libsOf(t, "/bin/sh")...))
+	os.MkdirAll(filepath.Join(image, "etc"), 0o755)
+	os.WriteFile(filepath.Join(image, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644)
+	disk := filepath.Join(work, "root.img")
+	run(t, "mkfs.ext4", "-q", "-d", image, disk, "32M")
+	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", disk))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+
+	h := startAgent(t, &proto.Spec{
+		Command:     sh(`read h < /etc/hostname; echo "$h"; read s < /run/secret; echo "$s"; test -r /proc/self/status && echo proc; test -e /init || echo image-root; exit 3`),
+		Hostname:    "vmguest",
+		SecretFiles: []proto.SecretFile{{Path: "/run/secret", Mode: 0o400, Content: proto.NewSecret("sekrit")}},
+	}, agentOpts{
+		root:      "/mnt/root",
+		exe:       "/init",
+		wrap:      []string{"unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--uts", "--net", "chroot", initrd},
+		sock:      filepath.Join(initrd, "tmp", "vsock.sock_1024"),
+		agentSock: "/tmp/vsock.sock_1024",
+		args:      []string{"--root-device", dev},
+	})
+	if st, ok := h.next().(*proto.Started); !ok || st.PID <= 1 {
+		t.Fatalf("want Started with the workload's pid in the namespace, got %#v", st)
+	}
+	exit, out, errOut := h.waitExit()
+	if exit.Code == nil || *exit.Code != 3 {
+		t.Fatalf("exit = %+v, stderr %q", exit, errOut)
+	}
+	if want := "vmguest\nsekrit\nproc\nimage-root\n"; out != want {
+		t.Errorf("stdout = %q, want %q", out, want)
+	}
+	h.waitAgent()
+	if !h.waitStatus.Signaled() || h.waitStatus.Signal() != syscall.SIGINT {
+		t.Errorf("agent status %v, want death by SIGINT (reboot(POWER_OFF) in a PID namespace)", h.waitStatus)
+	}
+	if got := run(t, "debugfs", "-R", "cat /etc/hosts", disk); !strings.Contains(got, "127.0.1.1\tvmguest") {
+		t.Errorf("/etc/hosts on the root disk: %q", got)
+	}
+	if !strings.Contains(h.stderr.String(), "powering off") {
+		t.Errorf("agent stderr lacks the VM-mode poweroff:\n%s", h.stderr.String())
+	}
+	if strings.Contains(h.stderr.String(), "sekrit") {
+		t.Errorf("agent stderr leaks the secret:\n%s", h.stderr.String())
+	}
+}
+
+// copyFiles copies host files to the same paths under dir.
+func copyFiles(t *testing.T, dir string, files []string) {
+	t.Helper()
+	for _, src := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dst := filepath.Join(dir, src)
+		if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dst, b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
