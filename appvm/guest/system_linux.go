@@ -145,7 +145,7 @@ type vmSystem struct {
 	rootFSType string
 	// flagDev and flagFSType, when set, win over the kernel command line.
 	flagDev, flagFSType string
-	port       uint32
+	port                uint32
 	// mounted lists mountpoints to detach at poweroff, innermost last.
 	mounted []string
 }
