@@ -438,6 +438,8 @@ func TestReadRejectsCorruption(t *testing.T) {
 			}
 		}},
 		{"cluster shared", func(b []byte) { b[0xA80+26] = 2 }},
+		{"orphan long name", func(b []byte) { copy(b[0xA40:0xA60], b[0xA60:0xA80]) }},
+		{"long name sequence", func(b []byte) { b[0xAA0] = 0x43 }},
 	}
 	for _, tt := range tests {
 		b := slices.Clone(img)

@@ -131,8 +131,8 @@ func Read(r io.ReaderAt, size int64) (*Volume, error) {
 		if attr&0x3F == attrLFN {
 			seq := int(e[0] &^ 0x40)
 			if e[0]&0x40 != 0 {
-				if lfnNext != 0 {
-					return nil, fmt.Errorf("%w: long name at entry %d interrupted", ErrCorrupt, off/dirEntrySize)
+				if lfn != nil {
+					return nil, fmt.Errorf("%w: long name before entry %d has no short entry", ErrCorrupt, off/dirEntrySize)
 				}
 				if seq < 1 || seq > 20 {
 					return nil, fmt.Errorf("%w: long name sequence %d at entry %d", ErrCorrupt, seq, off/dirEntrySize)
