@@ -220,7 +220,7 @@ type sim struct {
 	vsock      *vsockMux
 	guestPorts map[uint32]bool
 	taps       []*os.File
-	vhost      []net.Conn
+	vhost      map[string]net.Conn // disk id → vhost-user connection
 	counters   map[string]map[string]uint64
 }
 

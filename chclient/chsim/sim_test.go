@@ -381,3 +381,36 @@ func TestInheritedFDs(t *testing.T) {
 		t.Errorf("events through the pipe = %q", events)
 	}
 }
+
+// TestVhostUserBackendHeld proves the boot connects to the vhost-user backend (as qsd would
+// see it), holds the connection while the disk is plugged, and drops it on unplug.
+func TestVhostUserBackendHeld(t *testing.T) {
+	p := startSim(t)
+	sock := filepath.Join(p.dir, "root.vhost")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := strings.Replace(minimalConfig(t, p.dir), `"memory":{"size":1073741824}`, `"memory":{"size":1073741824,"shared":true}`, 1)
+	cfg = strings.Replace(cfg, `"disks":[`, fmt.Sprintf(`"disks":[{"id":"root","vhost_user":true,"vhost_socket":%q},`, sock), 1)
+	p.wantStatus("PUT", "/api/v1/vm.create", cfg, 204)
+	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
+	l.(*net.UnixListener).SetDeadline(time.Now().Add(5 * time.Second))
+	backend, err := l.Accept()
+	if err != nil {
+		t.Fatalf("the boot did not connect to the vhost-user backend: %v", err)
+	}
+	defer backend.Close()
+	p.wantStatus("PUT", "/api/v1/vm.remove-device", `{"id":"root"}`, 204)
+	p.waitEvents("vm/device-removed map[bdf:0000:00:01.0 id:root]")
+	backend.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := backend.Read(make([]byte, 1)); err != io.EOF {
+		t.Errorf("backend read after unplug = %v, want EOF", err)
+	}
+	var info struct{ Config struct{ Disks []struct{ ID string } } }
+	json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
+	if len(info.Config.Disks) != 1 || info.Config.Disks[0].ID != "_disk0" {
+		t.Errorf("disks after unplug = %+v", info.Config.Disks)
+	}
+}

@@ -237,8 +237,17 @@ func (s *sim) bootLocked() []string {
 		}
 		s.vsock = mux
 	}
-	s.taps, s.vhost = taps, vhost
+	s.taps = taps
 	s.assignDevicesLocked()
+	// Hold each vhost-user connection under its disk's id, so an unplug closes it.
+	s.vhost = map[string]net.Conn{}
+	j := 0
+	for _, d := range s.vm.Disks {
+		if d.VhostUser {
+			s.vhost[*d.ID] = vhost[j]
+			j++
+		}
+	}
 	s.state = stateRunning
 	s.activated = false
 	s.bootGen++
@@ -764,12 +773,13 @@ func (s *sim) addDisk(r *request) (response, func()) {
 		s.vm.Disks = append(s.vm.Disks, d)
 		return noContent(), nil
 	}
+	var vhostConn net.Conn
 	if d.VhostUser {
 		c, err := net.Dial("unix", deref(d.VhostSocket))
 		if err != nil {
 			return apiError(http.StatusInternalServerError, op, "Failed to connect to vhost-user backend", osErrText(err)), nil
 		}
-		s.vhost = append(s.vhost, c)
+		vhostConn = c
 	} else {
 		f, err := os.Open(deref(d.Path))
 		if err != nil {
@@ -780,6 +790,9 @@ func (s *sim) addDisk(r *request) (response, func()) {
 	if d.ID == nil {
 		d.ID = strp(fmt.Sprintf("_disk%d", s.nextID))
 		s.nextID++
+	}
+	if vhostConn != nil {
+		s.vhost[*d.ID] = vhostConn
 	}
 	bdf := s.nextSlotLocked()
 	s.bdfs[*d.ID] = bdf
@@ -821,6 +834,14 @@ func (s *sim) removeDevice(r *request) (response, func()) {
 				return
 			}
 			bdf := s.bdfs[id]
+			if c, ok := s.vhost[id]; ok {
+				c.Close()
+				delete(s.vhost, id)
+			}
+			if v := s.vm.Vsock; v != nil && deref(v.ID) == id && s.vsock != nil {
+				s.vsock.close()
+				s.vsock = nil
+			}
 			s.removeFromConfigLocked(id, true)
 			delete(s.bdfs, id)
 			delete(s.counters, id)
