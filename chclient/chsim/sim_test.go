@@ -408,7 +408,9 @@ func TestVhostUserBackendHeld(t *testing.T) {
 	if _, err := backend.Read(make([]byte, 1)); err != io.EOF {
 		t.Errorf("backend read after unplug = %v, want EOF", err)
 	}
-	var info struct{ Config struct{ Disks []struct{ ID string } } }
+	var info struct {
+		Config struct{ Disks []struct{ ID string } }
+	}
 	json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
 	if len(info.Config.Disks) != 1 || info.Config.Disks[0].ID != "_disk0" {
 		t.Errorf("disks after unplug = %+v", info.Config.Disks)
