@@ -126,12 +126,15 @@ func (h HostFacts) IOMMUGroup(bdf string) (group string, members []string, err e
 
 // ParseCPUSet parses cpuset notation ("0-3,8,10-11") into sorted, distinct
 // CPU numbers. Empty input, reversed ranges and CPUs above 8191 are errors.
-func ParseCPUSet(s string) ([]int, error) {
+func ParseCPUSet(s string) ([]int, error) { return AppendCPUSet(nil, s) }
+
+// AppendCPUSet is ParseCPUSet appending to dst (which it sorts and
+// compacts together with the new CPUs).
+func AppendCPUSet(cpus []int, s string) ([]int, error) {
 	if s == "" {
 		return nil, errors.New("empty CPU list")
 	}
 	const maxCPU = 8191
-	var cpus []int
 	for part := range strings.SplitSeq(s, ",") {
 		lo, hi, isRange := strings.Cut(part, "-")
 		a, err := parseCPU(lo)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"strconv"
 	"time"
 )
 
@@ -236,32 +237,33 @@ func (r *Record) Provisioning() bool {
 
 // Layout gives the host paths of a VM (DESIGN §3). Paths are derived from
 // the id and the state and run directories; records do not store them.
+// StateDir and RunDir must be clean (New cleans them), and ids never hold
+// a slash (they are valid ids or directory entry names), so the paths are
+// built by concatenation: views build several per read.
 type Layout struct {
 	StateDir string
 	RunDir   string
 }
 
 // VMDir is <state>/vms/<id>, the VM's own files.
-func (l Layout) VMDir(id string) string { return filepath.Join(l.StateDir, "vms", id) }
+func (l Layout) VMDir(id string) string { return l.StateDir + "/vms/" + id }
 
 // RootDisk is the agent-owned copy of the base image.
-func (l Layout) RootDisk(id string) string { return filepath.Join(l.VMDir(id), "root.qcow2") }
+func (l Layout) RootDisk(id string) string { return l.StateDir + "/vms/" + id + "/root.qcow2" }
 
 // DataVolume is the n-th VM-owned data volume.
 func (l Layout) DataVolume(id string, n int) string {
-	return filepath.Join(l.VMDir(id), fmt.Sprintf("data%d.qcow2", n))
+	return l.StateDir + "/vms/" + id + "/data" + strconv.Itoa(n) + ".qcow2"
 }
 
 // Seed is the NoCloud seed image.
-func (l Layout) Seed(id string) string { return filepath.Join(l.VMDir(id), "seed.img") }
+func (l Layout) Seed(id string) string { return l.StateDir + "/vms/" + id + "/seed.img" }
 
 // RunVMDir is <run>/vms/<id>, the VM's sockets and logs.
-func (l Layout) RunVMDir(id string) string { return filepath.Join(l.RunDir, "vms", id) }
+func (l Layout) RunVMDir(id string) string { return l.RunDir + "/vms/" + id }
 
 // ConsoleSocket is the serial console socket.
-func (l Layout) ConsoleSocket(id string) string {
-	return filepath.Join(l.RunVMDir(id), "console.sock")
-}
+func (l Layout) ConsoleSocket(id string) string { return l.RunDir + "/vms/" + id + "/console.sock" }
 
 // ImageCache is the verified download of a registry image.
 func (l Layout) ImageCache(sha256hex string) string {

@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -59,6 +60,7 @@ type Service struct {
 	bg     sync.WaitGroup
 
 	randMu sync.Mutex
+	usage  diskUsage
 
 	report LoadReport
 }
@@ -100,7 +102,7 @@ func New(o Options) (*Service, error) {
 		o:      o,
 		log:    o.Logger,
 		facts:  HostFacts{Sysfs: sysfs, Nested: o.Config.Nested, Meminfo: o.Meminfo},
-		layout: Layout{StateDir: o.StateDir, RunDir: o.RunDir},
+		layout: Layout{StateDir: filepath.Clean(o.StateDir), RunDir: filepath.Clean(o.RunDir)},
 		reg:    newRegistry(o.Store),
 	}
 	if err := s.load(); err != nil {

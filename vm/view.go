@@ -2,6 +2,7 @@ package vm
 
 import (
 	"os"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -45,6 +46,8 @@ type View struct {
 	GuestPanickedAt   *time.Time     `json:"guest_panicked_at,omitempty"`
 	ShuttingDown      bool           `json:"shutting_down,omitempty"`
 	Mode              Mode           `json:"mode"`
+
+	store viewStore
 }
 
 // VolumeView is one attached data volume.
@@ -58,6 +61,9 @@ type VolumeView struct {
 	VolumeID         string  `json:"volume_id,omitempty"`
 	Device           string  `json:"device"`
 	DiskBytes        *uint64 `json:"disk_bytes,omitempty"`
+
+	diskBytes     uint64 // storage behind DiskBytes
+	haveDiskBytes bool
 }
 
 // SeedDiskView is the cloud-init seed disk.
@@ -130,8 +136,25 @@ type ViewOptions struct {
 // numbers) are computed here from the record and the host configuration.
 // For an AppVM it gives the base the appvm package extends.
 func (s *Service) View(rec *Record, o ViewOptions) *View {
+	v := new(View)
+	s.ViewInto(v, rec, o)
+	return v
+}
+
+// ViewInto is View writing into v, reusing its slices and storage, so a
+// hot reader can keep Views in a pool. v's previous contents are dropped;
+// the view shares immutable parts (strings, spec pointers) with rec.
+func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	sp := &rec.Spec
-	v := &View{
+	vols, nets, pins := v.Volumes[:0], v.Nets[:0], v.CPUAffinity[:0]
+	if vols == nil {
+		vols = make([]VolumeView, 0, 4)
+	}
+	if nets == nil {
+		nets = make([]NetView, 0, 2)
+	}
+	st := v.store
+	*v = View{
 		ID:            rec.ID,
 		State:         rec.State,
 		DisplayState:  rec.DisplayState,
@@ -139,34 +162,34 @@ func (s *Service) View(rec *Record, o ViewOptions) *View {
 		MemoryMB:      sp.MemoryMB,
 		KernelPath:    sp.KernelPath,
 		FirmwarePath:  sp.FirmwarePath,
-		Volumes:       []VolumeView{},
+		Volumes:       vols,
 		FailureReason: rec.FailureReason,
 		PID:           rec.PID,
-		Nets:          []NetView{},
+		Nets:          nets,
 		Platform:      sp.Platform,
 		Nested:        sp.Nested,
 		CPUTopology:   sp.CPUTopology,
 		PCIDevices:    sp.PCIDevices,
 		Mode:          rec.Mode,
+		store:         st,
 	}
 	if v.PCIDevices == nil {
 		v.PCIDevices = []string{}
 	}
 	if !rec.CreatedAt.IsZero() {
-		t := rec.CreatedAt
-		v.CreatedAt = &t
+		v.CreatedAt = &rec.CreatedAt // records are never modified
 	}
+	cfg := s.o.Config
 	switch {
 	case sp.Cmdline != nil:
 		v.Cmdline = *sp.Cmdline
 	case rec.Mode == ModeAppVM:
-		v.Cmdline = s.o.Config.AppVMCmdline
+		v.Cmdline = cfg.AppVMCmdline
 	default:
-		v.Cmdline = s.o.Config.DefaultCmdline
+		v.Cmdline = cfg.DefaultCmdline
 	}
 	if rec.Mode == ModeAppVM && v.KernelPath == nil && v.FirmwarePath == nil {
-		k := s.o.Config.AppVMKernel
-		v.KernelPath = &k
+		v.KernelPath = &cfg.AppVMKernel
 	}
 	if !rec.Provisioning() {
 		v.DiskPath = s.layout.RootDisk(rec.ID)
@@ -174,12 +197,13 @@ func (s *Service) View(rec *Record, o ViewOptions) *View {
 	}
 	dev := 1 // vda is the root disk
 	if sp.CloudInit != nil {
-		v.SeedDisk = &SeedDiskView{Device: DeviceName(dev), SizeBytes: SeedSizeBytes}
+		v.store.seed = SeedDiskView{Device: DeviceName(dev), SizeBytes: SeedSizeBytes}
+		v.SeedDisk = &v.store.seed
 		dev++
 	}
 	for i, vol := range sp.Volumes {
 		vv := VolumeView{
-			ID:               "data" + itoa(i),
+			ID:               volumeID(i),
 			Path:             s.layout.DataVolume(rec.ID, i),
 			VirtualSizeBytes: uint64(vol.SizeGiB) << 30,
 			Fmt:              "qcow2",
@@ -187,20 +211,27 @@ func (s *Service) View(rec *Record, o ViewOptions) *View {
 			Device:           DeviceName(dev),
 		}
 		dev++
-		if o.DiskBytes {
-			vv.DiskBytes = allocatedBytes(vv.Path)
+		if o.DiskBytes && !rec.Provisioning() {
+			vv.diskBytes, vv.haveDiskBytes = s.usage.get(vv.Path)
 		}
 		v.Volumes = append(v.Volumes, vv)
 	}
+	for i := range v.Volumes {
+		// Point into the final slice only after all appends.
+		if vv := &v.Volumes[i]; vv.haveDiskBytes {
+			vv.DiskBytes = &vv.diskBytes
+		}
+	}
 	for i, nic := range rec.NICs {
-		var n NetSpec
+		var n *NetSpec
 		if i < len(sp.Nets) {
-			n = sp.Nets[i]
+			n = &sp.Nets[i]
 		}
 		v.Nets = append(v.Nets, s.netView(n, nic))
 	}
 	if d := sp.Disk; d != nil || sp.Image != nil {
-		dv := &DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
+		dv := &v.store.disk
+		*dv = DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
 		if rec.Base != nil {
 			dv.BasePath = rec.Base.Path
 			dv.VirtualSizeBytes = rec.Base.VirtualSizeBytes
@@ -213,10 +244,12 @@ func (s *Service) View(rec *Record, o ViewOptions) *View {
 		v.Disk = dv
 	}
 	if im := sp.Image; im != nil {
-		v.Image = &ImageView{ImageID: im.ImageID, Distro: im.Distro, Version: im.Version}
+		v.store.image = ImageView{ImageID: im.ImageID, Distro: im.Distro, Version: im.Version}
+		v.Image = &v.store.image
 	}
 	if ci := sp.CloudInit; ci != nil {
-		cv := &CloudInitView{
+		cv := &v.store.cloudInit
+		*cv = CloudInitView{
 			Hostname:          ClassicHostname(rec.ID),
 			User:              "root",
 			SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
@@ -240,19 +273,49 @@ func (s *Service) View(rec *Record, o ViewOptions) *View {
 		v.CloudInit = cv
 	}
 	if sp.DiskBpsTotal > 0 || sp.DiskIopsTotal > 0 {
-		v.IOLimit = &IOLimitView{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}
+		v.store.ioLimit = IOLimitView{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}
+		v.IOLimit = &v.store.ioLimit
 	}
 	if sp.CPUAffinity != nil {
-		v.CPUAffinity, _ = ParseCPUSet(*sp.CPUAffinity) // validated at create
+		v.CPUAffinity, _ = AppendCPUSet(pins, *sp.CPUAffinity) // validated at create
 	}
-	return v
+}
+
+// viewStore backs the optional objects of a View, so building one does
+// not allocate each of them.
+type viewStore struct {
+	seed      SeedDiskView
+	disk      DiskView
+	image     ImageView
+	cloudInit CloudInitView
+	ioLimit   IOLimitView
+}
+
+var volumeIDs, deviceNames [32]string
+
+func init() {
+	for i := range volumeIDs {
+		volumeIDs[i] = "data" + strconv.Itoa(i)
+		deviceNames[i] = deviceName(i)
+	}
+}
+
+func volumeID(i int) string {
+	if i < len(volumeIDs) {
+		return volumeIDs[i]
+	}
+	return "data" + strconv.Itoa(i)
 }
 
 // netView resolves an interface: its network (explicit, by bridge, or the
 // default network) gives bridge, MTU, isolation and spoof guard unless the
 // request overrides them.
-func (s *Service) netView(n NetSpec, nic NIC) NetView {
+func (s *Service) netView(np *NetSpec, nic NIC) NetView {
 	cfg := s.o.Config
+	var n NetSpec
+	if np != nil {
+		n = *np
+	}
 	nv := NetView{
 		Mode:          "bridge",
 		Bridge:        n.Bridge,
@@ -295,6 +358,13 @@ func (s *Service) netView(n NetSpec, nic NIC) NetView {
 // DeviceName is the guest block device of disk index i in disk order:
 // 0 → /dev/vda, 25 → /dev/vdz, 26 → /dev/vdaa (the kernel's virtio naming).
 func DeviceName(i int) string {
+	if i >= 0 && i < len(deviceNames) {
+		return deviceNames[i]
+	}
+	return deviceName(i)
+}
+
+func deviceName(i int) string {
 	var b []byte
 	for i++; i > 0; i = (i - 1) / 26 {
 		b = append([]byte{byte('a' + (i-1)%26)}, b...)
@@ -335,11 +405,4 @@ func allocatedBytes(path string) *uint64 {
 	}
 	n := uint64(st.Blocks) * 512
 	return &n
-}
-
-func itoa(i int) string {
-	if i < 10 {
-		return string(rune('0' + i))
-	}
-	return itoa(i/10) + string(rune('0'+i%10))
 }
