@@ -273,9 +273,16 @@ func WriteSparse(f *os.File, files []File, opts Options) (int64, error) {
 	}
 	head := make([]byte, im.dataEnd)
 	im.fill(head)
-	// Truncate to 0 first, so old bytes cannot survive in the hole.
-	if err := f.Truncate(0); err != nil {
-		return 0, fmt.Errorf("writing fat image %s: %w", f.Name(), err)
+	// Empty a file that has content first, so old bytes cannot survive in
+	// the hole. A new file skips that journalled metadata update.
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("writing fat image: %w", err)
+	}
+	if fi.Size() != 0 {
+		if err := f.Truncate(0); err != nil {
+			return 0, fmt.Errorf("writing fat image %s: %w", f.Name(), err)
+		}
 	}
 	if _, err := f.WriteAt(head, 0); err != nil {
 		return 0, fmt.Errorf("writing fat image %s: %w", f.Name(), err)
