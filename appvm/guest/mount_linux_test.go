@@ -15,10 +15,15 @@ import (
 // propagation, so its mounts never reach the host.
 var privateMountNS = []string{"unshare", "--mount", "--propagation", "private"}
 
+// requireRoot skips unless the test runs as root in a place that allows
+// new namespaces (not an unprivileged container).
 func requireRoot(t *testing.T) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (run the tests as root)")
+	}
+	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount", "--uts", "--net", "true").CombinedOutput(); err != nil {
+		t.Skipf("cannot create namespaces here: %v: %s", err, out)
 	}
 }
 

@@ -1,0 +1,46 @@
+// Package guest is the AppVM guest agent, `vmhost guest`: the /init of an
+// AppVM's initramfs. It dials the host over vsock, says Hello, receives the
+// workload Spec (package proto), sets up the guest (network, hostname,
+// /etc/hosts, resolv.conf, config and secret files, tmpfs and data mounts),
+// runs the workload in the image root as its user, and reports heartbeats,
+// the DHCP lease, start, health, output and exit. As PID 1 it reaps every
+// zombie and forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the
+// workload. When the workload ends it powers the guest off, unless the Spec
+// says keepalive.
+//
+// # Modes
+//
+// VM mode (PID 1): mounts /proc, /sys, /dev, mounts the root disk
+// at /mnt/root, configures the network over netlink (static) or its own DHCP
+// client, and runs the workload chrooted into /mnt/root; poweroff is
+// reboot(2). Kernel command-line knobs: vmhost.root= (root device, default
+// /dev/vda), vmhost.rootfstype= (default ext4), vmhost.port= (vsock port,
+// default proto.Port). No secret is ever read from the command line. The
+// flags --transport, --root, --root-device and --root-fstype also apply, for
+// tests that run VM mode as PID 1 of a PID namespace; init's other
+// arguments are ignored.
+//
+// Process mode (the simulator and tests): the agent is an ordinary process:
+//
+//	vmhost guest --transport unix:<path> --root <dir> [--chroot] [--mounts]
+//	             [--network] [--heartbeat 5s]
+//
+// It dials the unix socket instead of AF_VSOCK (chsim passes the hybrid vsock
+// listener `<vsock socket>_<port>`), makes itself a child subreaper, writes
+// the hostname, hosts, resolv.conf and injected files under --root, and runs
+// the workload on the host; with --chroot (root only) the workload and exec
+// health checks are chrooted into --root, otherwise commands resolve on the
+// host and only the working directory is taken inside --root. --mounts
+// performs the tmpfs and data mounts (root, meant for a private mount
+// namespace; otherwise the mountpoints are only created), --network applies
+// the Spec's network to the current network namespace (root). Poweroff exits
+// the process with status 0 ([ExitPoweroff]); agent failures exit 1.
+//
+// # Secrets
+//
+// Secret env values and secret file contents reach the workload's
+// environment and files only; the agent never writes them to its stderr or
+// into any message it sends.
+//
+// The package is Linux-only: elsewhere only its path helpers build.
+package guest
