@@ -3,7 +3,9 @@ package chclient_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -225,5 +227,48 @@ func TestClientHonoursContext(t *testing.T) {
 	defer cancel()
 	if _, err := c.Ping(short); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Ping on a hung VMM = %v, want context.DeadlineExceeded", err)
+	}
+}
+
+// TestEchoedConfigIsACreateBody feeds vm.info's config back into vm.create: CH's echo is a
+// complete VmConfig, so the simulator must accept it and echo it unchanged.
+func TestEchoedConfigIsACreateBody(t *testing.T) {
+	f, _ := launchSim(t)
+	hc := simHTTP(f)
+	put := func(path, body string, want int) []byte {
+		t.Helper()
+		method := "PUT"
+		if path == "vm.info" {
+			method = "GET"
+		}
+		req, _ := http.NewRequest(method, "http://x/api/v1/"+path, strings.NewReader(body))
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		data, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("%s = %d %s", path, resp.StatusCode, data)
+		}
+		return data
+	}
+	configOf := func() string {
+		var info struct{ Config json.RawMessage }
+		json.Unmarshal(put("vm.info", "", 200), &info)
+		return string(info.Config)
+	}
+	body, _ := json.Marshal(fullConfig(f))
+	put("vm.create", string(body), 204)
+	first := configOf()
+	put("vm.delete", "", 204)
+	put("vm.create", first, 204)
+	if second := configOf(); second != first {
+		t.Errorf("echo of the echo differs:\n%s\n%s", first, second)
+	}
+	for _, want := range []string{`"nested":false`, `"image_type":"Raw"`, `"system_serial_number":"vm-1234"`, `"console":{"mode":"Off"`, `"thp":true`} {
+		if !strings.Contains(first, want) {
+			t.Errorf("echo lacks %s: %s", want, first)
+		}
 	}
 }
