@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -34,6 +35,9 @@ const (
 
 // AgentVersion is reported in Hello.
 const AgentVersion = "vmhost-guest/1"
+
+// sendTimeout bounds one message write to the host.
+const sendTimeout = 30 * time.Second
 
 // defaultPath is the workload's PATH when its environment has none.
 const defaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -163,6 +167,9 @@ func (a *agent) send(m proto.Message) {
 	if a.lost {
 		return
 	}
+	// A host that stops reading must not stall the workload's output for
+	// good: a write that blocks this long counts as a lost connection.
+	a.nc.SetWriteDeadline(time.Now().Add(sendTimeout))
 	if err := a.conn.Send(m); err != nil {
 		a.lostLocked(a.conn, err)
 	}
@@ -290,6 +297,9 @@ func (a *agent) run() error {
 	go a.receive(conn)
 
 	w, err := a.setupAndStart(spec)
+	if errors.Is(err, errStopped) {
+		return nil
+	}
 	if err != nil {
 		// The message names paths and commands, never secret values.
 		a.log.Error("workload not started", "err", err)
@@ -386,6 +396,9 @@ type workload struct {
 	env     []string
 }
 
+// errStopped reports a Stop that arrived before the workload started.
+var errStopped = errors.New("stopped before the workload started")
+
 // setupAndStart prepares the guest and starts the workload.
 func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	root := a.opts.root
@@ -451,6 +464,12 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		return nil, err
 	}
 
+	select {
+	case <-a.stops:
+		// Stopped during setup (a long DHCP wait): never start.
+		return nil, errStopped
+	default:
+	}
 	env := buildEnv(spec, acc, hostname)
 	argv := append(append([]string{}, spec.Entrypoint...), spec.Command...)
 	cmd, err := a.command(argv, env, spec.Workdir, acc)
@@ -507,6 +526,11 @@ func (a *agent) command(argv, env []string, workdir string, acc account) (*exec.
 		workdir = "/"
 	}
 	attr := &syscall.SysProcAttr{Setpgid: true}
+	if !a.opts.vm {
+		// In process mode the agent may be killed outright (the simulator
+		// stopping a VM): its workload must not outlive it.
+		attr.Pdeathsig = syscall.SIGKILL
+	}
 	cmd := &exec.Cmd{Path: hostPath, Args: argv, Env: env, SysProcAttr: attr}
 	if a.opts.chroot {
 		attr.Chroot = a.opts.root

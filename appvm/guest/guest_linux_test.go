@@ -105,7 +105,7 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	args := append([]string{"--transport", "unix:" + agentSock, "--root", o.root, "--heartbeat", "100ms"}, o.args...)
+	args := append(ProcessOptions{Socket: agentSock, Root: o.root, Heartbeat: 100 * time.Millisecond}.Args(), o.args...)
 	h := &fakeHost{t: t, ln: ln, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{})}
 	exe, err := os.Executable()
 	if err != nil {
@@ -804,5 +804,37 @@ func TestReconnect(t *testing.T) {
 	}
 	if code := h.waitAgent(); code != ExitPoweroff {
 		t.Errorf("agent exit status = %d", code)
+	}
+}
+
+func TestProcessOptionsArgs(t *testing.T) {
+	got := ProcessOptions{Socket: "/run/v.sock_1024", Root: "/r", Chroot: true, Network: true, Heartbeat: 1500 * time.Millisecond}.Args()
+	want := []string{"--transport", "unix:/run/v.sock_1024", "--root", "/r", "--chroot", "--network", "--heartbeat", "1500ms"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("Args() = %q, want %q", got, want)
+	}
+}
+
+// TestWorkloadDiesWithAgent kills the agent outright, as the simulator may:
+// the workload must not survive it.
+func TestWorkloadDiesWithAgent(t *testing.T) {
+	h := startAgent(t, &proto.Spec{Command: sh("echo ready; exec sleep 60")}, agentOpts{})
+	st, ok := h.next().(*proto.Started)
+	if !ok {
+		t.Fatalf("want Started, got %#v", st)
+	}
+	h.waitLog("ready")
+	h.cmd.Process.Kill()
+	h.waitAgent()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		state, _, err := procStat(st.PID)
+		if errors.Is(err, os.ErrNotExist) || state == 'Z' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workload %d still running (state %c) after the agent died", st.PID, state)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
