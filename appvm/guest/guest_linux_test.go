@@ -669,6 +669,7 @@ func TestHealthHTTPAndTCP(t *testing.T) {
 		{"http 503", proto.Healthcheck{Type: proto.CheckHTTP, URL: srv.URL + "/down", Retries: 1}, proto.HealthUnhealthy},
 		{"tcp ok", proto.Healthcheck{Type: proto.CheckTCP, Port: port}, proto.HealthHealthy},
 		{"tcp refused", proto.Healthcheck{Type: proto.CheckTCP, Port: closedPort, Retries: 1}, proto.HealthUnhealthy},
+		{"exec timeout", proto.Healthcheck{Type: proto.CheckExec, Command: sh("exec sleep 10"), TimeoutSecs: 1, Retries: 1}, proto.HealthUnhealthy},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -677,6 +678,9 @@ func TestHealthHTTPAndTCP(t *testing.T) {
 			got := h.healthSeq(2)
 			if got[0].Status != proto.HealthStarting || got[1].Status != tt.want {
 				t.Errorf("health = %+v, want starting then %s", got, tt.want)
+			}
+			if tt.hc.Type == proto.CheckExec && got[1].Output != "timed out after 1s" {
+				t.Errorf("output = %q, want the timeout", got[1].Output)
 			}
 		})
 	}
