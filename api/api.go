@@ -23,6 +23,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"time"
 
 	"vmhost/appvm"
 	"vmhost/auth"
@@ -54,14 +55,24 @@ type Authorizer interface {
 	Authorize(header, pattern string, mutates bool) (*auth.Key, error)
 }
 
-// Config holds the dependencies of the API. All fields but Logger are
+// Config holds the dependencies of the API. Keys, VMs and AppVMs are
 // required.
 type Config struct {
 	Keys   Authorizer
 	VMs    *vm.Service
 	AppVMs *appvm.Service
 	Logger *slog.Logger
+	// ViewCacheTTL bounds how long GET /api/vms/{id} may answer with the
+	// encoded view of an unchanged record; 0 means DefaultViewCacheTTL,
+	// negative disables the cache.
+	ViewCacheTTL time.Duration
 }
+
+// DefaultViewCacheTTL is the default Config.ViewCacheTTL. Records are
+// copy-on-write, so any change to a VM misses the cache at once; within the
+// TTL only host-measured values (volumes[].disk_bytes) can lag, which the
+// vm package's one-second disk usage cache allows anyway.
+const DefaultViewCacheTTL = time.Second
 
 // Server is the API's http.Handler. It is safe for concurrent use.
 type Server struct {
@@ -71,6 +82,16 @@ type Server struct {
 	log    *slog.Logger
 	mux    *http.ServeMux
 	routes []Route
+
+	viewTTL   time.Duration
+	viewCache sync.Map // VM id → *encodedView
+}
+
+// encodedView is the encoded single-VM view of one record version.
+type encodedView struct {
+	rec *vm.Record
+	at  time.Time
+	b   []byte
 }
 
 // Route is one API route: its pattern as the mux spells it (also the
@@ -100,7 +121,10 @@ func New(c Config) *Server {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, log: c.Logger, mux: http.NewServeMux(), routes: Routes()}
+	if c.ViewCacheTTL == 0 {
+		c.ViewCacheTTL = DefaultViewCacheTTL
+	}
+	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, log: c.Logger, mux: http.NewServeMux(), routes: Routes(), viewTTL: c.ViewCacheTTL}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}
@@ -270,10 +294,31 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no classic VM has this id")
 		return
 	}
+	now := time.Now()
+	if e, ok := s.viewCache.Load(rec.ID); ok {
+		if e := e.(*encodedView); e.rec == rec && now.Sub(e.at) < s.viewTTL {
+			writeBytes(w, http.StatusOK, e.b)
+			return
+		}
+	}
 	v := viewPool.Get().(*vm.View)
 	s.vms.ViewInto(v, rec, vm.ViewOptions{DiskBytes: true})
-	writeView(w, http.StatusOK, v)
+	if s.viewTTL > 0 {
+		b := append(v.AppendJSON(make([]byte, 0, 2048)), '\n')
+		s.viewCache.Store(rec.ID, &encodedView{rec: rec, at: now, b: b})
+		writeBytes(w, http.StatusOK, b)
+	} else {
+		writeView(w, http.StatusOK, v)
+	}
 	viewPool.Put(v)
+}
+
+func writeBytes(w http.ResponseWriter, status int, b []byte) {
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = []string{strconv.Itoa(len(b))}
+	w.WriteHeader(status)
+	w.Write(b)
 }
 
 var viewPool = sync.Pool{New: func() any { return new(vm.View) }}
@@ -283,11 +328,7 @@ var viewPool = sync.Pool{New: func() any { return new(vm.View) }}
 func writeView(w http.ResponseWriter, status int, v *vm.View) {
 	bp := viewBufPool.Get().(*[]byte)
 	b := append(v.AppendJSON((*bp)[:0]), '\n')
-	h := w.Header()
-	h["Content-Type"] = jsonContentType
-	h["Content-Length"] = []string{strconv.Itoa(len(b))}
-	w.WriteHeader(status)
-	w.Write(b)
+	writeBytes(w, status, b)
 	if cap(b) <= 1<<20 {
 		*bp = b
 		viewBufPool.Put(bp)

@@ -524,3 +524,25 @@ func TestSecretsNeverLeak(t *testing.T) {
 		t.Fatal("no bodies recorded")
 	}
 }
+
+// TestViewCacheFollowsRecord: a cached single-VM view never outlives the
+// record version it was built from.
+func TestViewCacheFollowsRecord(t *testing.T) {
+	h := newHarness(t)
+	h.e.Host.Gate = make(chan struct{})
+	body := strings.Replace(minimalVMBody(h, "c"), fmt.Sprintf(`"disk":{"base_path":%q}`, h.e.Base),
+		`"volumes":[{"size_gib":1}],"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"}`, 1)
+	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, body); st != 202 {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	for range 2 { // the second read is served from the cache
+		if _, _, b := h.do(t, "GET", "/api/vms/c", h.ro, ""); !strings.Contains(b, `"display_state":"downloading"`) {
+			t.Fatalf("during provisioning: %s", b)
+		}
+	}
+	close(h.e.Host.Gate)
+	h.vms.Wait()
+	if _, _, b := h.do(t, "GET", "/api/vms/c", h.ro, ""); !strings.Contains(b, `"display_state":"created"`) || !strings.Contains(b, `"disk_bytes":`) {
+		t.Errorf("after provisioning the cached view was served: %s", b)
+	}
+}

@@ -55,10 +55,11 @@ func BenchmarkGetVM(b *testing.B) {
 		w.Write(pre)
 	})
 
+	uncached := New(Config{Keys: h.srv.keys, VMs: h.vms, AppVMs: h.apps, Logger: h.srv.log, ViewCacheTTL: -1})
 	for _, bc := range []struct {
 		name string
 		h    http.Handler
-	}{{"api", h.srv}, {"preencoded", preSrv}, {"bare", bare}} {
+	}{{"api", h.srv}, {"api-uncached", uncached}, {"preencoded", preSrv}, {"bare", bare}} {
 		b.Run(bc.name, func(b *testing.B) {
 			w := &discardWriter{h: http.Header{}}
 			b.ReportAllocs()
