@@ -37,11 +37,26 @@ var ErrIdentityMismatch = errors.New("process start time does not match the reco
 // clock ticks since boot. It fails with an error satisfying
 // errors.Is(err, fs.ErrNotExist) when no such process exists.
 func StartTime(pid int) (uint64, error) {
+	st, _, err := readStat(pid)
+	return st, err
+}
+
+// readStat returns the start time and the state letter (R, S, Z, ...) of pid.
+func readStat(pid int) (uint64, byte, error) {
 	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return parseStartTime(b)
+	st, err := parseStartTime(b)
+	if err != nil {
+		return 0, 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	state := byte('?')
+	if i+2 < len(b) {
+		state = b[i+2]
+	}
+	return st, state, nil
 }
 
 // parseStartTime reads field 22 from a /proc/PID/stat line. The command
@@ -277,13 +292,19 @@ func Adopt(pid int, startTime uint64) (*Adopted, error) {
 	// Check the start time after opening the pidfd: if the pid is reused
 	// between the two steps, the start time read here is the new process's
 	// and the mismatch is caught.
-	st, err := StartTime(pid)
+	st, state, err := readStat(pid)
 	if err != nil {
 		unix.Close(fd)
 		if errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("adopting pid %d: %w", pid, os.ErrNotExist)
 		}
 		return nil, fmt.Errorf("adopting pid %d: %w", pid, err)
+	}
+	// A zombie has exited; only its parent's wait is missing (an init that
+	// does not reap leaves it forever). It is not a live process to adopt.
+	if state == 'Z' || state == 'X' {
+		unix.Close(fd)
+		return nil, fmt.Errorf("adopting pid %d: process has exited (zombie): %w", pid, os.ErrNotExist)
 	}
 	if st != startTime {
 		unix.Close(fd)
@@ -352,8 +373,9 @@ func (a *Adopted) Close() error {
 	return err
 }
 
-// Alive reports whether pid runs and has the given start time.
+// Alive reports whether pid runs (is not a zombie) and has the given start
+// time.
 func Alive(pid int, startTime uint64) bool {
-	st, err := StartTime(pid)
-	return err == nil && st == startTime
+	st, state, err := readStat(pid)
+	return err == nil && st == startTime && state != 'Z' && state != 'X'
 }

@@ -223,6 +223,39 @@ func TestAdoptRefusesMismatchAndMissing(t *testing.T) {
 	}
 }
 
+func TestAdoptRefusesZombie(t *testing.T) {
+	// A child that has exited but is not yet reaped is a zombie: dead,
+	// though its /proc entry and start time remain.
+	cmd := exec.Command("/bin/sh", "-c", "exit 0")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	pid := cmd.Process.Pid
+	var st uint64
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s, state, err := readStat(pid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if state == 'Z' {
+			st = s
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("child did not become a zombie")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if Alive(pid, st) {
+		t.Error("Alive(zombie) = true")
+	}
+	if _, err := Adopt(pid, st); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Adopt(zombie) = %v, want fs.ErrNotExist", err)
+	}
+}
+
 func TestAdoptCloseStopsWatching(t *testing.T) {
 	pid := orphan(t)
 	st, _ := StartTime(pid)
