@@ -321,17 +321,35 @@ type Log struct {
 	Seq uint64 `json:"seq"`
 }
 
-// Type implementations.
-func (*Hello) Type() string     { return "hello" }
-func (*Spec) Type() string      { return "spec" }
-func (*Stop) Type() string      { return "stop" }
+// Type returns "hello".
+func (*Hello) Type() string { return "hello" }
+
+// Type returns "spec".
+func (*Spec) Type() string { return "spec" }
+
+// Type returns "stop".
+func (*Stop) Type() string { return "stop" }
+
+// Type returns "heartbeat".
 func (*Heartbeat) Type() string { return "heartbeat" }
-func (*Lease) Type() string     { return "lease" }
-func (*Started) Type() string   { return "started" }
-func (*Exit) Type() string      { return "exit" }
-func (*Fatal) Type() string     { return "fatal" }
-func (*Health) Type() string    { return "health" }
-func (*Log) Type() string       { return "log" }
+
+// Type returns "lease".
+func (*Lease) Type() string { return "lease" }
+
+// Type returns "started".
+func (*Started) Type() string { return "started" }
+
+// Type returns "exit".
+func (*Exit) Type() string { return "exit" }
+
+// Type returns "fatal".
+func (*Fatal) Type() string { return "fatal" }
+
+// Type returns "health".
+func (*Health) Type() string { return "health" }
+
+// Type returns "log".
+func (*Log) Type() string { return "log" }
 
 // newMessage returns an empty message for a type name, or nil.
 func newMessage(typ string) Message {
