@@ -269,8 +269,6 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusConflict, CodeCapacityConflict, "host capacity: "+ce.Error())
 	case errors.As(err, &cfe):
 		writeError(w, http.StatusConflict, CodeConflict, cfe.Error())
-	case errors.Is(err, fs.ErrNotExist):
-		writeError(w, http.StatusNotFound, CodeNotFound, err.Error())
 	case errors.As(err, &he):
 		code := map[vm.HostErrorKind]string{
 			vm.HostStorage:    CodeStorageError,
@@ -282,6 +280,8 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		}
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, code, he.Error())
+	case errors.Is(err, fs.ErrNotExist):
+		writeError(w, http.StatusNotFound, CodeNotFound, err.Error())
 	default:
 		s.log.Error("request failed", "method", r.Method, "path", r.URL.Path, "err", err)
 		writeError(w, http.StatusInternalServerError, CodeInternal, "internal error")

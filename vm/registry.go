@@ -21,6 +21,10 @@ func (e *ExistsError) Error() string { return fmt.Sprintf("a VM with id %q alrea
 type registry struct {
 	st *store.Store
 
+	// wmu serializes record writes (put, update, remove), so the fsyncs of
+	// a write never happen under mu and never block readers.
+	wmu sync.Mutex
+
 	mu sync.RWMutex
 	// recs are the stored records by id.
 	recs map[string]*Record
@@ -96,13 +100,15 @@ func (g *registry) put(rec *Record) error {
 	if err != nil {
 		return err
 	}
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
 	if err := g.st.Put(rec.ID, data); err != nil {
 		return fmt.Errorf("storing record %q: %w", rec.ID, err)
 	}
+	g.mu.Lock()
 	g.recs[rec.ID] = rec
 	delete(g.pending, rec.ID)
+	g.mu.Unlock()
 	return nil
 }
 
@@ -116,27 +122,28 @@ func (g *registry) adopt(rec *Record) {
 // remove deletes the record of id from disk and memory, and its
 // reservation if any.
 func (g *registry) remove(id string) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	delete(g.pending, id)
-	if _, ok := g.recs[id]; !ok {
-		return nil
-	}
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
 	if err := g.st.Delete(id); err != nil {
 		return fmt.Errorf("deleting record %q: %w", id, err)
 	}
+	g.mu.Lock()
+	delete(g.pending, id)
 	delete(g.recs, id)
+	g.mu.Unlock()
 	return nil
 }
 
 // update replaces the stored record of id with f applied to a copy of it.
 func (g *registry) update(id string, f func(*Record)) (*Record, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	g.mu.RLock()
 	old, ok := g.recs[id]
 	if !ok {
 		old, ok = g.pending[id]
 	}
+	g.mu.RUnlock()
 	if !ok {
 		return nil, fmt.Errorf("updating record %q: %w", id, errNotFound)
 	}
@@ -149,7 +156,9 @@ func (g *registry) update(id string, f func(*Record)) (*Record, error) {
 	if err := g.st.Put(id, data); err != nil {
 		return nil, fmt.Errorf("storing record %q: %w", id, err)
 	}
+	g.mu.Lock()
 	g.recs[id] = rec
 	delete(g.pending, id)
+	g.mu.Unlock()
 	return rec, nil
 }
