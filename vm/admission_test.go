@@ -1,0 +1,114 @@
+package vm_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"vmhost/vm"
+	"vmhost/vm/vmtest"
+)
+
+// TestAdmission: each resource admission counts, with the create that
+// just fits beside the one that does not.
+func TestAdmission(t *testing.T) {
+	ctx := context.Background()
+	tests := []struct {
+		name     string
+		resource string
+		setup    func(*vmtest.Env)
+		first    func(*vm.Spec) // stored before the checked create
+		fits     func(*vm.Spec)
+		over     func(*vm.Spec)
+	}{
+		{"vcpus against CPUs x overcommit", "vcpus",
+			func(e *vmtest.Env) { e.Config.HostCPUs = 2; e.Config.Overcommit.CPU = 2 },
+			func(s *vm.Spec) { s.Vcpus = 3 },
+			func(s *vm.Spec) { s.Vcpus = 1 },
+			func(s *vm.Spec) { s.Vcpus = 2 }},
+		{"memory against host memory x overcommit", "memory_mb",
+			func(e *vmtest.Env) { e.Config.HostMemoryMB = 1000; e.Config.Overcommit.Memory = 1.5 },
+			func(s *vm.Spec) { s.MemoryMB = 1000 },
+			func(s *vm.Spec) { s.MemoryMB = 500 },
+			func(s *vm.Spec) { s.MemoryMB = 501 }},
+		{"pinned vCPUs against pinned CPUs", "cpu_affinity",
+			func(e *vmtest.Env) { e.Config.Overcommit.CPU = 1 },
+			nil,
+			func(s *vm.Spec) { s.CPUAffinity = ptr("0-1") },
+			func(s *vm.Spec) { s.CPUAffinity = ptr("0") }},
+		{"PCI device claimed by another VM", "pci_devices",
+			nil,
+			func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0"} },
+			func(s *vm.Spec) { s.PCIDevices = []string{"0000:01:00.0", "0000:01:00.1"} },
+			func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0"} }},
+		{"disk space for the copy", "disk",
+			func(e *vmtest.Env) { e.DiskFree = 1 << 30 },
+			nil,
+			func(s *vm.Spec) {},
+			func(s *vm.Spec) { s.Image, s.Disk = &vm.ImageSpec{ImageID: "i", ContentSHA256: goodSHA, FetchURL: "http://x/i"}, &vm.DiskSpec{SizeGiB: ptr[uint32](2)} }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := vmtest.NewEnv(t)
+			if tt.setup != nil {
+				tt.setup(e)
+			}
+			svc := e.Service(t)
+			if tt.first != nil {
+				s := baseSpec(e)
+				s.Vcpus = 2
+				s.VMID = "first"
+				tt.first(&s)
+				if _, _, err := svc.CreateVM(ctx, &s); err != nil {
+					t.Fatalf("first create: %v", err)
+				}
+			}
+			s := baseSpec(e)
+			s.VMID = "over"
+			s.Vcpus = 2
+			tt.over(&s)
+			_, _, err := svc.CreateVM(ctx, &s)
+			var ce *vm.CapacityError
+			if !errors.As(err, &ce) || ce.Resource != tt.resource {
+				t.Fatalf("over capacity: CreateVM = %v, want *CapacityError on %s", err, tt.resource)
+			}
+			s = baseSpec(e)
+			s.VMID = "fits"
+			s.Vcpus = 2
+			tt.fits(&s)
+			if _, _, err := svc.CreateVM(ctx, &s); err != nil {
+				t.Errorf("fitting create: %v", err)
+			}
+			svc.Wait()
+			if got := e.Host.Calls(); len(got) > 0 && got[len(got)-1] == "preflight over" {
+				t.Errorf("the rejected create reached the host: %v", got)
+			}
+		})
+	}
+}
+
+// TestFailedVMsFreeCapacity: a failed VM holds no vCPUs or memory; only
+// VMs that are neither stopped nor failed count.
+func TestFailedVMsFreeCapacity(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	e.Config.HostCPUs, e.Config.Overcommit.CPU = 1, 1
+	e.Host.FailProvision = errors.New("download failed")
+	svc := e.Service(t)
+	s := baseSpec(e)
+	s.Vcpus, s.VMID = 1, "dl"
+	s.Disk, s.Image = nil, &vm.ImageSpec{ImageID: "i", ContentSHA256: goodSHA, FetchURL: "http://x/i"}
+	if _, async, err := svc.CreateVM(context.Background(), &s); err != nil || !async {
+		t.Fatalf("CreateVM = %v, %v", async, err)
+	}
+	svc.Wait()
+	rec, err := svc.Get(vm.ModeVM, "dl")
+	if err != nil || rec.State != vm.StateFailed {
+		t.Fatalf("after failed download: %+v, %v", rec, err)
+	}
+	e.Host.FailProvision = nil
+	s = baseSpec(e)
+	s.Vcpus, s.VMID = 1, "next"
+	if _, _, err := svc.CreateVM(context.Background(), &s); err != nil {
+		t.Errorf("a failed VM still holds its vCPU: %v", err)
+	}
+}
