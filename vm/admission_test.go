@@ -45,7 +45,9 @@ func TestAdmission(t *testing.T) {
 			func(e *vmtest.Env) { e.DiskFree = 1 << 30 },
 			nil,
 			func(s *vm.Spec) {},
-			func(s *vm.Spec) { s.Image, s.Disk = &vm.ImageSpec{ImageID: "i", ContentSHA256: goodSHA, FetchURL: "http://x/i"}, &vm.DiskSpec{SizeGiB: ptr[uint32](2)} }},
+			func(s *vm.Spec) {
+				s.Image, s.Disk = &vm.ImageSpec{ImageID: "i", ContentSHA256: goodSHA, FetchURL: "http://x/i"}, &vm.DiskSpec{SizeGiB: ptr[uint32](2)}
+			}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
