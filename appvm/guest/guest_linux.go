@@ -243,8 +243,12 @@ func (a *agent) reconnect() {
 }
 
 func (a *agent) run() error {
-	if err := a.sys.prepare(); err != nil {
-		return fmt.Errorf("preparing the guest: %w", err)
+	// A failed preparation (say, a root disk that won't mount) is reported
+	// to the host as Fatal once connected, so the operator sees why.
+	prepErr := a.sys.prepare()
+	if prepErr != nil {
+		prepErr = fmt.Errorf("preparing the guest: %w", prepErr)
+		a.log.Error("guest not prepared", "err", prepErr)
 	}
 	a.reaper = newReaper()
 	defer a.reaper.stop()
@@ -289,6 +293,10 @@ func (a *agent) run() error {
 	}
 	if spec.HeartbeatSecs > 0 {
 		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
+	}
+	if prepErr != nil {
+		a.send(&proto.Fatal{Message: prepErr.Error()})
+		return nil
 	}
 	a.cmu.Lock()
 	a.resumable = true

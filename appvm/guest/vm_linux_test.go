@@ -12,13 +12,14 @@ import (
 	"vmhost/initramfs"
 )
 
-// TestIntegrationVMMode runs the agent the way a VM does: the initramfs
-// (written by package initramfs with this test binary as /init, unpacked by
-// cpio) is the agent's root, the agent is PID 1 of new PID, mount, UTS and
-// network namespaces, mounts /proc, /sys, /dev and an ext4 root disk (a
-// loop device), chroots the workload into it, and powers off with
-// reboot(2), which in a PID namespace ends the namespace's init with SIGINT.
-func TestIntegrationVMMode(t *testing.T) {
+// vmFixture is an unpacked initramfs holding this test binary as /init,
+// and an ext4 root disk on a loop device.
+type vmFixture struct {
+	initrd, disk, dev string
+}
+
+func newVMFixture(t *testing.T) *vmFixture {
+	t.Helper()
 	requireRoot(t)
 	for _, tool := range []string{"unshare", "chroot", "cpio", "mkfs.ext4", "losetup", "debugfs", "ldd"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -46,37 +47,52 @@ func TestIntegrationVMMode(t *testing.T) {
 		t.Fatal(err)
 	}
 	f.Close()
-	initrd := filepath.Join(work, "initrd")
-	os.Mkdir(initrd, 0o755)
+	vm := &vmFixture{initrd: filepath.Join(work, "initrd"), disk: filepath.Join(work, "root.img")}
+	os.Mkdir(vm.initrd, 0o755)
 	unpack := exec.Command("cpio", "-idm", "--quiet", "-F", cpioPath)
-	unpack.Dir = initrd
+	unpack.Dir = vm.initrd
 	if out, err := unpack.CombinedOutput(); err != nil {
 		t.Fatalf("cpio -i: %v\n%s", err, out)
 	}
-	copyFiles(t, initrd, libsOf(t, exe))
+	copyFiles(t, vm.initrd, libsOf(t, exe))
 
 	// The image root: /bin/sh and its libraries, on an ext4 disk.
 	image := filepath.Join(work, "image")
 	copyFiles(t, image, append([]string{"/bin/sh"}, libsOf(t, "/bin/sh")...))
 	os.MkdirAll(filepath.Join(image, "etc"), 0o755)
 	os.WriteFile(filepath.Join(image, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644)
-	disk := filepath.Join(work, "root.img")
-	run(t, "mkfs.ext4", "-q", "-d", image, disk, "32M")
-	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", disk))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	run(t, "mkfs.ext4", "-q", "-d", image, vm.disk, "32M")
+	vm.dev = strings.TrimSpace(run(t, "losetup", "-f", "--show", vm.disk))
+	t.Cleanup(func() { exec.Command("losetup", "-d", vm.dev).Run() })
+	return vm
+}
 
+// opts runs the agent as PID 1 of new namespaces, chrooted into the
+// initramfs.
+func (vm *vmFixture) opts(args ...string) agentOpts {
+	return agentOpts{
+		root:      "/mnt/root",
+		exe:       "/init",
+		wrap:      []string{"unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--uts", "--net", "chroot", vm.initrd},
+		sock:      filepath.Join(vm.initrd, "tmp", "vsock.sock_1024"),
+		agentSock: "/tmp/vsock.sock_1024",
+		args:      args,
+	}
+}
+
+// TestIntegrationVMMode runs the agent the way a VM does: the initramfs
+// (written by package initramfs with this test binary as /init, unpacked by
+// cpio) is the agent's root, the agent is PID 1 of new PID, mount, UTS and
+// network namespaces, mounts /proc, /sys, /dev and an ext4 root disk (a
+// loop device), chroots the workload into it, and powers off with
+// reboot(2), which in a PID namespace ends the namespace's init with SIGINT.
+func TestIntegrationVMMode(t *testing.T) {
+	vm := newVMFixture(t)
 	h := startAgent(t, &proto.Spec{
 		Command:     sh(`read h < /etc/hostname; echo "$h"; read s < /run/secret; echo "$s"; test -r /proc/self/status && echo proc; test -e /init || echo image-root; exit 3`),
 		Hostname:    "vmguest",
 		SecretFiles: []proto.SecretFile{{Path: "/run/secret", Mode: 0o400, Content: proto.NewSecret("sekrit")}},
-	}, agentOpts{
-		root:      "/mnt/root",
-		exe:       "/init",
-		wrap:      []string{"unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--uts", "--net", "chroot", initrd},
-		sock:      filepath.Join(initrd, "tmp", "vsock.sock_1024"),
-		agentSock: "/tmp/vsock.sock_1024",
-		args:      []string{"--root-device", dev},
-	})
+	}, vm.opts("--root-device", vm.dev))
 	if st, ok := h.next().(*proto.Started); !ok || st.PID <= 1 {
 		t.Fatalf("want Started with the workload's pid in the namespace, got %#v", st)
 	}
@@ -91,7 +107,7 @@ func TestIntegrationVMMode(t *testing.T) {
 	if !h.waitStatus.Signaled() || h.waitStatus.Signal() != syscall.SIGINT {
 		t.Errorf("agent status %v, want death by SIGINT (reboot(POWER_OFF) in a PID namespace)", h.waitStatus)
 	}
-	if got := run(t, "debugfs", "-R", "cat /etc/hosts", disk); !strings.Contains(got, "127.0.1.1\tvmguest") {
+	if got := run(t, "debugfs", "-R", "cat /etc/hosts", vm.disk); !strings.Contains(got, "127.0.1.1\tvmguest") {
 		t.Errorf("/etc/hosts on the root disk: %q", got)
 	}
 	if !strings.Contains(h.stderr.String(), "powering off") {
@@ -99,6 +115,21 @@ func TestIntegrationVMMode(t *testing.T) {
 	}
 	if strings.Contains(h.stderr.String(), "sekrit") {
 		t.Errorf("agent stderr leaks the secret:\n%s", h.stderr.String())
+	}
+}
+
+// TestIntegrationVMModeBadRootDisk: a root disk that does not mount is
+// reported as Fatal, then the guest powers off.
+func TestIntegrationVMModeBadRootDisk(t *testing.T) {
+	vm := newVMFixture(t)
+	h := startAgent(t, &proto.Spec{Command: sh("true")}, vm.opts("--root-device", vm.dev, "--root-fstype", "xfs"))
+	f, ok := h.next().(*proto.Fatal)
+	if !ok || !strings.Contains(f.Message, "mounting xfs on /mnt/root") {
+		t.Fatalf("want a Fatal about the root mount, got %#v", f)
+	}
+	h.waitAgent()
+	if !h.waitStatus.Signaled() || h.waitStatus.Signal() != syscall.SIGINT {
+		t.Errorf("agent status %v, want death by SIGINT (poweroff)", h.waitStatus)
 	}
 }
 
