@@ -26,6 +26,16 @@
 // send [Stop]. When the connection breaks (a host agent restart), the guest
 // redials and sends a Hello with Resume set instead of expecting a Spec.
 //
+// # Host side
+//
+// Listen on `<vsock socket>_<Port>` before booting; accept; Recv the Hello.
+// Without Resume, Send the Spec; with Resume (same BootID as before), send
+// nothing and take the replayed state. Then Recv until EOF: the first
+// Heartbeat is the guest's sign of life; Exit and Fatal describe the
+// workload's end; the guest powers off afterwards unless Spec.Keepalive.
+// Send Stop for a graceful shutdown: the guest does not watch the ACPI power
+// button.
+//
 // # Secrets
 //
 // Secret env values and secret file contents travel only in [Spec], as
