@@ -5,13 +5,18 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/google/uuid"
 
 	"vmhost/appvm"
 	"vmhost/auth"
@@ -544,5 +549,52 @@ func TestViewCacheFollowsRecord(t *testing.T) {
 	h.vms.Wait()
 	if _, _, b := h.do(t, "GET", "/api/vms/c", h.ro, ""); !strings.Contains(b, `"display_state":"created"`) || !strings.Contains(b, `"disk_bytes":`) {
 		t.Errorf("after provisioning the cached view was served: %s", b)
+	}
+}
+
+// TestGeneratedIDs: a create without vm_id gets a UUID v4, for both
+// families, and generated MACs are locally administered unicast.
+func TestGeneratedIDs(t *testing.T) {
+	h := newHarness(t)
+	body := strings.Replace(minimalVMBody(h, "x"), `"vm_id":"x",`, `"nets":[{},{"mac":"02:00:00:00:00:07"}],`, 1)
+	st, _, b := h.do(t, "POST", "/api/vms", h.rw, body)
+	var v vm.View
+	if st != 201 || json.Unmarshal([]byte(b), &v) != nil {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	if u, err := uuid.Parse(v.ID); err != nil || u.Version() != 4 || u.String() != v.ID {
+		t.Errorf("generated id %q is not a canonical UUID v4", v.ID)
+	}
+	if len(v.Nets) != 2 || v.Nets[1].MAC != "02:00:00:00:00:07" || v.Nets[0].MAC == v.Nets[1].MAC {
+		t.Fatalf("nets = %+v", v.Nets)
+	}
+	if mac, err := net.ParseMAC(v.Nets[0].MAC); err != nil || mac[0]&1 != 0 || mac[0]&2 == 0 {
+		t.Errorf("generated MAC %s is not locally administered unicast", v.Nets[0].MAC)
+	}
+	rec, err := h.vms.Get(vm.ModeVM, v.ID)
+	if err != nil || len(rec.NICs) != 2 || rec.NICs[0].MAC != v.Nets[0].MAC || rec.NICs[0].Tap != v.Nets[0].TapName {
+		t.Errorf("generated MAC and tap not recorded: %+v %v", rec, err)
+	}
+	st, _, b = h.do(t, "POST", "/api/appvm/vms", h.rw, `{"image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`)
+	var r appvm.CreateResponse
+	if st != 201 || json.Unmarshal([]byte(b), &r) != nil {
+		t.Fatalf("AppVM create = %d %s", st, b)
+	}
+	if u, err := uuid.Parse(r.ID); err != nil || u.Version() != 4 || !r.Booted || r.Mode != "appvm" {
+		t.Errorf("AppVM create response %+v", r)
+	}
+}
+
+// TestChunkedBodyLimit: a body without Content-Length is cut at 1 MiB too.
+func TestChunkedBodyLimit(t *testing.T) {
+	h := newHarness(t)
+	big := io.MultiReader(strings.NewReader(`{"cmdline":"`), strings.NewReader(strings.Repeat("x", MaxBodyBytes)), strings.NewReader(`"}`))
+	req := httptest.NewRequest("POST", "/api/vms", io.NopCloser(big))
+	req.ContentLength = -1
+	req.Header.Set("Authorization", "Bearer "+h.rw)
+	w := httptest.NewRecorder()
+	h.srv.ServeHTTP(w, req)
+	if w.Code != 400 || !strings.Contains(w.Body.String(), "larger than 1048576 bytes") {
+		t.Errorf("chunked oversize body = %d %s", w.Code, w.Body)
 	}
 }

@@ -23,6 +23,7 @@ type DecodeError struct {
 	Msg  string
 }
 
+// Error gives the one-line reason, starting with the field path.
 func (e *DecodeError) Error() string {
 	if e.Path == "" {
 		return "body: " + e.Msg

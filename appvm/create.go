@@ -63,6 +63,7 @@ const (
 // CONFLICT): the image is still importing.
 type ConflictError struct{ Msg string }
 
+// Error says which operation is in progress.
 func (e *ConflictError) Error() string { return e.Msg }
 
 // CreateResponse is the create-AppVM response (contract §2.4).

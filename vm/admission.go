@@ -16,6 +16,7 @@ type CapacityError struct {
 	Msg      string
 }
 
+// Error names the resource and why it does not fit.
 func (e *CapacityError) Error() string { return e.Resource + ": " + e.Msg }
 
 // active reports whether a VM holds CPU and memory: every state but stopped

@@ -47,7 +47,10 @@ type HostError struct {
 	Err  error
 }
 
+// Error gives the operation and the cause.
 func (e *HostError) Error() string { return e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
 func (e *HostError) Unwrap() error { return e.Err }
 
 // ErrNotBuilt is wrapped by the errors of NotBuiltHost.

@@ -13,6 +13,7 @@ import (
 // by a create still in flight.
 type ExistsError struct{ ID string }
 
+// Error names the taken id.
 func (e *ExistsError) Error() string { return fmt.Sprintf("a VM with id %q already exists", e.ID) }
 
 // registry holds every record of both families in one id namespace. It is

@@ -27,6 +27,7 @@ type FieldError struct {
 	Msg   string
 }
 
+// Error gives "field: reason".
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
 func bad(field, format string, args ...any) *FieldError {

@@ -600,12 +600,6 @@ func (m *Log) Validate() error {
 	return nil
 }
 
-// envelope is the JSON of one frame.
-type envelope struct {
-	Type string          `json:"type"`
-	Body json.RawMessage `json:"body"`
-}
-
 // Conn sends and receives messages over a byte stream. Send is safe for
 // concurrent use; Recv must be called from one goroutine at a time.
 type Conn struct {
@@ -678,25 +672,86 @@ func (c *Conn) Recv() (Message, error) {
 }
 
 // Unmarshal decodes one envelope (without the length prefix), strictly.
+// When "type" comes before "body" (as Marshal writes it) the body is decoded
+// straight into its message, in one pass over the frame.
 func Unmarshal(b []byte) (Message, error) {
-	var env envelope
-	if err := decodeStrict(b, &env); err != nil {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.DisallowUnknownFields()
+	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+		return nil, errors.New("decoding envelope: not a JSON object")
+	}
+	var (
+		typ              string
+		m                Message
+		raw              json.RawMessage
+		haveType, isNull bool
+		haveBody         bool
+	)
+	for d.More() {
+		tok, err := d.Token()
+		if err != nil {
+			return nil, fmt.Errorf("decoding envelope: %w", err)
+		}
+		switch key, _ := tok.(string); key {
+		case "type":
+			if haveType {
+				return nil, errors.New("decoding envelope: duplicate type")
+			}
+			haveType = true
+			if err := d.Decode(&typ); err != nil {
+				return nil, fmt.Errorf("decoding envelope: %w", err)
+			}
+			if m = newMessage(typ); m == nil {
+				return nil, fmt.Errorf("decoding: unknown message type %q", typ)
+			}
+		case "body":
+			if haveBody {
+				return nil, errors.New("decoding envelope: duplicate body")
+			}
+			haveBody = true
+			isNull = nullAt(b, d.InputOffset())
+			if m != nil && !isNull {
+				if err := d.Decode(m); err != nil {
+					return nil, fmt.Errorf("decoding %s: %w", typ, err)
+				}
+			} else if err := d.Decode(&raw); err != nil {
+				return nil, fmt.Errorf("decoding envelope: %w", err)
+			}
+		default:
+			return nil, fmt.Errorf("decoding envelope: unknown field %q", key)
+		}
+	}
+	if _, err := d.Token(); err != nil {
 		return nil, fmt.Errorf("decoding envelope: %w", err)
 	}
-	m := newMessage(env.Type)
-	if m == nil {
-		return nil, fmt.Errorf("decoding: unknown message type %q", env.Type)
+	if _, err := d.Token(); err != io.EOF {
+		return nil, errors.New("decoding envelope: trailing data after the JSON value")
 	}
-	if len(env.Body) == 0 || string(env.Body) == "null" {
-		return nil, fmt.Errorf("decoding %s: missing body", env.Type)
+	if !haveType {
+		return nil, errors.New("decoding: unknown message type \"\"")
 	}
-	if err := decodeStrict(env.Body, m); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", env.Type, err)
+	if !haveBody || isNull {
+		return nil, fmt.Errorf("decoding %s: missing body", typ)
+	}
+	if raw != nil {
+		// The body came before the type.
+		if err := decodeStrict(raw, m); err != nil {
+			return nil, fmt.Errorf("decoding %s: %w", typ, err)
+		}
 	}
 	if err := m.Validate(); err != nil {
-		return nil, fmt.Errorf("decoding %s: %w", env.Type, err)
+		return nil, fmt.Errorf("decoding %s: %w", typ, err)
 	}
 	return m, nil
+}
+
+// nullAt reports whether the JSON value after the key ending at off is null.
+func nullAt(b []byte, off int64) bool {
+	rest := b[off:]
+	for len(rest) > 0 && (rest[0] == ' ' || rest[0] == '\t' || rest[0] == '\n' || rest[0] == '\r' || rest[0] == ':') {
+		rest = rest[1:]
+	}
+	return bytes.HasPrefix(rest, []byte("null"))
 }
 
 // decodeStrict decodes one JSON value with unknown fields and trailing data
