@@ -24,7 +24,8 @@ func (e *CapacityError) Error() string { return e.Resource + ": " + e.Msg }
 func active(r *Record) bool { return r.State != StateStopped && r.State != StateFailed }
 
 // admission returns the check reserve runs, under the registry lock, with
-// every other stored or pending record. It counts vCPUs and memory of
+// every other stored or pending record. It refuses an explicit MAC another
+// VM uses (400), and counts vCPUs and memory of
 // active VMs against host totals times the overcommit ratios, the vCPUs of
 // a pinned VM against its pinned CPUs, PCI devices against every other
 // VM's claim, and the base image size against free space in the state dir.
@@ -55,12 +56,13 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 			}
 		}
 		cpuCap := uint64(math.Floor(float64(cpus) * ratio(cfg.Overcommit.CPU, 4)))
-		if usedCPU+uint64(rec.Spec.Vcpus) > cpuCap {
+		// Written as "need > cap - used" so huge requests cannot wrap around.
+		if usedCPU > cpuCap || uint64(rec.Spec.Vcpus) > cpuCap-usedCPU {
 			return &CapacityError{Resource: "vcpus", Msg: fmt.Sprintf("%d requested, %d of %d in use (%d host CPUs x overcommit %g)",
 				rec.Spec.Vcpus, usedCPU, cpuCap, cpus, ratio(cfg.Overcommit.CPU, 4))}
 		}
 		memCap := uint64(math.Floor(float64(memMB) * ratio(cfg.Overcommit.Memory, 1)))
-		if usedMem+rec.Spec.MemoryMB > memCap {
+		if usedMem > memCap || rec.Spec.MemoryMB > memCap-usedMem {
 			return &CapacityError{Resource: "memory_mb", Msg: fmt.Sprintf("%d MiB requested, %d of %d MiB in use (%d MiB x overcommit %g)",
 				rec.Spec.MemoryMB, usedMem, memCap, memMB, ratio(cfg.Overcommit.Memory, 1))}
 		}
@@ -77,6 +79,19 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 			pinCap := uint64(math.Floor(float64(len(pins)) * ratio(cfg.Overcommit.CPU, 4)))
 			if uint64(rec.Spec.Vcpus) > pinCap {
 				return &CapacityError{Resource: "cpu_affinity", Msg: fmt.Sprintf("%d vCPUs on %d pinned CPUs exceed overcommit %g", rec.Spec.Vcpus, len(pins), ratio(cfg.Overcommit.CPU, 4))}
+			}
+		}
+		// An explicit MAC another VM uses would break both on the bridge.
+		for i, n := range rec.Spec.Nets {
+			if n.MAC == "" || i >= len(rec.NICs) {
+				continue
+			}
+			for _, o := range others {
+				for _, on := range o.NICs {
+					if on.MAC == rec.NICs[i].MAC {
+						return bad(fmt.Sprintf("nets[%d].mac", i), "%s is already used by VM %q", on.MAC, o.ID)
+					}
+				}
 			}
 		}
 		for _, d := range rec.Spec.PCIDevices {

@@ -31,6 +31,11 @@ func TestAdmission(t *testing.T) {
 			func(s *vm.Spec) { s.MemoryMB = 1000 },
 			func(s *vm.Spec) { s.MemoryMB = 500 },
 			func(s *vm.Spec) { s.MemoryMB = 501 }},
+		{"memory that would wrap around", "memory_mb",
+			nil,
+			func(s *vm.Spec) { s.MemoryMB = 1024 },
+			func(s *vm.Spec) { s.MemoryMB = 1024 },
+			func(s *vm.Spec) { s.MemoryMB = ^uint64(0) - 512 }},
 		{"pinned vCPUs against pinned CPUs", "cpu_affinity",
 			func(e *vmtest.Env) { e.Config.Overcommit.CPU = 1 },
 			nil,
@@ -112,5 +117,26 @@ func TestFailedVMsFreeCapacity(t *testing.T) {
 	s.Vcpus, s.VMID = 1, "next"
 	if _, _, err := svc.CreateVM(context.Background(), &s); err != nil {
 		t.Errorf("a failed VM still holds its vCPU: %v", err)
+	}
+}
+
+// TestExplicitMACInUse: a MAC another VM uses is refused (400) at admission.
+func TestExplicitMACInUse(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	svc := e.Service(t)
+	s := baseSpec(e)
+	s.VMID, s.Nets = "a", []vm.NetSpec{{MAC: "02:00:00:00:00:09"}}
+	if _, _, err := svc.CreateVM(context.Background(), &s); err != nil {
+		t.Fatal(err)
+	}
+	s.VMID, s.Nets = "b", []vm.NetSpec{{}, {MAC: "02:00:00:00:00:09"}}
+	_, _, err := svc.CreateVM(context.Background(), &s)
+	var fe *vm.FieldError
+	if !errors.As(err, &fe) || fe.Field != "nets[1].mac" {
+		t.Fatalf("CreateVM with a MAC in use = %v, want a FieldError on nets[1].mac", err)
+	}
+	s.Nets[1].MAC = "02:00:00:00:00:0a"
+	if _, _, err := svc.CreateVM(context.Background(), &s); err != nil {
+		t.Errorf("CreateVM with a free MAC = %v", err)
 	}
 }
