@@ -677,7 +677,9 @@ func (c *Conn) Recv() (Message, error) {
 func Unmarshal(b []byte) (Message, error) {
 	d := json.NewDecoder(bytes.NewReader(b))
 	d.DisallowUnknownFields()
-	if tok, err := d.Token(); err != nil || tok != json.Delim('{') {
+	if tok, err := d.Token(); err != nil {
+		return nil, fmt.Errorf("decoding envelope: %w", err)
+	} else if tok != json.Delim('{') {
 		return nil, errors.New("decoding envelope: not a JSON object")
 	}
 	var (

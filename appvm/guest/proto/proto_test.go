@@ -76,6 +76,13 @@ func TestRoundTrip(t *testing.T) {
 	}
 }
 
+func TestBodyBeforeType(t *testing.T) {
+	m, err := NewConn(bytes.NewBuffer(frame(` { "body" : {"pid":9} , "type":"started" } `))).Recv()
+	if want := (&Started{PID: 9}); err != nil || !reflect.DeepEqual(m, want) {
+		t.Errorf("Recv() = %#v, %v; want %#v", m, err, want)
+	}
+}
+
 func TestSecretOnWire(t *testing.T) {
 	b, err := Marshal(&Spec{V: Version, Command: []string{"x"}, Network: Network{Mode: NetworkDHCP},
 		SecretEnv: []SecretEnv{{Key: "K", Value: NewSecret("wire-value")}}})
@@ -151,6 +158,13 @@ func TestRecvErrors(t *testing.T) {
 		{"truncated body", frame(`{"type":"started","body":{"pid":1}}`)[:10], "unexpected EOF"},
 		{"truncated header", []byte{0, 0}, "unexpected EOF"},
 		{"not json", frame(`hello`), "invalid character"},
+		{"not an object", frame(`[1]`), "not a JSON object"},
+		{"duplicate type", frame(`{"type":"started","type":"exit","body":{"pid":1}}`), "duplicate type"},
+		{"duplicate body", frame(`{"type":"started","body":{"pid":1},"body":{"pid":2}}`), "duplicate body"},
+		{"no type", frame(`{"body":{"pid":1}}`), "unknown message type"},
+		{"body first, bad", frame(`{"body":{"pid":1,"x":1},"type":"started"}`), "unknown field"},
+		{"body first, null", frame(`{"body": null,"type":"started"}`), "missing body"},
+		{"key case", frame(`{"TYPE":"started","body":{"pid":1}}`), "unknown field"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
