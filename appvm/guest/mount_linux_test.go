@@ -45,8 +45,7 @@ func TestIntegrationMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	run(t, "mkfs.ext4", "-q", "-F", img)
-	dev := strings.TrimSpace(run(t, "losetup", "-f", "--show", img))
-	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	dev := attachLoop(t, img)
 
 	root := t.TempDir()
 	script := fmt.Sprintf(`grep -E " %[1]s/(scratch|data) " /proc/self/mounts | cut -d" " -f2-4 | sed "s,%[1]s,,; s/,relatime//; s/,seclabel//"; echo persisted > %[1]s/data/hello`, root)
@@ -128,4 +127,17 @@ func libsOf(t *testing.T, bin string) []string {
 		}
 	}
 	return libs
+}
+
+// attachLoop attaches img to a free loop device, or skips where loop
+// devices are unavailable (a container).
+func attachLoop(t *testing.T, img string) string {
+	t.Helper()
+	out, err := exec.Command("losetup", "-f", "--show", img).CombinedOutput()
+	if err != nil {
+		t.Skipf("no loop device: losetup: %v: %s", err, out)
+	}
+	dev := strings.TrimSpace(string(out))
+	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
+	return dev
 }

@@ -62,8 +62,7 @@ func newVMFixture(t *testing.T) *vmFixture {
 	os.MkdirAll(filepath.Join(image, "etc"), 0o755)
 	os.WriteFile(filepath.Join(image, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644)
 	run(t, "mkfs.ext4", "-q", "-d", image, vm.disk, "32M")
-	vm.dev = strings.TrimSpace(run(t, "losetup", "-f", "--show", vm.disk))
-	t.Cleanup(func() { exec.Command("losetup", "-d", vm.dev).Run() })
+	vm.dev = attachLoop(t, vm.disk)
 	return vm
 }
 
