@@ -7,6 +7,9 @@
 //	vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow PATTERN]...
 //	vmhost key list --state-dir DIR
 //	vmhost key remove --state-dir DIR --name NAME
+//	vmhost guest ...   (the AppVM guest agent; also what runs as PID 1)
+//	vmhost sim-ch ...  (Cloud Hypervisor simulator)
+//	vmhost sim-qsd ... (qemu-storage-daemon simulator)
 //
 // serve is the default when the first argument is a flag or absent. See
 // README.md for the configuration file and the API.
@@ -40,6 +43,9 @@ func usageExtra() string {
 }
 
 func main() {
+	if code, ok := runAsInit(); ok {
+		os.Exit(code)
+	}
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
 
