@@ -3,6 +3,7 @@ package vm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"vmhost/vm"
@@ -138,5 +139,19 @@ func TestExplicitMACInUse(t *testing.T) {
 	s.Nets[1].MAC = "02:00:00:00:00:0a"
 	if _, _, err := svc.CreateVM(context.Background(), &s); err != nil {
 		t.Errorf("CreateVM with a free MAC = %v", err)
+	}
+}
+
+func TestParseCPUSet(t *testing.T) {
+	for in, want := range map[string]string{"0": "[0]", "0-3,5": "[0 1 2 3 5]", "5,1-2,2": "[1 2 5]", "7-7": "[7]"} {
+		got, err := vm.ParseCPUSet(in)
+		if err != nil || fmt.Sprint(got) != want {
+			t.Errorf("ParseCPUSet(%q) = %v, %v, want %s", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", ",", "0,", ",0", "a", "1-", "-1", "3-1", "0-8192", "1,,2", "1--2", " 1"} {
+		if got, err := vm.ParseCPUSet(in); err == nil {
+			t.Errorf("ParseCPUSet(%q) = %v, want an error", in, got)
+		}
 	}
 }

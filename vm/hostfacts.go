@@ -135,7 +135,18 @@ func AppendCPUSet(cpus []int, s string) ([]int, error) {
 		return nil, errors.New("empty CPU list")
 	}
 	const maxCPU = 8191
-	for part := range strings.SplitSeq(s, ",") {
+	for rest := s; rest != ""; {
+		// A plain loop rather than strings.SplitSeq: views parse the
+		// affinity on every read.
+		part := rest
+		if i := strings.IndexByte(rest, ','); i >= 0 {
+			part, rest = rest[:i], rest[i+1:]
+			if rest == "" {
+				return nil, fmt.Errorf("bad CPU %q in %q", "", s)
+			}
+		} else {
+			rest = ""
+		}
 		lo, hi, isRange := strings.Cut(part, "-")
 		a, err := parseCPU(lo)
 		if err != nil {
@@ -157,7 +168,9 @@ func AppendCPUSet(cpus []int, s string) ([]int, error) {
 			cpus = append(cpus, c)
 		}
 	}
-	slices.Sort(cpus)
+	if !slices.IsSorted(cpus) {
+		slices.Sort(cpus)
+	}
 	return slices.Compact(cpus), nil
 }
 
