@@ -22,6 +22,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -143,7 +144,7 @@ func (s *Server) guard(rt Route) http.Handler {
 			case errors.Is(err, auth.ErrForbidden):
 				writeError(w, http.StatusForbidden, CodeForbidden, err.Error())
 			default:
-				writeError(w, http.StatusUnauthorized, CodeUnauthorized, "missing or invalid API key")
+				writeError(w, http.StatusUnauthorized, CodeUnauthorized, err.Error()) // never holds the token
 			}
 			return
 		}
@@ -168,22 +169,11 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 		if slices.Contains(allow, http.MethodGet) {
 			allow = append(allow, http.MethodHead)
 		}
-		w.Header().Set("Allow", joinComma(allow))
+		w.Header().Set("Allow", strings.Join(allow, ", "))
 		writeError(w, http.StatusMethodNotAllowed, CodeBadRequest, fmt.Sprintf("method %s is not allowed on %s", r.Method, r.URL.Path))
 		return
 	}
 	writeError(w, http.StatusNotFound, CodeNotFound, fmt.Sprintf("no such endpoint: %s", r.URL.Path))
-}
-
-func joinComma(s []string) string {
-	var b bytes.Buffer
-	for i, x := range s {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(x)
-	}
-	return b.String()
 }
 
 // errorBody is the contract's error envelope.
