@@ -6,10 +6,13 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"vmhost/seed"
 )
 
-// SeedSizeBytes is the fixed guest-visible size of the NoCloud seed disk.
-const SeedSizeBytes = 1 << 20
+// SeedSizeBytes is the fixed guest-visible size of the NoCloud seed disk:
+// the size of the image the seed package writes.
+const SeedSizeBytes = seed.Size
 
 // View is the VmView of contract §2.1, built from a record at read time.
 // Field presence follows the contract: always-fields have no omitempty,
