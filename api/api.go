@@ -279,8 +279,10 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
-	rec, err := s.vms.Get(vm.ModeVM, r.PathValue("id"))
+	id := r.PathValue("id")
+	rec, err := s.vms.Get(vm.ModeVM, id)
 	if err != nil {
+		s.viewCache.Delete(id) // the VM is gone: drop its cached view
 		writeError(w, http.StatusNotFound, CodeNotFound, "no classic VM has this id")
 		return
 	}
