@@ -598,3 +598,49 @@ func TestChunkedBodyLimit(t *testing.T) {
 		t.Errorf("chunked oversize body = %d %s", w.Code, w.Body)
 	}
 }
+
+// TestOverRealSocket drives the API through a real HTTP server: a create,
+// a read, a HEAD, and a body sent chunked.
+func TestOverRealSocket(t *testing.T) {
+	h := newHarness(t)
+	ts := httptest.NewServer(h.srv)
+	defer ts.Close()
+	send := func(method, path, token string, body io.Reader) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(method, ts.URL+path, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := ts.Client().Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seenMu.Lock()
+		seenBodies = append(seenBodies, string(b))
+		seenMu.Unlock()
+		return resp, string(b)
+	}
+	// io.MultiReader hides the length, so the client sends it chunked.
+	resp, created := send("POST", "/api/vms", h.rw, io.MultiReader(strings.NewReader(minimalVMBody(h, "sock"))))
+	if resp.StatusCode != 201 || resp.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("POST = %d %s", resp.StatusCode, created)
+	}
+	resp, got := send("GET", "/api/vms/sock", h.ro, nil)
+	if resp.StatusCode != 200 || resp.ContentLength != int64(len(got)) || got != created {
+		t.Errorf("GET = %d (length %d) %s, want the created view %s", resp.StatusCode, resp.ContentLength, got, created)
+	}
+	resp, got = send("HEAD", "/api/vms/sock", h.ro, nil)
+	if resp.StatusCode != 200 || got != "" {
+		t.Errorf("HEAD = %d %q", resp.StatusCode, got)
+	}
+	resp, got = send("GET", "/api/vms/sock", "wrong", nil)
+	if resp.StatusCode != 401 || !strings.Contains(got, CodeUnauthorized) {
+		t.Errorf("GET with a wrong token = %d %s", resp.StatusCode, got)
+	}
+}
