@@ -62,6 +62,13 @@ type Record struct {
 	AppVM         *AppVMSpec     `json:"appvm,omitempty"`
 	FailureReason *FailureReason `json:"failure_reason,omitempty"`
 	PID           int            `json:"pid,omitempty"`
+	// Runtime is the identity of the VM's processes and provisioning
+	// progress (engine_record.go); nil before any host work.
+	Runtime *Runtime `json:"runtime,omitempty"`
+	// ShuttingDown is set while an ACPI shutdown is pending.
+	ShuttingDown bool `json:"shutting_down,omitempty"`
+	// GuestPanickedAt is when CH reported a guest panic (pvpanic).
+	GuestPanickedAt *time.Time `json:"guest_panicked_at,omitempty"`
 	// Secrets never reaches a view; encodeRecord writes it to the file.
 	Secrets Secrets `json:"-"`
 }

@@ -174,7 +174,11 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		CPUTopology:   sp.CPUTopology,
 		PCIDevices:    sp.PCIDevices,
 		Mode:          rec.Mode,
+		ShuttingDown:  rec.ShuttingDown,
 		store:         st,
+	}
+	if rec.GuestPanickedAt != nil {
+		v.GuestPanickedAt = rec.GuestPanickedAt // records are never modified
 	}
 	if v.PCIDevices == nil {
 		v.PCIDevices = []string{}
