@@ -8,165 +8,17 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"vmhost/chclient"
+	"vmhost/chclient/openapitest"
 )
 
 // openAPIPath is CH's v53 OpenAPI document as JSON, beside the checkout (shared/ref).
-const openAPIPath = "../../shared/ref/cloud-hypervisor.openapi.json"
-
-// schemaValidator checks a JSON value against the subset of OpenAPI 3 schemas CH's document
-// uses for request bodies: $ref, type, properties, required, items, enum,
-// additionalProperties and minimum. Unlike CH, which ignores unknown keys, it rejects a
-// property the schema does not name, so a misspelt field cannot be dropped silently.
-type schemaValidator struct {
-	schemas map[string]map[string]any
-	// lenient records properties the schema does not name in extras instead of failing:
-	// for responses, where CH's document is known to lag its code (ref §9).
-	lenient bool
-	extras  []string
-}
-
-func (v *schemaValidator) resolve(s map[string]any) (map[string]any, error) {
-	for depth := 0; depth < 10; depth++ {
-		ref, ok := s["$ref"].(string)
-		if !ok {
-			return s, nil
-		}
-		name, ok := strings.CutPrefix(ref, "#/components/schemas/")
-		if !ok {
-			return nil, fmt.Errorf("unsupported $ref %q", ref)
-		}
-		if s, ok = v.schemas[name]; !ok {
-			return nil, fmt.Errorf("$ref %q names no schema", ref)
-		}
-	}
-	return nil, fmt.Errorf("$ref chain too deep")
-}
-
-func (v *schemaValidator) validate(path string, schema map[string]any, val any) []string {
-	s, err := v.resolve(schema)
-	if err != nil {
-		return []string{path + ": " + err.Error()}
-	}
-	var errs []string
-	if enum, ok := s["enum"].([]any); ok && !slices.Contains(enum, val) {
-		errs = append(errs, fmt.Sprintf("%s: %v is not one of %v", path, val, enum))
-	}
-	switch typ, _ := s["type"].(string); typ {
-	case "object", "":
-		obj, ok := val.(map[string]any)
-		if !ok {
-			if typ == "" {
-				return errs
-			}
-			return append(errs, fmt.Sprintf("%s: %T, want object", path, val))
-		}
-		props, _ := s["properties"].(map[string]any)
-		for _, r := range asSlice(s["required"]) {
-			if _, ok := obj[r.(string)]; !ok {
-				errs = append(errs, fmt.Sprintf("%s: required property %q missing", path, r))
-			}
-		}
-		extra, _ := s["additionalProperties"].(map[string]any)
-		for k, fv := range obj {
-			ps, ok := props[k].(map[string]any)
-			switch {
-			case ok:
-				errs = append(errs, v.validate(path+"."+k, ps, fv)...)
-			case extra != nil:
-				errs = append(errs, v.validate(path+"."+k, extra, fv)...)
-			case v.lenient:
-				v.extras = append(v.extras, path+"."+k)
-			default:
-				errs = append(errs, fmt.Sprintf("%s: property %q is not in the schema", path, k))
-			}
-		}
-	case "array":
-		arr, ok := val.([]any)
-		if !ok {
-			return append(errs, fmt.Sprintf("%s: %T, want array", path, val))
-		}
-		items, _ := s["items"].(map[string]any)
-		for i, e := range arr {
-			errs = append(errs, v.validate(fmt.Sprintf("%s[%d]", path, i), items, e)...)
-		}
-	case "string":
-		if _, ok := val.(string); !ok {
-			errs = append(errs, fmt.Sprintf("%s: %T, want string", path, val))
-		}
-	case "boolean":
-		if _, ok := val.(bool); !ok {
-			errs = append(errs, fmt.Sprintf("%s: %T, want boolean", path, val))
-		}
-	case "integer", "number":
-		n, ok := val.(json.Number)
-		if !ok {
-			return append(errs, fmt.Sprintf("%s: %T, want %s", path, val, typ))
-		}
-		if typ == "integer" && strings.ContainsAny(n.String(), ".eE") {
-			errs = append(errs, fmt.Sprintf("%s: %s is not an integer", path, n))
-		}
-		if min, ok := s["minimum"].(float64); ok {
-			if f, _ := n.Float64(); f < min {
-				errs = append(errs, fmt.Sprintf("%s: %s below minimum %v", path, n, min))
-			}
-		}
-	default:
-		errs = append(errs, fmt.Sprintf("%s: unsupported schema type %q", path, typ))
-	}
-	return errs
-}
-
-func asSlice(v any) []any {
-	s, _ := v.([]any)
-	return s
-}
-
-type openAPIDoc struct {
-	Paths      map[string]map[string]map[string]any `json:"paths"`
-	Components struct {
-		Schemas map[string]map[string]any `json:"schemas"`
-	} `json:"components"`
-}
-
-func loadOpenAPI(t *testing.T) (*openAPIDoc, *schemaValidator) {
-	t.Helper()
-	data, err := os.ReadFile(openAPIPath)
-	if os.IsNotExist(err) {
-		t.Skipf("CH OpenAPI document not found at %s (shared/ref must sit beside the checkout)", openAPIPath)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var doc openAPIDoc
-	if err := json.Unmarshal(data, &doc); err != nil {
-		t.Fatal(err)
-	}
-	return &doc, &schemaValidator{schemas: doc.Components.Schemas}
-}
-
-// requestSchema returns the body schema of method path, or nil when the route takes none.
-func (d *openAPIDoc) requestSchema(t *testing.T, method, path string) (map[string]any, bool) {
-	t.Helper()
-	op, ok := d.Paths["/"+path][strings.ToLower(method)]
-	if !ok {
-		t.Fatalf("OpenAPI document has no %s /%s", method, path)
-	}
-	rb, ok := op["requestBody"].(map[string]any)
-	if !ok {
-		return nil, false
-	}
-	content, _ := rb["content"].(map[string]any)
-	mt, _ := content["application/json"].(map[string]any)
-	schema, _ := mt["schema"].(map[string]any)
-	return schema, true
-}
+const openAPIPath = openapitest.DefaultPath
 
 type wireRequest struct {
 	method, path string
@@ -224,7 +76,7 @@ func jsonAnswer(body string) string {
 // TestRequestBodiesMatchOpenAPI sends every request chclient can make, with every config
 // field set, and validates each body on the wire against CH's OpenAPI document.
 func TestRequestBodiesMatchOpenAPI(t *testing.T) {
-	doc, v := loadOpenAPI(t)
+	doc, v := openapitest.Load(t, openAPIPath)
 	c, recorded := recordingClient(t)
 	ctx := ctxT(t)
 	f := newFixture(t)
@@ -274,7 +126,7 @@ func TestRequestBodiesMatchOpenAPI(t *testing.T) {
 		t.Fatalf("recorded %d requests for %d calls", len(reqs), len(steps))
 	}
 	for i, r := range reqs {
-		schema, hasBody := doc.requestSchema(t, r.method, r.path)
+		schema, hasBody := doc.RequestSchema(t, r.method, r.path)
 		if !hasBody {
 			if len(r.body) != 0 {
 				t.Errorf("%s: %s %s carries a body %q; CH answers 400", steps[i].name, r.method, r.path, r.body)
@@ -287,7 +139,7 @@ func TestRequestBodiesMatchOpenAPI(t *testing.T) {
 		if err := dec.Decode(&val); err != nil {
 			t.Fatalf("%s: body %q: %v", steps[i].name, r.body, err)
 		}
-		for _, e := range v.validate(r.path, schema, val) {
+		for _, e := range v.Validate(r.path, schema, val) {
 			t.Errorf("%s: %s", steps[i].name, e)
 		}
 	}
@@ -299,8 +151,8 @@ func TestRequestBodiesMatchOpenAPI(t *testing.T) {
 
 // TestValidatorCatchesMistakes proves the validator fails on what it must catch.
 func TestValidatorCatchesMistakes(t *testing.T) {
-	doc, v := loadOpenAPI(t)
-	schema, _ := doc.requestSchema(t, "PUT", "vm.create")
+	doc, v := openapitest.Load(t, openAPIPath)
+	schema, _ := doc.RequestSchema(t, "PUT", "vm.create")
 	for _, bad := range []string{
 		`{}`, // payload is required by the document
 		`{"payload":{},"cpus":{"boot_vcpus":1}}`,
@@ -315,36 +167,18 @@ func TestValidatorCatchesMistakes(t *testing.T) {
 		dec.UseNumber()
 		var val any
 		dec.Decode(&val)
-		if errs := v.validate("vm.create", schema, val); len(errs) == 0 {
+		if errs := v.Validate("vm.create", schema, val); len(errs) == 0 {
 			t.Errorf("%s validated", bad)
 		}
 	}
-}
-
-// responseSchema returns the schema of method path's answer with the given status.
-func (d *openAPIDoc) responseSchema(t *testing.T, method, path, status string) map[string]any {
-	t.Helper()
-	op, ok := d.Paths["/"+path][strings.ToLower(method)]
-	if !ok {
-		t.Fatalf("OpenAPI document has no %s /%s", method, path)
-	}
-	responses, _ := op["responses"].(map[string]any)
-	r, _ := responses[status].(map[string]any)
-	content, _ := r["content"].(map[string]any)
-	mt, _ := content["application/json"].(map[string]any)
-	schema, _ := mt["schema"].(map[string]any)
-	if schema == nil {
-		t.Fatalf("OpenAPI document has no %s schema for %s /%s", status, method, path)
-	}
-	return schema
 }
 
 // TestSimulatorResponsesMatchOpenAPI validates what chsim answers (vmm.ping, vm.info while
 // created and running, vm.counters, vm.add-disk) against CH's OpenAPI document. Properties
 // the document does not name are logged, not failed: the v53 document lags the code.
 func TestSimulatorResponsesMatchOpenAPI(t *testing.T) {
-	doc, v := loadOpenAPI(t)
-	v.lenient = true
+	doc, v := openapitest.Load(t, openAPIPath)
+	v.Lenient = true
 	f, _ := launchSim(t)
 	hc := simHTTP(f)
 	check := func(method, path, status, body string) {
@@ -368,7 +202,7 @@ func TestSimulatorResponsesMatchOpenAPI(t *testing.T) {
 		if err := dec.Decode(&val); err != nil {
 			t.Fatalf("%s %s: %v", method, path, err)
 		}
-		for _, e := range v.validate(path, doc.responseSchema(t, method, path, status), val) {
+		for _, e := range v.Validate(path, doc.ResponseSchema(t, method, path, status), val) {
 			t.Errorf("%s %s: %s", method, path, e)
 		}
 	}
@@ -390,6 +224,6 @@ func TestSimulatorResponsesMatchOpenAPI(t *testing.T) {
 	check("GET", "vm.info", "200", "")
 	check("GET", "vm.counters", "200", "")
 	check("PUT", "vm.add-disk", "200", fmt.Sprintf(`{"path":%q}`, cfg.Disks[1].Path))
-	slices.Sort(v.extras)
-	t.Logf("properties the document does not name: %v", slices.Compact(v.extras))
+	slices.Sort(v.Extras)
+	t.Logf("properties the document does not name: %v", slices.Compact(v.Extras))
 }
