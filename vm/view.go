@@ -7,6 +7,7 @@ import (
 	"syscall"
 	"time"
 
+	"vmhost/config"
 	"vmhost/seed"
 )
 
@@ -317,8 +318,12 @@ func volumeID(i int) string {
 // netView resolves an interface: its network (explicit, by bridge, or the
 // default network) gives bridge, MTU, isolation and spoof guard unless the
 // request overrides them.
-func (s *Service) netView(np *NetSpec, nic NIC) NetView {
-	cfg := s.o.Config
+func (s *Service) netView(np *NetSpec, nic NIC) NetView { return ResolveNet(s.o.Config, np, nic) }
+
+// ResolveNet is the effective interface of nic: the request's values (np,
+// nil for the default interface of a cloud-init VM) over its network's
+// (explicit, by bridge, or the default network) and the host's defaults.
+func ResolveNet(cfg *config.Config, np *NetSpec, nic NIC) NetView {
 	var n NetSpec
 	if np != nil {
 		n = *np
