@@ -23,7 +23,9 @@ import (
 //	PUT /sim/v1/vsock/connect     {"port":N,"data":"…"}: the guest dials host port N
 //	PUT /sim/v1/dhcp-ack          {"ip","server","mask"?,"router"?,"lease"?,"net"?,"server_mac"?}:
 //	                              a DHCP ACK for the guest's MAC enters the host through the tap
-//	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports"}
+//	PUT /sim/v1/guest-agent       {"signal":N}: signal the AppVM guest agent process (not its
+//	                              workload); SIGSTOP silences its heartbeats
+//	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports","guest_agent_pid"}
 func (s *sim) control(r *request) (response, func()) {
 	name := strings.TrimPrefix(r.path, "/sim/v1/")
 	if name == "status" {
@@ -129,6 +131,14 @@ func (s *sim) control(r *request) (response, func()) {
 			return controlError(http.StatusConflict, err.Error()), nil
 		}
 		return noContent(), nil
+	case "guest-agent":
+		if body.Signal <= 0 || body.Signal >= 65 {
+			return controlError(http.StatusBadRequest, "signal must be 1…64"), nil
+		}
+		if err := s.signalAgentOnly(syscall.Signal(body.Signal)); err != nil {
+			return controlError(http.StatusConflict, err.Error()), nil
+		}
+		return noContent(), nil
 	case "vsock/listen", "vsock/unlisten":
 		port, bad := needPort()
 		if bad != nil {
@@ -171,11 +181,12 @@ func (s *sim) status() response {
 		ports = append(ports, p)
 	}
 	return jsonResponse(http.StatusOK, map[string]any{
-		"state":       s.state.String(),
-		"activated":   s.activated,
-		"hung":        s.hung.Load(),
-		"taps":        taps,
-		"vhost_conns": len(s.vhost),
-		"guest_ports": ports,
+		"state":           s.state.String(),
+		"activated":       s.activated,
+		"hung":            s.hung.Load(),
+		"taps":            taps,
+		"vhost_conns":     len(s.vhost),
+		"guest_ports":     ports,
+		"guest_agent_pid": s.agentPidLocked(),
 	})
 }

@@ -31,6 +31,20 @@
 //	--sim-no-activate        the guest never activates on its own (use /sim/v1/activate)
 //	--sim-guest-ports P,…    vsock ports the guest listens on from boot
 //	--no-shutdown            guest poweroff keeps the process (CH v52+)
+//	--sim-no-guest-agent     never run the AppVM guest agent
+//	--sim-guest-heartbeat D  the guest agent's heartbeat interval (default 1s)
+//
+// # The AppVM guest agent
+//
+// At boot of a VM with a vsock device and an initramfs (an AppVM), the simulator runs the
+// real guest agent as a host process in its own process group: `<vmhost> guest --transport
+// unix:<vsock socket>_1024 --root <vsock socket>.root --heartbeat D` (GuestRoot), with
+// CHSIM_GUEST_AGENT=1 in its environment and its output in <vsock socket>.guest.log. Its
+// unix transport reaches the host exactly as the guest's vsock connection to CID 2 port
+// 1024 would through CH's hybrid vsock. The agent's exit is the guest's poweroff; its
+// death by a signal leaves the VM running without it. Stop, delete and VMM exit kill it
+// and its workload; a reboot starts it again; pause and resume stop and continue it.
+// The workload runs on the host (process mode: no chroot, mounts or network setup).
 //
 // # Limits and deviations
 //

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"vmhost/appvm/guest"
 	"vmhost/chclient"
 	"vmhost/chclient/chsim"
 )
@@ -25,6 +26,10 @@ import (
 // The simulator runs as a separate process: the test binary re-executes itself with
 // CHSIM_TEST_MAIN set, and TestMain hands the arguments to chsim.Main.
 func TestMain(m *testing.M) {
+	// The guest agent chsim starts inherits CHSIM_TEST_MAIN: check for it first.
+	if os.Getenv(chsim.GuestAgentEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "guest" {
+		os.Exit(guest.Main(os.Args[2:]))
+	}
 	if os.Getenv("CHSIM_TEST_MAIN") == "1" {
 		os.Exit(chsim.Main(os.Args[1:]))
 	}

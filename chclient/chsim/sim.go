@@ -38,6 +38,17 @@ type Config struct {
 	// echoes bytes back. It is the hook for running a real guest agent behind the
 	// simulator's hybrid vsock.
 	GuestVsock func(port uint32, conn net.Conn)
+
+	// NoGuestAgent (--sim-no-guest-agent) turns off running the AppVM guest agent.
+	// Otherwise, at boot of a VM with a vsock device and an initramfs, the simulator
+	// starts `<GuestAgentBinary> guest --transport unix:<vsock socket>_1024 --root
+	// <GuestRoot> --heartbeat <GuestHeartbeat>` as a host process (see guest.go).
+	NoGuestAgent bool
+	// GuestAgentBinary is the vmhost binary to run; default os.Executable().
+	GuestAgentBinary string
+	// GuestHeartbeat (--sim-guest-heartbeat) is the agent's heartbeat interval;
+	// default DefaultGuestHeartbeat.
+	GuestHeartbeat time.Duration
 }
 
 // DefaultActivateDelay is how long after boot the simulated guest's drivers activate its
@@ -46,6 +57,7 @@ const DefaultActivateDelay = 200 * time.Millisecond
 
 const usage = `usage: sim-ch --api-socket path=<p>|fd=<n> [--event-monitor path=<p>|fd=<n>] [--log-file <p>] [-v]...
        [--no-shutdown] [--sim-activate-delay <duration>] [--sim-no-activate] [--sim-guest-ports <p,p,…>]
+       [--sim-no-guest-agent] [--sim-guest-heartbeat <duration>]
 `
 
 // Main runs the simulator with Cloud Hypervisor's own flags (args excludes the program
@@ -111,6 +123,18 @@ func parseArgs(args []string) (Config, error) {
 			cfg.LogFile = v
 		case name == "--no-shutdown":
 			cfg.NoShutdown = true
+		case name == "--sim-no-guest-agent":
+			cfg.NoGuestAgent = true
+		case name == "--sim-guest-heartbeat":
+			v, err := next()
+			if err != nil {
+				return cfg, err
+			}
+			d, err := time.ParseDuration(v)
+			if err != nil || d <= 0 {
+				return cfg, fmt.Errorf("parsing --sim-guest-heartbeat %q: want a positive duration like 1s", v)
+			}
+			cfg.GuestHeartbeat = d
 		case name == "--sim-no-activate":
 			cfg.NoActivate = true
 		case name == "--sim-activate-delay":
@@ -218,6 +242,7 @@ type sim struct {
 	bootGen    int // bumps on every boot/reboot/stop so stale timers do nothing
 	serial     *serialPort
 	vsock      *vsockMux
+	agent      *guestAgent // the AppVM guest agent of this boot, nil when none
 	guestPorts map[uint32]bool
 	taps       []*os.File
 	vhost      map[string]net.Conn // disk id → vhost-user connection

@@ -253,6 +253,10 @@ func (s *sim) bootLocked() []string {
 	s.bootGen++
 	s.serialWrite("chsim: Linux version 6.1.0-chsim booting\r\n")
 	s.scheduleActivateLocked()
+	if err := s.startGuestAgentLocked(); err != nil {
+		// A guest without its init panics; the VM itself is up.
+		s.logf(0, "Error: %v", err)
+	}
 	return nil
 }
 
@@ -518,6 +522,7 @@ func (s *sim) releaseLocked() {
 		c.Close()
 	}
 	s.taps, s.vhost = nil, nil
+	s.stopGuestAgentLocked()
 	if s.vsock != nil {
 		s.vsock.close()
 		s.vsock = nil
@@ -630,6 +635,7 @@ func (s *sim) rebootLocked() []string {
 	s.emit("vm", "rebooting", nil)
 	s.bootGen++
 	s.activated = false
+	s.stopGuestAgentLocked()
 	if s.vsock != nil {
 		s.vsock.close()
 		mux, err := s.openVsock(s.vm.Vsock.Socket)
@@ -642,6 +648,10 @@ func (s *sim) rebootLocked() []string {
 	s.state = stateRunning
 	s.emit("vm", "rebooted", nil)
 	s.scheduleActivateLocked()
+	// The guest's init runs again.
+	if err := s.startGuestAgentLocked(); err != nil {
+		s.logf(0, "Error: %v", err)
+	}
 	return nil
 }
 
@@ -652,6 +662,7 @@ func (s *sim) pause(*request) (response, func()) {
 	case stateRunning:
 		s.emit("vm", "pausing", nil)
 		s.state = statePaused
+		s.pauseGuestAgentLocked(true)
 		s.emit("vm", "paused", nil)
 		return noContent(), nil
 	case statePaused:
@@ -668,6 +679,7 @@ func (s *sim) resume(*request) (response, func()) {
 	case statePaused:
 		s.emit("vm", "resuming", nil)
 		s.state = stateRunning
+		s.pauseGuestAgentLocked(false)
 		s.emit("vm", "resumed", nil)
 		return noContent(), nil
 	case stateRunning:

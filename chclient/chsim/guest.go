@@ -1,0 +1,169 @@
+package chsim
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// GuestAgentEnv is set to "1" in the environment of the guest agent the simulator starts,
+// so a test binary that re-executes itself can tell it must run the agent.
+const GuestAgentEnv = "CHSIM_GUEST_AGENT"
+
+// DefaultGuestHeartbeat is the heartbeat interval passed to the guest agent unless
+// --sim-guest-heartbeat says otherwise.
+const DefaultGuestHeartbeat = time.Second
+
+// guestVsockPort is the host port the guest agent dials (appvm/guest/proto.Port); chsim
+// cannot import the protocol package (it is a leaf), so the number is repeated here.
+const guestVsockPort = 1024
+
+// guestAgent is one run of the AppVM guest agent as a host process: what an AppVM's
+// initramfs /init would be inside a real VM.
+type guestAgent struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+
+	mu     sync.Mutex
+	exited bool
+}
+
+// wantsGuestAgentLocked reports whether the booted VM is an AppVM the simulator should run
+// the guest agent for: it has a vsock device and boots a kernel with an initramfs (the
+// vmhost initramfs holds the agent as /init).
+func (s *sim) wantsGuestAgentLocked() bool {
+	return !s.cfg.NoGuestAgent && s.vm != nil && s.vm.Vsock != nil && s.vm.Payload != nil &&
+		s.vm.Payload.Initramfs != nil
+}
+
+// GuestRoot is the directory the simulator gives the guest agent as its workload root for
+// the VM whose hybrid vsock socket is vsockSocket: "<socket>.root". It stands in for the
+// guest's root disk and is kept across boots.
+func GuestRoot(vsockSocket string) string { return vsockSocket + ".root" }
+
+// startGuestAgentLocked starts the guest agent for the current boot. Its exit is the
+// guest's poweroff; its death by a signal leaves the VM running without an agent (a real
+// guest whose init died panics and stops answering).
+func (s *sim) startGuestAgentLocked() error {
+	if !s.wantsGuestAgentLocked() {
+		return nil
+	}
+	bin := s.cfg.GuestAgentBinary
+	if bin == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return fmt.Errorf("finding the vmhost binary for the guest agent: %w", err)
+		}
+		bin = exe
+	}
+	root := GuestRoot(s.vm.Vsock.Socket)
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return fmt.Errorf("creating guest root: %w", err)
+	}
+	hb := s.cfg.GuestHeartbeat
+	if hb <= 0 {
+		hb = DefaultGuestHeartbeat
+	}
+	args := []string{"guest", "--transport", fmt.Sprintf("unix:%s_%d", s.vm.Vsock.Socket, guestVsockPort),
+		"--root", root, "--heartbeat", hb.String()}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), GuestAgentEnv+"=1")
+	// The agent's stderr is the guest's console: it goes to the serial port's log here,
+	// the simulator's own log.
+	logPath := filepath.Join(filepath.Dir(s.vm.Vsock.Socket), filepath.Base(s.vm.Vsock.Socket)+".guest.log")
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening guest agent log: %w", err)
+	}
+	defer logFile.Close()
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group, so that stopping the VM kills the workload too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting the guest agent: %w", err)
+	}
+	g := &guestAgent{cmd: cmd, done: make(chan struct{})}
+	s.agent = g
+	gen := s.bootGen
+	s.logf(1, "guest agent started, pid %d", cmd.Process.Pid)
+	go func() {
+		err := cmd.Wait()
+		g.mu.Lock()
+		g.exited = true
+		g.mu.Unlock()
+		close(g.done)
+		st := cmd.ProcessState
+		if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			s.logf(0, "guest agent killed by signal %d; the guest keeps running without it", ws.Signal())
+			return
+		}
+		s.logf(1, "guest agent exited (%v): the guest powers off", err)
+		s.guestPoweroff(gen)
+	}()
+	return nil
+}
+
+// signal sends sig to the agent's process group unless it has already exited.
+func (g *guestAgent) signal(sig syscall.Signal) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.exited {
+		return fmt.Errorf("the guest agent has exited")
+	}
+	return unix.Kill(-g.cmd.Process.Pid, sig)
+}
+
+// stopGuestAgentLocked kills the agent and its workload: the guest is gone (stop, delete,
+// VMM exit, or a reset before a reboot). It does not wait for the exit.
+func (s *sim) stopGuestAgentLocked() {
+	if s.agent == nil {
+		return
+	}
+	s.agent.signal(syscall.SIGKILL)
+	// A stopped (paused) group must also see the kill.
+	s.agent.signal(syscall.SIGCONT)
+	s.agent = nil
+}
+
+// pauseGuestAgentLocked freezes (SIGSTOP) or thaws (SIGCONT) the agent with the VM.
+func (s *sim) pauseGuestAgentLocked(pause bool) {
+	if s.agent == nil {
+		return
+	}
+	if pause {
+		s.agent.signal(syscall.SIGSTOP)
+	} else {
+		s.agent.signal(syscall.SIGCONT)
+	}
+}
+
+// agentPidLocked is the agent's pid, 0 when none runs.
+func (s *sim) agentPidLocked() int {
+	if s.agent == nil {
+		return 0
+	}
+	s.agent.mu.Lock()
+	defer s.agent.mu.Unlock()
+	if s.agent.exited {
+		return 0
+	}
+	return s.agent.cmd.Process.Pid
+}
+
+// signalAgentOnly sends sig to the agent process alone (not its workload), for
+// /sim/v1/guest-agent.
+func (s *sim) signalAgentOnly(sig syscall.Signal) error {
+	s.mu.Lock()
+	pid := s.agentPidLocked()
+	s.mu.Unlock()
+	if pid == 0 {
+		return fmt.Errorf("no guest agent is running")
+	}
+	return unix.Kill(pid, sig)
+}
