@@ -33,6 +33,8 @@ const (
 	DefaultCPURatio      = 4.0
 	DefaultMemoryRatio   = 1.0
 	DefaultBootTimeout   = 120
+	DefaultPingInterval  = 1
+	DefaultPingTimeout   = 10
 	DefaultSysfsRoot     = "/sys"
 	DefaultCHBinary      = "cloud-hypervisor"
 	DefaultQSDBinary     = "qemu-storage-daemon"
@@ -69,6 +71,13 @@ type Config struct {
 	HostMemoryMB int `json:"host_memory_mb,omitempty"`
 	// BootTimeoutSecs is how long a booting VM may take to show life.
 	BootTimeoutSecs int `json:"boot_timeout_secs"`
+	// PingIntervalSecs is how often the monitor of a running VM pings its
+	// Cloud Hypervisor (vmm.ping over a fresh connection, which also
+	// notices a socket that refuses connections).
+	PingIntervalSecs int `json:"ping_interval_secs"`
+	// PingTimeoutSecs is how long a ping may go unanswered while the
+	// process lives before the VM is failed as hung (ping_timeout).
+	PingTimeoutSecs int `json:"ping_timeout_secs"`
 	// SysfsRoot is where sysfs is read from; tests point it at a fake tree.
 	SysfsRoot string `json:"sysfs_root"`
 	// Binaries are the external programs vmhost runs.
@@ -115,15 +124,17 @@ type Binaries struct {
 // network, {"default", bridge "vmhost0"}, which is the default network.
 func Default() *Config {
 	return &Config{
-		Networks:        []Network{{ID: DefaultNetworkID, Bridge: DefaultBridge}},
-		DefaultNetwork:  DefaultNetworkID,
-		DefaultCmdline:  DefaultKernelCmdline,
-		AppVMCmdline:    DefaultAppVMCmdline,
-		Overcommit:      Overcommit{CPU: DefaultCPURatio, Memory: DefaultMemoryRatio},
-		BootTimeoutSecs: DefaultBootTimeout,
-		SysfsRoot:       DefaultSysfsRoot,
-		Binaries:        Binaries{CloudHypervisor: DefaultCHBinary, QemuStorageDaemon: DefaultQSDBinary},
-		ImageMaxBytes:   DefaultImageMaxBytes,
+		Networks:         []Network{{ID: DefaultNetworkID, Bridge: DefaultBridge}},
+		DefaultNetwork:   DefaultNetworkID,
+		DefaultCmdline:   DefaultKernelCmdline,
+		AppVMCmdline:     DefaultAppVMCmdline,
+		Overcommit:       Overcommit{CPU: DefaultCPURatio, Memory: DefaultMemoryRatio},
+		BootTimeoutSecs:  DefaultBootTimeout,
+		PingIntervalSecs: DefaultPingInterval,
+		PingTimeoutSecs:  DefaultPingTimeout,
+		SysfsRoot:        DefaultSysfsRoot,
+		Binaries:         Binaries{CloudHypervisor: DefaultCHBinary, QemuStorageDaemon: DefaultQSDBinary},
+		ImageMaxBytes:    DefaultImageMaxBytes,
 	}
 }
 
@@ -236,6 +247,12 @@ func (c *Config) Validate() error {
 	}
 	if c.BootTimeoutSecs < 1 {
 		bad("boot_timeout_secs: %d must be at least 1", c.BootTimeoutSecs)
+	}
+	if c.PingIntervalSecs < 1 {
+		bad("ping_interval_secs: %d must be at least 1", c.PingIntervalSecs)
+	}
+	if c.PingTimeoutSecs < 1 {
+		bad("ping_timeout_secs: %d must be at least 1", c.PingTimeoutSecs)
 	}
 	if !filepath.IsAbs(c.SysfsRoot) {
 		bad("sysfs_root: %q must be an absolute path", c.SysfsRoot)
