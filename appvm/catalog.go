@@ -10,6 +10,20 @@
 // system rootfs.qcow2 that AppVM root disks copy. The id follows the VM id
 // pattern. Only images whose status is ready can be used: an unknown or
 // failed image is a 400, an image still importing a 409 CONFLICT.
+//
+// # Imports
+//
+// Importer fills the catalog from OCI layouts and docker save tarballs
+// (package ociimage), in the background for the API and in the foreground
+// for `vmhost image import`. Both take the lock file
+// <state>/appvm-images/<id>.lock (flock), so one import per id runs at a
+// time across processes. A first import shows status importing, then ready
+// or failed with the reason. A re-import of a ready image keeps serving the
+// current build as ready (AppVMs may still be created from it) and reports
+// its progress in reimport; on success the new build replaces the old one in
+// one step, on failure the old build stays and reimport says why. AppVM root
+// disks are copies, so a re-import never touches existing AppVMs; their view
+// shows update_available once the catalog's build differs from theirs.
 package appvm
 
 import (
@@ -51,17 +65,38 @@ const (
 //	    "interval_secs": 30, "timeout_secs": 5,
 //	    "start_period_secs": 10, "retries": 3
 //	  },
-//	  "failure": "why the import failed"        // only with status failed
+//	  "failure": "why the import failed",       // only with status failed
+//	  "source": "/srv/images/nginx.tar",        // what was imported
+//	  "reimport": {                             // optional, see Reimport
+//	    "status": "importing", "started_at": "2026-01-03T00:00:00Z",
+//	    "source": "/srv/images/nginx-1.27.tar"
+//	  }
 //	}
 //
 // The workload fields are the image defaults an AppVM starts from; each
 // AppVM record keeps a snapshot of them taken at create time.
 type Image struct {
-	ID        string    `json:"id"`
-	Status    string    `json:"status"`
+	ID     string `json:"id"`
+	Status string `json:"status"`
+	// CreatedAt is when the import of the current build (or of the first
+	// build, while status is importing) started.
 	CreatedAt time.Time `json:"created_at"`
 	Failure   string    `json:"failure,omitempty"`
+	// Source is the host path the current build was imported from.
+	Source string `json:"source,omitempty"`
+	// Reimport is the latest import over a ready image: running, or failed
+	// (the current build stays in service either way). Nil once an import
+	// has replaced the build, and on images that were never re-imported.
+	Reimport *Reimport `json:"reimport,omitempty"`
 	vm.Workload
+}
+
+// Reimport is an import over an image that is ready.
+type Reimport struct {
+	Status    string    `json:"status"` // importing or failed
+	StartedAt time.Time `json:"started_at"`
+	Source    string    `json:"source"`
+	Failure   string    `json:"failure,omitempty"`
 }
 
 // Catalog reads the AppVM image catalog under <state>/appvm-images.
@@ -103,7 +138,7 @@ func (c Catalog) Get(id string) (*Image, error) {
 }
 
 // Put writes a catalog entry (creating its directory), for the image
-// import and for tests.
+// import and for tests. The write is atomic and durable.
 func (c Catalog) Put(im *Image) error {
 	if !store.ValidID(im.ID) {
 		return errors.New("AppVM image id must match the VM id pattern")
@@ -112,17 +147,73 @@ func (c Catalog) Put(im *Image) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
 	}
-	data, err := json.MarshalIndent(im, "", "\t")
-	if err != nil {
-		return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
-	}
-	tmp := filepath.Join(dir, ".image.json.tmp")
-	if err := os.WriteFile(tmp, append(data, '\n'), 0o600); err != nil {
-		return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, "image.json")); err != nil {
-		os.Remove(tmp)
+	if err := writeImageJSON(dir, im); err != nil {
 		return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
 	}
 	return nil
+}
+
+// writeImageJSON writes dir/image.json: temp file, fsync, rename, fsync dir.
+func writeImageJSON(dir string, im *Image) error {
+	data, err := json.MarshalIndent(im, "", "\t")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(dir, ".image.json.tmp")
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(data, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp, filepath.Join(dir, "image.json"))
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return syncDir(dir)
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
+}
+
+// List reads every catalog entry, sorted by id. Entries that cannot be read
+// are left out and reported in the joined error, so a caller can serve the
+// rest; a missing catalog directory is an empty catalog.
+func (c Catalog) List() ([]*Image, error) {
+	ents, err := os.ReadDir(c.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("listing AppVM images: %w", err)
+	}
+	var out []*Image
+	var errs []error
+	for _, e := range ents {
+		// Lock files and hidden work dirs are not entries.
+		if !e.IsDir() || !store.ValidID(e.Name()) {
+			continue
+		}
+		im, err := c.Get(e.Name())
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		out = append(out, im)
+	}
+	return out, errors.Join(errs...)
 }

@@ -157,12 +157,21 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 		av.Cwd = a.Image.Workdir
 	}
 	av.Env = effectiveEnv(a)
+	av.UpdateAvailable = s.updateAvailable(a)
 	for i, d := range a.DataVolumes {
 		// vda is the root disk; an AppVM has no seed disk.
 		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.DeviceName(1 + i), Mountpoint: d.Mountpoint})
 	}
 	v.AppVM = av
 	return v
+}
+
+// updateAvailable reports whether the catalog's ready build of the AppVM's
+// image differs from the build the AppVM was created from. It is derived at
+// view time, never stored: a re-import (or its failure) shows at once.
+func (s *Service) updateAvailable(a *vm.AppVMSpec) bool {
+	img, err := s.catalog.Get(a.ImageID)
+	return err == nil && img.Status == StatusReady && img.BuildDigest != "" && img.BuildDigest != a.Image.BuildDigest
 }
 
 // effectiveEnv overlays the request's env and secret keys on the image's

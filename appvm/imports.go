@@ -1,0 +1,417 @@
+package appvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"vmhost/ociimage"
+	"vmhost/store"
+	"vmhost/vm"
+)
+
+// ImportRequest is the body of POST /api/appvm/images: the image id and the
+// absolute host path of an OCI image layout (directory or tar) or a docker
+// save tarball.
+type ImportRequest struct {
+	ID   string `json:"id" decode:"required"`
+	Path string `json:"path" decode:"required"`
+}
+
+// InterruptedReason is the failure of an import whose process ended before
+// it finished; Importer.Recover records it.
+const InterruptedReason = "import interrupted by agent restart"
+
+// ImportOptions tune an Importer. The zero value imports as vmhost serve
+// does: owners and device nodes kept (which needs root), mkfs.ext4 from
+// PATH.
+type ImportOptions struct {
+	// Mkfs is the mkfs.ext4 program; empty means mkfs.ext4 from PATH.
+	Mkfs string
+	// IgnoreOwners and SkipDevices let an import run without root (see
+	// ociimage.Options). They are never turned on implicitly: an image
+	// imported without its owners or devices differs from what its builder
+	// made, so the operator asks for it.
+	IgnoreOwners bool
+	SkipDevices  bool
+	// Logger receives import outcomes; nil discards them.
+	Logger *slog.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Importer imports images into a Catalog. Imports of one id are serialized
+// across processes by a lock file, so the API's background imports and
+// `vmhost image import` can share a state directory. An Importer is safe
+// for concurrent use; Close cancels and waits for its background imports.
+type Importer struct {
+	cat Catalog
+	o   ImportOptions
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// NewImporter returns an Importer writing into cat.
+func NewImporter(cat Catalog, o ImportOptions) *Importer {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Importer{cat: cat, o: o, ctx: ctx, cancel: cancel}
+}
+
+// Catalog returns the catalog the Importer writes.
+func (im *Importer) Catalog() Catalog { return im.cat }
+
+// Wait waits until every background import has finished.
+func (im *Importer) Wait() { im.wg.Wait() }
+
+// Close cancels the background imports and waits for them; each records
+// its cancellation as a failure.
+func (im *Importer) Close() {
+	im.cancel()
+	im.wg.Wait()
+}
+
+// next is the staging dir of an import inside the image's directory: the
+// new rootfs.qcow2 lands there, then image.json once the import is done.
+// Its image.json is the commit point (see commit).
+const nextDir = ".next"
+
+// Start validates req, marks the image importing and imports it in the
+// background. It returns the entry as it now reads: status importing for a
+// first import, or the ready entry with reimport set. Errors: a bad id or
+// path is a *vm.FieldError, an import of the id already running a
+// *ConflictError.
+func (im *Importer) Start(req *ImportRequest) (*Image, error) {
+	lock, cur, err := im.begin(req)
+	if err != nil {
+		return nil, err
+	}
+	im.wg.Add(1)
+	go func() {
+		defer im.wg.Done()
+		defer lock.Close()
+		final, err := im.run(im.ctx, req, cur)
+		if err != nil {
+			im.o.Logger.Error("AppVM image import failed", "image", req.ID, "source", req.Path, "err", err)
+			return
+		}
+		im.o.Logger.Info("AppVM image imported", "image", req.ID, "source", req.Path, "build_digest", final.BuildDigest)
+	}()
+	return cur, nil
+}
+
+// Import runs an import in the foreground, for `vmhost image import`, and
+// returns the resulting entry. A failed import returns the error and
+// leaves the entry failed (or, for a re-import, ready with reimport
+// failed), as a background import would.
+func (im *Importer) Import(ctx context.Context, req *ImportRequest) (*Image, error) {
+	lock, cur, err := im.begin(req)
+	if err != nil {
+		return nil, err
+	}
+	defer lock.Close()
+	return im.run(ctx, req, cur)
+}
+
+// begin validates req, takes the image's lock and records the import's
+// start. The caller owns the lock on success.
+func (im *Importer) begin(req *ImportRequest) (*os.File, *Image, error) {
+	if !store.ValidID(req.ID) {
+		return nil, nil, &vm.FieldError{Field: "id", Msg: "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"}
+	}
+	if !filepath.IsAbs(req.Path) {
+		return nil, nil, &vm.FieldError{Field: "path", Msg: "must be an absolute host path"}
+	}
+	fi, err := os.Stat(req.Path)
+	switch {
+	case err != nil:
+		return nil, nil, &vm.FieldError{Field: "path", Msg: fmt.Sprintf("cannot be read: %v", errors.Unwrap(err))}
+	case !fi.IsDir() && !fi.Mode().IsRegular():
+		return nil, nil, &vm.FieldError{Field: "path", Msg: "must be a directory (OCI layout) or a regular file (tar)"}
+	}
+	lock, err := im.lock(req.ID)
+	if err != nil {
+		return nil, nil, err
+	}
+	cur, err := im.cat.Get(req.ID)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		// A damaged entry is replaced by the new import.
+		im.o.Logger.Warn("replacing unreadable AppVM image entry", "image", req.ID, "err", err)
+		cur = nil
+	}
+	now := im.o.Now().UTC()
+	var entry *Image
+	if cur != nil && cur.Status == StatusReady {
+		c := *cur
+		c.Reimport = &Reimport{Status: StatusImporting, StartedAt: now, Source: req.Path}
+		entry = &c
+	} else {
+		entry = &Image{ID: req.ID, Status: StatusImporting, CreatedAt: now, Source: req.Path}
+	}
+	dir := filepath.Join(im.cat.Dir, req.ID)
+	err = os.RemoveAll(filepath.Join(dir, nextDir))
+	if err == nil {
+		err = im.cat.Put(entry)
+	}
+	if err != nil {
+		lock.Close()
+		return nil, nil, fmt.Errorf("starting import of AppVM image %q: %w", req.ID, err)
+	}
+	return lock, entry, nil
+}
+
+// run imports into the staging dir and commits, or records the failure.
+// It holds the image's lock (taken by begin) throughout.
+func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*Image, error) {
+	dir := filepath.Join(im.cat.Dir, req.ID)
+	staged := filepath.Join(dir, nextDir)
+	res, err := ociimage.Import(ctx, req.Path, staged, ociimage.Options{
+		Mkfs:         im.o.Mkfs,
+		IgnoreOwners: im.o.IgnoreOwners,
+		SkipDevices:  im.o.SkipDevices,
+	})
+	if err == nil {
+		next := &Image{
+			ID:        req.ID,
+			Status:    StatusReady,
+			CreatedAt: cur.CreatedAt,
+			Source:    req.Path,
+			Workload:  workload(res),
+		}
+		if cur.Reimport != nil {
+			next.CreatedAt = cur.Reimport.StartedAt
+		}
+		err = writeImageJSON(staged, next)
+		if err == nil {
+			err = commit(dir)
+		}
+		if err == nil {
+			return next, nil
+		}
+	}
+	os.RemoveAll(staged)
+	reason := err.Error()
+	if errors.Is(err, context.Canceled) {
+		reason = "import cancelled: the agent is shutting down"
+	}
+	failed := *cur
+	if cur.Reimport != nil {
+		r := *cur.Reimport
+		r.Status, r.Failure = StatusFailed, reason
+		failed.Reimport = &r
+	} else {
+		failed.Status, failed.Failure = StatusFailed, reason
+	}
+	if perr := im.cat.Put(&failed); perr != nil {
+		return nil, errors.Join(err, perr)
+	}
+	return nil, fmt.Errorf("importing AppVM image %q: %w", req.ID, err)
+}
+
+// commit installs a finished staged import: the new rootfs.qcow2 first,
+// then its image.json, then the staging dir goes. Because the staged
+// image.json is written only after the staged rootfs is complete, Recover
+// can finish a commit that a crash interrupted: a staged image.json means
+// "roll forward".
+func commit(dir string) error {
+	staged := filepath.Join(dir, nextDir)
+	err := os.Rename(filepath.Join(staged, ociimage.RootfsName), filepath.Join(dir, ociimage.RootfsName))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) { // gone: renamed before a crash
+		return fmt.Errorf("installing the imported root file system: %w", err)
+	}
+	if err := os.Rename(filepath.Join(staged, "image.json"), filepath.Join(dir, "image.json")); err != nil {
+		return fmt.Errorf("installing the imported image.json: %w", err)
+	}
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("installing the imported image: %w", err)
+	}
+	return os.RemoveAll(staged)
+}
+
+// workload converts ociimage's result to the catalog's fields.
+func workload(res *ociimage.Image) vm.Workload {
+	w := vm.Workload{
+		BuildDigest: res.BuildDigest,
+		SizeBytes:   uint64(res.SizeBytes),
+		Entrypoint:  res.Entrypoint,
+		Cmd:         res.Cmd,
+		Env:         res.Env,
+		Workdir:     res.WorkingDir,
+		User:        res.User,
+	}
+	if h := res.Healthcheck; h != nil {
+		w.Healthcheck = &vm.Healthcheck{
+			Test:            h.Test,
+			IntervalSecs:    uint32(h.IntervalSecs),
+			TimeoutSecs:     uint32(h.TimeoutSecs),
+			StartPeriodSecs: uint32(h.StartPeriodSecs),
+			Retries:         uint32(h.Retries),
+		}
+	}
+	return w
+}
+
+// Recover cleans up after imports whose process ended early, as the agent
+// does when it starts: for each image whose lock is free (no import
+// running anywhere), a finished staged import is committed, unfinished work
+// is removed, and an entry still marked importing becomes failed with
+// InterruptedReason (a re-import's old build stays ready). Images being
+// imported by another process are left alone.
+func (im *Importer) Recover() error {
+	ents, err := os.ReadDir(im.cat.Dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("recovering AppVM image imports: %w", err)
+	}
+	var errs []error
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), deletedPrefix) {
+			if err := os.RemoveAll(filepath.Join(im.cat.Dir, e.Name())); err != nil {
+				errs = append(errs, fmt.Errorf("removing a deleted AppVM image: %w", err))
+			}
+			continue
+		}
+		if !e.IsDir() || !store.ValidID(e.Name()) {
+			continue
+		}
+		if err := im.recoverOne(e.Name()); err != nil && !errors.As(err, new(*ConflictError)) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (im *Importer) recoverOne(id string) error {
+	lock, err := im.lock(id)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	dir := filepath.Join(im.cat.Dir, id)
+	staged := filepath.Join(dir, nextDir)
+	if _, err := os.Stat(filepath.Join(staged, "image.json")); err == nil {
+		im.o.Logger.Info("finishing an interrupted AppVM image commit", "image", id)
+		if err := commit(dir); err != nil {
+			return fmt.Errorf("recovering AppVM image %q: %w", id, err)
+		}
+		return nil
+	}
+	if err := os.RemoveAll(staged); err != nil {
+		return fmt.Errorf("recovering AppVM image %q: %w", id, err)
+	}
+	if err := ociimage.RemoveStale(dir); err != nil {
+		return fmt.Errorf("recovering AppVM image %q: %w", id, err)
+	}
+	cur, err := im.cat.Get(id)
+	if err != nil {
+		return fmt.Errorf("recovering AppVM image %q: %w", id, err)
+	}
+	switch {
+	case cur.Status == StatusImporting:
+		cur.Status, cur.Failure = StatusFailed, InterruptedReason
+	case cur.Reimport != nil && cur.Reimport.Status == StatusImporting:
+		cur.Reimport.Status, cur.Reimport.Failure = StatusFailed, InterruptedReason
+	default:
+		return nil
+	}
+	im.o.Logger.Warn("AppVM image import was interrupted", "image", id)
+	return im.cat.Put(cur)
+}
+
+// deletedPrefix names an image directory being deleted: it is renamed out
+// of the catalog first, so a crash never leaves half an image under its id.
+const deletedPrefix = ".deleted-"
+
+// Delete removes image id from the catalog. users lists the AppVMs that
+// use an image; it is called with the image's lock held. Errors: unknown
+// id → fs.ErrNotExist; an import running or AppVMs using it →
+// *ConflictError.
+func (im *Importer) Delete(id string, users func(id string) []string) error {
+	if !store.ValidID(id) {
+		return fmt.Errorf("AppVM image %q: %w", id, fs.ErrNotExist)
+	}
+	if _, err := im.cat.Get(id); err != nil && errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	lock, err := im.lock(id)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	if _, err := im.cat.Get(id); errors.Is(err, fs.ErrNotExist) {
+		return err // deleted meanwhile
+	}
+	if u := users(id); len(u) > 0 {
+		slices.Sort(u)
+		return &ConflictError{Msg: fmt.Sprintf("AppVM image %q is used by AppVMs %s; delete them first", id, strings.Join(u, ", "))}
+	}
+	dir := filepath.Join(im.cat.Dir, id)
+	gone, err := os.MkdirTemp(im.cat.Dir, deletedPrefix+id+"-")
+	if err == nil {
+		err = os.Rename(dir, filepath.Join(gone, id))
+	}
+	if err == nil {
+		err = syncDir(im.cat.Dir)
+	}
+	if err != nil {
+		os.Remove(gone)
+		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
+	}
+	// The lock file goes while it is held; lock() notices a removed file.
+	os.Remove(lockPath(im.cat.Dir, id))
+	if err := os.RemoveAll(gone); err != nil {
+		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
+	}
+	return nil
+}
+
+func lockPath(dir, id string) string { return filepath.Join(dir, id+".lock") }
+
+// lock takes the image's lock file without waiting; an import holding it
+// (in this process or another) is a *ConflictError. The lock is released
+// by closing the file.
+func (im *Importer) lock(id string) (*os.File, error) {
+	if err := os.MkdirAll(im.cat.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating AppVM image catalog: %w", err)
+	}
+	p := lockPath(im.cat.Dir, id)
+	for {
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("locking AppVM image %q: %w", id, err)
+		}
+		if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, syscall.EWOULDBLOCK) {
+				return nil, &ConflictError{Msg: fmt.Sprintf("an import of AppVM image %q is in progress", id)}
+			}
+			return nil, fmt.Errorf("locking AppVM image %q: %w", id, err)
+		}
+		// A Delete may have removed the file between our open and flock:
+		// then we hold a lock nobody else can see; take the new file's.
+		held, err1 := f.Stat()
+		now, err2 := os.Stat(p)
+		if err1 == nil && err2 == nil && os.SameFile(held, now) {
+			return f, nil
+		}
+		f.Close()
+	}
+}
