@@ -63,6 +63,9 @@ type Service struct {
 	usage  diskUsage
 
 	report LoadReport
+
+	// mon holds the monitors of running VMs (monitor.go).
+	mon watchers
 }
 
 // LoadReport says what New found in the store.

@@ -1,0 +1,693 @@
+package vm
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"vmhost/chclient"
+	"vmhost/qmp"
+)
+
+// Supervision of running VMs (DESIGN §5).
+//
+// Every running or paused VM has one monitor. It owns the VM's live
+// process handles (Cloud Hypervisor and qemu-storage-daemon) from watch
+// until it concludes or unwatch takes them back. It notices, and records
+// as state and failure_reason:
+//
+//   - CH exiting: by a signal (failed, process_signal, ch_crash); with a
+//     non-zero code (failed, process_exit, ch_crash); with code 0 after the
+//     VM shut down (stopped, guest_shutdown, or operator_shutdown while an
+//     ACPI shutdown was pending); with code 0 without that (failed,
+//     process_exit, unknown). An adopted CH's exit status cannot be read, so
+//     its event stream decides: `vm shutdown` then `vmm shutdown` is a clean
+//     poweroff; anything else is process_exit without a code, ch_crash.
+//   - the API socket gone (socket_gone) or refusing connections
+//     (socket_dead), both ch_crash; pings unanswered for ping_timeout_secs
+//     while the process lives (ping_timeout, vmm_hang);
+//   - the root disk file gone (disk_missing, detail.path);
+//   - qemu-storage-daemon exiting (failed, process_exit without a code, since
+//     qmp does not expose QSD's status; cause unknown; the summary names
+//     qemu-storage-daemon and the lost disks);
+//   - events: the root disk's first `virtio-device activated` turns display
+//     booting into running; `guest panic` sets guest_panicked_at (the state
+//     stays running).
+//
+// A failed or stopped VM runs nothing: after recording the verdict the
+// monitor stops whatever is left (CH by SIGTERM then SIGKILL, QSD by QMP
+// quit) and clears the runtime identity. Taps and disks stay; they belong
+// to the record. Process deaths are seen at once (pidfd or wait); socket
+// and disk checks run every monitorTick; pings every ping_interval_secs.
+
+const (
+	// monitorTick is how often the API socket and the root disk are
+	// checked for existence.
+	monitorTick = 250 * time.Millisecond
+	// exitGrace is how long a socket problem waits for the process to exit
+	// before it is blamed on the socket: a clean exit unlinks the socket
+	// before the process is gone, and a dying process refuses first.
+	exitGrace = 500 * time.Millisecond
+	// stopGrace is how long a process that is being stopped gets per
+	// signal.
+	stopGrace = 2 * time.Second
+)
+
+// Failure kinds and causes of contract §2.2.
+const (
+	KindSocketGone      = "socket_gone"
+	KindSocketDead      = "socket_dead"
+	KindPingTimeout     = "ping_timeout"
+	KindProcessExit     = "process_exit"
+	KindProcessSignal   = "process_signal"
+	KindMissingPID      = "missing_pid"
+	KindDiskMissing     = "disk_missing"
+	KindBootTimeout     = "boot_timeout"
+	KindProvisionFailed = "provision_failed"
+
+	CauseOperatorShutdown = "operator_shutdown"
+	CauseGuestShutdown    = "guest_shutdown"
+	CauseCHCrash          = "ch_crash"
+	CauseVMMHang          = "vmm_hang"
+	CauseDiskMissing      = "disk_missing"
+	CauseBootTimeout      = "boot_timeout"
+	CauseProvisionFailed  = "provision_failed"
+	CauseUnknown          = "unknown"
+)
+
+// watchers is the set of monitors, one per watched VM.
+type watchers struct {
+	mu sync.Mutex
+	m  map[string]*monitor
+	wg sync.WaitGroup
+}
+
+// monitor supervises one running VM.
+type monitor struct {
+	s         *Service
+	id        string
+	ch        *chclient.Process
+	qsd       *qmp.QSD // nil when the VM has no storage daemon
+	apiSocket string
+	events    string
+	rootDisk  string // "" when there is none to watch
+	chStart   time.Time
+	// sockIno is the API socket's inode when watching began: a socket
+	// file replaced under the same name is probed at once.
+	sockIno uint64
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	found  chan finding
+	ended  chan struct{} // closed when the monitor's goroutines are done
+}
+
+// finding is a problem a check goroutine reports to the monitor's loop.
+type finding struct {
+	kind string
+	err  error
+}
+
+// watch starts supervising the running VM id. ch is its Cloud Hypervisor
+// and qsd its storage daemon (nil when it has none); the monitor owns them
+// until it concludes or unwatch returns them. A VM already watched keeps
+// its monitor, and ch and qsd are released (not stopped).
+func (s *Service) watch(id string, ch *chclient.Process, qsd *qmp.QSD) {
+	rec := s.reg.get(id)
+	if rec == nil {
+		s.log.Error("watch: no record; processes left running unwatched", "id", id)
+		return
+	}
+	m := &monitor{
+		s: s, id: id, ch: ch, qsd: qsd,
+		apiSocket: ch.APISocket,
+		events:    s.layout.Events(id),
+		chStart:   processStartWall(ch.StartTime),
+		found:     make(chan finding, 4),
+		ended:     make(chan struct{}),
+	}
+	if rt := rec.Runtime; rt != nil && rt.CH != nil && rt.CH.EventsPath != "" {
+		m.events = rt.CH.EventsPath
+	}
+	if p := s.layout.RootDisk(id); fileExists(p) {
+		m.rootDisk = p
+	}
+	m.sockIno = inode(m.apiSocket)
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	w := &s.mon
+	w.mu.Lock()
+	if w.m == nil {
+		w.m = map[string]*monitor{}
+	}
+	if _, dup := w.m[id]; dup {
+		w.mu.Unlock()
+		s.log.Error("watch: VM already watched; new handles released", "id", id)
+		ch.Close()
+		if qsd != nil {
+			qsd.Close()
+		}
+		return
+	}
+	w.m[id] = m
+	w.wg.Add(1)
+	w.mu.Unlock()
+	go func() {
+		defer w.wg.Done()
+		m.run()
+	}()
+}
+
+// unwatch stops supervising id and hands its processes back (a planned
+// stop, or a delete): the caller stops or releases them. It returns nils
+// when id is not watched, e.g. because its monitor already concluded.
+func (s *Service) unwatch(id string) (*chclient.Process, *qmp.QSD) {
+	w := &s.mon
+	w.mu.Lock()
+	m := w.m[id]
+	delete(w.m, id)
+	w.mu.Unlock()
+	if m == nil {
+		return nil, nil
+	}
+	m.cancel()
+	<-m.ended
+	return m.ch, m.qsd
+}
+
+// watched reports whether id has a monitor.
+func (s *Service) watched(id string) bool {
+	s.mon.mu.Lock()
+	defer s.mon.mu.Unlock()
+	return s.mon.m[id] != nil
+}
+
+// Close stops supervising every VM and releases the process handles and
+// connections without stopping anything: VMs keep running, as they do
+// when the agent exits (KillMode=process), and the next New adopts them.
+// Monitors that are concluding (stopping processes of a failed VM) finish
+// first.
+func (s *Service) Close() error {
+	w := &s.mon
+	w.mu.Lock()
+	ms := w.m
+	w.m = nil
+	w.mu.Unlock()
+	for _, m := range ms {
+		m.cancel()
+	}
+	for _, m := range ms {
+		<-m.ended
+		m.ch.Close()
+		if m.qsd != nil {
+			m.qsd.Close()
+		}
+	}
+	w.wg.Wait()
+	return nil
+}
+
+// claim removes m from the watched set if it is still there, which gives
+// it the right to conclude.
+func (w *watchers) claim(m *monitor) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.m[m.id] != m {
+		return false
+	}
+	delete(w.m, m.id)
+	return true
+}
+
+func (m *monitor) run() {
+	defer close(m.ended)
+	var helpers sync.WaitGroup
+	helpers.Add(2)
+	go func() { defer helpers.Done(); m.follow() }()
+	go func() { defer helpers.Done(); m.ping() }()
+	defer helpers.Wait()
+
+	var qsdDone <-chan struct{}
+	if m.qsd != nil {
+		qsdDone = m.qsd.Done()
+	}
+	tick := time.NewTicker(monitorTick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.ch.Done():
+			m.conclude(m.exitVerdict())
+			return
+		case <-qsdDone:
+			m.conclude(m.qsdVerdict())
+			return
+		case f := <-m.found:
+			if v, ok := m.confirm(f); ok {
+				m.conclude(v)
+				return
+			}
+		case <-tick.C:
+			if f, bad := m.checkFiles(); bad {
+				if v, ok := m.confirm(f); ok {
+					m.conclude(v)
+					return
+				}
+			}
+		}
+	}
+}
+
+// checkFiles looks for the API socket and the root disk.
+func (m *monitor) checkFiles() (finding, bool) {
+	fi, err := os.Lstat(m.apiSocket)
+	if errors.Is(err, fs.ErrNotExist) {
+		return finding{kind: KindSocketGone, err: err}, true
+	}
+	if st, ok := statT(fi); ok && st.Ino != m.sockIno {
+		// Replaced: a new file nobody may listen on.
+		c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return finding{kind: KindSocketDead, err: err}, true
+		}
+		if err == nil {
+			c.Close()
+			m.sockIno = st.Ino
+		}
+	}
+	if m.rootDisk != "" {
+		if _, err := os.Stat(m.rootDisk); errors.Is(err, fs.ErrNotExist) {
+			return finding{kind: KindDiskMissing, err: err}, true
+		}
+	}
+	return finding{}, false
+}
+
+// confirm turns a finding into a verdict. A socket problem first waits
+// exitGrace for the process to exit, since exiting is the likelier cause
+// and says more; a disk problem stands on its own.
+func (m *monitor) confirm(f finding) (verdict, bool) {
+	if f.kind != KindDiskMissing {
+		t := time.NewTimer(exitGrace)
+		defer t.Stop()
+		select {
+		case <-m.ch.Done():
+			return m.exitVerdict(), true
+		case <-m.ctx.Done():
+			return verdict{}, false
+		case <-t.C:
+		}
+	}
+	now := m.s.o.Now().UTC()
+	fail := func(summary, cause string, d FailureDetail) (verdict, bool) {
+		return verdict{state: StateFailed, reason: &FailureReason{DetectedAt: now, Summary: summary, Detail: d, Cause: cause}}, true
+	}
+	pid := m.ch.Pid
+	switch f.kind {
+	case KindSocketGone:
+		return fail(fmt.Sprintf("cloud-hypervisor pid %d is running but its API socket %s is gone", pid, m.apiSocket),
+			CauseCHCrash, FailureDetail{Kind: KindSocketGone})
+	case KindSocketDead:
+		return fail(fmt.Sprintf("cloud-hypervisor pid %d is running but its API socket %s refuses connections", pid, m.apiSocket),
+			CauseCHCrash, FailureDetail{Kind: KindSocketDead})
+	case KindPingTimeout:
+		return fail(fmt.Sprintf("cloud-hypervisor pid %d did not answer vmm.ping within %ds", pid, m.s.pingTimeoutSecs()),
+			CauseVMMHang, FailureDetail{Kind: KindPingTimeout})
+	case KindDiskMissing:
+		return fail(fmt.Sprintf("root disk %s is gone", m.rootDisk),
+			CauseDiskMissing, FailureDetail{Kind: KindDiskMissing, Path: m.rootDisk})
+	}
+	return verdict{}, false
+}
+
+// verdict is what a monitor concludes: the state to record and why.
+type verdict struct {
+	state  State
+	reason *FailureReason
+}
+
+// exitVerdict explains an exited CH; call it only after ch.Done.
+func (m *monitor) exitVerdict() verdict {
+	now := m.s.o.Now().UTC()
+	ev := scanEvents(m.events)
+	pid := m.ch.Pid
+	stopped := func(code *int) verdict {
+		rec := m.s.reg.get(m.id)
+		v := verdict{state: StateStopped, reason: &FailureReason{DetectedAt: now,
+			Summary: "the guest powered off", Detail: FailureDetail{Kind: KindProcessExit, Code: code}, Cause: CauseGuestShutdown}}
+		if rec != nil && rec.ShuttingDown {
+			v.reason.Summary = "the guest powered off after an ACPI shutdown request"
+			v.reason.Cause = CauseOperatorShutdown
+		}
+		return v
+	}
+	failed := func(summary, cause string, d FailureDetail) verdict {
+		return verdict{state: StateFailed, reason: &FailureReason{DetectedAt: now, Summary: summary, Detail: d, Cause: cause}}
+	}
+	st, known := m.ch.Exit()
+	switch {
+	case !known && ev.poweredOff():
+		zero := 0 // a `vmm shutdown` event comes only from CH's clean exit path, which exits 0
+		return stopped(&zero)
+	case !known:
+		return failed(fmt.Sprintf("cloud-hypervisor pid %d (adopted after an agent restart) exited without a clean shutdown in its event stream; its exit status cannot be read", pid),
+			CauseCHCrash, FailureDetail{Kind: KindProcessExit})
+	case st.Signaled():
+		sig := int(st.Signal)
+		return failed(fmt.Sprintf("cloud-hypervisor pid %d was killed by signal %d (%v)", pid, sig, st.Signal),
+			CauseCHCrash, FailureDetail{Kind: KindProcessSignal, Signum: &sig})
+	case st.Code != 0:
+		code := st.Code
+		return failed(fmt.Sprintf("cloud-hypervisor pid %d exited with code %d%s", pid, code, logHint(m.s.layout.CHLog(m.id))),
+			CauseCHCrash, FailureDetail{Kind: KindProcessExit, Code: &code})
+	case ev.vmShutdown:
+		zero := 0
+		return stopped(&zero)
+	default:
+		zero := 0
+		return failed(fmt.Sprintf("cloud-hypervisor pid %d exited with code 0 although the VM had not shut down", pid),
+			CauseUnknown, FailureDetail{Kind: KindProcessExit, Code: &zero})
+	}
+}
+
+// qsdVerdict explains an exited qemu-storage-daemon.
+func (m *monitor) qsdVerdict() verdict {
+	return verdict{state: StateFailed, reason: &FailureReason{
+		DetectedAt: m.s.o.Now().UTC(),
+		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d exited, so the VM lost its root disk and volumes%s",
+			m.qsd.Pid, logHint(m.s.layout.QSDLog(m.id))),
+		Detail: FailureDetail{Kind: KindProcessExit},
+		Cause:  CauseUnknown,
+	}}
+}
+
+// logHint gives "; log: <last line>" for a log file's last non-empty line.
+func logHint(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	b = bytes.TrimRight(b, "\n")
+	if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+		b = b[i+1:]
+	}
+	if len(b) == 0 {
+		return ""
+	}
+	if len(b) > 200 {
+		b = b[len(b)-200:]
+	}
+	return "; log: " + oneLine(string(b))
+}
+
+// conclude records v, then stops what is left of the VM's processes and
+// clears its runtime identity. It does nothing when the VM was unwatched
+// meanwhile (a planned stop won the race).
+func (m *monitor) conclude(v verdict) {
+	if !m.s.mon.claim(m) {
+		return
+	}
+	m.cancel()
+	s := m.s
+	_, err := s.reg.update(m.id, func(r *Record) {
+		r.State = v.state
+		r.DisplayState = string(v.state)
+		r.FailureReason = v.reason
+		r.PID = 0
+		r.ShuttingDown = false
+	})
+	if err != nil {
+		s.log.Error("recording VM end", "id", m.id, "state", v.state, "err", err)
+	}
+	lvl := s.log.Error
+	if v.state == StateStopped {
+		lvl = s.log.Info
+	}
+	lvl("VM ended", "id", m.id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
+	s.stopProcesses(m.id, m.ch, m.qsd)
+}
+
+// stopProcesses ends ch and qsd (either may be nil or already gone),
+// releases them, and clears their identity from the record.
+func (s *Service) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
+	if ch != nil {
+		if err := terminate(ch.Done(), ch.Signal); err != nil {
+			s.log.Error("stopping cloud-hypervisor", "id", id, "pid", ch.Pid, "err", err)
+		}
+		ch.Close()
+	}
+	if qsd != nil {
+		select {
+		case <-qsd.Done():
+			qsd.Close()
+		default:
+			ctx, cancel := context.WithTimeout(context.Background(), 2*stopGrace)
+			if err := qsd.Quit(ctx); err != nil {
+				s.log.Warn("stopping qemu-storage-daemon", "id", id, "pid", qsd.Pid, "err", err)
+			}
+			cancel()
+		}
+	}
+	_, err := s.reg.update(id, func(r *Record) {
+		if rt := r.Runtime; rt != nil {
+			if ch != nil && rt.CH != nil && rt.CH.Pid == ch.Pid {
+				rt.CH = nil
+			}
+			if qsd != nil && rt.QSD != nil && rt.QSD.Pid == qsd.Pid {
+				rt.QSD = nil
+			}
+		}
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error("clearing process identity", "id", id, "err", err)
+	}
+}
+
+// terminate sends SIGTERM, then SIGKILL after stopGrace, and waits for
+// done.
+func terminate(done <-chan struct{}, signal func(syscall.Signal) error) error {
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGKILL} {
+		select {
+		case <-done:
+			return nil
+		default:
+		}
+		if err := signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+			return fmt.Errorf("sending %v: %w", sig, err)
+		}
+		t := time.NewTimer(stopGrace)
+		select {
+		case <-done:
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+	select {
+	case <-done:
+		return nil
+	case <-time.After(stopGrace):
+		return errors.New("still running after SIGKILL")
+	}
+}
+
+// report hands a finding to the loop without blocking.
+func (m *monitor) report(f finding) {
+	select {
+	case m.found <- f:
+	default:
+	}
+}
+
+// ping sends vmm.ping every ping interval over a fresh connection, so a
+// socket that refuses connections is noticed even while an old
+// keep-alive connection would still work.
+func (m *monitor) ping() {
+	c := chclient.New(m.apiSocket)
+	defer c.Close()
+	interval := time.Duration(m.s.o.Config.PingIntervalSecs) * time.Second
+	if interval <= 0 {
+		interval = time.Second
+	}
+	timeout := time.Duration(m.s.pingTimeoutSecs()) * time.Second
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(m.ctx, timeout)
+		_, err := c.Ping(ctx)
+		cancel()
+		c.Close()
+		switch {
+		case err == nil, m.ctx.Err() != nil:
+		case errors.Is(err, syscall.ENOENT):
+			m.report(finding{kind: KindSocketGone, err: err})
+		case errors.Is(err, syscall.ECONNREFUSED):
+			m.report(finding{kind: KindSocketDead, err: err})
+		case errors.Is(err, context.DeadlineExceeded):
+			m.report(finding{kind: KindPingTimeout, err: err})
+		}
+	}
+}
+
+func (s *Service) pingTimeoutSecs() int {
+	if t := s.o.Config.PingTimeoutSecs; t > 0 {
+		return t
+	}
+	return 10
+}
+
+// follow reads the VM's event stream from its start (replaying it after
+// an agent restart is harmless: every effect is idempotent) and records
+// the root disk's activation and guest panics.
+func (m *monitor) follow() {
+	_, err := chclient.FollowEvents(m.ctx, m.events, 0, m.onEvent, func(err error) {
+		m.s.log.Warn("malformed CH event", "id", m.id, "err", err)
+	})
+	if err != nil && m.ctx.Err() == nil {
+		m.s.log.Warn("following CH events stopped", "id", m.id, "err", err)
+	}
+}
+
+func (m *monitor) onEvent(ev chclient.Event) error {
+	switch {
+	case ev.Source == "virtio-device" && ev.Event == "activated" && ev.Properties["id"] == "_disk0":
+		m.update(func(r *Record) bool {
+			if r.State != StateRunning || r.DisplayState != DisplayBooting {
+				return false
+			}
+			r.DisplayState = string(StateRunning)
+			return true
+		})
+	case ev.Source == "guest" && ev.Event == "panic":
+		// The event's time, not the time it was read, so replaying the
+		// stream after a restart gives the same value.
+		at := m.chStart.Add(ev.Timestamp).UTC().Truncate(time.Millisecond)
+		m.update(func(r *Record) bool {
+			if r.GuestPanickedAt != nil && !at.After(*r.GuestPanickedAt) {
+				return false
+			}
+			r.GuestPanickedAt = &at
+			return true
+		})
+		m.s.log.Warn("guest panicked", "id", m.id, "event", ev.Properties["event"])
+	}
+	return nil
+}
+
+// update applies f to the VM's record and stores it if f reports a
+// change; nothing is written otherwise.
+func (m *monitor) update(f func(*Record) bool) {
+	if cur := m.s.reg.get(m.id); cur == nil || !f(cur.clone()) {
+		return
+	}
+	if _, err := m.s.reg.update(m.id, func(r *Record) { f(r) }); err != nil {
+		m.s.log.Error("recording VM event", "id", m.id, "err", err)
+	}
+}
+
+// eventSummary is what a whole event stream says about how CH ended.
+type eventSummary struct {
+	vmShutdown  bool // the VM shut down and was not booted again
+	vmmShutdown bool // CH went through its clean exit path
+}
+
+// poweredOff reports whether the stream shows a clean VM shutdown and VMM
+// exit.
+func (e eventSummary) poweredOff() bool { return e.vmShutdown && e.vmmShutdown }
+
+// scanEvents reads the event file at path to its end.
+func scanEvents(path string) eventSummary {
+	var sum eventSummary
+	f, err := os.Open(path)
+	if err != nil {
+		return sum
+	}
+	defer f.Close()
+	er := chclient.NewEventReader(bufio.NewReader(f))
+	for {
+		ev, err := er.Next()
+		if errors.Is(err, io.EOF) {
+			return sum
+		}
+		if err != nil {
+			if errors.As(err, new(*chclient.MalformedEventError)) {
+				continue
+			}
+			return sum
+		}
+		switch {
+		case ev.Source == "vm" && ev.Event == "shutdown":
+			sum.vmShutdown = true
+		case ev.Source == "vm" && (ev.Event == "booting" || ev.Event == "booted"):
+			sum.vmShutdown = false
+		case ev.Source == "vmm" && ev.Event == "shutdown":
+			sum.vmmShutdown = true
+		}
+	}
+}
+
+// clockTicks is USER_HZ, the unit of /proc/PID/stat's start time; it is
+// 100 on every Linux architecture Go supports.
+const clockTicks = 100
+
+var (
+	bootTimeOnce sync.Once
+	bootTime     time.Time
+)
+
+// processStartWall converts a start time in clock ticks since boot to wall
+// time (to about a second: btime in /proc/stat is whole seconds).
+func processStartWall(ticks uint64) time.Time {
+	bootTimeOnce.Do(func() {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return
+		}
+		for line := range bytes.SplitSeq(b, []byte("\n")) {
+			if v, ok := bytes.CutPrefix(line, []byte("btime ")); ok {
+				if n, err := strconv.ParseInt(string(bytes.TrimSpace(v)), 10, 64); err == nil {
+					bootTime = time.Unix(n, 0)
+				}
+			}
+		}
+	})
+	return bootTime.Add(time.Duration(ticks) * time.Second / clockTicks)
+}
+
+// inode returns the inode of path (not following a symlink), or 0.
+func inode(path string) uint64 {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return 0
+	}
+	st, _ := statT(fi)
+	return st.Ino
+}
+
+func statT(fi fs.FileInfo) (*syscall.Stat_t, bool) {
+	if fi == nil {
+		return nil, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return st, ok
+}
+
+func fileExists(path string) bool {
+	_, err := os.Stat(path)
+	return err == nil
+}

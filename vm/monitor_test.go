@@ -1,0 +1,393 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"vmhost/chclient"
+	"vmhost/chclient/chsim"
+	"vmhost/config"
+	"vmhost/qcow2"
+	"vmhost/qmp"
+	"vmhost/qmp/qsdsim"
+	"vmhost/store"
+)
+
+// testExecEnv makes the test binary run as a simulator instead of the
+// tests: "sim-ch" runs chsim, "sim-qsd" runs qsdsim. Tests of this package
+// that need real CH and QSD processes launch os.Args[0] with it set
+// (simEnv gives the environment).
+const testExecEnv = "VMHOST_VM_TEST_EXEC"
+
+func TestMain(m *testing.M) {
+	switch os.Getenv(testExecEnv) {
+	case "sim-ch":
+		os.Exit(chsim.Main(os.Args[1:]))
+	case "sim-qsd":
+		os.Exit(qsdsim.Main(os.Args[1:]))
+	}
+	os.Exit(m.Run())
+}
+
+// simEnv is the environment of a simulator child: which one, and no
+// one-second sleep at exit of a race-enabled binary.
+func simEnv(which string) []string {
+	return append(os.Environ(), testExecEnv+"="+which,
+		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
+}
+
+// testService is a Service over short temp dirs (socket paths must fit
+// 107 bytes) with ping knobs of one second.
+type testService struct {
+	*Service
+	state, run string
+	logs       *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+func newTestService(t testing.TB, dirs ...string) *testService {
+	t.Helper()
+	var state, run string
+	if len(dirs) == 2 {
+		state, run = dirs[0], dirs[1]
+	} else {
+		root, err := os.MkdirTemp("", "vmm")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(root) })
+		state, run = filepath.Join(root, "s"), filepath.Join(root, "r")
+	}
+	st, err := store.Open(filepath.Join(state, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.PingIntervalSecs, cfg.PingTimeoutSecs = 1, 1
+	logs := new(syncBuffer)
+	s, err := New(Options{StateDir: state, RunDir: run, Config: cfg, Store: st, Host: NotBuiltHost{},
+		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return &testService{Service: s, state: state, run: run, logs: logs}
+}
+
+// running is a VM started by startVM: its processes and paths.
+type running struct {
+	id        string
+	ch        *chclient.Process
+	qsd       *qmp.QSD
+	apiSocket string
+	events    string
+	rootDisk  string
+}
+
+// startVM launches qsdsim serving a fresh root disk and chsim booted on
+// it, the way the engine does, stores a running record (display booting)
+// with their identity, and returns without watching it. The processes are
+// killed at the end of the test.
+func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running {
+	t.Helper()
+	l := s.layout
+	if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(l.RunVMDir(id), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	root := l.RootDisk(id)
+	if err := qcow2.Create(root, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	kernel := filepath.Join(l.VMDir(id), "vmlinux")
+	if err := os.WriteFile(kernel, []byte("kernel"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	self, _ := os.Executable()
+	qsd, err := qmp.LaunchQSD(ctx, qmp.QSDConfig{
+		Binary: self, Env: simEnv("sim-qsd"),
+		Root:      qmp.RootDisk{Path: root, Socket: l.RootSocket(id)},
+		QMPSocket: l.QMPSocket(id), PidFile: l.QSDPidFile(id), LogFile: l.QSDLog(id),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ch, err := chclient.Launch(ctx, chclient.LaunchConfig{
+		Binary: self, Env: simEnv("sim-ch"),
+		APISocket: l.APISocket(id), EventMonitor: l.Events(id), LogFile: l.CHLog(id),
+		SerialSocket: l.ConsoleSocket(id), ExtraArgs: append([]string{"-v"}, chArgs...),
+	})
+	if err != nil {
+		qsd.Quit(ctx)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ch.Signal(syscall.SIGKILL)
+		<-ch.Done()
+		select {
+		case <-qsd.Done():
+		default:
+			qsd.Quit(context.Background())
+		}
+	})
+	cfg := &chclient.VmConfig{
+		Cpus:    &chclient.CpusConfig{BootVcpus: 1, MaxVcpus: 1},
+		Memory:  &chclient.MemoryConfig{Size: 256 << 20, Shared: true},
+		Payload: &chclient.PayloadConfig{Kernel: kernel, Cmdline: "console=ttyS0"},
+		Disks:   []chclient.DiskConfig{{VhostUser: true, VhostSocket: l.RootSocket(id), NumQueues: 1, QueueSize: 128}},
+		Serial:  &chclient.ConsoleConfig{Mode: chclient.ConsoleSocket, Socket: l.ConsoleSocket(id)},
+		Console: &chclient.ConsoleConfig{Mode: chclient.ConsoleOff},
+		Pvpanic: true,
+	}
+	if err := ch.Client().CreateVM(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.Client().BootVM(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := &Record{ID: id, Mode: ModeVM, State: StateRunning, DisplayState: DisplayBooting,
+		CreatedAt: time.Now().UTC().Truncate(time.Second), PID: ch.Pid,
+		Spec: Spec{VMID: id, Vcpus: 1, MemoryMB: 256},
+		Runtime: &Runtime{
+			CH: &CHRuntime{Pid: ch.Pid, StartTime: ch.StartTime, APISocket: l.APISocket(id), EventsPath: l.Events(id),
+				SerialSocket: l.ConsoleSocket(id), LogFile: l.CHLog(id)},
+			QSD: &QSDRuntime{Pid: qsd.Pid, StartTime: qsd.StartTime, QMPSocket: l.QMPSocket(id), RootSocket: l.RootSocket(id),
+				PidFile: l.QSDPidFile(id), LogFile: l.QSDLog(id)},
+		}}
+	if err := s.reg.put(rec); err != nil {
+		t.Fatal(err)
+	}
+	return &running{id: id, ch: ch, qsd: qsd, apiSocket: l.APISocket(id), events: l.Events(id), rootDisk: root}
+}
+
+// sim calls a /sim/v1/ action on chsim and fails the test unless it
+// answers 204.
+func (r *running) sim(t testing.TB, action, body string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", r.apiSocket)
+	}}}
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest("PUT", "http://x/sim/v1/"+action, strings.NewReader(body))
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("sim %s: %v", action, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 204 {
+		data, _ := io.ReadAll(resp.Body)
+		t.Fatalf("sim %s = %d %s", action, resp.StatusCode, data)
+	}
+}
+
+// waitRecord polls the record of id until cond holds, failing after
+// within. It returns the record and how long it took.
+func waitRecord(t testing.TB, s *testService, id string, within time.Duration, what string, cond func(*Record) bool) (*Record, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for {
+		r := s.reg.get(id)
+		if r != nil && cond(r) {
+			return r, time.Since(start)
+		}
+		if time.Since(start) > within {
+			t.Fatalf("after %v: %s not reached; record: %s\nlogs:\n%s", within, what, describe(r), s.logs)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func describe(r *Record) string {
+	if r == nil {
+		return "<none>"
+	}
+	fr := "<nil>"
+	if f := r.FailureReason; f != nil {
+		fr = fmt.Sprintf("%+v %q %s", f.Detail, f.Summary, f.Cause)
+	}
+	return fmt.Sprintf("state=%s display=%s failure=%s runtime=%+v", r.State, r.DisplayState, fr, r.Runtime)
+}
+
+func gone(t testing.TB, what string, done <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Errorf("%s still running after the VM ended", what)
+	}
+}
+
+func intp(p *int) string {
+	if p == nil {
+		return "nil"
+	}
+	return fmt.Sprint(*p)
+}
+
+// TestMonitorFailures injects every failure the monitor knows, one VM per
+// case, and checks the state, failure_reason and detection time (2 s; a
+// hang within ping_timeout_secs + ping_interval_secs + 1 s), and that
+// nothing of the VM keeps running.
+func TestMonitorFailures(t *testing.T) {
+	cases := []struct {
+		name       string
+		inject     func(t *testing.T, r *running)
+		within     time.Duration
+		state      State
+		kind       string
+		cause      string
+		code       string // detail.code, "nil" when absent
+		signum     string
+		path       bool // detail.path is the root disk
+		inSummary  string
+		alsoBefore func(t *testing.T, s *testService, r *running)
+	}{
+		{name: "crash by signal", inject: func(t *testing.T, r *running) { r.sim(t, "crash", `{"signal":11}`) },
+			within: 2 * time.Second, state: StateFailed, kind: KindProcessSignal, cause: CauseCHCrash, code: "nil", signum: "11", inSummary: "signal 11"},
+		{name: "killed", inject: func(t *testing.T, r *running) { r.ch.Signal(syscall.SIGKILL) },
+			within: 2 * time.Second, state: StateFailed, kind: KindProcessSignal, cause: CauseCHCrash, code: "nil", signum: "9"},
+		{name: "guest poweroff", inject: func(t *testing.T, r *running) { r.sim(t, "poweroff", "") },
+			within: 2 * time.Second, state: StateStopped, kind: KindProcessExit, cause: CauseGuestShutdown, code: "0", signum: "nil"},
+		{name: "acpi shutdown pending", inject: func(t *testing.T, r *running) { r.sim(t, "poweroff", "") },
+			alsoBefore: func(t *testing.T, s *testService, r *running) {
+				if _, err := s.reg.update(r.id, func(rec *Record) { rec.ShuttingDown = true }); err != nil {
+					t.Fatal(err)
+				}
+			},
+			within: 2 * time.Second, state: StateStopped, kind: KindProcessExit, cause: CauseOperatorShutdown, code: "0", signum: "nil"},
+		{name: "socket removed", inject: func(t *testing.T, r *running) {
+			if err := os.Remove(r.apiSocket); err != nil {
+				t.Fatal(err)
+			}
+		}, within: 2 * time.Second, state: StateFailed, kind: KindSocketGone, cause: CauseCHCrash, code: "nil", signum: "nil", inSummary: "is gone"},
+		{name: "socket refuses", inject: func(t *testing.T, r *running) {
+			// A socket file nobody listens on takes the API socket's place.
+			if err := os.Remove(r.apiSocket); err != nil {
+				t.Fatal(err)
+			}
+			ln, err := net.Listen("unix", r.apiSocket)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ln.(*net.UnixListener).SetUnlinkOnClose(false)
+			ln.Close()
+		}, within: 2 * time.Second, state: StateFailed, kind: KindSocketDead, cause: CauseCHCrash, code: "nil", signum: "nil", inSummary: "refuses"},
+		{name: "hang", inject: func(t *testing.T, r *running) { r.sim(t, "hang", "") },
+			within: 3 * time.Second, state: StateFailed, kind: KindPingTimeout, cause: CauseVMMHang, code: "nil", signum: "nil", inSummary: "vmm.ping"},
+		{name: "root disk deleted", inject: func(t *testing.T, r *running) {
+			if err := os.Remove(r.rootDisk); err != nil {
+				t.Fatal(err)
+			}
+		}, within: 2 * time.Second, state: StateFailed, kind: KindDiskMissing, cause: CauseDiskMissing, code: "nil", signum: "nil", path: true},
+		{name: "qsd killed", inject: func(t *testing.T, r *running) { syscall.Kill(r.qsd.Pid, syscall.SIGKILL) },
+			within: 2 * time.Second, state: StateFailed, kind: KindProcessExit, cause: CauseUnknown, code: "nil", signum: "nil", inSummary: "qemu-storage-daemon"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := newTestService(t)
+			r := startVM(t, s, "vm1")
+			if tc.alsoBefore != nil {
+				tc.alsoBefore(t, s, r)
+			}
+			s.watch(r.id, r.ch, r.qsd)
+			// Let the monitor see the VM healthy first.
+			waitRecord(t, s, r.id, 5*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+			tc.inject(t, r)
+			rec, took := waitRecord(t, s, r.id, 10*time.Second, "VM ended", func(r *Record) bool { return r.State != StateRunning })
+			t.Logf("%s detected in %v: %s", tc.name, took, rec.FailureReason.Summary)
+			if took > tc.within {
+				t.Errorf("detected after %v, want within %v", took, tc.within)
+			}
+			f := rec.FailureReason
+			if rec.State != tc.state || rec.DisplayState != string(tc.state) || f == nil || f.Detail.Kind != tc.kind || f.Cause != tc.cause ||
+				intp(f.Detail.Code) != tc.code || intp(f.Detail.Signum) != tc.signum {
+				t.Fatalf("record: %s; want state %s kind %s cause %s code %s signum %s", describe(rec), tc.state, tc.kind, tc.cause, tc.code, tc.signum)
+			}
+			if tc.path != (f.Detail.Path == r.rootDisk) {
+				t.Errorf("detail.path = %q", f.Detail.Path)
+			}
+			if !strings.Contains(f.Summary, tc.inSummary) {
+				t.Errorf("summary %q lacks %q", f.Summary, tc.inSummary)
+			}
+			if rec.PID != 0 || rec.ShuttingDown {
+				t.Errorf("pid %d, shutting_down %v after the end", rec.PID, rec.ShuttingDown)
+			}
+			gone(t, "cloud-hypervisor", r.ch.Done())
+			gone(t, "qemu-storage-daemon", r.qsd.Done())
+			rec, _ = waitRecord(t, s, r.id, 10*time.Second, "runtime cleared", func(r *Record) bool {
+				return r.Runtime == nil || (r.Runtime.CH == nil && r.Runtime.QSD == nil)
+			})
+			if s.watched(r.id) {
+				t.Error("VM still watched")
+			}
+		})
+	}
+}
+
+func TestMonitorGuestEvents(t *testing.T) {
+	s := newTestService(t)
+	r := startVM(t, s, "vm1", "--sim-no-activate")
+	s.watch(r.id, r.ch, r.qsd)
+	time.Sleep(300 * time.Millisecond)
+	if got := s.reg.get(r.id); got.DisplayState != DisplayBooting {
+		t.Fatalf("display %s before the guest activated its disk, want booting", got.DisplayState)
+	}
+	r.sim(t, "activate", "")
+	waitRecord(t, s, r.id, 2*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+
+	before := time.Now().Add(-2 * time.Second) // btime has whole seconds
+	r.sim(t, "panic", `{"event":"panic"}`)
+	rec, _ := waitRecord(t, s, r.id, 2*time.Second, "guest_panicked_at", func(r *Record) bool { return r.GuestPanickedAt != nil })
+	if at := *rec.GuestPanickedAt; at.Before(before) || at.After(time.Now().Add(2*time.Second)) {
+		t.Errorf("guest_panicked_at %v is not about now", at)
+	}
+	if rec.State != StateRunning || rec.FailureReason != nil {
+		t.Errorf("after a panic: %s, want running without failure", describe(rec))
+	}
+	// A planned stop takes the processes back; the monitor records nothing.
+	ch, qsd := s.unwatch(r.id)
+	if ch != r.ch || qsd != r.qsd {
+		t.Fatal("unwatch did not return the VM's processes")
+	}
+	if err := ch.Stop(context.Background(), time.Second); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if got := s.reg.get(r.id); got.State != StateRunning || got.FailureReason != nil {
+		t.Errorf("after unwatch and stop: %s, want the record untouched", describe(got))
+	}
+}
