@@ -63,6 +63,11 @@ type Config struct {
 	VMs    *vm.Service
 	AppVMs *appvm.Service
 	Logger *slog.Logger
+	// Images runs AppVM image imports. Nil means an Importer over AppVMs'
+	// catalog with default options (as root: owners and devices kept),
+	// recovered at once: imports an agent restart interrupted are failed
+	// and their leftovers removed.
+	Images *appvm.Importer
 	// ViewCacheTTL bounds how long GET /api/vms/{id} may answer with the
 	// encoded view of an unchanged record; 0 means DefaultViewCacheTTL,
 	// negative disables the cache.
@@ -80,6 +85,7 @@ type Server struct {
 	keys   Authorizer
 	vms    *vm.Service
 	apps   *appvm.Service
+	images *appvm.Importer
 	log    *slog.Logger
 	mux    *http.ServeMux
 	routes []Route
@@ -112,6 +118,11 @@ var routeTable = []Route{
 	{"GET /api/appvm/vms", false, (*Server).listAppVMs},
 	{"GET /api/appvm/vms/{id}", false, (*Server).getAppVM},
 	{"POST /api/appvm/vms", true, (*Server).createAppVM},
+	{"GET /api/appvm/images", false, (*Server).listImages},
+	{"GET /api/appvm/images/{id}", false, (*Server).getImage},
+	{"POST /api/appvm/images", true, (*Server).importImage},
+	{"DELETE /api/appvm/images/{id}", true, (*Server).deleteImage},
+	{"GET /api/networks", false, (*Server).listNetworks},
 }
 
 // Routes lists the API's routes, for key allowlists and documentation.
@@ -125,7 +136,13 @@ func New(c Config) *Server {
 	if c.ViewCacheTTL == 0 {
 		c.ViewCacheTTL = DefaultViewCacheTTL
 	}
-	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, log: c.Logger, mux: http.NewServeMux(), routes: Routes(), viewTTL: c.ViewCacheTTL}
+	if c.Images == nil {
+		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), appvm.ImportOptions{Logger: c.Logger})
+		if err := c.Images.Recover(); err != nil {
+			c.Logger.Error("recovering AppVM image imports", "err", err)
+		}
+	}
+	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(), viewTTL: c.ViewCacheTTL}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}

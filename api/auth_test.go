@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"vmhost/appvm"
 	"vmhost/auth"
 )
 
@@ -38,6 +39,10 @@ func TestAuthMatrix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	otherForNetworks, err := auth.Add(h.keysPath, "other2", auth.ScopeReadWrite, []string{"GET /api/vms"})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.start(t) // reload the keyring
 
 	paths := map[string]string{
@@ -47,7 +52,23 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/appvm/vms":      "/api/appvm/vms",
 		"GET /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture",
 		"POST /api/appvm/vms":     "/api/appvm/vms",
+
+		"GET /api/appvm/images":         "/api/appvm/images",
+		"GET /api/appvm/images/{id}":    "/api/appvm/images/web",
+		"POST /api/appvm/images":        "/api/appvm/images",
+		"DELETE /api/appvm/images/{id}": "/api/appvm/images/spare",
+		"GET /api/networks":             "/api/networks",
 	}
+	// An image no AppVM uses, for the allowed DELETE; a file that is no
+	// image, for the allowed POST (its import fails in the background).
+	if err := h.apps.Catalog().Put(&appvm.Image{ID: "spare", Status: appvm.StatusReady, CreatedAt: h.e.Now}); err != nil {
+		t.Fatal(err)
+	}
+	notAnImage := filepath.Join(t.TempDir(), "not-an-image.tar")
+	if err := os.WriteFile(notAnImage, []byte("junk"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.srv.images.Wait)
 	n := 0
 	for _, rt := range Routes() {
 		method, _, _ := strings.Cut(rt.Pattern, " ")
@@ -62,13 +83,17 @@ func TestAuthMatrix(t *testing.T) {
 			status       int
 			code         string
 		}
+		lacking := other
+		if rt.Pattern == "GET /api/networks" {
+			lacking = otherForNetworks
+		}
 		cases := []tc{
 			{"no header", "", 401, CodeUnauthorized},
 			{"basic scheme", "Basic dXNlcjpwYXNz", 401, CodeUnauthorized},
 			{"bearer without token", "Bearer", 401, CodeUnauthorized},
 			{"bearer with two tokens", "Bearer " + h.rw + " x", 401, CodeUnauthorized},
 			{"unknown token", "Bearer vmh_" + strings.Repeat("0", 43), 401, CodeUnauthorized},
-			{"allowlist lacks route", "Bearer " + other, 403, CodeForbidden},
+			{"allowlist lacks route", "Bearer " + lacking, 403, CodeForbidden},
 		}
 		if rt.Mutates {
 			cases = append(cases, tc{"read key on mutation", "Bearer " + h.ro, 403, CodeForbidden})
@@ -122,10 +147,17 @@ func TestAuthMatrix(t *testing.T) {
 					body = minimalVMBody(h, "ok-vm")
 				case "POST /api/appvm/vms":
 					body = `{"vm_id":"ok-app","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`
+				case "POST /api/appvm/images":
+					body = `{"id":"ok-image","path":"` + notAnImage + `"}`
 				}
 				st, _, b := h.do(t, method, path, tok, body)
 				want := http.StatusOK
-				if rt.Mutates {
+				switch {
+				case rt.Pattern == "POST /api/appvm/images":
+					want = http.StatusAccepted
+				case method == http.MethodDelete:
+					want = http.StatusNoContent
+				case rt.Mutates:
 					want = http.StatusCreated
 				}
 				if st != want {
