@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -78,12 +79,23 @@ type CreateResponse struct {
 type Service struct {
 	vms     *vm.Service
 	catalog Catalog
+	guests  *guests
+	initrd  initramfsBuild
+	// binary is the vmhost binary the initramfs holds; os.Executable.
+	binary func() (string, error)
 }
 
 // New returns the AppVM service over vms, which holds the records of both
-// families. The catalog is <StateDir>/appvm-images.
-func New(vms *vm.Service) *Service {
-	return &Service{vms: vms, catalog: Catalog{Dir: filepath.Join(vms.Layout().StateDir, "appvm-images")}}
+// families, with default Options. The catalog is <StateDir>/appvm-images.
+func New(vms *vm.Service) *Service { return NewWithOptions(vms, Options{}) }
+
+// NewWithOptions is New with tuned guest-session and restart options. It
+// registers the service's AppVM hooks on vms for the engine.
+func NewWithOptions(vms *vm.Service, o Options) *Service {
+	s := &Service{vms: vms, catalog: Catalog{Dir: filepath.Join(vms.Layout().StateDir, "appvm-images")}, binary: os.Executable}
+	s.guests = newGuests(s, o)
+	vms.SetAppVMHooks(hooks{s})
+	return s
 }
 
 // Catalog returns the image catalog.

@@ -3,6 +3,7 @@ package appvm
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"vmhost/vm"
 )
@@ -17,8 +18,10 @@ type View struct {
 	AppVM AppvmView `json:"appvm"`
 }
 
-// AppvmView is the appvm object of contract §2.3. Guest-reported fields
-// (lease, heartbeat, health, workload exit) are filled by later issues.
+// AppvmView is the appvm object of contract §2.3, fields in its order.
+// The guest-reported fields (lease, workload exit, health, heartbeat,
+// restarts) come from the record's guest facts and the live session
+// (session_view.go).
 type AppvmView struct {
 	ImageID             string          `json:"image_id"`
 	Hostname            string          `json:"hostname,omitempty"`
@@ -27,23 +30,43 @@ type AppvmView struct {
 	Prefix              uint32          `json:"prefix,omitempty"`
 	Gateway             string          `json:"gateway,omitempty"`
 	DNS                 []string        `json:"dns,omitempty"`
+	Lease               *LeaseView      `json:"lease,omitempty"`
 	Args                []string        `json:"args,omitempty"`
 	Cwd                 string          `json:"cwd,omitempty"`
 	User                string          `json:"user,omitempty"`
 	Env                 []EnvVar        `json:"env,omitempty"`
+	WorkloadExitCode    *int            `json:"workload_exit_code,omitempty"`
+	WorkloadExitSignal  int             `json:"workload_exit_signal,omitempty"`
+	WorkloadFatal       string          `json:"workload_fatal,omitempty"`
 	SpecPending         bool            `json:"spec_pending,omitempty"`
 	Spec                SpecView        `json:"spec"`
+	Health              string          `json:"health,omitempty"`
+	HealthFailingStreak uint32          `json:"health_failing_streak,omitempty"`
 	Healthcheck         *vm.Healthcheck `json:"healthcheck,omitempty"`
 	InjectedFiles       []InjectedFile  `json:"injected_files,omitempty"`
-	RestartPolicy       string          `json:"restart_policy"`
-	RestartCount        uint32          `json:"restart_count,omitempty"`
-	DataMounts          []DataMount     `json:"data_mounts,omitempty"`
-	BuildDigest         string          `json:"build_digest,omitempty"`
+	LastHeartbeatAt     *time.Time      `json:"last_heartbeat_at,omitempty"`
 	HeartbeatStale      bool            `json:"heartbeat_stale,omitempty"`
 	LogStreamDetached   bool            `json:"log_stream_detached,omitempty"`
+	RestartPolicy       string          `json:"restart_policy"`
+	RestartCount        uint32          `json:"restart_count,omitempty"`
+	LastRestartAt       *time.Time      `json:"last_restart_at,omitempty"`
+	DataMounts          []DataMount     `json:"data_mounts,omitempty"`
+	BuildDigest         string          `json:"build_digest,omitempty"`
 	UpdateAvailable     bool            `json:"update_available,omitempty"`
 	Redeploying         bool            `json:"redeploying,omitempty"`
-	HealthFailingStreak uint32          `json:"health_failing_streak,omitempty"`
+}
+
+// LeaseView is appvm.lease (AppvmLease): the latest DHCP lease the guest
+// reported.
+type LeaseView struct {
+	IP         string    `json:"ip"`
+	Prefix     int       `json:"prefix"`
+	Gateway    string    `json:"gateway,omitempty"`
+	DNS        []string  `json:"dns,omitempty"`
+	Search     []string  `json:"search,omitempty"`
+	LeaseSecs  uint32    `json:"lease_secs,omitempty"`
+	Hostname   string    `json:"hostname,omitempty"`
+	ReportedAt time.Time `json:"reported_at"`
 }
 
 // EnvVar is one effective environment variable; a secret one has no value.
@@ -158,6 +181,7 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 	}
 	av.Env = effectiveEnv(a)
 	av.UpdateAvailable = s.updateAvailable(a)
+	s.guestView(rec, &av)
 	for i, d := range a.DataVolumes {
 		// vda is the root disk; an AppVM has no seed disk.
 		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.DeviceName(1 + i), Mountpoint: d.Mountpoint})

@@ -137,6 +137,7 @@ type AppVMSpec struct {
 	DataVolumes   []DataVolume `json:"data_volumes,omitempty"`
 	Booted        bool         `json:"booted"` // the request asked to boot
 	Image         Workload     `json:"image"`
+	Guest         *AppVMGuest  `json:"guest,omitempty"` // appvmhooks.go
 }
 
 // DataVolume is one AppVM data volume; it is also Spec.Volumes[i].

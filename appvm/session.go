@@ -1,0 +1,422 @@
+package appvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"vmhost/appvm/guest/proto"
+	"vmhost/chclient"
+	"vmhost/vm"
+)
+
+// Options tune the host side of AppVMs. Zero fields take the defaults.
+type Options struct {
+	// HeartbeatSecs is the guest agent's heartbeat interval, sent in the
+	// Spec; default 5.
+	HeartbeatSecs int
+	// StaleAfter is how many heartbeat intervals may pass without a
+	// heartbeat before a running AppVM shows heartbeat_stale; default 3.
+	StaleAfter int
+	// HeartbeatPersistEvery bounds how often last_heartbeat_at is written
+	// to the record (the live value is kept in memory); default 60s.
+	HeartbeatPersistEvery time.Duration
+	// LogMaxBytes is the size at which workload.log is rotated; default
+	// DefaultLogMaxBytes.
+	LogMaxBytes int64
+	// HelloTimeout bounds the wait for the guest agent's Hello after it
+	// connects; default 30s.
+	HelloTimeout time.Duration
+	// Restart tunes the restart policy.
+	Restart RestartOptions
+	// Logger receives session events; never a secret.
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.HeartbeatSecs <= 0 {
+		o.HeartbeatSecs = 5
+	}
+	if o.StaleAfter <= 0 {
+		o.StaleAfter = 3
+	}
+	if o.HeartbeatPersistEvery <= 0 {
+		o.HeartbeatPersistEvery = time.Minute
+	}
+	if o.LogMaxBytes <= 0 {
+		o.LogMaxBytes = DefaultLogMaxBytes
+	}
+	if o.HelloTimeout <= 0 {
+		o.HelloTimeout = 30 * time.Second
+	}
+	o.Restart.defaults()
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// WorkloadLog is the path of an AppVM's workload log (rotated to
+// WorkloadLog+".1").
+func WorkloadLog(l vm.Layout, id string) string { return l.VMDir(id) + "/workload.log" }
+
+// guests holds the host end of every AppVM's guest-agent session.
+type guests struct {
+	s   *Service
+	o   Options
+	log *slog.Logger
+
+	mu   sync.Mutex
+	byID map[string]*session
+}
+
+// session is the host end for one AppVM: the hybrid vsock listener
+// <vsock.sock>_1024, the guest agent's current connection, and the live
+// facts that are not written to the record on every message.
+type session struct {
+	g    *guests
+	id   string
+	l    *net.UnixListener
+	done chan struct{} // closed by close
+
+	mu sync.Mutex
+	nc net.Conn
+	// lastHB is the receipt time of the latest heartbeat (wall clock of
+	// the service, for the view; mono for staleness).
+	lastHB, lastHBMono time.Time
+	persistedHB        time.Time
+	// upSince is the first heartbeat of the current boot (restart policy:
+	// a stable period resets the restart count).
+	upSince time.Time
+	// stopRequested is set by Shutdown: the workload's end is the
+	// operator's doing, never a reason to restart.
+	stopRequested bool
+	closed        bool
+	logs          *workloadLog
+}
+
+func newGuests(s *Service, o Options) *guests {
+	o.defaults()
+	return &guests{s: s, o: o, log: o.Logger.With("component", "appvm-session"), byID: map[string]*session{}}
+}
+
+func (g *guests) get(id string) *session {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.byID[id]
+}
+
+// listen starts the host end for VM id, replacing a previous one: it
+// listens on <vsock.sock>_<proto.Port> (before CH boots, as the guest
+// dials at once) and accepts guest agent connections until forgotten.
+func (g *guests) listen(id string) (*session, error) {
+	g.forget(id)
+	sock := g.s.vms.Layout().VsockSocket(id)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
+		return nil, fmt.Errorf("creating run directory of AppVM %q: %w", id, err)
+	}
+	l, err := chclient.ListenVsock(sock, proto.Port)
+	if err != nil {
+		return nil, fmt.Errorf("listening for the guest agent of AppVM %q: %w", id, err)
+	}
+	ss := &session{g: g, id: id, l: l, done: make(chan struct{})}
+	g.mu.Lock()
+	g.byID[id] = ss
+	g.mu.Unlock()
+	go ss.accept()
+	return ss, nil
+}
+
+// forget closes the host end of VM id, if any.
+func (g *guests) forget(id string) {
+	g.mu.Lock()
+	ss := g.byID[id]
+	delete(g.byID, id)
+	g.mu.Unlock()
+	if ss != nil {
+		ss.close()
+	}
+}
+
+func (ss *session) close() {
+	ss.mu.Lock()
+	if ss.closed {
+		ss.mu.Unlock()
+		return
+	}
+	ss.closed = true
+	close(ss.done)
+	nc, logs := ss.nc, ss.logs
+	ss.nc, ss.logs = nil, nil
+	ss.mu.Unlock()
+	ss.l.Close()
+	if nc != nil {
+		nc.Close()
+	}
+	if logs != nil {
+		logs.Close()
+	}
+}
+
+func (ss *session) accept() {
+	for {
+		c, err := ss.l.Accept()
+		if err != nil {
+			return
+		}
+		ss.mu.Lock()
+		if ss.closed {
+			ss.mu.Unlock()
+			c.Close()
+			return
+		}
+		// One connection per guest: a new one (a redial) replaces the old.
+		old := ss.nc
+		ss.nc = c
+		ss.mu.Unlock()
+		if old != nil {
+			old.Close()
+		}
+		go ss.serve(c)
+	}
+}
+
+// update applies f to the AppVM's guest facts in a new record version.
+func (ss *session) update(f func(r *vm.Record, gst *vm.AppVMGuest)) (*vm.Record, error) {
+	rec, err := ss.g.s.vms.Update(ss.id, func(r *vm.Record) {
+		if r.AppVM == nil {
+			return
+		}
+		if r.AppVM.Guest == nil {
+			r.AppVM.Guest = &vm.AppVMGuest{}
+		}
+		f(r, r.AppVM.Guest)
+	})
+	if err != nil {
+		ss.g.log.Error("recording guest facts", "id", ss.id, "err", err)
+	}
+	return rec, err
+}
+
+func (ss *session) now() time.Time { return ss.g.s.vms.Now().UTC() }
+
+// serve runs one connection of the guest agent: Hello, the Spec (unless
+// it resumes), then its messages until the connection ends.
+func (ss *session) serve(c net.Conn) {
+	log := ss.g.log.With("id", ss.id)
+	defer func() {
+		c.Close()
+		ss.mu.Lock()
+		if ss.nc == c {
+			ss.nc = nil
+		}
+		ss.mu.Unlock()
+	}()
+	conn := proto.NewConn(c)
+	c.SetReadDeadline(time.Now().Add(ss.g.o.HelloTimeout))
+	m, err := conn.Recv()
+	if err != nil {
+		log.Warn("guest agent connection without a hello", "err", err)
+		return
+	}
+	hello, ok := m.(*proto.Hello)
+	if !ok {
+		log.Warn("guest agent spoke first with something else than hello", "type", m.Type())
+		return
+	}
+	c.SetReadDeadline(time.Time{})
+	rec, err := ss.g.s.vms.Get(vm.ModeAppVM, ss.id)
+	if err != nil {
+		return
+	}
+	if err := ss.openLogs(rec); err != nil {
+		log.Error("workload log unavailable", "err", err)
+	}
+	if hello.Resume {
+		log.Info("guest agent resumed", "boot_id", hello.BootID)
+		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			gst.LogStreamDetached = false
+			gst.BootID = hello.BootID
+		})
+	} else {
+		spec := GuestSpec(rec, ss.g.o.HeartbeatSecs)
+		if err := conn.Send(spec); err != nil {
+			log.Warn("sending the spec to the guest agent", "err", err)
+			return
+		}
+		log.Info("guest agent says hello; spec sent", "boot_id", hello.BootID, "agent_version", hello.AgentVersion)
+		ss.mu.Lock()
+		ss.upSince = time.Time{}
+		ss.mu.Unlock()
+		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			gst.BootID = hello.BootID
+			gst.HeartbeatSecs = spec.HeartbeatSecs
+			gst.Health, gst.HealthStreak, gst.Lease = "", 0, nil
+			gst.LogStreamDetached = false
+		})
+	}
+	for {
+		m, err := conn.Recv()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				log.Info("guest agent connection ended", "err", err)
+			}
+			return
+		}
+		ss.handle(m)
+	}
+}
+
+func (ss *session) openLogs(rec *vm.Record) error {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.logs != nil || ss.closed {
+		return nil
+	}
+	l := ss.g.s.vms.Layout()
+	if err := os.MkdirAll(l.VMDir(ss.id), 0o700); err != nil {
+		return err
+	}
+	var secrets []string
+	for _, e := range rec.Secrets.SecretEnv {
+		secrets = append(secrets, e.Value.Reveal())
+	}
+	w, err := openWorkloadLog(WorkloadLog(l, ss.id), ss.g.o.LogMaxBytes, secrets)
+	if err != nil {
+		return err
+	}
+	ss.logs = w
+	return nil
+}
+
+// handle records what one guest message says.
+func (ss *session) handle(m proto.Message) {
+	switch m := m.(type) {
+	case *proto.Heartbeat:
+		ss.heartbeat()
+	case *proto.Lease:
+		at := ss.now()
+		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			gst.Lease = &vm.GuestLease{IP: m.IP, Prefix: m.Prefix, Gateway: m.Gateway, DNS: m.DNS, Search: m.Search,
+				LeaseSecs: m.LeaseSecs, Hostname: m.Hostname, ReportedAt: at}
+		})
+	case *proto.Started:
+		ss.g.log.Info("workload started", "id", ss.id, "pid", m.PID)
+	case *proto.Exit:
+		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			gst.ExitCode, gst.ExitSignal, gst.Fatal = m.Code, m.Signal, ""
+		})
+		failed := m.Code == nil || *m.Code != 0
+		ss.g.log.Info("workload exited", "id", ss.id, "code", m.Code, "signal", m.Signal)
+		ss.workloadEnded(failed)
+	case *proto.Fatal:
+		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			gst.ExitCode, gst.ExitSignal, gst.Fatal = nil, 0, m.Message
+		})
+		ss.g.log.Warn("workload could not start", "id", ss.id, "fatal", m.Message)
+		ss.workloadEnded(true)
+	case *proto.Health:
+		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			gst.Health, gst.HealthStreak = m.Status, uint32(m.Streak)
+		})
+	case *proto.Log:
+		ss.mu.Lock()
+		w := ss.logs
+		ss.mu.Unlock()
+		if w != nil {
+			if _, err := w.Write(m.Data); err != nil {
+				ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
+			}
+		}
+	}
+}
+
+// heartbeat keeps the receipt time in memory; the record gets the first
+// of a boot (with display running: the AppVM's sign of life) and then one
+// every HeartbeatPersistEvery.
+func (ss *session) heartbeat() {
+	now := ss.now()
+	ss.mu.Lock()
+	first := ss.upSince.IsZero()
+	if first {
+		ss.upSince = time.Now()
+	}
+	ss.lastHB, ss.lastHBMono = now, time.Now()
+	persist := first || now.Sub(ss.persistedHB) >= ss.g.o.HeartbeatPersistEvery
+	if persist {
+		ss.persistedHB = now
+	}
+	ss.mu.Unlock()
+	if !persist {
+		return
+	}
+	ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+		gst.LastHeartbeatAt = &now
+		if r.State == vm.StateRunning && r.DisplayState == vm.DisplayBooting {
+			r.DisplayState = string(vm.StateRunning)
+		}
+	})
+}
+
+// liveHeartbeat returns the latest heartbeat time seen by this process
+// and whether it is older than the stale limit.
+func (g *guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
+	interval := time.Duration(g.o.HeartbeatSecs) * time.Second
+	if gst := rec.AppVM.Guest; gst != nil && gst.HeartbeatSecs > 0 {
+		interval = time.Duration(gst.HeartbeatSecs) * time.Second
+	}
+	limit := time.Duration(g.o.StaleAfter) * interval
+	if ss := g.get(rec.ID); ss != nil {
+		ss.mu.Lock()
+		at, mono := ss.lastHB, ss.lastHBMono
+		ss.mu.Unlock()
+		if !at.IsZero() {
+			return at, time.Since(mono) > limit
+		}
+	}
+	if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {
+		return *gst.LastHeartbeatAt, g.s.vms.Now().Sub(*gst.LastHeartbeatAt) > limit
+	}
+	return time.Time{}, false
+}
+
+// stop asks the guest agent to stop the workload and power off.
+func (g *guests) stop(id string) error {
+	ss := g.get(id)
+	if ss == nil {
+		return fmt.Errorf("stopping AppVM %q: no guest agent session", id)
+	}
+	ss.mu.Lock()
+	ss.stopRequested = true
+	nc := ss.nc
+	ss.mu.Unlock()
+	if nc == nil {
+		return fmt.Errorf("stopping AppVM %q: the guest agent is not connected", id)
+	}
+	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	defer nc.SetWriteDeadline(time.Time{})
+	if err := proto.NewConn(nc).Send(&proto.Stop{}); err != nil {
+		return fmt.Errorf("stopping AppVM %q: sending stop to the guest agent: %w", id, err)
+	}
+	return nil
+}
+
+// adopt re-listens for a running AppVM found at agent start: the guest
+// agent lost its connection with the previous agent process and redials
+// with resume, until which the view shows log_stream_detached.
+func (g *guests) adopt(ctx context.Context, rec *vm.Record) error {
+	if rec.State != vm.StateRunning && rec.State != vm.StatePaused {
+		return nil
+	}
+	ss, err := g.listen(rec.ID)
+	if err != nil {
+		return err
+	}
+	_, err = ss.update(func(r *vm.Record, gst *vm.AppVMGuest) { gst.LogStreamDetached = true })
+	return err
+}

@@ -1,0 +1,35 @@
+package appvm
+
+import (
+	"time"
+
+	"vmhost/vm"
+)
+
+// guestView fills the guest-reported fields of the view from the record's
+// guest facts and the live session: last_heartbeat_at is the latest
+// heartbeat this process received (the record holds a throttled copy), and
+// heartbeat_stale is derived at read time: the AppVM runs, had a
+// heartbeat this boot, and none came for StaleAfter intervals.
+func (s *Service) guestView(rec *vm.Record, av *AppvmView) {
+	g := rec.AppVM.Guest
+	if g == nil {
+		return
+	}
+	if l := g.Lease; l != nil {
+		av.Lease = &LeaseView{IP: l.IP, Prefix: l.Prefix, Gateway: l.Gateway, DNS: l.DNS, Search: l.Search,
+			LeaseSecs: l.LeaseSecs, Hostname: l.Hostname, ReportedAt: l.ReportedAt}
+	}
+	av.WorkloadExitCode, av.WorkloadExitSignal, av.WorkloadFatal = g.ExitCode, g.ExitSignal, g.Fatal
+	av.Health, av.HealthFailingStreak = g.Health, g.HealthStreak
+	av.LogStreamDetached = g.LogStreamDetached
+	av.RestartCount, av.LastRestartAt = g.RestartCount, g.LastRestartAt
+	at, stale := s.guests.liveHeartbeat(rec)
+	if !at.IsZero() {
+		t := at.UTC().Truncate(time.Second)
+		if g.LastHeartbeatAt != nil || s.guests.get(rec.ID) != nil {
+			av.LastHeartbeatAt = &t
+		}
+	}
+	av.HeartbeatStale = stale && rec.State == vm.StateRunning
+}
