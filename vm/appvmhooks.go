@@ -102,3 +102,67 @@ func (s *Service) BootStopped(ctx context.Context, id string) (*Record, error) {
 	out, _, err := s.boot(ctx, rec)
 	return out, err
 }
+
+// The helpers below are the engine's one-line calls into the hooks; each
+// does nothing for a classic VM or a Service without hooks.
+
+// appVMProvision runs the AppVM provisioning hook (ext4 data volumes)
+// before qemu-storage-daemon opens the volumes, and returns the current
+// record.
+func (s *Service) appVMProvision(ctx context.Context, rec *Record) (*Record, error) {
+	h := s.AppVMHooks()
+	if rec.Mode != ModeAppVM || h == nil {
+		return rec, nil
+	}
+	if err := h.Provision(ctx, rec); err != nil {
+		return rec, err
+	}
+	if r := s.reg.get(rec.ID); r != nil {
+		return r, nil
+	}
+	return rec, nil
+}
+
+// appVMPrepareBoot completes cfg (kernel, initramfs) and starts listening
+// for the guest agent, before vm.create.
+func (s *Service) appVMPrepareBoot(ctx context.Context, rec *Record, cfg *chclient.VmConfig) error {
+	h := s.AppVMHooks()
+	if rec.Mode != ModeAppVM || h == nil {
+		return nil
+	}
+	return h.PrepareBoot(ctx, rec, cfg)
+}
+
+// appVMShutdown asks an AppVM's guest agent to stop the workload and power
+// off; handled is false for a classic VM (use the ACPI power button).
+func (s *Service) appVMShutdown(ctx context.Context, rec *Record) (handled bool, err error) {
+	h := s.AppVMHooks()
+	if rec.Mode != ModeAppVM || h == nil {
+		return false, nil
+	}
+	return true, h.Shutdown(ctx, rec)
+}
+
+// appVMForget closes an AppVM's guest session (stop, delete).
+func (s *Service) appVMForget(rec *Record) {
+	if h := s.AppVMHooks(); rec.Mode == ModeAppVM && h != nil {
+		h.Forget(rec)
+	}
+}
+
+// appVMRollback undoes the AppVM hooks' work with a failed create.
+func (s *Service) appVMRollback(ctx context.Context, rec *Record) error {
+	if h := s.AppVMHooks(); rec.Mode == ModeAppVM && h != nil {
+		return h.Rollback(ctx, rec)
+	}
+	return nil
+}
+
+// appVMAdopt listens again for the guest agent of a running AppVM found at
+// agent start (recovery).
+func (s *Service) appVMAdopt(ctx context.Context, rec *Record) error {
+	if h := s.AppVMHooks(); rec.Mode == ModeAppVM && h != nil {
+		return h.Adopt(ctx, rec)
+	}
+	return nil
+}
