@@ -331,3 +331,39 @@ func TestImportInterruptedByRestart(t *testing.T) {
 		t.Error("the interrupted import's work dir survived the restart")
 	}
 }
+
+// TestCreateDuringReimport: a re-import of a ready image keeps it ready, so
+// creates go on from the current build; only a first import is a 409.
+func TestCreateDuringReimport(t *testing.T) {
+	h := newHarness(t)
+	h.withImporter(t, "")
+	dir := t.TempDir()
+	v1, v2 := filepath.Join(dir, "v1"), filepath.Join(dir, "v2")
+	d1 := appImage(t, "v1").WriteDir(t, v1)
+	appImage(t, "v2").WriteDir(t, v2)
+	if st, _, b := h.do(t, "POST", "/api/appvm/images", h.rw, fmt.Sprintf(`{"id":"app","path":%q}`, v1)); st != 202 {
+		t.Fatalf("POST = %d %s", st, b)
+	}
+	h.srv.images.Wait()
+
+	mkfs, open := gatedMkfs(t)
+	h.withImporter(t, mkfs)
+	st, _, b := h.do(t, "POST", "/api/appvm/images", h.rw, fmt.Sprintf(`{"id":"app","path":%q}`, v2))
+	m := decodeImage(t, b)
+	re, _ := m["reimport"].(map[string]any)
+	if st != 202 || m["status"] != "ready" || m["build_digest"] != d1 || re["status"] != "importing" || re["source"] != v2 {
+		t.Fatalf("POST re-import = %d %s, want 202, ready %s, reimport importing from %s", st, b, d1, v2)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/images", h.rw, fmt.Sprintf(`{"id":"app","path":%q}`, v2)); st != 409 {
+		t.Errorf("second re-import while one runs = %d %s, want 409", st, b)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"during","image_id":"app","vcpus":1,"memory_mb":64,"disk_gib":1}`); st != 201 {
+		t.Errorf("create during a re-import = %d %s, want 201 from the current build", st, b)
+	}
+	open()
+	h.srv.images.Wait()
+	_, _, b = h.do(t, "GET", "/api/appvm/vms/during", h.ro, "")
+	if !strings.Contains(b, `"build_digest":"`+d1+`"`) || !strings.Contains(b, `"update_available":true`) {
+		t.Errorf("AppVM created during the re-import = %s, want build_digest %s and update_available", b, d1)
+	}
+}

@@ -229,6 +229,13 @@ func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*I
 // image.json is written only after the staged rootfs is complete, Recover
 // can finish a commit that a crash interrupted: a staged image.json means
 // "roll forward".
+//
+// The two renames are not one atomic step, and an AppVM's root disk is
+// copied from rootfs.qcow2 when it is provisioned, not when its create
+// reads image.json. A create racing a re-import can thus record the older
+// build's digest and defaults yet copy the newer root file system; its view
+// then shows update_available, which a redeploy settles. Existing AppVMs
+// are never affected: their disks are copies.
 func commit(dir string) error {
 	staged := filepath.Join(dir, nextDir)
 	err := os.Rename(filepath.Join(staged, ociimage.RootfsName), filepath.Join(dir, ociimage.RootfsName))
