@@ -77,6 +77,13 @@ type Record struct {
 type NIC struct {
 	MAC string `json:"mac"`
 	Tap string `json:"tap"`
+	// DHCPSnoopedIPv4 is the address of the last DHCP ACK snooped on the
+	// tap for MAC (facts.go); kept so the anti-spoof pin is restored after
+	// an agent restart.
+	DHCPSnoopedIPv4 string `json:"dhcp_snooped_ipv4,omitempty"`
+	// LastObservedIPv4 is the last IPv4 the neighbour table showed for MAC;
+	// kept after the entry expires.
+	LastObservedIPv4 string `json:"last_observed_ipv4,omitempty"`
 }
 
 // BaseImage is the base qcow2 image of a root disk copy.

@@ -102,6 +102,21 @@ type DiskView struct {
 	VirtualSizeBytes uint64 `json:"virtual_size_bytes"`
 	Owned            bool   `json:"owned"`
 	ImageFmt         string `json:"image_fmt,omitempty"`
+	QSDPid           int    `json:"qsd_pid,omitempty"`
+	QSDStartTime     uint64 `json:"qsd_start_time,omitempty"`
+	QSDBlkSocket     string `json:"qsd_blk_socket,omitempty"`
+	QSDQMPSocket     string `json:"qsd_qmp_socket,omitempty"`
+	// Runtime is the storage process serving the disk, while one runs.
+	Runtime *VolumeRef `json:"runtime,omitempty"`
+}
+
+// VolumeRef is the backend-independent runtime identity of a disk.
+type VolumeRef struct {
+	Backend   string `json:"backend"`
+	Pid       int    `json:"pid"`
+	StartTime uint64 `json:"start_time"`
+	BlkSocket string `json:"blk_socket"`
+	QMPSocket string `json:"qmp_socket"`
 }
 
 // ImageView is the source image identity (VmImage).
@@ -235,7 +250,13 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		if i < len(sp.Nets) {
 			n = &sp.Nets[i]
 		}
-		v.Nets = append(v.Nets, s.netView(n, nic))
+		nv := s.netView(n, nic)
+		nv.DHCPSnoopedIPv4, nv.LastObservedIPv4 = nic.DHCPSnoopedIPv4, nic.LastObservedIPv4
+		v.Nets = append(v.Nets, nv)
+	}
+	v.DiscoveredIPv4 = discoveredIPv4(rec.NICs)
+	if v.PID == 0 && rec.Runtime != nil && rec.Runtime.CH != nil {
+		v.PID = rec.Runtime.CH.Pid
 	}
 	if d := sp.Disk; d != nil || sp.Image != nil {
 		dv := &v.store.disk
@@ -248,6 +269,11 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		}
 		if d != nil && d.SizeGiB != nil {
 			dv.VirtualSizeBytes = max(dv.VirtualSizeBytes, uint64(*d.SizeGiB)<<30)
+		}
+		if q := rec.Runtime.qsd(); q != nil {
+			dv.QSDPid, dv.QSDStartTime, dv.QSDBlkSocket, dv.QSDQMPSocket = q.Pid, q.StartTime, q.RootSocket, q.QMPSocket
+			v.store.volRef = VolumeRef{Backend: "qsd", Pid: q.Pid, StartTime: q.StartTime, BlkSocket: q.RootSocket, QMPSocket: q.QMPSocket}
+			dv.Runtime = &v.store.volRef
 		}
 		v.Disk = dv
 	}
@@ -297,6 +323,7 @@ type viewStore struct {
 	image     ImageView
 	cloudInit CloudInitView
 	ioLimit   IOLimitView
+	volRef    VolumeRef
 }
 
 var volumeIDs, deviceNames [32]string

@@ -96,6 +96,29 @@ func (v *View) AppendJSON(b []byte) []byte {
 			b = append(b, `,"image_fmt":`...)
 			b = appendString(b, d.ImageFmt)
 		}
+		if d.QSDPid != 0 {
+			b = append(b, `,"qsd_pid":`...)
+			b = strconv.AppendInt(b, int64(d.QSDPid), 10)
+		}
+		if d.QSDStartTime != 0 {
+			b = append(b, `,"qsd_start_time":`...)
+			b = strconv.AppendUint(b, d.QSDStartTime, 10)
+		}
+		b = appendOptString(b, "qsd_blk_socket", d.QSDBlkSocket)
+		b = appendOptString(b, "qsd_qmp_socket", d.QSDQMPSocket)
+		if r := d.Runtime; r != nil {
+			b = append(b, `,"runtime":{"backend":`...)
+			b = appendString(b, r.Backend)
+			b = append(b, `,"pid":`...)
+			b = strconv.AppendInt(b, int64(r.Pid), 10)
+			b = append(b, `,"start_time":`...)
+			b = strconv.AppendUint(b, r.StartTime, 10)
+			b = append(b, `,"blk_socket":`...)
+			b = appendString(b, r.BlkSocket)
+			b = append(b, `,"qmp_socket":`...)
+			b = appendString(b, r.QMPSocket)
+			b = append(b, '}')
+		}
 		b = append(b, '}')
 	}
 	if im := v.Image; im != nil {

@@ -1,0 +1,43 @@
+package vm
+
+// Guest facts (contract §2.1-2.2): what the host learns about a running
+// guest without asking it.
+//
+//   - nets[].dhcp_snooped_ipv4: the address of the last DHCP ACK snooped on
+//     the tap for the guest's MAC (tap.FollowDHCP), for interfaces without a
+//     static ipv4. It is stored in the record, and FollowDHCP re-pins the
+//     anti-spoof rule to it, so the guard keeps passing the guest's traffic
+//     after an agent restart too.
+//   - nets[].last_observed_ipv4: the last IPv4 the neighbour table showed for
+//     the MAC, polled every factsInterval while the VM runs; stored, so it
+//     survives ARP expiry.
+//   - discovered_ipv4: the first interface's snooped address, else the first
+//     observed one (snooped first, since it is authoritative; the neighbour
+//     table only says what the guest asserts).
+//   - disk.qsd_* and disk.runtime: the recorded qemu-storage-daemon serving
+//     the root disk, while one runs.
+//   - pid: the recorded Cloud Hypervisor.
+
+// discoveredIPv4 is the view's discovered_ipv4: the first snooped address
+// of any interface, else the first observed one.
+func discoveredIPv4(nics []NIC) string {
+	for _, n := range nics {
+		if n.DHCPSnoopedIPv4 != "" {
+			return n.DHCPSnoopedIPv4
+		}
+	}
+	for _, n := range nics {
+		if n.LastObservedIPv4 != "" {
+			return n.LastObservedIPv4
+		}
+	}
+	return ""
+}
+
+// qsd returns the recorded storage daemon, or nil (also for a nil rt).
+func (rt *Runtime) qsd() *QSDRuntime {
+	if rt == nil {
+		return nil
+	}
+	return rt.QSD
+}
