@@ -185,10 +185,12 @@ func TestImageImportFailsOverAPI(t *testing.T) {
 	if err := os.WriteFile(truncated, data[:len(data)*2/3], 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// A layer that tries to write through a symlink to a host directory.
+	outside := t.TempDir()
 	escaping := filepath.Join(dir, "escaping.tar")
 	ocitest.Image{Layers: [][]byte{ocitest.Layer(t,
-		ocitest.Symlink("etc", "/etc"),
-		ocitest.File("etc/passwd", "root::0:0::/:/bin/sh\n", 0o644, 0, 0),
+		ocitest.Symlink("etc", outside),
+		ocitest.File("etc/planted", "x", 0o644, 0, 0),
 	)}}.WriteTar(t, escaping)
 
 	for _, c := range []struct{ id, src, reason string }{
@@ -215,6 +217,9 @@ func TestImageImportFailsOverAPI(t *testing.T) {
 					names = append(names, e.Name())
 				}
 				t.Errorf("image dir holds %q after a failed import, want only image.json", names)
+			}
+			if ents, _ := os.ReadDir(outside); len(ents) != 0 {
+				t.Errorf("the import wrote outside its root: %s holds %d entries", outside, len(ents))
 			}
 			// A failed image cannot be used: 400 on create.
 			if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, fmt.Sprintf(`{"image_id":%q,"vcpus":1,"memory_mb":64,"disk_gib":1}`, c.id)); st != 400 {

@@ -267,6 +267,14 @@ func TestReimportKeepsServingOldBuild(t *testing.T) {
 	if string(newRoot) == string(oldRoot) {
 		t.Error("rootfs.qcow2 was not replaced")
 	}
+	// The file system is the new build's: the upper layer's app, the
+	// whited-out file gone.
+	if got := debugfsCat(t, cat.RootFS("app"), "/bin/app"); got != "#!/bin/sh\necho v2\n" {
+		t.Errorf("/bin/app in the re-imported rootfs = %q, want the v2 script", got)
+	}
+	if got := debugfsCat(t, cat.RootFS("app"), "/old.txt"); got != "" {
+		t.Errorf("/old.txt survived its whiteout: %q", got)
+	}
 
 	// A failed re-import leaves the current build in service.
 	bad := filepath.Join(dir, "bad.tar")
@@ -419,4 +427,24 @@ func TestDeleteImage(t *testing.T) {
 	if err != nil || len(list) != 1 || list[0].ID != "app" {
 		t.Errorf("List = %v, %v; want [app]", list, err)
 	}
+}
+
+// debugfsCat returns the contents of p in the ext4 file system inside the
+// qcow2 image, empty when p does not exist.
+func debugfsCat(t *testing.T, qcow, p string) string {
+	t.Helper()
+	for _, tool := range []string{"qemu-img", "debugfs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed (apt-get install qemu-utils e2fsprogs)", tool)
+		}
+	}
+	raw := filepath.Join(t.TempDir(), "rootfs.raw")
+	if out, err := exec.Command("qemu-img", "convert", "-f", "qcow2", "-O", "raw", qcow, raw).CombinedOutput(); err != nil {
+		t.Fatalf("qemu-img convert: %v: %s", err, out)
+	}
+	out, err := exec.Command("debugfs", "-R", "cat "+p, raw).Output()
+	if err != nil {
+		t.Fatalf("debugfs: %v", err)
+	}
+	return string(out)
 }
