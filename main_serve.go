@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"vmhost/auth"
 	"vmhost/config"
 	"vmhost/store"
+	"vmhost/vm"
 )
 
 // Paths of `serve --dev`, relative to the working directory.
@@ -43,6 +45,9 @@ type serveOptions struct {
 	runDir     string
 	configPath string
 	dev        bool
+	// simulate lists the programs replaced by their simulators: "ch",
+	// "qsd" (comma-separated; --dev defaults to both).
+	simulate string
 }
 
 // serveEnv is what the wiring of the API (newService) gets from serve.
@@ -53,6 +58,12 @@ type serveEnv struct {
 	Store    *store.Store // <state>/vms
 	Keys     *auth.Keyring
 	Log      *slog.Logger
+	// SimCH and SimQSD run chsim and qsdsim (this executable) instead of
+	// the configured binaries.
+	SimCH, SimQSD bool
+	// DevBridge is the bridge --dev creates when running as root; empty
+	// outside dev mode.
+	DevBridge string
 }
 
 func serve(args []string, stdout, stderr io.Writer) int {
@@ -63,7 +74,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.stateDir, "state-dir", "", "directory of VM records, disks, images and keys.json")
 	fl.StringVar(&o.runDir, "run-dir", "", "directory of runtime sockets and logs (e.g. /run/vmhost)")
 	fl.StringVar(&o.configPath, "config", "", "host configuration file (JSON); none = built-in defaults")
-	fl.BoolVar(&o.dev, "dev", false, "development mode: state, run dir and config under ./"+devDir+"/, a readwrite key printed on first start")
+	fl.BoolVar(&o.dev, "dev", false, "development mode: state, run dir and config under ./"+devDir+"/, a readwrite key printed on first start, simulators for ch and qsd, and (as root) the default network's bridge")
+	fl.StringVar(&o.simulate, "simulate", "", `run simulators instead of real programs: "ch", "qsd" or "ch,qsd" (--dev default "ch,qsd"; "none" for the real ones)`)
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -106,6 +118,15 @@ func setUpDev(o *serveOptions, stdout io.Writer, log *slog.Logger) error {
 	}
 	if o.runDir == "" {
 		o.runDir = devRunDir
+		// Socket paths are limited to 107 bytes: under a deep working
+		// directory, the run dir moves to a short per-user temp path.
+		if abs, err := filepath.Abs(devRunDir); err == nil && (vm.Layout{RunDir: abs}).CheckRunDir() != nil {
+			o.runDir = filepath.Join(os.TempDir(), "vmhost-dev-"+strconv.Itoa(os.Getuid()))
+			log.Info("working directory too deep for VM sockets; dev run dir moved", "run_dir", o.runDir)
+		}
+	}
+	if o.simulate == "" {
+		o.simulate = "ch,qsd"
 	}
 	if o.configPath == "" {
 		o.configPath = devConfigFile
@@ -197,7 +218,24 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	svc, err := newService(serveEnv{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log})
+	env := serveEnv{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log}
+	for _, p := range strings.Split(o.simulate, ",") {
+		switch strings.TrimSpace(p) {
+		case "", "none":
+		case "ch":
+			env.SimCH = true
+		case "qsd":
+			env.SimQSD = true
+		default:
+			return fmt.Errorf("--simulate: unknown program %q (want ch, qsd or none)", p)
+		}
+	}
+	if o.dev {
+		if nw, ok := cfg.Network(cfg.DefaultNetwork); ok {
+			env.DevBridge = nw.Bridge
+		}
+	}
+	svc, err := newService(env)
 	if err != nil {
 		return err
 	}

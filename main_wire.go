@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
+	"fmt"
 	"net/http"
+	"os"
+	"strconv"
 
 	"vmhost/api"
 	"vmhost/appvm"
+	"vmhost/tap"
 	"vmhost/vm"
 )
 
@@ -13,16 +18,47 @@ type service struct {
 	Handler http.Handler
 }
 
-// newService loads the VM records and builds the API over them. Host work
-// is vm.NotBuiltHost until the engine issue lands: a create that needs it
-// answers 500 INTERNAL naming the part that is not built yet.
+// newService loads the VM records and builds the API over them, with the
+// VM engine as host. env.SimCH and env.SimQSD run the simulators (this
+// executable as `vmhost sim-ch` / `vmhost sim-qsd`) instead of the
+// configured binaries. An agent that is not root cannot create taps: a
+// create with interfaces then answers 500 NETWORK_ERROR saying so.
 func newService(env serveEnv) (*service, error) {
+	eo := vm.EngineOptions{Config: env.Config, Logger: env.Log}
+	if env.SimCH || env.SimQSD {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, fmt.Errorf("locating the vmhost executable for the simulators: %w", err)
+		}
+		if env.SimCH {
+			eo.CH = vm.Program{Binary: exe, PreArgs: []string{"sim-ch"}}
+		}
+		if env.SimQSD {
+			eo.QSD = vm.Program{Binary: exe, PreArgs: []string{"sim-qsd"}}
+		}
+	}
+	if uid := os.Geteuid(); uid == 0 {
+		eo.Taps = tap.New(nil)
+	} else {
+		eo.NoTapsReason = "creating taps needs root (CAP_NET_ADMIN) and this agent runs as uid " + strconv.Itoa(uid) +
+			": run vmhost serve as root, or create VMs without nets and without cloud_init"
+	}
+	if env.DevBridge != "" && eo.Taps != nil {
+		if err := eo.Taps.CreateBridge(context.Background(), env.DevBridge); err != nil {
+			return nil, fmt.Errorf("creating the dev bridge: %w", err)
+		}
+		env.Log.Info("dev bridge ready", "bridge", env.DevBridge)
+	}
+	engine, err := vm.NewEngine(eo)
+	if err != nil {
+		return nil, err
+	}
 	vms, err := vm.New(vm.Options{
 		StateDir: env.StateDir,
 		RunDir:   env.RunDir,
 		Config:   env.Config,
 		Store:    env.Store,
-		Host:     vm.NotBuiltHost{},
+		Host:     engine,
 		Logger:   env.Log,
 	})
 	if err != nil {

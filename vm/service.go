@@ -111,6 +111,11 @@ func New(o Options) (*Service, error) {
 	if err := s.load(); err != nil {
 		return nil, err
 	}
+	if b, ok := o.Host.(interface{ bindService(*Service) error }); ok {
+		if err := b.bindService(s); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -352,6 +357,9 @@ func (s *Service) boot(ctx context.Context, rec *Record) (*Record, bool, error) 
 		return rec, false, err
 	}
 	out, err := s.reg.update(rec.ID, func(r *Record) {
+		if r.State == StateRunning {
+			return // the host recorded the boot, and maybe already the guest's first sign of life
+		}
 		r.State = StateRunning
 		r.DisplayState = DisplayBooting
 		r.FailureReason = nil

@@ -1,0 +1,602 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"time"
+
+	"vmhost/config"
+	"vmhost/disk"
+	"vmhost/qcow2"
+	"vmhost/qmp"
+	"vmhost/seed"
+	"vmhost/tap"
+)
+
+// Program is an external program the engine runs: a binary and the
+// arguments that come before its own flags (["sim-ch"] when Binary is the
+// vmhost executable running a simulator).
+type Program struct {
+	Binary  string
+	PreArgs []string
+}
+
+// EngineOptions configure an Engine. Config is required.
+type EngineOptions struct {
+	Config *config.Config
+	// CH and QSD are Cloud Hypervisor and qemu-storage-daemon; an empty
+	// Binary means Config.Binaries.
+	CH, QSD Program
+	// Taps creates taps, bridge ports and anti-spoof rules. Nil means this
+	// host cannot (an agent without CAP_NET_ADMIN): creating a VM with an
+	// interface then fails with a HostNetwork error carrying NoTapsReason.
+	Taps         *tap.Handle
+	NoTapsReason string
+	// HostCPUs is the vCPU hot-add ceiling; 0 means runtime.NumCPU().
+	HostCPUs int
+	// StopGrace is how long a VMM gets to exit after vmm.shutdown (and
+	// again after SIGTERM); 0 means 5 seconds.
+	StopGrace time.Duration
+	Logger    *slog.Logger
+}
+
+// Engine is the production Host: it provisions classic VMs (image
+// download, disk copy, data volumes, seed, taps, qemu-storage-daemon),
+// boots them in Cloud Hypervisor, watches them until the guest shows life
+// and carries out lifecycle actions. Each provisioning step is recorded in
+// the VM's record (Runtime.Steps) before the next starts, so Rollback
+// removes exactly what was made.
+//
+// vm.New binds an Engine passed as Options.Host to its Service. Its
+// methods are safe for concurrent use; the Service serializes the actions
+// on one VM.
+type Engine struct {
+	o     EngineOptions
+	svc   *Service
+	cache *disk.Cache
+
+	// mu guards live: the qemu-storage-daemon of each VM that is
+	// provisioned but not running (a running VM's monitor owns its
+	// processes).
+	mu   sync.Mutex
+	live map[string]*qmp.QSD
+}
+
+// NewEngine returns an engine; pass it to vm.New as Options.Host.
+func NewEngine(o EngineOptions) (*Engine, error) {
+	if o.Config == nil {
+		return nil, errors.New("vm.NewEngine: Config is required")
+	}
+	if o.CH.Binary == "" {
+		o.CH.Binary = o.Config.Binaries.CloudHypervisor
+	}
+	if o.QSD.Binary == "" {
+		o.QSD.Binary = o.Config.Binaries.QemuStorageDaemon
+	}
+	if o.HostCPUs <= 0 {
+		o.HostCPUs = runtime.NumCPU()
+	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = 5 * time.Second
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.NoTapsReason == "" {
+		o.NoTapsReason = "this agent cannot create taps"
+	}
+	return &Engine{o: o, live: map[string]*qmp.QSD{}}, nil
+}
+
+// bindService is called by vm.New: the engine stores records through s.
+func (e *Engine) bindService(s *Service) error {
+	if err := s.layout.CheckRunDir(); err != nil {
+		return err
+	}
+	c, err := disk.NewCache(filepath.Join(s.layout.StateDir, "images"), disk.CacheOptions{MaxBytes: e.o.Config.ImageMaxBytes})
+	if err != nil {
+		return fmt.Errorf("opening image cache: %w", err)
+	}
+	e.svc, e.cache = s, c
+	return nil
+}
+
+func (e *Engine) layout() Layout { return e.svc.layout }
+
+// current returns the newest version of the record of id (the Service
+// hands the Host the version it had), or rec itself when id is not
+// stored.
+func (e *Engine) current(rec *Record) *Record {
+	e.svc.reg.mu.RLock()
+	defer e.svc.reg.mu.RUnlock()
+	if r := e.svc.reg.recs[rec.ID]; r != nil {
+		return r
+	}
+	if r := e.svc.reg.pending[rec.ID]; r != nil {
+		return r
+	}
+	return rec
+}
+
+// update stores f applied to the record of id.
+func (e *Engine) update(id string, f func(*Record)) (*Record, error) {
+	r, err := e.svc.reg.update(id, f)
+	if err != nil {
+		return nil, &HostError{Kind: HostStorage, Op: "recording VM " + id, Err: err}
+	}
+	return r, nil
+}
+
+// step records a completed provisioning step.
+func (e *Engine) step(id, name string, f func(*Record)) (*Record, error) {
+	return e.update(id, func(r *Record) {
+		if r.Runtime == nil {
+			r.Runtime = &Runtime{}
+		}
+		if !slices.Contains(r.Runtime.Steps, name) {
+			r.Runtime.Steps = append(r.Runtime.Steps, name)
+		}
+		if f != nil {
+			f(r)
+		}
+	})
+}
+
+// Preflight checks what the engine can tell before anything is stored:
+// the VM's socket paths fit a unix socket address, and the host can create
+// taps if the VM has interfaces.
+func (e *Engine) Preflight(_ context.Context, rec *Record) error {
+	if err := e.layout().CheckSocketPaths(rec.ID); err != nil {
+		return &FieldError{Field: "vm_id", Msg: err.Error()}
+	}
+	if len(rec.NICs) > 0 && e.o.Taps == nil {
+		return &HostError{Kind: HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
+	}
+	return nil
+}
+
+// Provision carries out the provisioning steps not yet recorded as done:
+// image download (display downloading), root disk copy (display creating),
+// data volumes, seed, run directory, taps, then launches
+// qemu-storage-daemon, which grows the root disk to disk.size_gib before
+// exporting it. On error the steps done so far stay recorded for Rollback.
+func (e *Engine) Provision(ctx context.Context, rec *Record) error {
+	id := rec.ID
+	l := e.layout()
+	rec, err := e.update(id, func(r *Record) {
+		if r.Runtime == nil {
+			r.Runtime = &Runtime{}
+		}
+		if r.Runtime.VsockCID == 0 {
+			r.Runtime.VsockCID = e.allocCID(id)
+		}
+	})
+	if err != nil {
+		return err
+	}
+	sp := &rec.Spec
+
+	if sp.Image != nil && !rec.Runtime.Done(StepImage) {
+		path, err := e.cache.Fetch(ctx, sp.Image.FetchURL, sp.Image.ContentSHA256, nil)
+		if err != nil {
+			return &HostError{Kind: HostStorage, Op: "downloading image " + sp.Image.ImageID, Err: err}
+		}
+		h, err := qcow2.ReadHeaderFile(path)
+		if err != nil {
+			return &HostError{Kind: HostStorage, Op: "reading downloaded image " + sp.Image.ImageID, Err: err}
+		}
+		if rec, err = e.step(id, StepImage, func(r *Record) {
+			r.Base = &BaseImage{Path: path, VirtualSizeBytes: h.Size}
+			r.DisplayState = DisplayCreating
+		}); err != nil {
+			return err
+		}
+	}
+	if rec.Base == nil {
+		return &HostError{Kind: HostInternal, Op: "provisioning VM " + id, Err: errors.New("no base image recorded")}
+	}
+
+	if !rec.Runtime.Done(StepRootDisk) {
+		if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
+			return &HostError{Kind: HostStorage, Op: "creating VM directory", Err: err}
+		}
+		if err := disk.Copy(ctx, rec.Base.Path, l.RootDisk(id)); err != nil {
+			return &HostError{Kind: HostStorage, Op: "copying base image " + rec.Base.Path, Err: err}
+		}
+		if rec, err = e.step(id, StepRootDisk, nil); err != nil {
+			return err
+		}
+	}
+	for i, v := range sp.Volumes {
+		if rec.Runtime.Done(StepData(i)) {
+			continue
+		}
+		if err := qcow2.Create(l.DataVolume(id, i), uint64(v.SizeGiB)<<30); err != nil {
+			return &HostError{Kind: HostStorage, Op: "creating data volume " + volumeID(i), Err: err}
+		}
+		if rec, err = e.step(id, StepData(i), nil); err != nil {
+			return err
+		}
+	}
+	if sp.CloudInit != nil && !rec.Runtime.Done(StepSeed) {
+		files, err := seed.Render(e.seedConfig(rec))
+		if err != nil {
+			return &HostError{Kind: HostStorage, Op: "rendering cloud-init seed", Err: err}
+		}
+		if _, err := seed.WriteFile(l.Seed(id), files); err != nil {
+			return &HostError{Kind: HostStorage, Op: "writing cloud-init seed", Err: err}
+		}
+		if rec, err = e.step(id, StepSeed, nil); err != nil {
+			return err
+		}
+	}
+	if !rec.Runtime.Done(StepRunDir) {
+		if err := os.MkdirAll(l.RunVMDir(id), 0o700); err != nil {
+			return &HostError{Kind: HostInternal, Op: "creating run directory", Err: err}
+		}
+		if rec, err = e.step(id, StepRunDir, nil); err != nil {
+			return err
+		}
+	}
+	for i := range rec.NICs {
+		if rec.Runtime.Done(StepTap(i)) {
+			continue
+		}
+		if err := e.createTap(ctx, rec, i); err != nil {
+			return err
+		}
+		if rec, err = e.step(id, StepTap(i), nil); err != nil {
+			return err
+		}
+	}
+	_, err = e.ensureQSD(ctx, rec)
+	return err
+}
+
+// allocCID returns the smallest vsock CID ≥ 3 no other record holds. It
+// runs inside a record update, which serializes allocations.
+func (e *Engine) allocCID(id string) uint32 {
+	used := map[uint32]bool{}
+	for _, m := range []Mode{ModeVM, ModeAppVM} {
+		for _, r := range e.svc.reg.list(m) {
+			if r.ID != id && r.Runtime != nil {
+				used[r.Runtime.VsockCID] = true
+			}
+		}
+	}
+	cid := uint32(3)
+	for used[cid] {
+		cid++
+	}
+	return cid
+}
+
+// seedConfig is the seed of a cloud-init VM: interface 0 takes
+// cloud_init.network, the others their own static addresses.
+func (e *Engine) seedConfig(rec *Record) seed.Config {
+	ci := rec.Spec.CloudInit
+	c := seed.Config{
+		VMID:              rec.ID,
+		SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
+		Password:          rec.Secrets.Password.Reveal(),
+		ConsoleAutologin:  ci.ConsoleAutologin,
+		Sudo:              ci.Sudo,
+		Hostname:          ClassicHostname(rec.ID),
+		InstanceID:        rec.ID,
+	}
+	if ci.Hostname != nil {
+		c.Hostname = *ci.Hostname
+	}
+	if ci.User != nil {
+		c.User = *ci.User
+	}
+	if ci.InstanceID != nil {
+		c.InstanceID = *ci.InstanceID
+	}
+	for i, nic := range rec.NICs {
+		itf := seed.Interface{MAC: nic.MAC}
+		if i == 0 && ci.Network != nil {
+			itf.IPv4 = seedAddr(ci.Network.IPv4.Address, ci.Network.IPv4.Gateway, ci.Network.IPv4.DNS)
+			if v6 := ci.Network.IPv6; v6 != nil {
+				itf.IPv6 = seedAddr(v6.Address, v6.Gateway, v6.DNS)
+			}
+		} else if i < len(rec.Spec.Nets) {
+			n := rec.Spec.Nets[i]
+			if n.IPv4 != nil {
+				itf.IPv4 = seedAddr(n.IPv4.Address, n.IPv4.Gateway, n.IPv4.DNSServers)
+			}
+			if n.IPv6 != nil {
+				itf.IPv6 = seedAddr(n.IPv6.Address, n.IPv6.Gateway, n.IPv6.DNSServers)
+			}
+		}
+		c.Interfaces = append(c.Interfaces, itf)
+	}
+	return c
+}
+
+func seedAddr(addr, gw string, dns []string) *seed.Address {
+	return &seed.Address{Address: addr, Gateway: gw, DNS: dns}
+}
+
+// createTap creates interface i's tap, puts it on its bridge with the
+// network's policy (request overrides first) and guards it when spoof
+// guarding applies. A failure after the tap exists deletes it again.
+func (e *Engine) createTap(ctx context.Context, rec *Record, i int) error {
+	nic := rec.NICs[i]
+	var np *NetSpec
+	if i < len(rec.Spec.Nets) {
+		np = &rec.Spec.Nets[i]
+	}
+	cfg := e.o.Config
+	nv := ResolveNet(cfg, np, nic)
+	policy, _ := cfg.Network(nv.NetworkID)
+	isolated, guard := policy.Isolated, policy.SpoofGuard
+	if nv.Isolated != nil {
+		isolated = *nv.Isolated
+	}
+	if nv.SpoofGuard != nil {
+		guard = *nv.SpoofGuard
+	}
+	fail := func(op string, err error) error {
+		return &HostError{Kind: HostNetwork, Op: op, Err: err}
+	}
+	if e.o.Taps == nil {
+		return fail("creating tap "+nic.Tap, errors.New(e.o.NoTapsReason))
+	}
+	if err := e.o.Taps.Create(ctx, tap.TapConfig{Name: nic.Tap, MTU: int(nv.MTU), VMID: rec.ID, Index: i}); err != nil {
+		return fail("creating tap "+nic.Tap, err)
+	}
+	undo := func(err error) error {
+		if derr := e.o.Taps.Delete(context.Background(), nic.Tap); derr != nil {
+			e.o.Logger.Error("deleting tap after failed setup", "tap", nic.Tap, "err", derr)
+		}
+		return err
+	}
+	var vlan uint16
+	if nv.VLANTag != nil {
+		vlan = uint16(*nv.VLANTag)
+	}
+	if err := e.o.Taps.Attach(ctx, nic.Tap, nv.Bridge, tap.PortOptions{Isolated: isolated, VLAN: vlan}); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("bridge %q does not exist: %w", nv.Bridge, err)
+		}
+		return undo(fail("attaching tap "+nic.Tap+" to bridge "+nv.Bridge, err))
+	}
+	if guard {
+		r, err := guardRule(nic, nv, i, rec.Spec.CloudInit)
+		if err != nil {
+			return undo(fail("guarding tap "+nic.Tap, err))
+		}
+		if err := e.o.Taps.Guard(ctx, r); err != nil {
+			return undo(fail("guarding tap "+nic.Tap, err))
+		}
+	}
+	return nil
+}
+
+// guardRule is the anti-spoof rule of an interface: its MAC, its static
+// addresses (interface 0 of a cloud-init VM may take them from
+// cloud_init.network) and allowed_ips.
+func guardRule(nic NIC, nv NetView, i int, ci *CloudInitSpec) (tap.GuardRule, error) {
+	mac, err := net.ParseMAC(nic.MAC)
+	if err != nil {
+		return tap.GuardRule{}, err
+	}
+	r := tap.GuardRule{Tap: nic.Tap, MAC: mac}
+	v4, v6 := nv.IPv4, nv.IPv6
+	if i == 0 && ci != nil && ci.Network != nil {
+		if v4 == nil && ci.Network.IPv4 != nil {
+			v4 = &NetIPSpec{Address: ci.Network.IPv4.Address}
+		}
+		if v6 == nil && ci.Network.IPv6 != nil {
+			v6 = &NetIPSpec{Address: ci.Network.IPv6.Address}
+		}
+	}
+	if v4 != nil {
+		p, err := netip.ParsePrefix(v4.Address)
+		if err != nil {
+			return r, err
+		}
+		r.IPv4 = p.Addr()
+	}
+	if v6 != nil {
+		p, err := netip.ParsePrefix(v6.Address)
+		if err != nil {
+			return r, err
+		}
+		r.IPv6 = p.Addr()
+	}
+	for _, a := range nv.AllowedIPs {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			addr, aerr := netip.ParseAddr(a)
+			if aerr != nil {
+				return r, err
+			}
+			p = netip.PrefixFrom(addr, addr.BitLen())
+		}
+		r.AllowedIPs = append(r.AllowedIPs, p)
+	}
+	return r, nil
+}
+
+// qsdConfig is how the VM's qemu-storage-daemon runs: the root disk grown
+// to disk.size_gib (never below the base) with the root-disk limits, and
+// every data volume.
+func (e *Engine) qsdConfig(rec *Record) qmp.QSDConfig {
+	l, id, sp := e.layout(), rec.ID, &rec.Spec
+	var size uint64
+	if sp.Disk != nil && sp.Disk.SizeGiB != nil {
+		size = uint64(*sp.Disk.SizeGiB) << 30
+		if rec.Base != nil && rec.Base.VirtualSizeBytes > size {
+			size = (rec.Base.VirtualSizeBytes + 511) / 512 * 512
+		}
+	}
+	c := qmp.QSDConfig{
+		Binary:  e.o.QSD.Binary,
+		PreArgs: e.o.QSD.PreArgs,
+		Root: qmp.RootDisk{Path: l.RootDisk(id), Socket: l.RootSocket(id), Size: size,
+			Limits: qmp.ThrottleLimits{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}},
+		QMPSocket: l.QMPSocket(id),
+		PidFile:   l.QSDPidFile(id),
+		LogFile:   l.QSDLog(id),
+	}
+	for i := range sp.Volumes {
+		c.Data = append(c.Data, qmp.DataDisk{ID: volumeID(i), Path: l.DataVolume(id, i), Socket: l.DataSocket(id, i)})
+	}
+	return c
+}
+
+// ensureQSD launches the VM's qemu-storage-daemon unless the engine holds
+// a running one, and records its identity.
+func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
+	e.mu.Lock()
+	q := e.live[rec.ID]
+	e.mu.Unlock()
+	if q != nil {
+		select {
+		case <-q.Done():
+			q.Close()
+		default:
+			return rec, nil
+		}
+	}
+	if rt := rec.Runtime; rt != nil && rt.QSD != nil {
+		// Recorded but not held (an agent restart that did not adopt it):
+		// its sockets and pid file would clash with a new one.
+		if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
+			return nil, &HostError{Kind: HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
+		}
+	}
+	cfg := e.qsdConfig(rec)
+	q, err := qmp.LaunchQSD(ctx, cfg)
+	if err != nil {
+		return nil, &HostError{Kind: HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
+	}
+	e.mu.Lock()
+	e.live[rec.ID] = q
+	e.mu.Unlock()
+	rt := &QSDRuntime{Pid: q.Pid, StartTime: q.StartTime, QMPSocket: cfg.QMPSocket, RootSocket: cfg.Root.Socket,
+		PidFile: cfg.PidFile, LogFile: cfg.LogFile}
+	for _, d := range cfg.Data {
+		rt.DataSockets = append(rt.DataSockets, d.Socket)
+	}
+	return e.update(rec.ID, func(r *Record) {
+		if r.Runtime == nil {
+			r.Runtime = &Runtime{}
+		}
+		r.Runtime.QSD = rt
+	})
+}
+
+// Rollback removes what the record says provisioning made: it stops the
+// processes, deletes the recorded taps, the recorded files and the VM's run
+// directory. The image cache and the base image are never touched. Every
+// step runs; the errors are joined.
+func (e *Engine) Rollback(ctx context.Context, rec *Record) error {
+	return e.teardown(ctx, e.current(rec), false)
+}
+
+// teardown stops the VM's processes and removes what it owns. all (delete)
+// also removes the whole VM directory, whatever is in it; otherwise only
+// the recorded files are removed, and the directory if then empty.
+func (e *Engine) teardown(ctx context.Context, rec *Record, all bool) error {
+	id, l := rec.ID, e.layout()
+	var errs []error
+	if err := e.stopAll(ctx, rec); err != nil {
+		errs = append(errs, err)
+	}
+	for i, nic := range rec.NICs {
+		if !rec.Runtime.Done(StepTap(i)) || e.o.Taps == nil {
+			continue
+		}
+		if err := e.o.Taps.Delete(ctx, nic.Tap); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("deleting tap %s: %w", nic.Tap, err))
+		}
+	}
+	remove := func(path string) {
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	if err := os.RemoveAll(l.RunVMDir(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if all {
+		if err := os.RemoveAll(l.VMDir(id)); err != nil {
+			errs = append(errs, err)
+		}
+	} else {
+		if rec.Runtime.Done(StepRootDisk) {
+			remove(l.RootDisk(id))
+		}
+		for i := range rec.Spec.Volumes {
+			if rec.Runtime.Done(StepData(i)) {
+				remove(l.DataVolume(id, i))
+			}
+		}
+		if rec.Runtime.Done(StepSeed) {
+			remove(l.Seed(id))
+		}
+		if err := os.Remove(l.VMDir(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			e.o.Logger.Warn("VM directory not empty after rollback; left in place", "id", id, "err", err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// stopAll ends every process of the VM: those its monitor holds (a
+// running VM: vmm.shutdown first, then signals), the qemu-storage-daemon
+// the engine holds (a VM that is not running), and any only recorded (not
+// adopted after an agent restart), which are killed if pid and start time
+// still match. The record's process identities are cleared.
+func (e *Engine) stopAll(ctx context.Context, rec *Record) error {
+	id := rec.ID
+	ch, qsd := e.svc.unwatch(id)
+	if ch != nil {
+		e.shutdownVMM(ch)
+	}
+	e.mu.Lock()
+	if q := e.live[id]; q != nil {
+		if qsd == nil {
+			qsd = q
+		} else {
+			q.Close()
+		}
+		delete(e.live, id)
+	}
+	e.mu.Unlock()
+	e.svc.stopProcesses(id, ch, qsd)
+	var errs []error
+	rec = e.current(rec)
+	if rt := rec.Runtime; rt != nil {
+		if rt.CH != nil {
+			if err := killRecorded(rt.CH.Pid, rt.CH.StartTime); err != nil {
+				errs = append(errs, fmt.Errorf("stopping cloud hypervisor: %w", err))
+			}
+		}
+		if rt.QSD != nil {
+			if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
+				errs = append(errs, fmt.Errorf("stopping qemu-storage-daemon: %w", err))
+			}
+		}
+		if rt.CH != nil || rt.QSD != nil {
+			if _, err := e.svc.reg.update(id, func(r *Record) {
+				r.Runtime.CH, r.Runtime.QSD, r.PID = nil, nil, 0
+			}); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,192 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"syscall"
+	"time"
+
+	"vmhost/chclient"
+	"vmhost/proc"
+)
+
+// Boot starts the VM: qemu-storage-daemon unless it runs, then Cloud
+// Hypervisor, vm.create with CHConfig and vm.boot, checking CH's state
+// after each step. It records the process and state running, display
+// booting, hands both processes to the VM's monitor (monitor.go) and arms
+// the boot timeout. On error CH is stopped and the VM keeps its state.
+func (e *Engine) Boot(ctx context.Context, rec *Record) error {
+	rec = e.current(rec)
+	id, l := rec.ID, e.layout()
+	rec, err := e.ensureQSD(ctx, rec)
+	if err != nil {
+		return err
+	}
+	fail := func(op string, err error) error {
+		return &HostError{Kind: HostHypervisor, Op: op + " of VM " + id, Err: err}
+	}
+	// A stale event stream would replay the previous boot's activation.
+	if err := os.Remove(l.Events(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fail("removing old event stream", err)
+	}
+	cfg, err := CHConfig(rec, e.o.Config, l, CHConfigHost{CPUs: e.o.HostCPUs})
+	if err != nil {
+		return &HostError{Kind: HostInternal, Op: "booting VM " + id, Err: err}
+	}
+	rt := &CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
+		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
+	p, err := chclient.Launch(ctx, chclient.LaunchConfig{
+		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs,
+		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
+		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
+	})
+	if err != nil {
+		return fail("launching cloud hypervisor", err)
+	}
+	rt.Pid, rt.StartTime = p.Pid, p.StartTime
+	undo := func(err error) error {
+		sctx, cancel := context.WithTimeout(context.Background(), 3*e.o.StopGrace)
+		p.Stop(sctx, e.o.StopGrace)
+		cancel()
+		p.Close()
+		e.clearCH(id, p)
+		return err
+	}
+	// Recorded at once, so the process of an agent that dies now is known.
+	if _, err := e.update(id, func(r *Record) { r.Runtime.CH, r.PID = rt, rt.Pid }); err != nil {
+		return undo(err)
+	}
+	c := p.Client()
+	if err := c.CreateVM(ctx, cfg); err != nil {
+		return undo(fail("vm.create", err))
+	}
+	if err := expectState(ctx, c, chclient.StateCreated); err != nil {
+		return undo(fail("vm.create", err))
+	}
+	if err := c.BootVM(ctx); err != nil {
+		return undo(fail("vm.boot", err))
+	}
+	if err := expectState(ctx, c, chclient.StateRunning); err != nil {
+		return undo(fail("vm.boot", err))
+	}
+	if _, err := e.update(id, func(r *Record) {
+		r.State = StateRunning
+		r.DisplayState = DisplayBooting
+		r.FailureReason = nil
+		r.ShuttingDown = false
+	}); err != nil {
+		return undo(err)
+	}
+	e.mu.Lock()
+	q := e.live[id]
+	delete(e.live, id) // the monitor owns both processes from here
+	e.mu.Unlock()
+	e.svc.watch(id, p, q)
+	e.o.Logger.Info("VM booted", "id", id, "ch_pid", p.Pid)
+	timeout := time.Duration(e.o.Config.BootTimeoutSecs) * time.Second
+	time.AfterFunc(timeout, func() { e.bootDeadline(id, p, timeout) })
+	return nil
+}
+
+// clearCH forgets CH process p in the record of id, if it is still the
+// recorded one.
+func (e *Engine) clearCH(id string, p *chclient.Process) {
+	_, err := e.svc.reg.update(id, func(r *Record) {
+		if r.Runtime != nil && r.Runtime.CH != nil && r.Runtime.CH.Pid == p.Pid && r.Runtime.CH.StartTime == p.StartTime {
+			r.Runtime.CH, r.PID = nil, 0
+		}
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.o.Logger.Error("clearing CH identity", "id", id, "err", err)
+	}
+}
+
+// bootDeadline runs at the boot timeout of CH process p: if the VM still
+// shows no sign of life, the VMM is shut down and the VM fails with
+// boot_timeout. A VM that came alive, stopped, or booted again meanwhile
+// is left alone.
+func (e *Engine) bootDeadline(id string, p *chclient.Process, timeout time.Duration) {
+	unlock := e.svc.lockVM(id)
+	defer unlock()
+	r := e.svc.reg.get(id)
+	if r == nil || r.State != StateRunning || r.DisplayState != DisplayBooting ||
+		r.Runtime == nil || r.Runtime.CH == nil || r.Runtime.CH.Pid != p.Pid || r.Runtime.CH.StartTime != p.StartTime {
+		return
+	}
+	ch, qsd := e.svc.unwatch(id)
+	if ch == nil {
+		return // the monitor concluded first
+	}
+	secs := int(timeout / time.Second)
+	e.o.Logger.Error("VM showed no sign of life; shutting the VMM down", "id", id, "boot_timeout_secs", secs)
+	if _, err := e.svc.reg.update(id, func(r *Record) {
+		r.State = StateFailed
+		r.DisplayState = string(StateFailed)
+		r.ShuttingDown = false
+		r.PID = 0
+		r.FailureReason = &FailureReason{
+			DetectedAt: e.svc.Now().UTC(),
+			Summary:    fmt.Sprintf("the guest showed no sign of life (root disk activation) within the boot timeout of %d s; the VMM was shut down", secs),
+			Detail:     FailureDetail{Kind: KindBootTimeout, Seconds: &secs},
+			Cause:      CauseBootTimeout,
+		}
+	}); err != nil {
+		e.o.Logger.Error("recording boot timeout", "id", id, "err", err)
+	}
+	e.shutdownVMM(ch)
+	e.svc.stopProcesses(id, ch, qsd)
+}
+
+// shutdownVMM asks CH to exit cleanly (vmm.shutdown) and waits up to the
+// stop grace; stopProcesses signals what is left.
+func (e *Engine) shutdownVMM(ch *chclient.Process) {
+	ctx, cancel := context.WithTimeout(context.Background(), e.o.StopGrace)
+	defer cancel()
+	if err := ch.Client().ShutdownVMM(ctx); err != nil {
+		return
+	}
+	select {
+	case <-ch.Done():
+	case <-ctx.Done():
+	}
+}
+
+// expectState checks CH's VM state after a boot step (kata's bootVM does
+// the same): a call that answered 204 but left the VM elsewhere is a
+// failure too.
+func expectState(ctx context.Context, c *chclient.Client, want string) error {
+	info, err := c.VMInfo(ctx)
+	if err != nil {
+		return err
+	}
+	if info.State != want {
+		return fmt.Errorf("VM state is %s, want %s", info.State, want)
+	}
+	return nil
+}
+
+// killRecorded SIGKILLs a recorded process that the engine does not hold,
+// if pid and start time still identify it, and waits up to 5 s for it to
+// go.
+func killRecorded(pid int, start uint64) error {
+	a, err := proc.Adopt(pid, start)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, proc.ErrIdentityMismatch) {
+			return nil // gone, or the pid is someone else's now
+		}
+		return err
+	}
+	defer a.Close()
+	if err := a.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	select {
+	case <-a.Done():
+		return nil
+	case <-time.After(5 * time.Second):
+		return fmt.Errorf("pid %d still alive 5s after SIGKILL", pid)
+	}
+}

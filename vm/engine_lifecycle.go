@@ -1,0 +1,140 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"vmhost/chclient"
+)
+
+// The Engine's lifecycle actions (Lifecycle). The Service has checked the
+// state and holds the VM's action lock.
+
+// Start boots a created, stopped or failed VM (Boot).
+func (e *Engine) Start(ctx context.Context, rec *Record) error { return e.Boot(ctx, rec) }
+
+// client is the API client of the VM's recorded CH process.
+func (e *Engine) client(rec *Record) (*chclient.Client, error) {
+	rec = e.current(rec)
+	if rec.Runtime == nil || rec.Runtime.CH == nil {
+		return nil, &StateError{ID: rec.ID, Action: "reach the VMM of", State: "without a running VMM"}
+	}
+	return chclient.New(rec.Runtime.CH.APISocket), nil
+}
+
+// chAction runs one CH call and records f on success.
+func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func(*chclient.Client, context.Context) error, f func(*Record)) error {
+	c, err := e.client(rec)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if err := call(c, ctx); err != nil {
+		return &HostError{Kind: HostHypervisor, Op: op + " of VM " + rec.ID, Err: err}
+	}
+	_, err = e.update(rec.ID, f)
+	return err
+}
+
+// Shutdown presses the ACPI power button. The VM stays running with
+// shutting_down set until the guest powers off, which its monitor records
+// (stopped, operator_shutdown).
+func (e *Engine) Shutdown(ctx context.Context, rec *Record) error {
+	return e.chAction(ctx, rec, "vm.power-button", (*chclient.Client).PowerButton, func(r *Record) { r.ShuttingDown = true })
+}
+
+// Pause pauses the vCPUs: state paused.
+func (e *Engine) Pause(ctx context.Context, rec *Record) error {
+	return e.chAction(ctx, rec, "vm.pause", (*chclient.Client).PauseVM, func(r *Record) {
+		r.State, r.DisplayState = StatePaused, string(StatePaused)
+	})
+}
+
+// Resume continues a paused VM: state and display running.
+func (e *Engine) Resume(ctx context.Context, rec *Record) error {
+	return e.chAction(ctx, rec, "vm.resume", (*chclient.Client).ResumeVM, func(r *Record) {
+		r.State, r.DisplayState = StateRunning, string(StateRunning)
+	})
+}
+
+// Reboot resets the guest: display booting until the root disk is
+// activated again (the monitor follows the events).
+func (e *Engine) Reboot(ctx context.Context, rec *Record) error {
+	return e.chAction(ctx, rec, "vm.reboot", (*chclient.Client).RebootVM, func(r *Record) {
+		r.DisplayState = DisplayBooting
+		r.ShuttingDown = false
+	})
+}
+
+// Stop ends the VMM at once (vm.shutdown, vmm.shutdown, then signals) and
+// its qemu-storage-daemon: state stopped, cause operator_shutdown. If the
+// VM ended by itself meanwhile, the monitor's verdict stands and Stop
+// answers *StateError.
+func (e *Engine) Stop(ctx context.Context, rec *Record) error {
+	id := rec.ID
+	ch, qsd := e.svc.unwatch(id)
+	if ch == nil {
+		cur := e.current(rec)
+		if cur.State != StateRunning && cur.State != StatePaused {
+			return &StateError{ID: id, Action: "stop", State: cur.DisplayState}
+		}
+		// Running but not watched (a process recorded by an agent that
+		// did not adopt it): stopAll kills it by its recorded identity.
+		if err := e.stopAll(ctx, cur); err != nil {
+			return &HostError{Kind: HostHypervisor, Op: "stopping VM " + id, Err: err}
+		}
+		return e.recordStopped(id, nil)
+	}
+	sctx, cancel := context.WithTimeout(ctx, e.o.StopGrace)
+	ch.Client().ShutdownVM(sctx) // best effort: CH releases its devices before exiting
+	cancel()
+	e.shutdownVMM(ch)
+	e.svc.stopProcesses(id, ch, qsd)
+	e.mu.Lock()
+	if q := e.live[id]; q != nil { // never both, but never leak one either
+		q.Close()
+		delete(e.live, id)
+	}
+	e.mu.Unlock()
+	return e.recordStopped(id, ch)
+}
+
+// recordStopped records an operator stop; ch, when known, gives the exit.
+func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
+	d := FailureDetail{Kind: KindProcessExit}
+	summary := "stopped by the operator"
+	if ch != nil {
+		if st, ok := ch.Exit(); ok {
+			if st.Signaled() {
+				sig := int(st.Signal)
+				d = FailureDetail{Kind: KindProcessSignal, Signum: &sig}
+				summary = fmt.Sprintf("stopped by the operator; cloud hypervisor did not exit in time and was killed by signal %d", sig)
+			} else {
+				code := st.Code
+				d.Code = &code
+			}
+		}
+	}
+	_, err := e.update(id, func(r *Record) {
+		r.State, r.DisplayState = StateStopped, string(StateStopped)
+		r.PID = 0
+		r.ShuttingDown = false
+		r.FailureReason = &FailureReason{DetectedAt: e.svc.Now().UTC(), Summary: summary, Detail: d, Cause: CauseOperatorShutdown}
+	})
+	return err
+}
+
+// Delete stops every process of the VM and removes its taps, run
+// directory and VM directory (root disk, data volumes, seed). The image
+// cache and base images are never touched.
+func (e *Engine) Delete(ctx context.Context, rec *Record) error {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	err := e.teardown(ctx, e.current(rec), true)
+	if err != nil {
+		return errors.Join(fmt.Errorf("deleting VM %s", rec.ID), err)
+	}
+	return nil
+}

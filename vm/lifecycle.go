@@ -1,0 +1,174 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// Action is a lifecycle action of DESIGN §5: POST /api/vms/{id}/{action}.
+type Action string
+
+// Lifecycle actions.
+const (
+	ActionStart    Action = "start"    // boot a created, stopped or failed VM
+	ActionShutdown Action = "shutdown" // ACPI power button; shutting_down until the guest is off
+	ActionStop     Action = "stop"     // end the VMM now: stopped, operator_shutdown
+	ActionPause    Action = "pause"
+	ActionResume   Action = "resume"
+	ActionReboot   Action = "reboot"
+)
+
+// Actions lists every lifecycle action, for routes.
+var Actions = []Action{ActionStart, ActionShutdown, ActionStop, ActionPause, ActionResume, ActionReboot}
+
+// Lifecycle is what a Host does for lifecycle actions; the Engine
+// implements it. The Service checks the state first and serializes the
+// actions on one VM, so an implementation sees one action per VM at a time.
+type Lifecycle interface {
+	Start(ctx context.Context, rec *Record) error
+	Shutdown(ctx context.Context, rec *Record) error
+	Stop(ctx context.Context, rec *Record) error
+	Pause(ctx context.Context, rec *Record) error
+	Resume(ctx context.Context, rec *Record) error
+	Reboot(ctx context.Context, rec *Record) error
+	// Delete removes everything the VM owns on the host (processes, taps,
+	// run directory, its own files) and nothing else; the Service then
+	// removes the record.
+	Delete(ctx context.Context, rec *Record) error
+}
+
+// StateError is an action the VM's state does not allow (409
+// INVALID_STATE).
+type StateError struct {
+	ID     string
+	Action string
+	State  string // the display state
+}
+
+// Error names the action and the state.
+func (e *StateError) Error() string {
+	return fmt.Sprintf("cannot %s VM %q while it is %s", e.Action, e.ID, e.State)
+}
+
+// allowed reports whether action may run on rec (DESIGN §5): start from
+// created, stopped or failed (not while provisioning, nor after a failed
+// provision or with an invalid record); shutdown, pause and reboot while
+// running; stop while running or paused; resume while paused.
+func allowed(a Action, rec *Record) bool {
+	switch a {
+	case ActionStart:
+		if rec.Provisioning() || rec.DisplayState == DisplayProvisionFailed {
+			return false
+		}
+		if fr := rec.FailureReason; rec.State == StateFailed && fr != nil && fr.Detail.Kind == "invalid_vm_id" {
+			return false
+		}
+		return rec.State == StateCreated || rec.State == StateStopped || rec.State == StateFailed
+	case ActionShutdown, ActionPause, ActionReboot:
+		return rec.State == StateRunning
+	case ActionStop:
+		return rec.State == StateRunning || rec.State == StatePaused
+	case ActionResume:
+		return rec.State == StatePaused
+	}
+	return false
+}
+
+// vmLocks serializes lifecycle actions per VM.
+type vmLocks struct {
+	mu sync.Mutex
+	m  map[string]*sync.Mutex
+}
+
+var lifecycleLocks sync.Map // *Service → *vmLocks
+
+// lockVM takes the action lock of VM id and returns its unlock.
+func (s *Service) lockVM(id string) func() {
+	v, _ := lifecycleLocks.LoadOrStore(s, &vmLocks{m: map[string]*sync.Mutex{}})
+	l := v.(*vmLocks)
+	l.mu.Lock()
+	m := l.m[id]
+	if m == nil {
+		m = new(sync.Mutex)
+		l.m[id] = m
+	}
+	l.mu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// Act runs a lifecycle action on the VM id of family mode and returns the
+// record after it. Not found satisfies errors.Is(err, fs.ErrNotExist); a
+// state that does not allow the action gives *StateError; host failures
+// are *HostError.
+func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Record, error) {
+	unlock := s.lockVM(id)
+	defer unlock()
+	rec, err := s.Get(mode, id)
+	if err != nil {
+		return nil, err
+	}
+	if !allowed(a, rec) {
+		return nil, &StateError{ID: id, Action: string(a), State: rec.DisplayState}
+	}
+	if a == ActionStart { // Host.Boot, as a create with auto_boot
+		if _, _, err := s.boot(ctx, rec); err != nil {
+			return nil, err
+		}
+		s.log.Info("VM lifecycle action", "id", id, "action", a)
+		return s.reg.get(id), nil
+	}
+	lc, ok := s.o.Host.(Lifecycle)
+	if !ok {
+		return nil, &HostError{Kind: HostInternal, Op: string(a) + " VM " + id, Err: errors.New("this host runs no VMs")}
+	}
+	switch a {
+	case ActionShutdown:
+		err = lc.Shutdown(ctx, rec)
+	case ActionStop:
+		err = lc.Stop(ctx, rec)
+	case ActionPause:
+		err = lc.Pause(ctx, rec)
+	case ActionResume:
+		err = lc.Resume(ctx, rec)
+	case ActionReboot:
+		err = lc.Reboot(ctx, rec)
+	default:
+		return nil, fmt.Errorf("unknown action %q", a)
+	}
+	if err != nil {
+		return nil, err
+	}
+	s.log.Info("VM lifecycle action", "id", id, "action", a)
+	return s.reg.get(id), nil
+}
+
+// Delete removes the VM id of family mode: everything it owns on the host,
+// then its record. A running or paused VM is refused (*StateError) unless
+// force is set, and so is one whose provisioning is still in progress.
+func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) error {
+	unlock := s.lockVM(id)
+	defer unlock()
+	rec, err := s.Get(mode, id)
+	if err != nil {
+		return err
+	}
+	if rec.Provisioning() || (!force && (rec.State == StateRunning || rec.State == StatePaused)) {
+		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
+	}
+	if lc, ok := s.o.Host.(Lifecycle); ok {
+		err = lc.Delete(ctx, rec)
+	} else {
+		err = s.o.Host.Rollback(ctx, rec)
+	}
+	if err != nil {
+		return &HostError{Kind: HostInternal, Op: "deleting VM " + id, Err: err}
+	}
+	if err := s.reg.remove(id); err != nil {
+		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
+	}
+	s.log.Info("VM deleted", "id", id)
+	return nil
+}
