@@ -7,6 +7,7 @@
 //	vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow PATTERN]...
 //	vmhost key list --state-dir DIR
 //	vmhost key remove --state-dir DIR --name NAME
+//	vmhost image import --state-dir DIR --id ID FILE
 //	vmhost guest ...   (the AppVM guest agent; also what runs as PID 1)
 //	vmhost sim-ch ...  (Cloud Hypervisor simulator)
 //	vmhost sim-qsd ... (qemu-storage-daemon simulator)
@@ -30,6 +31,7 @@ const usage = `usage:
   vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow 'GET /api/vms/{id}']...
   vmhost key list --state-dir DIR
   vmhost key remove --state-dir DIR --name NAME
+  vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
 Run "vmhost COMMAND -h" for the flags of a command.
 `
 
