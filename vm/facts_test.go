@@ -2,9 +2,21 @@ package vm
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
 	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
 	"strings"
 	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"vmhost/tap"
 )
 
 func TestViewGuestFacts(t *testing.T) {
@@ -67,4 +79,157 @@ func TestViewGuestFacts(t *testing.T) {
 			t.Errorf("view of a VM without processes or facts has %s: %s", key, got)
 		}
 	}
+}
+
+// tapsTestHost is a Host whose taps live in a test's network namespace.
+type tapsTestHost struct {
+	NotBuiltHost
+	h *tap.Handle
+}
+
+func (h tapsTestHost) tapHandle() *tap.Handle { return h.h }
+
+// testNetNS creates a network namespace on a locked thread and returns its
+// fd and a function that runs f on that thread (so processes it starts
+// live in the namespace). The thread ends with the test.
+func testNetNS(t *testing.T) (int, func(f func() error) error) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace, taps and packet sockets; run the tests as root")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skipf("no /dev/net/tun: %v (try: modprobe tun)", err)
+	}
+	step := make(chan func() error)
+	errc := make(chan error)
+	var fd int
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		var err error
+		fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		errc <- err
+		for f := range step {
+			errc <- f()
+		}
+	}()
+	if err := <-errc; err != nil {
+		t.Skipf("cannot create a network namespace: %v", err)
+	}
+	t.Cleanup(func() { close(step); unix.Close(fd) })
+	return fd, func(f func() error) error { step <- f; return <-errc }
+}
+
+// TestIntegrationGuestFacts snoops a DHCP ACK that chsim injects on a real
+// tap, reads a neighbour entry, and keeps the observed address after the
+// entry is gone.
+func TestIntegrationGuestFacts(t *testing.T) {
+	fd, inNS := testNetNS(t)
+	h := tap.New(&tap.Config{NetNS: fd})
+	ctx := context.Background()
+	nic := NIC{MAC: "02:00:00:00:00:01", Tap: TapName("vm1", 0)}
+	if err := h.Create(ctx, tap.TapConfig{Name: nic.Tap, VMID: "vm1", Index: 0}); err != nil {
+		t.Fatal(err)
+	}
+	s := newTestService(t)
+	s.o.Host = tapsTestHost{h: h}
+	s.mon.factsEvery = 100 * time.Millisecond
+	r := startVMWith(t, s, "vm1", vmOpts{nics: []NIC{nic}, launch: inNS})
+	s.watch(r.id, r.ch, r.qsd)
+
+	// A DHCP server on the host side answers the guest: the ACK leaves the
+	// host through the tap. The snooper starts with the monitor,
+	// asynchronously; a guest's DHCP client retries, and so does this test.
+	var rec *Record
+	for i := 0; ; i++ {
+		if err := inNS(func() error { return sendDHCPAck(nic.Tap, nic.MAC, [4]byte{10, 9, 0, 23}) }); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		if rec = s.reg.get(r.id); rec.NICs[0].DHCPSnoopedIPv4 == "10.9.0.23" {
+			break
+		}
+		if i == 25 {
+			t.Fatalf("dhcp_snooped_ipv4 = %q after 5s of ACKs; logs:\n%s", rec.NICs[0].DHCPSnoopedIPv4, s.logs)
+		}
+	}
+	if v := s.View(rec, ViewOptions{}); v.DiscoveredIPv4 != "10.9.0.23" || v.Nets[0].DHCPSnoopedIPv4 != "10.9.0.23" {
+		t.Errorf("view: discovered %q, nets[0] snooped %q", v.DiscoveredIPv4, v.Nets[0].DHCPSnoopedIPv4)
+	}
+
+	ipCmd := func(args ...string) error {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) not installed: cannot add a neighbour entry")
+	}
+	if err := inNS(func() error {
+		return ipCmd("neigh", "replace", "10.9.0.50", "lladdr", nic.MAC, "dev", nic.Tap, "nud", "stale")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = waitRecord(t, s, r.id, 2*time.Second, "last_observed_ipv4", func(r *Record) bool { return r.NICs[0].LastObservedIPv4 == "10.9.0.50" })
+	if v := s.View(rec, ViewOptions{}); v.DiscoveredIPv4 != "10.9.0.23" || v.Nets[0].LastObservedIPv4 != "10.9.0.50" {
+		t.Errorf("view: discovered %q (want the snooped address first), nets[0] observed %q", v.DiscoveredIPv4, v.Nets[0].LastObservedIPv4)
+	}
+	if err := inNS(func() error { return ipCmd("neigh", "del", "10.9.0.50", "dev", nic.Tap) }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // several polls
+	if got := s.reg.get(r.id).NICs[0].LastObservedIPv4; got != "10.9.0.50" {
+		t.Errorf("last_observed_ipv4 after the neighbour entry expired = %q, want it kept", got)
+	}
+}
+
+// sendDHCPAck transmits a DHCPACK giving mac the address ip out of the
+// interface tap, as a DHCP server behind the bridge would. It must run in
+// the tap's namespace.
+func sendDHCPAck(tapName, mac string, ip [4]byte) error {
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return err
+	}
+	ifi, err := net.InterfaceByName(tapName)
+	if err != nil {
+		return err
+	}
+	// BOOTP reply: op 2, htype 1, hlen 6, yiaddr, chaddr, magic, options.
+	msg := make([]byte, 240)
+	msg[0], msg[1], msg[2] = 2, 1, 6
+	copy(msg[16:20], ip[:])
+	copy(msg[28:34], hw)
+	copy(msg[236:240], []byte{99, 130, 83, 99})
+	msg = append(msg, 53, 1, 5, 54, 4, 10, 9, 0, 1, 51, 4, 0, 0, 0x0e, 0x10, 1, 4, 255, 255, 255, 0, 255)
+	udp := make([]byte, 8, 8+len(msg))
+	binary.BigEndian.PutUint16(udp[0:2], 67)
+	binary.BigEndian.PutUint16(udp[2:4], 68)
+	binary.BigEndian.PutUint16(udp[4:6], uint16(8+len(msg)))
+	udp = append(udp, msg...)
+	iph := make([]byte, 20)
+	iph[0], iph[8], iph[9] = 0x45, 64, 17
+	binary.BigEndian.PutUint16(iph[2:4], uint16(20+len(udp)))
+	copy(iph[12:16], []byte{10, 9, 0, 1})
+	copy(iph[16:20], []byte{255, 255, 255, 255})
+	var sum uint32
+	for i := 0; i < 20; i += 2 {
+		sum += uint32(binary.BigEndian.Uint16(iph[i : i+2]))
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	binary.BigEndian.PutUint16(iph[10:12], ^uint16(sum))
+	frame := append(append([]byte{}, hw...), 2, 0, 0, 0, 0, 0xfe, 8, 0)
+	frame = append(append(frame, iph...), udp...)
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6, Addr: [8]byte{hw[0], hw[1], hw[2], hw[3], hw[4], hw[5]}})
 }

@@ -90,6 +90,8 @@ type watchers struct {
 	mu sync.Mutex
 	m  map[string]*monitor
 	wg sync.WaitGroup
+	// factsEvery overrides defaultFactsInterval (tests).
+	factsEvery time.Duration
 }
 
 // monitor supervises one running VM.
@@ -231,9 +233,10 @@ func (w *watchers) claim(m *monitor) bool {
 func (m *monitor) run() {
 	defer close(m.ended)
 	var helpers sync.WaitGroup
-	helpers.Add(2)
+	helpers.Add(3)
 	go func() { defer helpers.Done(); m.follow() }()
 	go func() { defer helpers.Done(); m.ping() }()
+	go func() { defer helpers.Done(); m.facts() }()
 	defer helpers.Wait()
 
 	var qsdDone <-chan struct{}

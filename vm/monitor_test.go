@@ -118,6 +118,21 @@ type running struct {
 // killed at the end of the test.
 func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running {
 	t.Helper()
+	return startVMWith(t, s, id, vmOpts{chArgs: chArgs})
+}
+
+// vmOpts are startVM's extras.
+type vmOpts struct {
+	chArgs []string
+	nics   []NIC // interfaces (taps must exist where chsim runs)
+	// launch runs CH's launch, e.g. on a thread inside a network
+	// namespace; nil runs it directly.
+	launch func(f func() error) error
+}
+
+func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
+	t.Helper()
+	chArgs := o.chArgs
 	l := s.layout
 	if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
 		t.Fatal(err)
@@ -144,11 +159,20 @@ func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running
 	if err != nil {
 		t.Fatal(err)
 	}
-	ch, err := chclient.Launch(ctx, chclient.LaunchConfig{
-		Binary: self, Env: simEnv("sim-ch"),
-		APISocket: l.APISocket(id), EventMonitor: l.Events(id), LogFile: l.CHLog(id),
-		SerialSocket: l.ConsoleSocket(id), ExtraArgs: append([]string{"-v"}, chArgs...),
-	})
+	var ch *chclient.Process
+	launch := func() (err error) {
+		ch, err = chclient.Launch(ctx, chclient.LaunchConfig{
+			Binary: self, Env: simEnv("sim-ch"),
+			APISocket: l.APISocket(id), EventMonitor: l.Events(id), LogFile: l.CHLog(id),
+			SerialSocket: l.ConsoleSocket(id), ExtraArgs: append([]string{"-v"}, chArgs...),
+		})
+		return err
+	}
+	if o.launch != nil {
+		err = o.launch(launch)
+	} else {
+		err = launch()
+	}
 	if err != nil {
 		qsd.Quit(ctx)
 		t.Fatal(err)
@@ -171,6 +195,11 @@ func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running
 		Console: &chclient.ConsoleConfig{Mode: chclient.ConsoleOff},
 		Pvpanic: true,
 	}
+	var nets []NetSpec
+	for _, n := range o.nics {
+		cfg.Net = append(cfg.Net, chclient.NetConfig{Tap: n.Tap, Mac: n.MAC, Mtu: 1500})
+		nets = append(nets, NetSpec{Bridge: "br-test"})
+	}
 	if err := ch.Client().CreateVM(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +208,7 @@ func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running
 	}
 	rec := &Record{ID: id, Mode: ModeVM, State: StateRunning, DisplayState: DisplayBooting,
 		CreatedAt: time.Now().UTC().Truncate(time.Second), PID: ch.Pid,
-		Spec: Spec{VMID: id, Vcpus: 1, MemoryMB: 256},
+		Spec: Spec{VMID: id, Vcpus: 1, MemoryMB: 256, Nets: nets}, NICs: o.nics,
 		Runtime: &Runtime{
 			CH: &CHRuntime{Pid: ch.Pid, StartTime: ch.StartTime, APISocket: l.APISocket(id), EventsPath: l.Events(id),
 				SerialSocket: l.ConsoleSocket(id), LogFile: l.CHLog(id)},
