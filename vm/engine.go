@@ -259,6 +259,10 @@ func (e *Engine) Provision(ctx context.Context, rec *Record) error {
 			return err
 		}
 	}
+	// AppVM specifics (ext4 data volumes) before QSD opens the volumes.
+	if rec, err = e.svc.appVMProvision(ctx, rec); err != nil {
+		return &HostError{Kind: HostStorage, Op: "provisioning AppVM " + id, Err: err}
+	}
 	_, err = e.ensureQSD(ctx, rec)
 	return err
 }
@@ -504,7 +508,9 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
 // directory. The image cache and the base image are never touched. Every
 // step runs; the errors are joined.
 func (e *Engine) Rollback(ctx context.Context, rec *Record) error {
-	return e.teardown(ctx, e.current(rec), false)
+	rec = e.current(rec)
+	herr := e.svc.appVMRollback(ctx, rec)
+	return errors.Join(herr, e.teardown(ctx, rec, false))
 }
 
 // teardown stops the VM's processes and removes what it owns. all (delete)

@@ -36,6 +36,9 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	if err != nil {
 		return &HostError{Kind: HostInternal, Op: "booting VM " + id, Err: err}
 	}
+	if err := e.svc.appVMPrepareBoot(ctx, rec, cfg); err != nil {
+		return &HostError{Kind: HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
+	}
 	rt := &CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
 		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
 	p, err := chclient.Launch(ctx, chclient.LaunchConfig{
@@ -44,6 +47,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
 	})
 	if err != nil {
+		e.svc.appVMForget(rec)
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
@@ -53,6 +57,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 		cancel()
 		p.Close()
 		e.clearCH(id, p)
+		e.svc.appVMForget(rec)
 		return err
 	}
 	// Recorded at once, so the process of an agent that dies now is known.

@@ -42,6 +42,14 @@ func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func
 // shutting_down set until the guest powers off, which its monitor records
 // (stopped, operator_shutdown).
 func (e *Engine) Shutdown(ctx context.Context, rec *Record) error {
+	// An AppVM's guest agent stops the workload and powers off instead.
+	if handled, err := e.svc.appVMShutdown(ctx, rec); handled {
+		if err != nil {
+			return &HostError{Kind: HostHypervisor, Op: "shutting down AppVM " + rec.ID, Err: err}
+		}
+		_, err = e.update(rec.ID, func(r *Record) { r.ShuttingDown = true })
+		return err
+	}
 	return e.chAction(ctx, rec, "vm.power-button", (*chclient.Client).PowerButton, func(r *Record) { r.ShuttingDown = true })
 }
 
@@ -98,6 +106,7 @@ func (e *Engine) Stop(ctx context.Context, rec *Record) error {
 		delete(e.live, id)
 	}
 	e.mu.Unlock()
+	e.svc.appVMForget(rec)
 	return e.recordStopped(id, ch)
 }
 
@@ -132,7 +141,9 @@ func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
 func (e *Engine) Delete(ctx context.Context, rec *Record) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	err := e.teardown(ctx, e.current(rec), true)
+	rec = e.current(rec)
+	e.svc.appVMForget(rec)
+	err := e.teardown(ctx, rec, true)
 	if err != nil {
 		return errors.Join(fmt.Errorf("deleting VM %s", rec.ID), err)
 	}
