@@ -76,7 +76,7 @@ type server struct {
 	cmd      *exec.Cmd
 	stderr   *bytes.Buffer
 	hc       *http.Client
-	nsFD     int        // the server's network namespace, when netns
+	nsFD     int         // the server's network namespace, when netns
 	taps     *tap.Handle // works in the server's namespace
 	bridge   string
 }
