@@ -151,7 +151,8 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 	}); err != nil {
 		return
 	}
-	if _, err := ss.g.s.vms.BootStopped(context.Background(), ss.id); err != nil {
+	// The lifecycle start serializes with the operator's actions on the VM.
+	if _, err := ss.g.s.vms.Act(context.Background(), vm.ModeAppVM, ss.id, vm.ActionStart); err != nil {
 		log.Error("automatic restart failed", "err", err)
 	}
 }

@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"fmt"
 	"sync"
 	"time"
 
@@ -85,22 +84,6 @@ type GuestLease struct {
 	LeaseSecs  uint32    `json:"lease_secs,omitempty"`
 	Hostname   string    `json:"hostname,omitempty"`
 	ReportedAt time.Time `json:"reported_at"`
-}
-
-// BootStopped boots the stopped AppVM id again through the host's boot
-// path (Host.Boot, then state running, display booting): the restart
-// policy's automatic restart. It refuses a VM that is not stopped, so a
-// restart racing an operator's start or delete does nothing.
-func (s *Service) BootStopped(ctx context.Context, id string) (*Record, error) {
-	rec, err := s.Get(ModeAppVM, id)
-	if err != nil {
-		return nil, err
-	}
-	if rec.State != StateStopped {
-		return nil, fmt.Errorf("restarting AppVM %q: state is %s, not stopped", id, rec.State)
-	}
-	out, _, err := s.boot(ctx, rec)
-	return out, err
 }
 
 // The helpers below are the engine's one-line calls into the hooks; each

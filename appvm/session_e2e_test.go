@@ -1,0 +1,550 @@
+package appvm_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"vmhost/api"
+	"vmhost/appvm"
+	"vmhost/auth"
+	"vmhost/chclient/chsim"
+	"vmhost/config"
+	"vmhost/qcow2"
+	"vmhost/store"
+	"vmhost/tap"
+	"vmhost/vm"
+)
+
+// lockedLog collects the agent's log lines.
+type lockedLog struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// host is a whole vmhost over the real engine: CH and QSD are this test
+// binary running chsim and qsdsim, chsim runs the real guest agent (this
+// binary again), the API is served over HTTP with a real key.
+type host struct {
+	t      *testing.T
+	vms    *vm.Service
+	apps   *appvm.Service
+	srv    *httptest.Server
+	token  string
+	state  string
+	run    string
+	logs   *lockedLog
+	images appvm.Catalog
+}
+
+func newHost(t *testing.T) *host {
+	t.Helper()
+	inPrivateNetns(t)
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skip("no /dev/net/tun")
+	}
+	root, err := os.MkdirTemp("", "apv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	h := &host{t: t, state: filepath.Join(root, "s"), run: filepath.Join(root, "r"), logs: new(lockedLog)}
+	kernel := filepath.Join(root, "vmlinuz")
+	if err := os.WriteFile(kernel, []byte("kernel"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.AppVMKernel = kernel
+	cfg.PingIntervalSecs, cfg.PingTimeoutSecs = 1, 2
+	taps := tap.New(&tap.Config{})
+	if err := taps.CreateBridge(context.Background(), cfg.Networks[0].Bridge); err != nil {
+		t.Fatal(err)
+	}
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	eng, err := vm.NewEngine(vm.EngineOptions{Config: cfg, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
+		CH:  vm.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
+		QSD: vm.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(filepath.Join(h.state, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Store: st, Host: eng, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger,
+		Restart: appvm.RestartOptions{BaseDelay: 300 * time.Millisecond, MaxDelay: 1200 * time.Millisecond, StablePeriod: time.Minute}})
+	h.images = h.apps.Catalog()
+	keys := filepath.Join(h.state, "keys.json")
+	h.token, err = auth.Add(keys, "test", auth.ScopeReadWrite, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring, err := auth.Open(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.srv = httptest.NewServer(api.New(api.Config{Keys: ring, VMs: h.vms, AppVMs: h.apps, Logger: logger, ViewCacheTTL: -1}))
+	t.Cleanup(func() {
+		for _, r := range h.vms.List(vm.ModeAppVM) {
+			h.vms.Delete(context.Background(), vm.ModeAppVM, r.ID, true)
+		}
+		h.srv.Close()
+		h.vms.Close()
+		if t.Failed() {
+			t.Logf("agent log:\n%s", h.logs.String())
+		}
+	})
+	return h
+}
+
+// image adds a ready catalog image whose workload is cmd (run by /bin/sh
+// -c on the host: the simulator's guest agent runs in process mode).
+func (h *host) image(id, cmd string, hc *vm.Healthcheck) {
+	h.t.Helper()
+	im := &appvm.Image{ID: id, Status: appvm.StatusReady, CreatedAt: time.Now().UTC(), Workload: vm.Workload{
+		BuildDigest: "sha256:0123456789ab", SizeBytes: 64 << 20, Cmd: []string{"/bin/sh", "-c", cmd},
+		Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}, Healthcheck: hc}}
+	if err := h.images.Put(im); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := qcow2.Create(h.images.RootFS(id), 64<<20); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// do sends an API request and returns status and body; every body is
+// kept for the secret checks.
+func (h *host) do(method, path string, body any) (int, []byte) {
+	h.t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequest(method, h.srv.URL+path, rd)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+h.token)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	data, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, data
+}
+
+// create posts an AppVM create and checks the 201 CreateAppVmResponse.
+func (h *host) create(req map[string]any) string {
+	h.t.Helper()
+	code, body := h.do("POST", "/api/appvm/vms", req)
+	if code != http.StatusCreated {
+		h.t.Fatalf("create = %d %s", code, body)
+	}
+	var resp appvm.CreateResponse
+	if err := json.Unmarshal(body, &resp); err != nil {
+		h.t.Fatal(err)
+	}
+	wantBooted := true
+	if b, ok := req["auto_boot"].(bool); ok {
+		wantBooted = b
+	}
+	if resp.Mode != "appvm" || resp.ImageID != req["image_id"] || resp.Booted != wantBooted || resp.ID == "" {
+		h.t.Errorf("create response %s", body)
+	}
+	return resp.ID
+}
+
+// appView is the part of GET /api/appvm/vms/{id} the tests read.
+type appView struct {
+	State        string `json:"state"`
+	DisplayState string `json:"display_state"`
+	AppVM        struct {
+		WorkloadExitCode   *int       `json:"workload_exit_code"`
+		WorkloadExitSignal int        `json:"workload_exit_signal"`
+		WorkloadFatal      string     `json:"workload_fatal"`
+		Health             string     `json:"health"`
+		HealthStreak       int        `json:"health_failing_streak"`
+		LastHeartbeatAt    *time.Time `json:"last_heartbeat_at"`
+		HeartbeatStale     bool       `json:"heartbeat_stale"`
+		RestartPolicy      string     `json:"restart_policy"`
+		RestartCount       int        `json:"restart_count"`
+		LastRestartAt      *time.Time `json:"last_restart_at"`
+		Args               []string   `json:"args"`
+		Env                []struct {
+			Key    string `json:"key"`
+			Value  string `json:"value"`
+			Secret bool   `json:"secret"`
+		} `json:"env"`
+	} `json:"appvm"`
+	raw []byte
+}
+
+func (h *host) get(id string) appView {
+	h.t.Helper()
+	code, body := h.do("GET", "/api/appvm/vms/"+id, nil)
+	if code != http.StatusOK {
+		h.t.Fatalf("GET %s = %d %s", id, code, body)
+	}
+	var v appView
+	if err := json.Unmarshal(body, &v); err != nil {
+		h.t.Fatal(err)
+	}
+	v.raw = body
+	return v
+}
+
+// waitFor polls the view until cond holds.
+func (h *host) waitFor(id, what string, timeout time.Duration, cond func(v appView) bool) appView {
+	h.t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		v := h.get(id)
+		if cond(v) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("%s: waited %v for %s; view: %s", id, timeout, what, v.raw)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func baseCreate(image string) map[string]any {
+	return map[string]any{"image_id": image, "vcpus": 1, "memory_mb": 128, "disk_gib": 1}
+}
+
+// TestIntegrationWorkloadExits: a workload that exits 0, exits 3 or is
+// killed by a signal: the exit is reported, the guest powers off, the VM
+// is stopped (guest_shutdown) and, with restart_policy no, stays so.
+func TestIntegrationWorkloadExits(t *testing.T) {
+	h := newHost(t)
+	for _, tt := range []struct {
+		name, cmd string
+		code      *int
+		signal    int
+	}{
+		{"exit 0", "echo bye; exit 0", new(int), 0},
+		{"exit 3", "echo oops >&2; exit 3", func() *int { c := 3; return &c }(), 0},
+		{"signal", "kill -KILL $$", nil, 9},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			img := "img-" + strings.ReplaceAll(tt.name, " ", "")
+			h.image(img, tt.cmd, nil)
+			id := h.create(baseCreate(img))
+			v := h.waitFor(id, "stopped", 30*time.Second, func(v appView) bool { return v.State == "stopped" })
+			a := v.AppVM
+			if fmt.Sprint(ptrVal(a.WorkloadExitCode)) != fmt.Sprint(ptrVal(tt.code)) || a.WorkloadExitSignal != tt.signal {
+				t.Errorf("exit code %v signal %d, want %v %d; view %s", ptrVal(a.WorkloadExitCode), a.WorkloadExitSignal, ptrVal(tt.code), tt.signal, v.raw)
+			}
+			if tt.code == nil && strings.Contains(string(v.raw), "workload_exit_code") {
+				t.Errorf("workload_exit_code present for a signal death: %s", v.raw)
+			}
+			if a.LastHeartbeatAt == nil || a.RestartPolicy != "no" || a.RestartCount != 0 || a.LastRestartAt != nil {
+				t.Errorf("heartbeat %v policy %q restarts %d/%v", a.LastHeartbeatAt, a.RestartPolicy, a.RestartCount, a.LastRestartAt)
+			}
+			if !strings.Contains(string(v.raw), `"cause":"guest_shutdown"`) {
+				t.Errorf("failure_reason is not a guest shutdown: %s", v.raw)
+			}
+			time.Sleep(700 * time.Millisecond) // longer than the first backoff
+			if v := h.get(id); v.State != "stopped" || v.AppVM.RestartCount != 0 {
+				t.Errorf("restart_policy no restarted the VM: %s", v.raw)
+			}
+		})
+	}
+	// The workload's output reached the capped log file.
+	var ids []string
+	for _, r := range h.vms.List(vm.ModeAppVM) {
+		ids = append(ids, r.ID)
+	}
+	found := 0
+	for _, id := range ids {
+		b, err := os.ReadFile(appvm.WorkloadLog(h.vms.Layout(), id))
+		if err == nil && (bytes.Contains(b, []byte("bye\n")) || bytes.Contains(b, []byte("oops\n"))) {
+			found++
+		}
+	}
+	if found != 2 {
+		t.Errorf("workload output found in %d logs, want 2", found)
+	}
+}
+
+func ptrVal(p *int) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+// TestIntegrationKeepalive: keepalive replaces the workload with a shell
+// that stays up: the AppVM runs, shows life (display running) and keeps
+// heartbeating.
+func TestIntegrationKeepalive(t *testing.T) {
+	h := newHost(t)
+	h.image("ka", "exit 7", nil)
+	req := baseCreate("ka")
+	req["keepalive"] = true
+	id := h.create(req)
+	v := h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	first := v.AppVM.LastHeartbeatAt
+	if first == nil {
+		t.Fatalf("running without a heartbeat: %s", v.raw)
+	}
+	if fmt.Sprint(v.AppVM.Args) != fmt.Sprint(appvm.KeepaliveArgs) {
+		t.Errorf("args = %v", v.AppVM.Args)
+	}
+	v = h.waitFor(id, "a later heartbeat", 10*time.Second, func(v appView) bool {
+		return v.AppVM.LastHeartbeatAt != nil && v.AppVM.LastHeartbeatAt.After(*first)
+	})
+	if v.State != "running" || v.AppVM.WorkloadExitCode != nil || v.AppVM.HeartbeatStale {
+		t.Errorf("keepalive AppVM: %s", v.raw)
+	}
+}
+
+// TestIntegrationRestartPolicies: on-failure restarts a failing workload
+// with a growing backoff and counts consecutive restarts; always restarts
+// even a clean exit; on-failure leaves a clean exit stopped.
+func TestIntegrationRestartPolicies(t *testing.T) {
+	h := newHost(t)
+	h.image("fail", "exit 3", nil)
+	h.image("ok", "exit 0", nil)
+
+	req := baseCreate("fail")
+	req["restart_policy"] = "on-failure"
+	id := h.create(req)
+	var restarts []time.Time
+	seen := 0
+	v := h.waitFor(id, "3 restarts", 60*time.Second, func(v appView) bool {
+		if v.AppVM.RestartCount > seen && v.AppVM.LastRestartAt != nil {
+			seen = v.AppVM.RestartCount
+			restarts = append(restarts, *v.AppVM.LastRestartAt)
+		}
+		return v.AppVM.RestartCount >= 3
+	})
+	if ptrVal(v.AppVM.WorkloadExitCode) != 3 || v.AppVM.RestartPolicy != "on-failure" {
+		t.Errorf("view: %s", v.raw)
+	}
+	// Backoff 300ms, 600ms, 1200ms: the gap between consecutive restarts
+	// grows (each gap is a boot, the run, the stop and the backoff).
+	if len(restarts) >= 3 {
+		g1, g2 := restarts[1].Sub(restarts[0]), restarts[2].Sub(restarts[1])
+		if g2 < g1+300*time.Millisecond {
+			t.Errorf("restart gaps %v then %v: want the backoff to double (300ms→600ms→1.2s)", g1, g2)
+		}
+	} else {
+		t.Logf("only %d restart times observed (polling missed some): %v", len(restarts), restarts)
+	}
+
+	req = baseCreate("ok")
+	req["restart_policy"] = "always"
+	id = h.create(req)
+	v = h.waitFor(id, "a restart after exit 0", 30*time.Second, func(v appView) bool { return v.AppVM.RestartCount >= 1 })
+	if ptrVal(v.AppVM.WorkloadExitCode) != 0 {
+		t.Errorf("always: %s", v.raw)
+	}
+
+	req = baseCreate("ok")
+	req["restart_policy"] = "on-failure"
+	id = h.create(req)
+	h.waitFor(id, "stopped", 30*time.Second, func(v appView) bool { return v.State == "stopped" })
+	time.Sleep(800 * time.Millisecond)
+	if v := h.get(id); v.State != "stopped" || v.AppVM.RestartCount != 0 {
+		t.Errorf("on-failure restarted a clean exit: %s", v.raw)
+	}
+}
+
+// TestIntegrationHealthUnhealthy: a failing health check turns the
+// workload unhealthy with the failing streak.
+func TestIntegrationHealthUnhealthy(t *testing.T) {
+	h := newHost(t)
+	h.image("sick", "exec sleep 300", &vm.Healthcheck{Test: []string{"CMD", "false"}, IntervalSecs: 1, TimeoutSecs: 1, Retries: 2})
+	id := h.create(baseCreate("sick"))
+	v := h.waitFor(id, "unhealthy", 30*time.Second, func(v appView) bool { return v.AppVM.Health == "unhealthy" })
+	if v.AppVM.HealthStreak < 2 {
+		t.Errorf("unhealthy with streak %d, want ≥ 2: %s", v.AppVM.HealthStreak, v.raw)
+	}
+	n := v.AppVM.HealthStreak
+	h.waitFor(id, "a longer streak", 10*time.Second, func(v appView) bool { return v.AppVM.HealthStreak > n })
+}
+
+// TestIntegrationHeartbeatStale: a stopped guest agent (SIGSTOP) stops
+// heartbeating while CH runs: heartbeat_stale; it clears when the agent
+// continues.
+func TestIntegrationHeartbeatStale(t *testing.T) {
+	h := newHost(t)
+	h.image("idle", "exec sleep 300", nil)
+	id := h.create(baseCreate("idle"))
+	v := h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	if v.AppVM.HeartbeatStale {
+		t.Fatalf("stale while heartbeating: %s", v.raw)
+	}
+	h.simAgentSignal(id, 19) // SIGSTOP
+	v = h.waitFor(id, "heartbeat_stale", 15*time.Second, func(v appView) bool { return v.AppVM.HeartbeatStale })
+	if v.State != "running" {
+		t.Errorf("stale AppVM state %s, want running", v.State)
+	}
+	h.simAgentSignal(id, 18) // SIGCONT
+	h.waitFor(id, "heartbeat_stale cleared", 15*time.Second, func(v appView) bool { return !v.AppVM.HeartbeatStale })
+}
+
+// simAgentSignal signals the guest agent through chsim's control API.
+func (h *host) simAgentSignal(id string, sig int) {
+	h.t.Helper()
+	sock := h.vms.Layout().APISocket(id)
+	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", sock)
+	}}}
+	defer c.CloseIdleConnections()
+	req, _ := http.NewRequest("PUT", "http://localhost/sim/v1/guest-agent", strings.NewReader(fmt.Sprintf(`{"signal":%d}`, sig)))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		h.t.Fatalf("signalling the guest agent: %s", resp.Status)
+	}
+}
+
+// TestIntegrationSecretsStayInGuest: a secret env value reaches the
+// workload (it writes it into its root) and appears in no API response,
+// no log line and no file under the state dir except the 0600 record.
+func TestIntegrationSecretsStayInGuest(t *testing.T) {
+	h := newHost(t)
+	const secret = "tops3cret-Value-42"
+	h.image("sec", `printf %s "$API_TOKEN" > token.out; echo "started with $(printf %s "$API_TOKEN" | wc -c) secret bytes"; exec sleep 300`, nil)
+	req := baseCreate("sec")
+	req["secret_env"] = []string{"API_TOKEN=" + secret}
+	req["env"] = []string{"PLAIN=visible"}
+	var bodies [][]byte
+	code, body := h.do("POST", "/api/appvm/vms", req)
+	if code != http.StatusCreated {
+		t.Fatalf("create = %d %s", code, body)
+	}
+	bodies = append(bodies, body)
+	var resp appvm.CreateResponse
+	json.Unmarshal(body, &resp)
+	id := resp.ID
+	v := h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	bodies = append(bodies, v.raw)
+	sock := h.vms.Layout().VsockSocket(id)
+	var got []byte
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if got, _ = os.ReadFile(filepath.Join(chsim.GuestRoot(sock), "token.out")); len(got) > 0 {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if string(got) != secret {
+		t.Fatalf("the workload saw API_TOKEN=%q, want the secret", got)
+	}
+	var keyed bool
+	for _, e := range v.AppVM.Env {
+		if e.Key == "API_TOKEN" {
+			keyed = e.Secret && e.Value == ""
+		}
+	}
+	if !keyed {
+		t.Errorf("env view lacks the redacted secret key: %s", v.raw)
+	}
+	for _, p := range []string{"/api/appvm/vms", "/api/appvm/vms/" + id} {
+		_, b := h.do("GET", p, nil)
+		bodies = append(bodies, b)
+	}
+	for i, b := range bodies {
+		if bytes.Contains(b, []byte(secret)) {
+			t.Errorf("response %d holds the secret: %s", i, b)
+		}
+	}
+	// Wait for the workload's line, so the log file was written to.
+	logPath := appvm.WorkloadLog(h.vms.Layout(), id)
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(logPath)
+		if bytes.Contains(b, []byte("started with 18 secret bytes")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("workload log %s: %q", logPath, b)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if strings.Contains(h.logs.String(), secret) {
+		t.Error("the agent's log holds the secret")
+	}
+	record := filepath.Join(h.state, "vms", id+".json")
+	err := filepath.WalkDir(h.state, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if p == record {
+			fi, _ := d.Info()
+			if !bytes.Contains(b, []byte(secret)) || fi.Mode().Perm() != 0o600 {
+				t.Errorf("record %s: mode %v, holds secret %v", p, fi.Mode(), bytes.Contains(b, []byte(secret)))
+			}
+			return nil
+		}
+		if bytes.Contains(b, []byte(secret)) {
+			t.Errorf("%s holds the secret", p)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The run dir holds CH's and the agent's logs: no secret there either.
+	filepath.WalkDir(h.run, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Type()&fs.ModeSocket != 0 || strings.Contains(p, ".root/") || !d.Type().IsRegular() {
+			return nil
+		}
+		if b, err := os.ReadFile(p); err == nil && bytes.Contains(b, []byte(secret)) && !strings.HasSuffix(p, ".cpio") {
+			t.Errorf("%s holds the secret", p)
+		}
+		return nil
+	})
+}
