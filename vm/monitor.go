@@ -92,6 +92,8 @@ type watchers struct {
 	wg sync.WaitGroup
 	// factsEvery overrides defaultFactsInterval (tests).
 	factsEvery time.Duration
+	// recovery is what New's reconciliation did (recover.go).
+	recovery RecoveryReport
 }
 
 // monitor supervises one running VM.

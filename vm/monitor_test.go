@@ -132,21 +132,34 @@ type vmOpts struct {
 
 func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 	t.Helper()
+	r, stop, err := launchVM(s, id, o)
+	if stop != nil {
+		t.Cleanup(stop)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// launchVM is startVM for any goroutine: it returns an error, and a
+// function that kills what it started (nil when nothing was).
+func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err error) {
 	chArgs := o.chArgs
 	l := s.layout
 	if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	if err := os.MkdirAll(l.RunVMDir(id), 0o700); err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	root := l.RootDisk(id)
 	if err := qcow2.Create(root, 1<<30); err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	kernel := filepath.Join(l.VMDir(id), "vmlinux")
 	if err := os.WriteFile(kernel, []byte("kernel"), 0o600); err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -157,7 +170,7 @@ func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 		QMPSocket: l.QMPSocket(id), PidFile: l.QSDPidFile(id), LogFile: l.QSDLog(id),
 	})
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	var ch *chclient.Process
 	launch := func() (err error) {
@@ -175,9 +188,9 @@ func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 	}
 	if err != nil {
 		qsd.Quit(ctx)
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	t.Cleanup(func() {
+	stop = func() {
 		ch.Signal(syscall.SIGKILL)
 		<-ch.Done()
 		select {
@@ -185,7 +198,7 @@ func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 		default:
 			qsd.Quit(context.Background())
 		}
-	})
+	}
 	cfg := &chclient.VmConfig{
 		Cpus:    &chclient.CpusConfig{BootVcpus: 1, MaxVcpus: 1},
 		Memory:  &chclient.MemoryConfig{Size: 256 << 20, Shared: true},
@@ -201,10 +214,10 @@ func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 		nets = append(nets, NetSpec{Bridge: "br-test"})
 	}
 	if err := ch.Client().CreateVM(ctx, cfg); err != nil {
-		t.Fatal(err)
+		return nil, stop, err
 	}
 	if err := ch.Client().BootVM(ctx); err != nil {
-		t.Fatal(err)
+		return nil, stop, err
 	}
 	rec := &Record{ID: id, Mode: ModeVM, State: StateRunning, DisplayState: DisplayBooting,
 		CreatedAt: time.Now().UTC().Truncate(time.Second), PID: ch.Pid,
@@ -216,9 +229,9 @@ func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 				PidFile: l.QSDPidFile(id), LogFile: l.QSDLog(id)},
 		}}
 	if err := s.reg.put(rec); err != nil {
-		t.Fatal(err)
+		return nil, stop, err
 	}
-	return &running{id: id, ch: ch, qsd: qsd, apiSocket: l.APISocket(id), events: l.Events(id), rootDisk: root}
+	return &running{id: id, ch: ch, qsd: qsd, apiSocket: l.APISocket(id), events: l.Events(id), rootDisk: root}, stop, nil
 }
 
 // sim calls a /sim/v1/ action on chsim and fails the test unless it

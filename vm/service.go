@@ -79,7 +79,11 @@ type LoadReport struct {
 
 // New opens the service on the records in o.Store. Damaged records are moved
 // aside and logged; a record whose file name is not a valid id loads as a
-// failed VM (detail.kind invalid_vm_id, cause record_invalid).
+// failed VM (detail.kind invalid_vm_id, cause record_invalid). Then the
+// host is reconciled with the records (recover.go): running VMs are
+// adopted and watched, dead ones ended, interrupted provisions resumed,
+// and orphan processes, taps and directories reaped; Recovery reports it.
+// Close releases the watched VMs without stopping them.
 func New(o Options) (*Service, error) {
 	if o.Config == nil || o.Store == nil || o.Host == nil || o.StateDir == "" || o.RunDir == "" {
 		return nil, errors.New("vm.New: StateDir, RunDir, Config, Store and Host are required")
@@ -116,6 +120,7 @@ func New(o Options) (*Service, error) {
 			return nil, err
 		}
 	}
+	s.recoverHost() // adopt, end, resume and reap (recover.go)
 	return s, nil
 }
 

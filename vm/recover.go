@@ -1,0 +1,601 @@
+package vm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"vmhost/chclient"
+	"vmhost/proc"
+	"vmhost/qmp"
+	"vmhost/store"
+)
+
+// Recovery after an agent restart (DESIGN §2: VMs outlive the agent).
+//
+// New reconciles every record with the host before it returns:
+//
+//   - A running or paused VM whose recorded Cloud Hypervisor still runs
+//     (pid and start time match) is adopted: CH through a pidfd, its
+//     qemu-storage-daemon by re-attaching to its QMP socket, and both are
+//     watched again (monitor.go). A VM still booting gets the rest of its
+//     boot timeout. Nothing is restarted and nothing is written.
+//   - If CH is gone, the VM ends: stopped (guest_shutdown) when its event
+//     stream shows a clean poweroff, else failed with missing_pid
+//     (ch_crash). If CH runs but its storage daemon is gone, the VM fails
+//     with a storage summary and CH is stopped. Either way what is left is
+//     stopped, since a failed VM runs nothing.
+//   - A VM that is not running keeps no CH (the leftover of a boot or stop
+//     the agent did not finish is killed); a created VM's live storage
+//     daemon is handed back to the engine, otherwise killed.
+//   - A provision that was cut short is resumed: every provisioning step
+//     is recorded when done, and files of steps not recorded (a partial
+//     copy, temp files) are removed first, so the resumed Provision redoes
+//     exactly the missing steps. If it fails, it is rolled back and the VM
+//     is failed (provision_failed), as any background provision.
+//   - What no record owns is reaped and logged: Cloud Hypervisor and
+//     qemu-storage-daemon processes whose command line names an API or QMP
+//     socket in <run>/vms/ and that are not a recorded, adopted process;
+//     taps whose ifalias names a VM (or an interface index) no record has;
+//     directories in <run>/vms/ and <state>/vms/ without a record (a
+//     directory whose record file exists in any form, damaged included, is
+//     kept). Processes are only ever matched by those socket paths, so no
+//     unrelated process is touched, and they are signalled through a pidfd
+//     opened after checking their start time.
+//
+// Without root, adoption still works for processes of the same user; tap
+// reaping is skipped with a warning when the host cannot list taps.
+
+// RecoveryReport says what New found on the host and did about it.
+type RecoveryReport struct {
+	Adopted  []string // running VMs adopted and watched again
+	Ended    []string // running VMs whose processes had gone
+	Resumed  []string // interrupted provisions resumed
+	Killed   []string // processes no record owned, "pid <n> (<vm id>)"
+	Taps     []string // taps no record owned, deleted
+	Dirs     []string // directories no record owned, removed
+	Duration time.Duration
+}
+
+// Recovery returns what New's reconciliation found and did.
+func (s *Service) Recovery() RecoveryReport {
+	s.mon.mu.Lock()
+	defer s.mon.mu.Unlock()
+	return s.mon.recovery
+}
+
+// recoverParallel bounds how many records are reconciled at once.
+const recoverParallel = 8
+
+// recoverHost runs at New, after the records are loaded.
+func (s *Service) recoverHost() {
+	start := time.Now()
+	var (
+		mu   sync.Mutex
+		rep  RecoveryReport
+		keep = map[int]bool{}
+	)
+	var recs []*Record
+	for _, m := range []Mode{ModeVM, ModeAppVM} {
+		recs = append(recs, s.reg.list(m)...)
+	}
+	sem := make(chan struct{}, recoverParallel)
+	var wg sync.WaitGroup
+	var resume []*Record
+	for _, rec := range recs {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			out := s.recoverRecord(rec)
+			mu.Lock()
+			defer mu.Unlock()
+			for _, p := range out.keep {
+				keep[p] = true
+			}
+			switch out.what {
+			case "adopted":
+				rep.Adopted = append(rep.Adopted, rec.ID)
+			case "ended":
+				rep.Ended = append(rep.Ended, rec.ID)
+			case "resume":
+				resume = append(resume, rec)
+			}
+		}()
+	}
+	wg.Wait()
+	rep.Killed = s.reapProcesses(keep)
+	rep.Taps = s.reapTaps()
+	rep.Dirs = s.reapDirs()
+	for _, rec := range resume {
+		if s.resumeProvision(rec) {
+			rep.Resumed = append(rep.Resumed, rec.ID)
+		}
+	}
+	rep.Duration = time.Since(start)
+	s.mon.mu.Lock()
+	s.mon.recovery = rep
+	s.mon.mu.Unlock()
+	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs) > 0 {
+		s.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
+			"ended", len(rep.Ended), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
+			"taps_reaped", len(rep.Taps), "dirs_reaped", len(rep.Dirs), "took", rep.Duration)
+	}
+}
+
+// recovered is the outcome of one record's reconciliation.
+type recovered struct {
+	what string // "adopted", "ended", "resume" or ""
+	keep []int  // pids that belong to the record and stay
+}
+
+func (s *Service) recoverRecord(rec *Record) recovered {
+	rt := rec.Runtime
+	running := rec.State == StateRunning || rec.State == StatePaused
+	switch {
+	case running && (rt == nil || rt.CH == nil):
+		// No process identity recorded: the engine records CH before
+		// the state running, so only a host that runs no processes (the
+		// test host) leaves this; there is nothing to reconcile.
+	case running:
+		return s.recoverRunning(rec)
+	case rt == nil:
+	default:
+		if rt.CH != nil {
+			s.log.Warn("VM is not running but its cloud-hypervisor was recorded; killing what is left", "id", rec.ID, "pid", rt.CH.Pid, "state", rec.State)
+			s.killRecorded(rec.ID, "cloud-hypervisor", rt.CH.Pid, rt.CH.StartTime)
+			s.clearRuntime(rec.ID, true, false)
+		}
+		if rt.QSD != nil {
+			if rec.State == StateCreated {
+				if q := s.holdQSD(rec); q != nil {
+					return recovered{what: whatResume(rec), keep: []int{q.Pid}}
+				}
+			}
+			s.killRecorded(rec.ID, "qemu-storage-daemon", rt.QSD.Pid, rt.QSD.StartTime)
+			s.clearRuntime(rec.ID, false, true)
+		}
+	}
+	return recovered{what: whatResume(rec)}
+}
+
+func whatResume(rec *Record) string {
+	if rec.Provisioning() {
+		return "resume"
+	}
+	return ""
+}
+
+// recoverRunning adopts the processes of a running VM, or ends it.
+func (s *Service) recoverRunning(rec *Record) recovered {
+	id, rt := rec.ID, rec.Runtime
+	ch, chErr := chclient.Adopt(rt.CH.Pid, rt.CH.StartTime, rt.CH.APISocket)
+	if chErr != nil {
+		s.endRecovered(rec, chErr)
+		return recovered{what: "ended"}
+	}
+	var qsd *qmp.QSD
+	if q := rt.QSD; q != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		var err error
+		qsd, err = qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
+		cancel()
+		if err != nil {
+			s.failStorageRecovered(rec, ch, err)
+			return recovered{what: "ended"}
+		}
+	}
+	s.watch(id, ch, qsd)
+	keep := []int{ch.Pid}
+	if qsd != nil {
+		keep = append(keep, qsd.Pid)
+	}
+	if rec.DisplayState == DisplayBooting {
+		s.rearmBootDeadline(id, ch)
+	}
+	if rec.Mode == ModeAppVM {
+		s.afterAppVMHooks(func(h AppVMHooks) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if cur := s.reg.get(id); cur != nil && h != nil {
+				if err := h.Adopt(ctx, cur); err != nil {
+					s.log.Error("adopting the guest agent session of an AppVM", "id", id, "err", err)
+				}
+			}
+		})
+	}
+	s.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1])
+	return recovered{what: "adopted", keep: keep}
+}
+
+// endRecovered records a running VM whose CH is gone and stops what is
+// left.
+func (s *Service) endRecovered(rec *Record, chErr error) {
+	id := rec.ID
+	now := s.o.Now().UTC()
+	v := verdict{state: StateFailed}
+	events := s.layout.Events(id)
+	pid := 0
+	if rt := rec.Runtime; rt != nil && rt.CH != nil {
+		pid = rt.CH.Pid
+		if rt.CH.EventsPath != "" {
+			events = rt.CH.EventsPath
+		}
+	}
+	if scanEvents(events).poweredOff() {
+		zero := 0
+		v = verdict{state: StateStopped, reason: &FailureReason{DetectedAt: now,
+			Summary: "the guest powered off while the agent was down",
+			Detail:  FailureDetail{Kind: KindProcessExit, Code: &zero}, Cause: CauseGuestShutdown}}
+		if rec.ShuttingDown {
+			v.reason.Cause = CauseOperatorShutdown
+		}
+	} else {
+		summary := fmt.Sprintf("cloud-hypervisor pid %d ended while the agent was down (%v)", pid, chErr)
+		v.reason = &FailureReason{DetectedAt: now, Summary: summary, Detail: FailureDetail{Kind: KindMissingPID}, Cause: CauseCHCrash}
+	}
+	s.recordEnd(id, v)
+	if q := rec.Runtime.qsd(); q != nil {
+		s.stopRecordedQSD(id, q)
+	}
+	s.clearRuntime(id, true, true)
+}
+
+// failStorageRecovered records a running VM whose storage daemon is gone
+// (or unreachable) while CH runs, and stops CH.
+func (s *Service) failStorageRecovered(rec *Record, ch *chclient.Process, err error) {
+	q := rec.Runtime.QSD
+	s.recordEnd(rec.ID, verdict{state: StateFailed, reason: &FailureReason{
+		DetectedAt: s.o.Now().UTC(),
+		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d is gone or unreachable after the agent restarted (%v), so the VM lost its disks",
+			q.Pid, err),
+		Detail: FailureDetail{Kind: KindProcessExit},
+		Cause:  CauseUnknown,
+	}})
+	s.killRecorded(rec.ID, "qemu-storage-daemon", q.Pid, q.StartTime)
+	s.stopProcesses(rec.ID, ch, nil)
+	s.clearRuntime(rec.ID, true, true)
+}
+
+// recordEnd stores the end of a running VM.
+func (s *Service) recordEnd(id string, v verdict) {
+	_, err := s.reg.update(id, func(r *Record) {
+		r.State = v.state
+		r.DisplayState = string(v.state)
+		r.FailureReason = v.reason
+		r.PID = 0
+		r.ShuttingDown = false
+	})
+	if err != nil {
+		s.log.Error("recording VM end", "id", id, "err", err)
+		return
+	}
+	lvl := s.log.Error
+	if v.state == StateStopped {
+		lvl = s.log.Info
+	}
+	lvl("VM ended while the agent was down", "id", id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
+}
+
+// clearRuntime forgets the recorded CH and/or QSD of id.
+func (s *Service) clearRuntime(id string, ch, qsd bool) {
+	_, err := s.reg.update(id, func(r *Record) {
+		if rt := r.Runtime; rt != nil {
+			if ch {
+				rt.CH, r.PID = nil, 0
+			}
+			if qsd {
+				rt.QSD = nil
+			}
+		}
+	})
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Error("clearing process identity", "id", id, "err", err)
+	}
+}
+
+// killRecorded SIGKILLs a recorded process if pid and start time still
+// identify it.
+func (s *Service) killRecorded(id, what string, pid int, start uint64) {
+	if err := killRecorded(pid, start); err != nil {
+		s.log.Error("killing leftover process", "id", id, "what", what, "pid", pid, "err", err)
+	}
+}
+
+// stopRecordedQSD quits a recorded storage daemon over QMP (so it flushes
+// its images), or kills it when that fails.
+func (s *Service) stopRecordedQSD(id string, q *QSDRuntime) {
+	if !proc.Alive(q.Pid, q.StartTime) {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*stopGrace)
+	defer cancel()
+	a, err := qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
+	if err == nil {
+		if err := a.Quit(ctx); err != nil {
+			s.log.Warn("stopping qemu-storage-daemon", "id", id, "pid", q.Pid, "err", err)
+		}
+		return
+	}
+	s.killRecorded(id, "qemu-storage-daemon", q.Pid, q.StartTime)
+}
+
+// qsdHolder is a Host that keeps the storage daemon of a VM that is not
+// running (the Engine launches it at the end of provisioning).
+type qsdHolder interface {
+	holdQSD(id string, q *qmp.QSD)
+}
+
+func (e *Engine) holdQSD(id string, q *qmp.QSD) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if old := e.live[id]; old != nil {
+		old.Close()
+	}
+	e.live[id] = q
+}
+
+// holdQSD re-attaches to the live recorded storage daemon of a created VM
+// and hands it to the host. It returns nil when the daemon is gone or the
+// host does not keep one.
+func (s *Service) holdQSD(rec *Record) *qmp.QSD {
+	h, ok := s.o.Host.(qsdHolder)
+	q := rec.Runtime.QSD
+	if !ok || !proc.Alive(q.Pid, q.StartTime) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	a, err := qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
+	if err != nil {
+		s.log.Warn("re-attaching to the storage daemon of a created VM", "id", rec.ID, "pid", q.Pid, "err", err)
+		return nil
+	}
+	h.holdQSD(rec.ID, a)
+	return a
+}
+
+// rearmBootDeadline gives a VM adopted while booting the rest of its boot
+// timeout, counted from its CH's start.
+func (s *Service) rearmBootDeadline(id string, ch *chclient.Process) {
+	e, ok := s.o.Host.(*Engine)
+	if !ok {
+		return
+	}
+	timeout := time.Duration(s.o.Config.BootTimeoutSecs) * time.Second
+	left := timeout - time.Since(processStartWall(ch.StartTime))
+	time.AfterFunc(max(left, 0), func() { e.bootDeadline(id, ch, timeout) })
+}
+
+// appVMHooksWait bounds how long recovery waits for the AppVM service to
+// register its hooks (appvm.New runs right after vm.New).
+const appVMHooksWait = 10 * time.Second
+
+// afterAppVMHooks runs f in the background once the AppVM hooks are
+// registered, or with nil after appVMHooksWait.
+func (s *Service) afterAppVMHooks(f func(AppVMHooks)) {
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		deadline := time.Now().Add(appVMHooksWait)
+		for {
+			if h := s.AppVMHooks(); h != nil || time.Now().After(deadline) {
+				f(h)
+				return
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+}
+
+// resumeProvision continues an interrupted provision in the background,
+// after removing the files of steps that were not recorded as done. It
+// reports whether the resume started.
+func (s *Service) resumeProvision(rec *Record) bool {
+	rec = s.reg.get(rec.ID)
+	if rec == nil || !rec.Provisioning() {
+		return false
+	}
+	s.removeUnrecordedFiles(rec)
+	s.log.Warn("resuming a provision interrupted by an agent restart", "id", rec.ID, "steps_done", rec.Runtime.steps())
+	run := func(AppVMHooks) {
+		if cur := s.reg.get(rec.ID); cur != nil {
+			s.provisionInBackground(cur)
+		}
+	}
+	if rec.Mode == ModeAppVM {
+		s.afterAppVMHooks(run) // its provisioning needs the AppVM hooks
+		return true
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		run(nil)
+	}()
+	return true
+}
+
+func (rt *Runtime) steps() []string {
+	if rt == nil {
+		return nil
+	}
+	return rt.Steps
+}
+
+// removeUnrecordedFiles removes, from the VM directory of an interrupted
+// provision, the targets of steps not recorded as done (a copy or a
+// volume may be partial, and their writers refuse to overwrite) and the
+// temp files of interrupted atomic writes (names starting with '.').
+func (s *Service) removeUnrecordedFiles(rec *Record) {
+	l, id, rt := s.layout, rec.ID, rec.Runtime
+	var targets []string
+	if !rt.Done(StepRootDisk) {
+		targets = append(targets, l.RootDisk(id))
+	}
+	for i := range rec.Spec.Volumes {
+		if !rt.Done(StepData(i)) {
+			targets = append(targets, l.DataVolume(id, i))
+		}
+	}
+	if !rt.Done(StepSeed) {
+		targets = append(targets, l.Seed(id))
+	}
+	if ents, err := os.ReadDir(l.VMDir(id)); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), ".") && e.Type().IsRegular() {
+				targets = append(targets, filepath.Join(l.VMDir(id), e.Name()))
+			}
+		}
+	}
+	for _, p := range targets {
+		err := os.Remove(p)
+		switch {
+		case err == nil:
+			s.log.Warn("removed a file of an unfinished provisioning step", "id", id, "file", p)
+		case !errors.Is(err, fs.ErrNotExist):
+			s.log.Error("removing a file of an unfinished provisioning step", "id", id, "file", p, "err", err)
+		}
+	}
+}
+
+// reapProcesses kills the CH and QSD processes of <run>/vms/ that are not
+// in keep, and returns them as "pid <n> (<vm id>)".
+func (s *Service) reapProcesses(keep map[int]bool) []string {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		s.log.Warn("cannot list processes; orphan VM processes are not reaped", "err", err)
+		return nil
+	}
+	prefix := []byte("path=" + s.layout.RunDir + "/vms/")
+	self := os.Getpid()
+	var killed []string
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self || keep[pid] {
+			continue
+		}
+		start, err := proc.StartTime(pid)
+		if err != nil {
+			continue
+		}
+		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		id, ok := vmProcessOf(cmd, prefix)
+		if !ok {
+			continue
+		}
+		if err := killRecorded(pid, start); err != nil {
+			s.log.Error("killing an orphan VM process", "pid", pid, "vm", id, "err", err)
+			continue
+		}
+		s.log.Warn("killed a VM process no record owns", "pid", pid, "vm", id)
+		killed = append(killed, fmt.Sprintf("pid %d (%s)", pid, id))
+	}
+	return killed
+}
+
+// vmProcessOf reports whether a NUL-separated command line is a CH or QSD
+// of a VM under the run directory: an argument holding prefix (path=<run>/
+// vms/) followed by <id>/ch.sock (CH's --api-socket) or <id>/qsd.qmp (QSD's
+// QMP chardev). It returns the id.
+func vmProcessOf(cmdline, prefix []byte) (string, bool) {
+	for arg := range bytes.SplitSeq(cmdline, []byte{0}) {
+		i := bytes.Index(arg, prefix)
+		if i < 0 {
+			continue
+		}
+		rest := arg[i+len(prefix):]
+		if j := bytes.IndexByte(rest, ','); j >= 0 {
+			rest = rest[:j]
+		}
+		id, file, ok := bytes.Cut(rest, []byte("/"))
+		if ok && store.ValidID(string(id)) && (string(file) == "ch.sock" || string(file) == "qsd.qmp") {
+			return string(id), true
+		}
+	}
+	return "", false
+}
+
+// reapTaps deletes taps whose ifalias names a VM or interface no record
+// has.
+func (s *Service) reapTaps() []string {
+	h := s.tapHandle()
+	if h == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	owned, err := h.ListOwned(ctx)
+	if err != nil {
+		s.log.Warn("cannot list taps; orphan taps are not reaped", "err", err)
+		return nil
+	}
+	var reaped []string
+	for _, t := range owned {
+		if r := s.reg.get(t.VMID); r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name {
+			continue
+		}
+		if err := h.Delete(ctx, t.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
+			continue
+		}
+		s.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
+		reaped = append(reaped, t.Name)
+	}
+	return reaped
+}
+
+// reapDirs removes run directories and VM directories without a record.
+func (s *Service) reapDirs() []string {
+	var reaped []string
+	storeDir := s.layout.StateDir + "/vms"
+	for _, base := range []string{s.layout.RunDir + "/vms", storeDir} {
+		ents, err := os.ReadDir(base)
+		if err != nil {
+			continue
+		}
+		for _, e := range ents {
+			name := e.Name()
+			if !e.IsDir() || s.reg.get(name) != nil || hasRecordFile(storeDir, name) {
+				continue
+			}
+			p := filepath.Join(base, name)
+			if err := os.RemoveAll(p); err != nil {
+				s.log.Error("removing a directory no record owns", "dir", p, "err", err)
+				continue
+			}
+			s.log.Warn("removed a directory no record owns", "dir", p)
+			reaped = append(reaped, p)
+		}
+	}
+	return reaped
+}
+
+// hasRecordFile reports whether the store directory holds a record file of
+// id in any form (<id>.json, <id>.json.damaged, ...).
+func hasRecordFile(dir, id string) bool {
+	m, _ := filepath.Glob(filepath.Join(dir, globEscape(id)+".json*"))
+	return len(m) > 0
+}
+
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

@@ -1,0 +1,315 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"vmhost/chclient"
+	"vmhost/proc"
+	"vmhost/tap"
+)
+
+// startVMs launches n VMs in parallel (a few at a time) and watches them.
+func startVMs(t *testing.T, s *testService, n int) []*running {
+	t.Helper()
+	rs := make([]*running, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, 6)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			r, stop, err := launchVM(s, fmt.Sprintf("vm%02d", i), vmOpts{})
+			if stop != nil {
+				mu.Lock()
+				t.Cleanup(stop)
+				mu.Unlock()
+			}
+			rs[i], errs[i] = r, err
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range rs {
+		s.watch(r.id, r.ch, r.qsd)
+	}
+	return rs
+}
+
+func viewJSON(s *testService, id string) string {
+	return string(s.View(s.reg.get(id), ViewOptions{DiskBytes: true}).AppendJSON(nil))
+}
+
+// TestRecoverAdoptsRunningVMs restarts the agent (Close, then New on the
+// same directories) with 50 running VMs: every one is adopted, none is
+// restarted, every view is byte-identical, and the adopted processes are
+// watched again (a crash and a poweroff after the restart are noticed).
+func TestRecoverAdoptsRunningVMs(t *testing.T) {
+	n := 50
+	if testing.Short() {
+		n = 5
+	}
+	a := newTestService(t)
+	rs := startVMs(t, a, n)
+	for _, r := range rs {
+		waitRecord(t, a, r.id, 10*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+	}
+	if _, err := a.reg.update(rs[0].id, func(r *Record) {
+		r.NICs = nil // a guest fact survives too
+	}); err != nil {
+		t.Fatal(err)
+	}
+	before := map[string]string{}
+	for _, r := range rs {
+		before[r.id] = viewJSON(a, r.id)
+	}
+	a.Close()
+
+	start := time.Now()
+	b := newTestService(t, a.state, a.run)
+	took := time.Since(start)
+	rep := b.Recovery()
+	t.Logf("agent restart with %d running VMs: New took %v (reconciliation %v)", n, took, rep.Duration)
+	if len(rep.Adopted) != n || len(rep.Ended)+len(rep.Killed)+len(rep.Dirs)+len(rep.Resumed) != 0 {
+		t.Fatalf("recovery = %+v, want all %d adopted and nothing else", rep, n)
+	}
+	for _, r := range rs {
+		if !b.watched(r.id) {
+			t.Errorf("%s is not watched after the restart", r.id)
+		}
+		if !proc.Alive(r.ch.Pid, r.ch.StartTime) || !proc.Alive(r.qsd.Pid, r.qsd.StartTime) {
+			t.Errorf("%s: processes restarted or gone", r.id)
+		}
+		if got := viewJSON(b, r.id); got != before[r.id] {
+			t.Errorf("%s view changed across the restart:\nbefore %s\nafter  %s", r.id, before[r.id], got)
+		}
+	}
+	// Let replayed events and a ping round pass: still nothing written.
+	time.Sleep(1500 * time.Millisecond)
+	for _, r := range rs {
+		if got := viewJSON(b, r.id); got != before[r.id] {
+			t.Errorf("%s view changed after the restart settled:\nbefore %s\nafter  %s", r.id, before[r.id], got)
+		}
+	}
+
+	// Adopted processes are watched: a crash has no readable status; a
+	// poweroff is told apart by the event stream.
+	rs[1].ch.Signal(syscall.SIGKILL)
+	rec, took1 := waitRecord(t, b, rs[1].id, 2*time.Second, "adopted crash noticed", func(r *Record) bool { return r.State != StateRunning })
+	if f := rec.FailureReason; rec.State != StateFailed || f.Detail.Kind != KindProcessExit || f.Detail.Code != nil || f.Cause != CauseCHCrash {
+		t.Errorf("adopted CH killed: %s", describe(rec))
+	}
+	rs[2].sim(t, "poweroff", "")
+	rec, took2 := waitRecord(t, b, rs[2].id, 2*time.Second, "adopted poweroff noticed", func(r *Record) bool { return r.State != StateRunning })
+	if f := rec.FailureReason; rec.State != StateStopped || f.Cause != CauseGuestShutdown || intp(f.Detail.Code) != "0" {
+		t.Errorf("adopted guest poweroff: %s", describe(rec))
+	}
+	t.Logf("after the restart: crash noticed in %v, poweroff in %v", took1, took2)
+	gone(t, "qemu-storage-daemon of the crashed VM", rs[1].qsd.Done())
+}
+
+// TestRecoverEndsWhatDiedWhileDown covers VMs whose processes changed
+// while the agent was down: CH killed (missing_pid), a guest poweroff
+// (stopped, guest_shutdown), QSD killed (storage failure, CH stopped).
+func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
+	a := newTestService(t)
+	rs := startVMs(t, a, 3)
+	for _, r := range rs {
+		waitRecord(t, a, r.id, 10*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+	}
+	a.Close()
+	crashed, poweredOff, noStorage := rs[0], rs[1], rs[2]
+	crashed.ch.Signal(syscall.SIGKILL)
+	poweredOff.sim(t, "poweroff", "")
+	syscall.Kill(noStorage.qsd.Pid, syscall.SIGKILL)
+	for _, d := range []<-chan struct{}{crashed.ch.Done(), poweredOff.ch.Done(), noStorage.qsd.Done()} {
+		<-d
+	}
+
+	b := newTestService(t, a.state, a.run)
+	rep := b.Recovery()
+	slices.Sort(rep.Ended)
+	if !slices.Equal(rep.Ended, []string{"vm00", "vm01", "vm02"}) || len(rep.Adopted) != 0 {
+		t.Errorf("recovery = %+v, want vm00-vm02 ended", rep)
+	}
+	check := func(r *running, state State, kind, cause string) {
+		t.Helper()
+		rec := b.reg.get(r.id)
+		f := rec.FailureReason
+		if rec.State != state || rec.DisplayState != string(state) || f == nil || f.Detail.Kind != kind || f.Cause != cause {
+			t.Errorf("%s: %s; want %s %s %s", r.id, describe(rec), state, kind, cause)
+		}
+		if rec.PID != 0 || (rec.Runtime != nil && (rec.Runtime.CH != nil || rec.Runtime.QSD != nil)) {
+			t.Errorf("%s: process identity kept: %s", r.id, describe(rec))
+		}
+		if b.watched(r.id) {
+			t.Errorf("%s is watched", r.id)
+		}
+	}
+	check(crashed, StateFailed, KindMissingPID, CauseCHCrash)
+	check(poweredOff, StateStopped, KindProcessExit, CauseGuestShutdown)
+	check(noStorage, StateFailed, KindProcessExit, CauseUnknown)
+	gone(t, "qemu-storage-daemon of the crashed VM", crashed.qsd.Done())
+	gone(t, "cloud-hypervisor of the VM without storage", noStorage.ch.Done())
+}
+
+// TestRecoverReapsOrphans leaves behind what an agent killed mid-way
+// could: a CH and a QSD whose VM has no record, a CH in a run directory
+// without a record, run and VM directories without a record, and
+// an interrupted provision with a partial copy and a temp file. Only
+// those are reaped; an unrelated process and a damaged record's directory
+// stay.
+func TestRecoverReapsOrphans(t *testing.T) {
+	a := newTestService(t)
+	ghost := startVM(t, a, "ghost") // its record is removed below
+	kept := startVM(t, a, "kept")   // a running VM whose record stays
+	a.watch(kept.id, kept.ch, kept.qsd)
+	waitRecord(t, a, kept.id, 10*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+	a.Close()
+	if err := a.reg.remove(ghost.id); err != nil {
+		t.Fatal(err)
+	}
+	l := a.layout
+	// A CH whose run directory has no record (an agent killed between
+	// launching it and storing the record).
+	os.MkdirAll(l.RunVMDir("strayvm"), 0o700)
+	stray, err := chclient.Launch(context.Background(), chclient.LaunchConfig{
+		Binary: os.Args[0], Env: simEnv("sim-ch"),
+		APISocket: l.APISocket("strayvm"), EventMonitor: l.Events("strayvm"), LogFile: l.CHLog("strayvm"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stray.Signal(syscall.SIGKILL) })
+	unrelated := exec.Command("sleep", "60")
+	if err := unrelated.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unrelated.Process.Kill(); unrelated.Wait() })
+	for _, d := range []string{l.VMDir("orphan"), l.RunVMDir("orphan"), l.VMDir("damaged")} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(l.StateDir, "vms", "damaged.json.damaged"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// An interrupted provision: the root disk copy was not recorded done.
+	prov := &Record{ID: "prov", Mode: ModeVM, State: StateCreated, DisplayState: DisplayCreating,
+		Spec: Spec{VMID: "prov", Vcpus: 1, MemoryMB: 256}, Runtime: &Runtime{Steps: []string{StepRunDir}}}
+	if err := a.reg.put(prov); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(l.VMDir("prov"), 0o700)
+	for _, f := range []string{l.RootDisk("prov"), l.VMDir("prov") + "/.root.qcow2.123"} {
+		if err := os.WriteFile(f, []byte("partial"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	b := newTestService(t, a.state, a.run)
+	b.Wait() // the resumed provision (NotBuiltHost: it fails and is rolled back)
+	rep := b.Recovery()
+	t.Logf("recovery: %+v", rep)
+	if !slices.Equal(rep.Adopted, []string{"kept"}) || !slices.Equal(rep.Resumed, []string{"prov"}) {
+		t.Errorf("adopted %v, resumed %v; want [kept], [prov]", rep.Adopted, rep.Resumed)
+	}
+	if len(rep.Killed) != 3 {
+		t.Errorf("killed %v, want ghost's CH and QSD and strayvm's CH", rep.Killed)
+	}
+	for what, done := range map[string]<-chan struct{}{"ghost CH": ghost.ch.Done(), "ghost QSD": ghost.qsd.Done(), "stray CH": stray.Done()} {
+		gone(t, what, done)
+	}
+	if !proc.Alive(kept.ch.Pid, kept.ch.StartTime) || !proc.Alive(kept.qsd.Pid, kept.qsd.StartTime) {
+		t.Error("kept's processes were killed")
+	}
+	if unrelated.ProcessState != nil || unrelated.Process.Signal(syscall.Signal(0)) != nil {
+		t.Error("an unrelated process was killed")
+	}
+	for _, d := range []string{l.VMDir("ghost"), l.RunVMDir("ghost"), l.VMDir("orphan"), l.RunVMDir("orphan"), l.RunVMDir("strayvm")} {
+		if _, err := os.Stat(d); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s survived: %v", d, err)
+		}
+		if !slices.Contains(rep.Dirs, d) {
+			t.Errorf("reaped dirs %v lack %s", rep.Dirs, d)
+		}
+	}
+	for _, d := range []string{l.VMDir("damaged"), l.VMDir("kept"), l.RunVMDir("kept")} {
+		if _, err := os.Stat(d); err != nil {
+			t.Errorf("%s was removed: %v", d, err)
+		}
+	}
+	for _, f := range []string{l.RootDisk("prov"), l.VMDir("prov") + "/.root.qcow2.123"} {
+		if _, err := os.Stat(f); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("file of an unfinished step %s survived: %v", f, err)
+		}
+	}
+	if r := b.reg.get("prov"); r.State != StateFailed || r.DisplayState != DisplayProvisionFailed {
+		t.Errorf("resumed provision on a host that cannot provision: %s, want failed/provision_failed", describe(r))
+	}
+}
+
+// TestIntegrationRecoverReapsTaps deletes, at agent start, the taps whose
+// ifalias names a VM or an interface no record has, and keeps the others.
+func TestIntegrationRecoverReapsTaps(t *testing.T) {
+	fd, _ := testNetNS(t)
+	h := tap.New(&tap.Config{NetNS: fd})
+	ctx := context.Background()
+	a := newTestService(t)
+	rec := &Record{ID: "vm1", Mode: ModeVM, State: StateStopped, DisplayState: "stopped",
+		Spec: Spec{VMID: "vm1", Vcpus: 1, MemoryMB: 256}, NICs: []NIC{{MAC: "02:00:00:00:00:01", Tap: TapName("vm1", 0)}}}
+	if err := a.reg.put(rec); err != nil {
+		t.Fatal(err)
+	}
+	taps := []tap.TapConfig{
+		{Name: TapName("vm1", 0), VMID: "vm1", Index: 0},   // owned
+		{Name: TapName("vm1", 1), VMID: "vm1", Index: 1},   // index beyond the record's NICs
+		{Name: TapName("gone", 0), VMID: "gone", Index: 0}, // no record
+		{Name: "vmhother0", VMID: "vm1", Index: 0},         // not the recorded tap name
+	}
+	for _, c := range taps {
+		if err := h.Create(ctx, c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a.Close()
+	b, err := New(Options{StateDir: a.state, RunDir: a.run, Config: a.o.Config, Store: a.o.Store, Host: tapsTestHost{h: h}, Logger: a.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	owned, err := h.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, o := range owned {
+		names = append(names, o.Name)
+	}
+	if !slices.Equal(names, []string{TapName("vm1", 0)}) {
+		t.Errorf("taps after recovery = %v, want only %s", names, TapName("vm1", 0))
+	}
+	rep := b.Recovery()
+	slices.Sort(rep.Taps)
+	want := []string{TapName("gone", 0), TapName("vm1", 1), "vmhother0"}
+	slices.Sort(want)
+	if !slices.Equal(rep.Taps, want) {
+		t.Errorf("reaped taps %v, want %v", rep.Taps, want)
+	}
+}
