@@ -217,7 +217,7 @@ func TestImageDigestMismatch(t *testing.T) {
 // script running chsim with --sim-no-activate.
 func TestBootTimeout(t *testing.T) {
 	script := t.TempDir() + "/ch"
-	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+vmhostBin+" sim-ch --sim-no-activate \"$@\"\n"), 0o755); err != nil {
+	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+simBin+" sim-ch --sim-no-activate \"$@\"\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	s := startServer(t, serverOpts{simulate: "qsd", edit: func(c *config.Config) {

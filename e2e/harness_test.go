@@ -30,8 +30,16 @@ import (
 	"vmhost/tap"
 )
 
-// vmhostBin is the binary TestMain builds.
-var vmhostBin string
+// vmhostBin is the binary TestMain builds, with buildFlags. simBin runs
+// the simulators: vmhostBin, except under -race, where the agent is built
+// with the race detector and the simulators are not (a race-built chsim
+// exits too slowly for the monitor's socket checks).
+var (
+	vmhostBin  string
+	simBin     string
+	buildFlags []string
+	raceBuild  bool
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "vmhost-e2e-bin")
@@ -40,12 +48,20 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	vmhostBin = filepath.Join(dir, "vmhost")
-	build := exec.Command("go", "build", "-o", vmhostBin, "vmhost")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building vmhost:", err)
-		os.RemoveAll(dir)
-		os.Exit(1)
+	simBin = vmhostBin
+	builds := [][]string{append(append([]string{"build"}, buildFlags...), "-o", vmhostBin, "vmhost")}
+	if raceBuild {
+		simBin = filepath.Join(dir, "vmhost-sim")
+		builds = append(builds, []string{"build", "-o", simBin, "vmhost"})
+	}
+	for _, args := range builds {
+		build := exec.Command("go", args...)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "building vmhost:", err)
+			os.RemoveAll(dir)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
@@ -106,6 +122,26 @@ func startServer(t testing.TB, o serverOpts) *server {
 	cfg.BootTimeoutSecs = 30
 	cfg.Networks = []config.Network{{ID: "default", Bridge: "vhe0", SpoofGuard: true, Isolated: true}}
 	s.bridge = "vhe0"
+	sim := o.simulate
+	if sim == "" {
+		sim = "ch,qsd"
+	}
+	if raceBuild {
+		// The configured binaries become scripts running the non-race
+		// simulators; the agent itself runs with the race detector.
+		for _, p := range strings.Split(sim, ",") {
+			script := dir + "/sim-" + p
+			if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+simBin+" sim-"+p+" \"$@\"\n"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if p == "ch" {
+				cfg.Binaries.CloudHypervisor = script
+			} else {
+				cfg.Binaries.QemuStorageDaemon = script
+			}
+		}
+		sim = "none"
+	}
 	if o.edit != nil {
 		o.edit(cfg)
 	}
@@ -121,10 +157,6 @@ func startServer(t testing.TB, o serverOpts) *server {
 	}
 	if s.token, err = auth.Add(s.stateDir+"/keys.json", "e2e", auth.ScopeReadWrite, nil); err != nil {
 		t.Fatal(err)
-	}
-	sim := o.simulate
-	if sim == "" {
-		sim = "ch,qsd"
 	}
 	s.cmd = exec.Command(vmhostBin, "serve", "--listen", "unix:"+s.sock, "--state-dir", s.stateDir,
 		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim)
@@ -189,6 +221,15 @@ func (s *server) stop() {
 	}
 	if s.t.Failed() {
 		s.t.Logf("vmhost serve output:\n%s", s.stderr)
+		logs, _ := filepath.Glob(s.runDir + "/vms/*/*.log*")
+		for _, l := range logs {
+			if b, err := os.ReadFile(l); err == nil && len(b) > 0 {
+				if len(b) > 4000 {
+					b = b[len(b)-4000:]
+				}
+				s.t.Logf("%s:\n%s", l, b)
+			}
+		}
 	}
 	os.RemoveAll(s.dir)
 }
