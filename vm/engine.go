@@ -139,6 +139,7 @@ func (e *Engine) update(id string, f func(*Record)) (*Record, error) {
 
 // step records a completed provisioning step.
 func (e *Engine) step(id, name string, f func(*Record)) (*Record, error) {
+	defer testStopAt(name) // crash tests (recover_hook.go)
 	return e.update(id, func(r *Record) {
 		if r.Runtime == nil {
 			r.Runtime = &Runtime{}
@@ -490,6 +491,7 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
 	e.mu.Lock()
 	e.live[rec.ID] = q
 	e.mu.Unlock()
+	defer testStopAt(HookQSD) // crash tests (recover_hook.go)
 	rt := &QSDRuntime{Pid: q.Pid, StartTime: q.StartTime, QMPSocket: cfg.QMPSocket, RootSocket: cfg.Root.Socket,
 		PidFile: cfg.PidFile, LogFile: cfg.LogFile}
 	for _, d := range cfg.Data {

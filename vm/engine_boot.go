@@ -64,6 +64,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	if _, err := e.update(id, func(r *Record) { r.Runtime.CH, r.PID = rt, rt.Pid }); err != nil {
 		return undo(err)
 	}
+	testStopAt(HookCH) // crash tests (recover_hook.go)
 	c := p.Client()
 	if err := c.CreateVM(ctx, cfg); err != nil {
 		return undo(fail("vm.create", err))
@@ -77,6 +78,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	if err := expectState(ctx, c, chclient.StateRunning); err != nil {
 		return undo(fail("vm.boot", err))
 	}
+	testStopAt(HookBooted) // crash tests (recover_hook.go)
 	if _, err := e.update(id, func(r *Record) {
 		r.State = StateRunning
 		r.DisplayState = DisplayBooting

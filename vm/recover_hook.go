@@ -1,0 +1,40 @@
+package vm
+
+import (
+	"fmt"
+	"os"
+)
+
+// Crash-test hook. With VMHOST_TEST_STOP_AT_STEP=<step> in its
+// environment, the agent stops dead when it reaches that provisioning or
+// boot step (the step's result is recorded first): the goroutine doing the
+// work blocks forever, after creating the file named by
+// VMHOST_TEST_STOP_MARKER (if set), so a test can SIGKILL the agent right
+// there and check what a restart makes of it. Steps are the Step*
+// constants, "data<N>", "tap<N>", and the boot steps below. Unset, as in
+// production, it does nothing.
+const (
+	testStopAtEnv     = "VMHOST_TEST_STOP_AT_STEP"
+	testStopMarkerEnv = "VMHOST_TEST_STOP_MARKER"
+)
+
+// Boot steps the hook knows besides the provisioning steps.
+const (
+	HookQSD    = "qsd"    // qemu-storage-daemon launched and recorded
+	HookCH     = "ch"     // cloud-hypervisor launched and recorded
+	HookBooted = "booted" // vm.boot done, state running not yet recorded
+)
+
+var testStopAtStep = os.Getenv(testStopAtEnv)
+
+// testStopAt blocks forever when step is the one the environment names.
+func testStopAt(step string) {
+	if testStopAtStep == "" || step != testStopAtStep {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "vmhost: %s=%s reached; blocking until killed\n", testStopAtEnv, step)
+	if p := os.Getenv(testStopMarkerEnv); p != "" {
+		os.WriteFile(p, []byte(step+"\n"), 0o600)
+	}
+	select {}
+}
