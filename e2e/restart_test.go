@@ -110,7 +110,7 @@ func TestRestartAdoptsRunningVMs(t *testing.T) {
 	if testing.Short() {
 		n = 5
 	}
-	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.HostCPUs, c.HostMemoryMB = 256, 1 << 20 }})
+	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.HostCPUs, c.HostMemoryMB = 256, 1<<20 }})
 	f := newFixture(t)
 	ids := make([]string, n)
 	var wg sync.WaitGroup
