@@ -29,6 +29,8 @@ import (
 type Program struct {
 	Binary  string
 	PreArgs []string
+	// Env is the program's environment; nil means the agent's.
+	Env []string
 }
 
 // EngineOptions configure an Engine. Config is required.
@@ -450,6 +452,7 @@ func (e *Engine) qsdConfig(rec *Record) qmp.QSDConfig {
 	c := qmp.QSDConfig{
 		Binary:  e.o.QSD.Binary,
 		PreArgs: e.o.QSD.PreArgs,
+		Env:     e.o.QSD.Env,
 		Root: qmp.RootDisk{Path: l.RootDisk(id), Socket: l.RootSocket(id), Size: size,
 			Limits: qmp.ThrottleLimits{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}},
 		QMPSocket: l.QMPSocket(id),

@@ -42,7 +42,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	rt := &CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
 		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
 	p, err := chclient.Launch(ctx, chclient.LaunchConfig{
-		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs,
+		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
 		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
 		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
 	})

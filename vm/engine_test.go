@@ -1,0 +1,185 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"vmhost/config"
+	"vmhost/qcow2"
+	"vmhost/store"
+)
+
+// engineService is a Service over an Engine whose CH and QSD are this test
+// binary running chsim and qsdsim (TestMain in monitor_test.go).
+func engineService(t *testing.T, edit func(*EngineOptions)) (*Service, *Engine, string) {
+	t.Helper()
+	root, err := os.MkdirTemp("", "vme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	state, run := root+"/s", root+"/r"
+	st, err := store.Open(filepath.Join(state, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	eo := EngineOptions{Config: cfg,
+		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
+		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}}
+	if edit != nil {
+		edit(&eo)
+	}
+	e, err := NewEngine(eo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{StateDir: state, RunDir: run, Config: cfg, Store: st, Host: e, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, r := range s.List(ModeVM) {
+			s.Delete(context.Background(), ModeVM, r.ID, true)
+		}
+		s.Close()
+	})
+	return s, e, root
+}
+
+// baseSpec is a VM without interfaces on a fresh base image.
+func baseSpec(t *testing.T, root, id string) *Spec {
+	t.Helper()
+	kernel, base := root+"/vmlinux", root+"/base.qcow2"
+	if err := os.WriteFile(kernel, []byte("k"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(base); err != nil {
+		if err := qcow2.Create(base, 1<<30); err != nil {
+			t.Fatal(err)
+		}
+	}
+	size := uint32(2)
+	return &Spec{VMID: id, Vcpus: 1, MemoryMB: 128, KernelPath: &kernel,
+		Disk: &DiskSpec{BasePath: base, SizeGiB: &size}, Volumes: []VolumeSpec{{SizeGiB: 1}}}
+}
+
+// TestEngineFailedCreateRollsBack: the storage daemon cannot start, after
+// the disks were made. The create fails with a storage error and nothing
+// of the VM is left, while a neighbour's directory and the base image are
+// untouched.
+func TestEngineFailedCreateRollsBack(t *testing.T) {
+	s, _, root := engineService(t, func(o *EngineOptions) { o.QSD = Program{Binary: "/nonexistent/qemu-storage-daemon"} })
+	l := s.Layout()
+	neighbour := l.VMDir("other") + "/keep.qcow2"
+	if err := os.MkdirAll(filepath.Dir(neighbour), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(neighbour, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sp := baseSpec(t, root, "doomed")
+	_, _, err := s.CreateVM(context.Background(), sp)
+	var he *HostError
+	if !errors.As(err, &he) || he.Kind != HostStorage {
+		t.Fatalf("CreateVM = %v, want a storage HostError", err)
+	}
+	for _, p := range []string{l.VMDir("doomed"), l.RunVMDir("doomed"), l.StateDir + "/vms/doomed.json"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s left behind", p)
+		}
+	}
+	if _, err := s.Get(ModeVM, "doomed"); err == nil {
+		t.Error("record left behind")
+	}
+	for _, p := range []string{neighbour, sp.Disk.BasePath} {
+		if _, err := os.Stat(p); err != nil {
+			t.Errorf("%s was touched: %v", p, err)
+		}
+	}
+}
+
+// TestEngineRollbackRemovesOnlyRecorded: Rollback removes the files whose
+// steps are recorded and leaves others (here a data volume whose creation
+// was never recorded) and so the directory too.
+func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
+	s, e, root := engineService(t, nil)
+	l := s.Layout()
+	rec := &Record{ID: "half", Mode: ModeVM, State: StateCreated, Spec: *baseSpec(t, root, "half"),
+		Runtime: &Runtime{Steps: []string{StepRootDisk, StepRunDir}}}
+	if err := s.reg.put(rec); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{l.RootDisk("half"), l.DataVolume("half", 0)} {
+		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(l.RunVMDir("half"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Rollback(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(l.RootDisk("half")); err == nil {
+		t.Error("the recorded root disk was kept")
+	}
+	if _, err := os.Stat(l.DataVolume("half", 0)); err != nil {
+		t.Errorf("the unrecorded data volume was removed: %v", err)
+	}
+	if _, err := os.Stat(l.RunVMDir("half")); err == nil {
+		t.Error("the run directory was kept")
+	}
+}
+
+// TestEngineCreateBootDelete runs the whole path in-process: provision
+// (steps recorded, CID allocated), boot, first sign of life, delete.
+func TestEngineCreateBootDelete(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	var cids []uint32
+	for _, id := range []string{"a", "b"} {
+		sp := baseSpec(t, root, id)
+		sp.AutoBoot = id == "a"
+		rec, async, err := s.CreateVM(ctx, sp)
+		if err != nil || async {
+			t.Fatalf("CreateVM(%s) = %v, async %t", id, err, async)
+		}
+		rt := rec.Runtime
+		if rt == nil || rt.QSD == nil || !rt.Done(StepRootDisk) || !rt.Done(StepData(0)) || !rt.Done(StepRunDir) || rt.Done(StepSeed) {
+			t.Fatalf("runtime of %s = %+v", id, rt)
+		}
+		cids = append(cids, rt.VsockCID)
+		if id == "a" && (rec.State != StateRunning || rt.CH == nil || rec.PID != rt.CH.Pid) {
+			t.Errorf("booted record = %+v", rec)
+		}
+	}
+	if cids[0] < 3 || cids[0] == cids[1] {
+		t.Errorf("vsock CIDs = %v, want distinct and ≥ 3", cids)
+	}
+	if err := s.Delete(ctx, ModeVM, "a", false); err == nil {
+		t.Error("deleting a running VM without force succeeded")
+	}
+	if err := s.Delete(ctx, ModeVM, "a", true); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(s.Layout().VMDir("a")); err == nil {
+		t.Error("VM directory left after delete")
+	}
+	// The freed CID is given again.
+	sp := baseSpec(t, root, "c")
+	rec, _, err := s.CreateVM(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rec.Runtime.VsockCID != cids[0] {
+		t.Errorf("CID after delete = %d, want the freed %d", rec.Runtime.VsockCID, cids[0])
+	}
+}
