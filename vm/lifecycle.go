@@ -172,3 +172,18 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	s.log.Info("VM deleted", "id", id)
 	return nil
 }
+
+// autoBoot boots a just-provisioned VM under its action lock, unless an
+// action (a start, a delete) got to it first.
+func (s *Service) autoBoot(ctx context.Context, rec *Record) (*Record, bool, error) {
+	unlock := s.lockVM(rec.ID)
+	defer unlock()
+	cur := s.reg.get(rec.ID)
+	if cur == nil {
+		return nil, false, fmt.Errorf("VM %q was deleted while being created: %w", rec.ID, errNotFound)
+	}
+	if cur.State != StateCreated {
+		return cur, false, nil
+	}
+	return s.boot(ctx, cur)
+}

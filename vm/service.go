@@ -351,7 +351,7 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 		return nil, false, &HostError{Kind: HostStorage, Op: "creating VM " + rec.ID, Err: err}
 	}
 	if out.Spec.AutoBoot {
-		return s.boot(ctx, out)
+		return s.autoBoot(ctx, out)
 	}
 	return out, false, nil
 }
@@ -413,7 +413,7 @@ func (s *Service) provisionInBackground(rec *Record) {
 		return
 	}
 	if out.Spec.AutoBoot {
-		s.boot(ctx, out)
+		s.autoBoot(ctx, out)
 	}
 }
 
