@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"io/fs"
@@ -12,9 +13,12 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -248,8 +252,15 @@ func (h *host) waitFor(id, what string, timeout time.Duration, cond func(v appVi
 	}
 }
 
+var nextIP atomic.Int32
+
+// baseCreate is a create of the smallest AppVM. It is static (a fresh
+// 10.79.0.x): chsim gives the guest agent a real NIC, and a DHCP guest
+// without a DHCP server would wait for an offer.
 func baseCreate(image string) map[string]any {
-	return map[string]any{"image_id": image, "vcpus": 1, "memory_mb": 128, "disk_gib": 1}
+	ip := fmt.Sprintf("10.79.0.%d", 10+nextIP.Add(1))
+	return map[string]any{"image_id": image, "vcpus": 1, "memory_mb": 128, "disk_gib": 1,
+		"ip": ip, "prefix": 24, "gateway": "10.79.0.1"}
 }
 
 // TestIntegrationWorkloadExits: a workload that exits 0, exits 3 or is
@@ -547,4 +558,132 @@ func TestIntegrationSecretsStayInGuest(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// bridgeAddr puts cidr on the host bridge (the AppVM's gateway side).
+func (h *host) bridgeAddr(cidr string) {
+	h.t.Helper()
+	for _, args := range [][]string{{"addr", "replace", cidr, "dev", config.DefaultBridge}, {"link", "set", config.DefaultBridge, "up"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			h.t.Fatalf("ip %v: %v: %s", args, err, out)
+		}
+	}
+}
+
+const netPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// TestIntegrationStaticNetwork: the guest agent configures the static
+// address on the guest's NIC (chsim wires it to the VM's tap, which the
+// engine attached to the bridge), and the host reaches the guest through
+// the bridge.
+func TestIntegrationStaticNetwork(t *testing.T) {
+	h := newHost(t)
+	h.bridgeAddr("10.77.0.1/24")
+	h.image("stat", "ip -4 -o addr show > addr.out; exec sleep 300", nil)
+	im, _ := h.images.Get("stat")
+	im.Env = []string{netPath}
+	h.images.Put(im)
+	req := baseCreate("stat")
+	req["ip"], req["prefix"], req["gateway"], req["dns"] = "10.77.0.5", 24, "10.77.0.1", []string{"10.77.0.53"}
+	id := h.create(req)
+	h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	root := chsim.GuestRoot(h.vms.Layout().VsockSocket(id))
+	var addrs []byte
+	deadline := time.Now().Add(10 * time.Second)
+	for len(addrs) == 0 && time.Now().Before(deadline) {
+		addrs, _ = os.ReadFile(filepath.Join(root, "addr.out"))
+		time.Sleep(50 * time.Millisecond)
+	}
+	if !bytes.Contains(addrs, []byte("eth0    inet 10.77.0.5/24")) {
+		t.Fatalf("guest addresses:\n%s", addrs)
+	}
+	if b, _ := os.ReadFile(filepath.Join(root, "etc/resolv.conf")); !bytes.Contains(b, []byte("nameserver 10.77.0.53")) {
+		t.Errorf("guest resolv.conf: %q", b)
+	}
+	// A TCP connect to a closed port of the guest is refused by the
+	// guest's kernel (a RST): packets crossed the bridge both ways.
+	var err error
+	for range 5 {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", "10.77.0.5:9", time.Second); err == nil {
+			c.Close()
+		}
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			break
+		}
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Errorf("the host cannot reach the guest's static address: %v", err)
+	}
+}
+
+// TestIntegrationDHCPNetwork: the guest agent leases an address from
+// dnsmasq serving the bridge, and the view shows the lease it reported.
+func TestIntegrationDHCPNetwork(t *testing.T) {
+	h := newHost(t)
+	if _, err := exec.LookPath("dnsmasq"); err != nil {
+		t.Skip("dnsmasq not installed")
+	}
+	h.bridgeAddr("10.78.0.1/24")
+	dir := t.TempDir()
+	dns := exec.Command("dnsmasq", "--no-daemon", "--conf-file=/dev/null", "--user=root", "--port=0",
+		"--interface="+config.DefaultBridge, "--bind-interfaces", "--dhcp-authoritative",
+		"--dhcp-range=10.78.0.50,10.78.0.60,255.255.255.0,1h", "--dhcp-option=option:router,10.78.0.1",
+		"--dhcp-option=option:dns-server,10.78.0.1", "--dhcp-leasefile="+filepath.Join(dir, "leases"),
+		"--pid-file="+filepath.Join(dir, "pid"))
+	var dnsLog lockedLog
+	dns.Stdout, dns.Stderr = &dnsLog, &dnsLog
+	if err := dns.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		dns.Process.Kill()
+		dns.Wait()
+		if t.Failed() {
+			t.Logf("dnsmasq:\n%s", dnsLog.String())
+		}
+	})
+	h.image("dyn", "exec sleep 300", nil)
+	req := baseCreate("dyn")
+	delete(req, "ip")
+	delete(req, "prefix")
+	delete(req, "gateway")
+	id := h.create(req)
+	var body []byte
+	var v struct {
+		AppVM struct {
+			Lease *struct {
+				IP         string    `json:"ip"`
+				Prefix     int       `json:"prefix"`
+				Gateway    string    `json:"gateway"`
+				DNS        []string  `json:"dns"`
+				LeaseSecs  int       `json:"lease_secs"`
+				ReportedAt time.Time `json:"reported_at"`
+			} `json:"lease"`
+			NetworkMode string `json:"network_mode"`
+		} `json:"appvm"`
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, body = h.do("GET", "/api/appvm/vms/"+id, nil)
+		if err := json.Unmarshal(body, &v); err != nil {
+			t.Fatal(err)
+		}
+		if v.AppVM.Lease != nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	l := v.AppVM.Lease
+	if l == nil {
+		t.Fatalf("no lease reported: %s", body)
+	}
+	if !strings.HasPrefix(l.IP, "10.78.0.") || l.Prefix != 24 || l.Gateway != "10.78.0.1" || fmt.Sprint(l.DNS) != "[10.78.0.1]" ||
+		l.LeaseSecs != 3600 || l.ReportedAt.IsZero() || v.AppVM.NetworkMode != "dhcp" {
+		t.Errorf("lease view: %s", body)
+	}
+	leases, _ := os.ReadFile(filepath.Join(dir, "leases"))
+	if !bytes.Contains(leases, []byte(l.IP)) {
+		t.Errorf("dnsmasq's leases %q lack %s", leases, l.IP)
+	}
 }

@@ -33,6 +33,7 @@
 //	--no-shutdown            guest poweroff keeps the process (CH v52+)
 //	--sim-no-guest-agent     never run the AppVM guest agent
 //	--sim-guest-heartbeat D  the guest agent's heartbeat interval (default 1s)
+//	--sim-no-guest-network   no network namespace and NIC for the guest agent
 //
 // # The AppVM guest agent
 //
@@ -44,7 +45,11 @@
 // 1024 would through CH's hybrid vsock. The agent's exit is the guest's poweroff; its
 // death by a signal leaves the VM running without it. Stop, delete and VMM exit kill it
 // and its workload; a reboot starts it again; pause and resume stop and continue it.
-// The workload runs on the host (process mode: no chroot, mounts or network setup).
+// The workload runs on the host (process mode: no chroot or mounts). As root, when the
+// VM's first interface has a tap, the agent runs with --network in a network namespace of
+// its own holding eth0, a tap with the VM's MAC whose frames the simulator pumps to and
+// from the VM's tap (as virtio-net would): the agent's static or DHCP configuration and
+// the workload's traffic then really cross the host's bridge.
 //
 // # Limits and deviations
 //

@@ -29,6 +29,7 @@ const guestVsockPort = 1024
 type guestAgent struct {
 	cmd  *exec.Cmd
 	done chan struct{}
+	nic  *guestNIC // the guest's NIC when the agent runs in its own network namespace
 
 	mu     sync.Mutex
 	exited bool
@@ -40,6 +41,13 @@ type guestAgent struct {
 func (s *sim) wantsGuestAgentLocked() bool {
 	return !s.cfg.NoGuestAgent && s.vm != nil && s.vm.Vsock != nil && s.vm.Payload != nil &&
 		s.vm.Payload.Initramfs != nil
+}
+
+// guestNetworkLocked reports whether the guest agent gets a network namespace and a NIC:
+// as root, unless --sim-no-guest-network, for a VM whose first interface has a tap the
+// simulator attached.
+func (s *sim) guestNetworkLocked() bool {
+	return !s.cfg.NoGuestNetwork && os.Geteuid() == 0 && len(s.vm.Net) > 0 && s.vm.Net[0].Tap != nil && len(s.taps) > 0
 }
 
 // GuestRoot is the directory the simulator gives the guest agent as its workload root for
@@ -85,10 +93,20 @@ func (s *sim) startGuestAgentLocked() error {
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so that stopping the VM kills the workload too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	g := &guestAgent{cmd: cmd, done: make(chan struct{})}
+	if s.guestNetworkLocked() {
+		// As root, the guest gets a network namespace whose eth0 is wired to the VM's
+		// first tap, and the agent configures it.
+		cmd.Args = append(cmd.Args, "--network")
+		nic, err := startInNetns(cmd, s.vm.Net[0].Mac)
+		if err != nil {
+			return fmt.Errorf("starting the guest agent in its network namespace: %w", err)
+		}
+		g.nic = nic
+		nic.pump(s.taps[0])
+	} else if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting the guest agent: %w", err)
 	}
-	g := &guestAgent{cmd: cmd, done: make(chan struct{})}
 	s.agent = g
 	gen := s.bootGen
 	s.logf(1, "guest agent started, pid %d", cmd.Process.Pid)
@@ -128,6 +146,9 @@ func (s *sim) stopGuestAgentLocked() {
 	s.agent.signal(syscall.SIGKILL)
 	// A stopped (paused) group must also see the kill.
 	s.agent.signal(syscall.SIGCONT)
+	if s.agent.nic != nil {
+		s.agent.nic.close()
+	}
 	s.agent = nil
 }
 

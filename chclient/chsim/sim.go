@@ -44,6 +44,10 @@ type Config struct {
 	// starts `<GuestAgentBinary> guest --transport unix:<vsock socket>_1024 --root
 	// <GuestRoot> --heartbeat <GuestHeartbeat>` as a host process (see guest.go).
 	NoGuestAgent bool
+	// NoGuestNetwork (--sim-no-guest-network) keeps the guest agent in the simulator's
+	// network namespace without --network. Otherwise, as root, it runs in a namespace of
+	// its own whose eth0 (the VM's MAC) is wired to the VM's first tap.
+	NoGuestNetwork bool
 	// GuestAgentBinary is the vmhost binary to run; default os.Executable().
 	GuestAgentBinary string
 	// GuestHeartbeat (--sim-guest-heartbeat) is the agent's heartbeat interval;
@@ -57,7 +61,7 @@ const DefaultActivateDelay = 200 * time.Millisecond
 
 const usage = `usage: sim-ch --api-socket path=<p>|fd=<n> [--event-monitor path=<p>|fd=<n>] [--log-file <p>] [-v]...
        [--no-shutdown] [--sim-activate-delay <duration>] [--sim-no-activate] [--sim-guest-ports <p,p,…>]
-       [--sim-no-guest-agent] [--sim-guest-heartbeat <duration>]
+       [--sim-no-guest-agent] [--sim-no-guest-network] [--sim-guest-heartbeat <duration>]
 `
 
 // Main runs the simulator with Cloud Hypervisor's own flags (args excludes the program
@@ -125,6 +129,8 @@ func parseArgs(args []string) (Config, error) {
 			cfg.NoShutdown = true
 		case name == "--sim-no-guest-agent":
 			cfg.NoGuestAgent = true
+		case name == "--sim-no-guest-network":
+			cfg.NoGuestNetwork = true
 		case name == "--sim-guest-heartbeat":
 			v, err := next()
 			if err != nil {
