@@ -38,6 +38,14 @@ func (o *RestartOptions) defaults() {
 	}
 }
 
+// SetRestartStablePeriod changes RestartOptions.StablePeriod for restarts
+// decided from now on (tests and operators tuning a running service).
+func (s *Service) SetRestartStablePeriod(d time.Duration) {
+	s.guests.mu.Lock()
+	s.guests.o.Restart.StablePeriod = d
+	s.guests.mu.Unlock()
+}
+
 // Backoff is the wait before automatic restart number count+1: BaseDelay
 // × 2^count, at most MaxDelay.
 func (o RestartOptions) Backoff(count uint32) time.Duration {
@@ -91,7 +99,9 @@ func (ss *session) workloadEnded(failed bool) {
 // backoff, and boots it again. An operator's stop, a VM that failed
 // instead, a delete or a start in the meantime cancel the restart.
 func (ss *session) restartWhenStopped(upSince time.Time) {
+	ss.g.mu.Lock()
 	o := ss.g.o.Restart
+	ss.g.mu.Unlock()
 	log := ss.g.log.With("id", ss.id)
 	deadline := time.Now().Add(o.StopWait)
 	var rec *vm.Record

@@ -392,6 +392,26 @@ func TestIntegrationRestartPolicies(t *testing.T) {
 		t.Errorf("always: %s", v.raw)
 	}
 
+	// A workload that ran past the stable period starts a new series:
+	// every restart is restart 1 again.
+	h.image("slow", "sleep 1.5; exit 4", nil)
+	h.apps.SetRestartStablePeriod(time.Second)
+	req = baseCreate("slow")
+	req["restart_policy"] = "on-failure"
+	id = h.create(req)
+	var lastAt time.Time
+	restartsSeen := 0
+	h.waitFor(id, "three restarts after stable runs", 60*time.Second, func(v appView) bool {
+		if a := v.AppVM.LastRestartAt; a != nil && !a.Equal(lastAt) {
+			lastAt = *a
+			restartsSeen++
+			if v.AppVM.RestartCount != 1 {
+				t.Errorf("restart after a stable run counted %d, want 1", v.AppVM.RestartCount)
+			}
+		}
+		return restartsSeen >= 3
+	})
+
 	req = baseCreate("ok")
 	req["restart_policy"] = "on-failure"
 	id = h.create(req)
