@@ -193,3 +193,42 @@ func TestAppVMSecretAndShutdown(t *testing.T) {
 		return nil
 	})
 }
+
+// TestAppVMSurvivesAgentRestart: after the agent dies (SIGKILL) and starts
+// again, a running AppVM is adopted with log_stream_detached set until its
+// guest agent reconnects (resume), which clears it; the resumed session
+// carries heartbeats and the shutdown's stop.
+func TestAppVMSurvivesAgentRestart(t *testing.T) {
+	s := startAppVMServer(t, map[string]string{"idle": "exec sleep 300"})
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"adopt","image_id":"idle","vcpus":1,"memory_mb":128,"disk_gib":1,`+
+		`"ip":"10.80.0.7","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	s.appvmWait("adopt", "display running", 30*time.Second, func(v appvmView) bool { return v.DisplayState == "running" })
+	// A stopped guest agent cannot redial before the test has looked.
+	s.sim("adopt", "guest-agent", `{"signal":19}`)
+	s.kill()
+	s.restart()
+	// Adoption finishes in the background once the AppVM hooks are there.
+	v := s.appvmWait("adopt", "log_stream_detached", 10*time.Second, func(v appvmView) bool {
+		return bytes.Contains(v.raw, []byte(`"log_stream_detached":true`))
+	})
+	if v.State != "running" {
+		t.Fatalf("after the agent restart: %s", v.raw)
+	}
+	s.sim("adopt", "guest-agent", `{"signal":18}`)
+	v = s.appvmWait("adopt", "the guest agent's reconnection", 30*time.Second, func(v appvmView) bool {
+		return !bytes.Contains(v.raw, []byte("log_stream_detached"))
+	})
+	before := v.AppVM.LastHeartbeatAt
+	s.appvmWait("adopt", "a heartbeat on the resumed session", 15*time.Second, func(v appvmView) bool {
+		return v.AppVM.LastHeartbeatAt != nil && (before == nil || v.AppVM.LastHeartbeatAt.After(*before))
+	})
+	if st, b := s.do("POST", "/api/appvm/vms/adopt/shutdown", ""); st != http.StatusNoContent {
+		t.Fatalf("shutdown = %d %s", st, b)
+	}
+	v = s.appvmWait("adopt", "stopped", 30*time.Second, func(v appvmView) bool { return v.State == "stopped" })
+	if v.AppVM.WorkloadExitSignal != 15 {
+		t.Errorf("after shutdown over the resumed session: %s", v.raw)
+	}
+}
