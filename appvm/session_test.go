@@ -1,0 +1,150 @@
+package appvm_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"vmhost/appvm"
+	"vmhost/appvm/guest/proto"
+	"vmhost/chclient"
+	"vmhost/vm"
+)
+
+// TestSessionProtocol plays the guest agent's side against the host end:
+// a connection that does not start with Hello gets nothing; Hello gets the
+// Spec with the secret; heartbeats, lease, health, logs (secret scrubbed)
+// and the exit land in the record and the view; a resumed connection gets
+// no Spec and carries the stop.
+func TestSessionProtocol(t *testing.T) {
+	_, vms, apps := newEnv(t)
+	req := baseReq()
+	req.VMID = "p1"
+	req.AutoBoot = ptr(false)
+	req.SecretEnv = secrets([]string{"TOKEN=hunter2-secret"})
+	if _, err := apps.Create(context.Background(), &req); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := vms.Get(vm.ModeAppVM, "p1")
+	hooks := vms.AppVMHooks()
+	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
+	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer hooks.Forget(rec)
+	if err := hooks.Shutdown(context.Background(), rec); err == nil {
+		t.Error("Shutdown without a guest agent connection succeeded")
+	}
+	sock := chclient.VsockListenPath(vms.Layout().VsockSocket("p1"), proto.Port)
+	dial := func() (net.Conn, *proto.Conn) {
+		c, err := net.Dial("unix", sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		return c, proto.NewConn(c)
+	}
+
+	c, conn := dial()
+	if err := conn.Send(&proto.Heartbeat{Seq: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if m, err := conn.Recv(); err == nil {
+		t.Fatalf("host answered %s to a connection without hello", m.Type())
+	}
+	c.Close()
+
+	c, conn = dial()
+	defer c.Close()
+	if err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: "t", BootID: "b1"}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := conn.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sp, ok := m.(*proto.Spec)
+	if !ok || len(sp.SecretEnv) != 1 || sp.SecretEnv[0].Value.Reveal() != "hunter2-secret" || sp.Hostname != appvm.Hostname(rec) {
+		t.Fatalf("spec = %+v", m)
+	}
+	code := 3
+	for _, m := range []proto.Message{
+		&proto.Heartbeat{Seq: 1, At: time.Now()},
+		&proto.Lease{IP: "10.0.0.9", Prefix: 24, Gateway: "10.0.0.1", DNS: []string{"10.0.0.1"}, LeaseSecs: 600},
+		&proto.Health{Status: proto.HealthUnhealthy, Streak: 3},
+		&proto.Log{Stream: proto.Stdout, Data: []byte("token=hunter2-secret\n"), Seq: 1},
+		&proto.Exit{Code: &code},
+	} {
+		if err := conn.Send(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec, _ = vms.Get(vm.ModeAppVM, "p1")
+		if g := rec.AppVM.Guest; g != nil && g.ExitCode != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exit not recorded: %+v", rec.AppVM.Guest)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	v := apps.View(rec, vm.ViewOptions{}).AppVM
+	if v.Lease == nil || v.Lease.IP != "10.0.0.9" || v.Lease.LeaseSecs != 600 || v.Lease.ReportedAt.IsZero() ||
+		v.Health != "unhealthy" || v.HealthFailingStreak != 3 || v.WorkloadExitCode == nil || *v.WorkloadExitCode != 3 ||
+		v.LastHeartbeatAt == nil || v.HeartbeatStale || v.LogStreamDetached {
+		t.Errorf("view = %+v", v)
+	}
+	logs, err := os.ReadFile(appvm.WorkloadLog(vms.Layout(), "p1"))
+	if err != nil || string(logs) != "token=[redacted]\n" {
+		t.Errorf("workload log = %q, %v", logs, err)
+	}
+
+	// The connection breaks (a host agent restart would); the guest
+	// resumes: no Spec, and the stop goes over the new connection.
+	c.Close()
+	c, conn = dial()
+	defer c.Close()
+	if err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: "t", BootID: "b1", Resume: true}); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan proto.Message, 1)
+	go func() {
+		m, err := conn.Recv()
+		if err != nil {
+			close(got)
+			return
+		}
+		got <- m
+	}()
+	select {
+	case m := <-got:
+		t.Fatalf("host sent %v after a resume hello", m)
+	case <-time.After(200 * time.Millisecond):
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		err = hooks.Shutdown(context.Background(), rec)
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond) // the host may not have taken the new connection yet
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case m, ok := <-got:
+		if !ok {
+			t.Fatal("connection closed instead of a stop")
+		}
+		if _, isStop := m.(*proto.Stop); !isStop {
+			t.Errorf("host sent %s, want stop", m.Type())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no stop arrived")
+	}
+}
