@@ -141,7 +141,8 @@ func (e *Engine) update(id string, f func(*Record)) (*Record, error) {
 
 // step records a completed provisioning step.
 func (e *Engine) step(id, name string, f func(*Record)) (*Record, error) {
-	defer testStopAt(name) // crash tests (recover_hook.go)
+	testStopAt("pre:" + name) // crash tests (recover_hook.go): done, not recorded
+	defer testStopAt(name)    // crash tests: done and recorded
 	return e.update(id, func(r *Record) {
 		if r.Runtime == nil {
 			r.Runtime = &Runtime{}
@@ -494,7 +495,8 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
 	e.mu.Lock()
 	e.live[rec.ID] = q
 	e.mu.Unlock()
-	defer testStopAt(HookQSD) // crash tests (recover_hook.go)
+	testStopAt("pre:" + HookQSD) // crash tests (recover_hook.go): running, not recorded
+	defer testStopAt(HookQSD)    // crash tests: running and recorded
 	rt := &QSDRuntime{Pid: q.Pid, StartTime: q.StartTime, QMPSocket: cfg.QMPSocket, RootSocket: cfg.Root.Socket,
 		PidFile: cfg.PidFile, LogFile: cfg.LogFile}
 	for _, d := range cfg.Data {

@@ -60,6 +60,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 		e.svc.appVMForget(rec)
 		return err
 	}
+	testStopAt("pre:" + HookCH) // crash tests (recover_hook.go): running, not recorded
 	// Recorded at once, so the process of an agent that dies now is known.
 	if _, err := e.update(id, func(r *Record) { r.Runtime.CH, r.PID = rt, rt.Pid }); err != nil {
 		return undo(err)

@@ -12,7 +12,9 @@ import (
 // VMHOST_TEST_STOP_MARKER (if set), so a test can SIGKILL the agent right
 // there and check what a restart makes of it. Steps are the Step*
 // constants, "data<N>", "tap<N>", and the boot steps below. Unset, as in
-// production, it does nothing.
+// production, it does nothing. "pre:<step>" stops after the step's work
+// is done but before it is recorded (a file written, a tap or process
+// created that the record does not name yet).
 const (
 	testStopAtEnv     = "VMHOST_TEST_STOP_AT_STEP"
 	testStopMarkerEnv = "VMHOST_TEST_STOP_MARKER"

@@ -1,0 +1,196 @@
+package e2e
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// TestCrashAtEachStep kills the agent with SIGKILL at every provisioning
+// and boot step in turn, before and after the step is recorded (the
+// engine blocks there through the VMHOST_TEST_STOP_AT_STEP hook), restarts it,
+// and checks that the VM ends fully provisioned (running, since the create
+// asked for auto_boot, or created when the boot itself was cut short) or
+// failed, and that nothing is left that the record does not own: no
+// process, tap, file or directory.
+func TestCrashAtEachStep(t *testing.T) {
+	root := os.Geteuid() == 0
+	steps := []string{"image", "root_disk", "data0", "seed", "run_dir", "tap0", "qsd", "ch", "booted"}
+	nets := `,"nets":[{}]`
+	if !root {
+		t.Log("not root: no network namespace, so the VM has no interface and the tap step is skipped")
+		steps = slices.DeleteFunc(steps, func(s string) bool { return s == "tap0" })
+		nets = ""
+	}
+	// Each step twice: "pre:<step>" stops when the step's work is done but
+	// not recorded (a file, tap or process the record does not name yet),
+	// "<step>" once it is recorded.
+	var all []string
+	for _, st := range steps {
+		if st != "booted" {
+			all = append(all, "pre:"+st)
+		}
+		all = append(all, st)
+	}
+	steps = all
+	f := newFixture(t)
+	data, err := os.ReadFile(f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(data)
+	digest := hex.EncodeToString(sum[:])
+	for _, step := range steps {
+		t.Run(step, func(t *testing.T) {
+			marker := t.TempDir() + "/stopped"
+			t.Setenv("VMHOST_TEST_STOP_AT_STEP", step)
+			t.Setenv("VMHOST_TEST_STOP_MARKER", marker)
+			s := startServer(t, serverOpts{netns: root})
+			url := s.imageServer(t, data)
+			body := `{"vm_id":"crash","vcpus":1,"memory_mb":128,"kernel_path":"` + f.kernel + `","disk":{"size_gib":2},"volumes":[{"size_gib":1}],` +
+				`"image":{"image_id":"img","content_sha256":"` + digest + `","fetch_url":"` + url + `"},` +
+				`"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]},"auto_boot":true` + nets + `}`
+			if st, b := s.do("POST", "/api/vms", body); st != http.StatusAccepted {
+				t.Fatalf("POST = %d %s", st, b)
+			}
+			deadline := time.Now().Add(20 * time.Second)
+			for !exists(marker) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent never reached step %s", step)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			s.kill()
+			s.restart()
+			bootCut := step == "ch" || step == "pre:ch" || step == "booted"
+			v := s.waitFor("crash", "a settled state", func(v view) bool {
+				return v.State == "failed" || v.DisplayState == "running" || (bootCut && v.State == "created" && v.DisplayState == "created")
+			})
+			t.Logf("crash at %s → %s/%s", step, v.State, v.DisplayState)
+			switch {
+			case bootCut:
+				if v.State != "created" {
+					t.Errorf("boot cut short: state %s/%s, want created (the interrupted boot's CH is killed)", v.State, v.DisplayState)
+				}
+			case v.State != "running":
+				t.Errorf("provision cut short at %s: state %s/%s %+v, want it resumed and booted", step, v.State, v.DisplayState, v.FailureReason)
+			}
+			checkOwnedOnly(t, s, "crash", v, digest, root)
+		})
+	}
+}
+
+// checkOwnedOnly asserts that what is on the host for VM id is exactly
+// what its view says it owns.
+func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, taps bool) {
+	t.Helper()
+	var want []int
+	if v.PID != 0 {
+		want = append(want, v.PID)
+	}
+	if v.Disk != nil && v.Disk.QSDPid != 0 {
+		want = append(want, v.Disk.QSDPid)
+	}
+	got := s.children()
+	slices.Sort(want)
+	slices.Sort(got)
+	if !slices.Equal(got, want) {
+		t.Errorf("VM processes %v, want exactly the view's CH and QSD %v", got, want)
+	}
+	provisioned := v.State != "failed"
+	names := func(dir string) []string {
+		ents, _ := os.ReadDir(dir)
+		var out []string
+		for _, e := range ents {
+			out = append(out, e.Name())
+		}
+		return out
+	}
+	wantVMs := []string{id + ".json"}
+	if provisioned {
+		wantVMs = append(wantVMs, id)
+		if got := names(s.stateDir + "/vms/" + id); !slices.Equal(got, []string{"data0.qcow2", "root.qcow2", "seed.img"}) {
+			t.Errorf("VM directory holds %v", got)
+		}
+	}
+	slices.Sort(wantVMs)
+	if got := names(s.stateDir + "/vms"); !slices.Equal(got, wantVMs) {
+		t.Errorf("%s/vms holds %v, want %v", s.stateDir, got, wantVMs)
+	}
+	var wantRun []string
+	if provisioned {
+		wantRun = []string{id}
+	}
+	if got := names(s.runDir + "/vms"); !slices.Equal(got, wantRun) {
+		t.Errorf("%s/vms holds %v, want %v", s.runDir, got, wantRun)
+	}
+	if got := names(s.stateDir + "/images"); !slices.Equal(got, []string{"sha256-" + digest + ".qcow2"}) {
+		t.Errorf("image cache holds %v", got)
+	}
+	if !taps {
+		return
+	}
+	var tapNames, wantTaps []string
+	for _, o := range s.ownedTaps(t) {
+		tapNames = append(tapNames, o.Name)
+	}
+	if provisioned {
+		for _, n := range v.Nets {
+			wantTaps = append(wantTaps, n.TapName)
+		}
+	}
+	if !slices.Equal(tapNames, wantTaps) {
+		t.Errorf("taps %v, want %v", tapNames, wantTaps)
+	}
+}
+
+// imageServer serves data at /image.qcow2 where the server can reach it:
+// on loopback, inside the server's network namespace when it has one.
+func (s *server) imageServer(t *testing.T, data []byte) string {
+	t.Helper()
+	if s.nsFD == 0 {
+		return imageServer(t, data)
+	}
+	type result struct {
+		ln  net.Listener
+		err error
+	}
+	rc := make(chan result)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := unix.Setns(s.nsFD, unix.CLONE_NEWNET); err != nil {
+			rc <- result{err: err}
+			return
+		}
+		if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
+			rc <- result{err: fmt.Errorf("ip link set lo up: %v: %s", err, out)}
+			return
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		rc <- result{ln, err}
+	}()
+	r := <-rc
+	if r.err != nil {
+		t.Fatalf("image server in the server's namespace: %v", r.err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		if req.URL.Path != "/image.qcow2" {
+			http.NotFound(w, req)
+			return
+		}
+		w.Write(data)
+	})}
+	go srv.Serve(r.ln)
+	t.Cleanup(func() { srv.Close() })
+	return "http://" + r.ln.Addr().String() + "/image.qcow2"
+}
