@@ -150,6 +150,7 @@ func (e *Engine) step(id, name string, f func(*Record)) (*Record, error) {
 		if !slices.Contains(r.Runtime.Steps, name) {
 			r.Runtime.Steps = append(r.Runtime.Steps, name)
 		}
+		e.ensureCID(r) // with the first step: one record write less
 		if f != nil {
 			f(r)
 		}
@@ -177,17 +178,8 @@ func (e *Engine) Preflight(_ context.Context, rec *Record) error {
 func (e *Engine) Provision(ctx context.Context, rec *Record) error {
 	id := rec.ID
 	l := e.layout()
-	rec, err := e.update(id, func(r *Record) {
-		if r.Runtime == nil {
-			r.Runtime = &Runtime{}
-		}
-		if r.Runtime.VsockCID == 0 {
-			r.Runtime.VsockCID = e.allocCID(id)
-		}
-	})
-	if err != nil {
-		return err
-	}
+	rec = e.current(rec)
+	var err error
 	sp := &rec.Spec
 
 	if sp.Image != nil && !rec.Runtime.Done(StepImage) {
@@ -263,12 +255,27 @@ func (e *Engine) Provision(ctx context.Context, rec *Record) error {
 			return err
 		}
 	}
+	if rec.Runtime == nil || rec.Runtime.VsockCID == 0 { // every step was done before
+		if rec, err = e.update(id, func(r *Record) { e.ensureCID(r) }); err != nil {
+			return err
+		}
+	}
 	// AppVM specifics (ext4 data volumes) before QSD opens the volumes.
 	if rec, err = e.svc.appVMProvision(ctx, rec); err != nil {
 		return &HostError{Kind: HostStorage, Op: "provisioning AppVM " + id, Err: err}
 	}
 	_, err = e.ensureQSD(ctx, rec)
 	return err
+}
+
+// ensureCID gives r a vsock CID unless it has one.
+func (e *Engine) ensureCID(r *Record) {
+	if r.Runtime == nil {
+		r.Runtime = &Runtime{}
+	}
+	if r.Runtime.VsockCID == 0 {
+		r.Runtime.VsockCID = e.allocCID(r.ID)
+	}
 }
 
 // allocCID returns the smallest vsock CID ≥ 3 no other record holds. It
