@@ -82,7 +82,7 @@ func (s *server) appvmWait(id, what string, timeout time.Duration, cond func(app
 			return v
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("AppVM %s: %s did not happen within %v; view %s\nserver output:\n%s", id, what, timeout, v.raw, s.stderr)
+			s.t.Fatalf("AppVM %s: %s did not happen within %v; view %s", id, what, timeout, v.raw)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -168,6 +168,7 @@ func TestAppVMSecretAndShutdown(t *testing.T) {
 			t.Errorf("response %d holds the secret: %s", i, b)
 		}
 	}
+	s.kill() // its output is complete (and safe to read) once it is gone
 	if strings.Contains(s.stderr.String(), secret) {
 		t.Error("the server's output holds the secret")
 	}
