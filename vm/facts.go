@@ -26,7 +26,8 @@ import (
 //     table only says what the guest asserts).
 //   - disk.qsd_* and disk.runtime: the recorded qemu-storage-daemon serving
 //     the root disk, while one runs.
-//   - pid: the recorded Cloud Hypervisor.
+//   - pid: the running Cloud Hypervisor (Record.PID, cleared when the VM
+//     ends, even while a hung process is still being killed).
 
 // discoveredIPv4 is the view's discovered_ipv4: the first snooped address
 // of any interface, else the first observed one.

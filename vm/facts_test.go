@@ -22,7 +22,7 @@ import (
 func TestViewGuestFacts(t *testing.T) {
 	s := newTestService(t)
 	size := uint32(2)
-	rec := &Record{ID: "vm1", Mode: ModeVM, State: StateRunning, DisplayState: "running", PID: 0,
+	rec := &Record{ID: "vm1", Mode: ModeVM, State: StateRunning, DisplayState: "running", PID: 4242,
 		Spec: Spec{VMID: "vm1", Vcpus: 1, MemoryMB: 256, Disk: &DiskSpec{BasePath: "/img/base.qcow2", SizeGiB: &size},
 			Nets: []NetSpec{{Bridge: "br0"}, {Bridge: "br0"}}},
 		Base: &BaseImage{Path: "/img/base.qcow2", VirtualSizeBytes: 1 << 30},
@@ -37,7 +37,7 @@ func TestViewGuestFacts(t *testing.T) {
 	}
 	v := s.View(rec, ViewOptions{})
 	if v.PID != 4242 {
-		t.Errorf("pid = %d, want the recorded CH's 4242", v.PID)
+		t.Errorf("pid = %d, want the recorded 4242", v.PID)
 	}
 	if v.DiscoveredIPv4 != "10.0.0.7" {
 		t.Errorf("discovered_ipv4 = %q, want the snooped 10.0.0.7 before any observed address", v.DiscoveredIPv4)
@@ -72,7 +72,7 @@ func TestViewGuestFacts(t *testing.T) {
 	}
 
 	// Without processes and facts, none of it appears.
-	rec.Runtime, rec.NICs[0], rec.NICs[1] = nil, NIC{MAC: "02:00:00:00:00:01", Tap: "vmh1"}, NIC{MAC: "02:00:00:00:00:02", Tap: "vmh2"}
+	rec.Runtime, rec.PID, rec.NICs[0], rec.NICs[1] = nil, 0, NIC{MAC: "02:00:00:00:00:01", Tap: "vmh1"}, NIC{MAC: "02:00:00:00:00:02", Tap: "vmh2"}
 	got = string(s.View(rec, ViewOptions{}).AppendJSON(nil))
 	for _, key := range []string{"qsd_", `"runtime"`, "discovered_ipv4", "last_observed_ipv4", "dhcp_snooped_ipv4", `"pid"`} {
 		if strings.Contains(got, key) {

@@ -122,11 +122,23 @@ type finding struct {
 	err  error
 }
 
-// watch starts supervising the running VM id. ch is its Cloud Hypervisor
-// and qsd its storage daemon (nil when it has none); the monitor owns them
-// until it concludes or unwatch returns them. A VM already watched keeps
-// its monitor, and ch and qsd are released (not stopped).
+// watch starts supervising the VM id that was just booted. ch is its
+// Cloud Hypervisor and qsd its storage daemon (nil when it has none); the
+// monitor owns them until it concludes or unwatch returns them. A VM
+// already watched keeps its monitor, and ch and qsd are released (not
+// stopped). A guest panic recorded for an earlier boot is cleared.
 func (s *Service) watch(id string, ch *chclient.Process, qsd *qmp.QSD) {
+	if r := s.reg.get(id); r != nil && r.GuestPanickedAt != nil {
+		if _, err := s.reg.update(id, func(r *Record) { r.GuestPanickedAt = nil }); err != nil {
+			s.log.Error("clearing the guest panic of an earlier boot", "id", id, "err", err)
+		}
+	}
+	s.supervise(id, ch, qsd)
+}
+
+// supervise starts the monitor of a running VM (watch after a boot; the
+// recovery after adopting the processes).
+func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD) {
 	rec := s.reg.get(id)
 	if rec == nil {
 		s.log.Error("watch: no record; processes left running unwatched", "id", id)

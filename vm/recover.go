@@ -194,7 +194,7 @@ func (s *Service) recoverRunning(rec *Record) recovered {
 			return recovered{what: "ended"}
 		}
 	}
-	s.watch(id, ch, qsd)
+	s.supervise(id, ch, qsd)
 	keep := []int{ch.Pid}
 	if qsd != nil {
 		keep = append(keep, qsd.Pid)

@@ -255,9 +255,6 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		v.Nets = append(v.Nets, nv)
 	}
 	v.DiscoveredIPv4 = discoveredIPv4(rec.NICs)
-	if v.PID == 0 && rec.Runtime != nil && rec.Runtime.CH != nil {
-		v.PID = rec.Runtime.CH.Pid
-	}
 	if d := sp.Disk; d != nil || sp.Image != nil {
 		dv := &v.store.disk
 		*dv = DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
