@@ -168,6 +168,16 @@ func TestImageDownload(t *testing.T) {
 	if !exists(cached) {
 		t.Errorf("image cache %s missing", cached)
 	}
+	// Without auto_boot the background provisioning ends in created; the
+	// image comes from the cache this time.
+	s.create(strings.Replace(strings.Replace(body, `"dl"`, `"dl2"`, 1), `"auto_boot":true`, `"auto_boot":false`, 1), http.StatusAccepted)
+	v = s.waitDisplay("dl2", "created", "created")
+	if v.DiskPath != s.stateDir+"/vms/dl2/root.qcow2" || !exists(v.DiskPath) {
+		t.Errorf("dl2 view = %+v", v)
+	}
+	if st, b := s.do("DELETE", "/api/vms/dl2", ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE dl2 = %d %s", st, b)
+	}
 	if st := s.act("dl", "stop"); st != http.StatusNoContent {
 		t.Fatalf("stop = %d", st)
 	}
