@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"vmhost/config"
@@ -181,5 +182,25 @@ func TestEngineCreateBootDelete(t *testing.T) {
 	}
 	if rec.Runtime.VsockCID != cids[0] {
 		t.Errorf("CID after delete = %d, want the freed %d", rec.Runtime.VsockCID, cids[0])
+	}
+}
+
+// TestEngineWithoutTaps: an engine that cannot create taps (an agent
+// without root) refuses a VM with interfaces before anything is stored,
+// naming the reason.
+func TestEngineWithoutTaps(t *testing.T) {
+	s, _, root := engineService(t, func(o *EngineOptions) { o.NoTapsReason = "creating taps needs root" })
+	sp := baseSpec(t, root, "nic")
+	sp.Nets = []NetSpec{{}}
+	_, _, err := s.CreateVM(context.Background(), sp)
+	var he *HostError
+	if !errors.As(err, &he) || he.Kind != HostNetwork || !strings.Contains(err.Error(), "creating taps needs root") {
+		t.Fatalf("CreateVM with a NIC = %v, want a network HostError with the reason", err)
+	}
+	if _, err := os.Stat(s.Layout().VMDir("nic")); err == nil {
+		t.Error("files were made before the refusal")
+	}
+	if _, err := s.Get(ModeVM, "nic"); err == nil {
+		t.Error("a record was stored")
 	}
 }
