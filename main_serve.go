@@ -239,6 +239,11 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	defer func() {
+		if err := svc.Close(); err != nil {
+			log.Error("releasing VMs", "err", err)
+		}
+	}()
 
 	ln, err := listen(o.listen)
 	if err != nil {

@@ -16,6 +16,10 @@ import (
 // service is what serve runs: the API handler over the VM services.
 type service struct {
 	Handler http.Handler
+	// Close stops watching the VMs and releases their process handles;
+	// the VMs keep running (KillMode=process) and the next start adopts
+	// them.
+	Close func() error
 }
 
 // newService loads the VM records and builds the API over them, with the
@@ -68,5 +72,5 @@ func newService(env serveEnv) (*service, error) {
 	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
 		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: appvm.New(vms), Logger: env.Log})
-	return &service{Handler: h}, nil
+	return &service{Handler: h, Close: vms.Close}, nil
 }
