@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/proc"
 	"vmhost/qmp"
 )
 
@@ -98,10 +99,13 @@ type watchers struct {
 
 // monitor supervises one running VM.
 type monitor struct {
-	s         *Service
-	id        string
-	ch        *chclient.Process
-	qsd       *qmp.QSD // nil when the VM has no storage daemon
+	s   *Service
+	id  string
+	ch  *chclient.Process
+	qsd *qmp.QSD // nil when the VM has no storage daemon
+	// qsdProc watches, by pid only, a storage daemon whose QMP monitor
+	// did not answer at adoption (qsd is nil then).
+	qsdProc   *proc.Adopted
 	apiSocket string
 	events    string
 	rootDisk  string // "" when there is none to watch
@@ -133,19 +137,20 @@ func (s *Service) watch(id string, ch *chclient.Process, qsd *qmp.QSD) {
 			s.log.Error("clearing the guest panic of an earlier boot", "id", id, "err", err)
 		}
 	}
-	s.supervise(id, ch, qsd)
+	s.supervise(id, ch, qsd, nil)
 }
 
 // supervise starts the monitor of a running VM (watch after a boot; the
-// recovery after adopting the processes).
-func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD) {
+// recovery after adopting the processes, where qsdProc may stand in for a
+// storage daemon whose monitor did not answer).
+func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdProc *proc.Adopted) {
 	rec := s.reg.get(id)
 	if rec == nil {
 		s.log.Error("watch: no record; processes left running unwatched", "id", id)
 		return
 	}
 	m := &monitor{
-		s: s, id: id, ch: ch, qsd: qsd,
+		s: s, id: id, ch: ch, qsd: qsd, qsdProc: qsdProc,
 		apiSocket: ch.APISocket,
 		events:    s.layout.Events(id),
 		chStart:   processStartWall(ch.StartTime),
@@ -172,6 +177,9 @@ func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD) {
 		if qsd != nil {
 			qsd.Close()
 		}
+		if qsdProc != nil {
+			qsdProc.Close()
+		}
 		return
 	}
 	w.m[id] = m
@@ -197,6 +205,9 @@ func (s *Service) unwatch(id string) (*chclient.Process, *qmp.QSD) {
 	}
 	m.cancel()
 	<-m.ended
+	if m.qsdProc != nil {
+		m.qsdProc.Close() // stopProcesses stops the recorded daemon
+	}
 	return m.ch, m.qsd
 }
 
@@ -227,6 +238,9 @@ func (s *Service) Close() error {
 		if m.qsd != nil {
 			m.qsd.Close()
 		}
+		if m.qsdProc != nil {
+			m.qsdProc.Close()
+		}
 	}
 	w.wg.Wait()
 	return nil
@@ -254,8 +268,11 @@ func (m *monitor) run() {
 	defer helpers.Wait()
 
 	var qsdDone <-chan struct{}
-	if m.qsd != nil {
+	switch {
+	case m.qsd != nil:
 		qsdDone = m.qsd.Done()
+	case m.qsdProc != nil:
+		qsdDone = m.qsdProc.Done()
 	}
 	tick := time.NewTicker(monitorTick)
 	defer tick.Stop()
@@ -399,10 +416,16 @@ func (m *monitor) exitVerdict() verdict {
 
 // qsdVerdict explains an exited qemu-storage-daemon.
 func (m *monitor) qsdVerdict() verdict {
+	pid := 0
+	if m.qsd != nil {
+		pid = m.qsd.Pid
+	} else if m.qsdProc != nil {
+		pid = m.qsdProc.Pid
+	}
 	return verdict{state: StateFailed, reason: &FailureReason{
 		DetectedAt: m.s.o.Now().UTC(),
 		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d exited, so the VM lost its root disk and volumes%s",
-			m.qsd.Pid, logHint(m.s.layout.QSDLog(m.id))),
+			pid, logHint(m.s.layout.QSDLog(m.id))),
 		Detail: FailureDetail{Kind: KindProcessExit},
 		Cause:  CauseUnknown,
 	}}
@@ -451,11 +474,16 @@ func (m *monitor) conclude(v verdict) {
 		lvl = s.log.Info
 	}
 	lvl("VM ended", "id", m.id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
+	if m.qsdProc != nil {
+		m.qsdProc.Close() // stopProcesses stops the recorded daemon
+	}
 	s.stopProcesses(m.id, m.ch, m.qsd)
 }
 
 // stopProcesses ends ch and qsd (either may be nil or already gone),
-// releases them, and clears their identity from the record.
+// releases them, and clears their identity from the record. Without qsd,
+// a storage daemon the record names is stopped if it still runs (one
+// adopted by pid only, whose monitor did not answer).
 func (s *Service) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
 	if ch != nil {
 		if err := terminate(ch.Done(), ch.Signal); err != nil {
@@ -475,10 +503,20 @@ func (s *Service) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
 			cancel()
 		}
 	}
+	var recorded *QSDRuntime
+	if qsd == nil {
+		if r := s.reg.get(id); r != nil && r.Runtime.qsd() != nil {
+			recorded = r.Runtime.QSD
+			s.stopRecordedQSD(id, recorded)
+		}
+	}
 	_, err := s.reg.update(id, func(r *Record) {
 		if rt := r.Runtime; rt != nil {
 			if ch != nil && rt.CH != nil && rt.CH.Pid == ch.Pid {
 				rt.CH = nil
+			}
+			if recorded != nil && rt.QSD != nil && rt.QSD.Pid == recorded.Pid && rt.QSD.StartTime == recorded.StartTime {
+				rt.QSD = nil
 			}
 			if qsd != nil && rt.QSD != nil && rt.QSD.Pid == qsd.Pid {
 				rt.QSD = nil

@@ -32,7 +32,9 @@ import (
 //     stream shows a clean poweroff, else failed with missing_pid
 //     (ch_crash). If CH runs but its storage daemon is gone, the VM fails
 //     with a storage summary and CH is stopped. Either way what is left is
-//     stopped, since a failed VM runs nothing.
+//     stopped, since a failed VM runs nothing. A storage daemon that runs
+//     but whose QMP monitor does not answer (it serves one client at a
+//     time) is watched by pid only, rather than failing a running VM.
 //   - A VM that is not running keeps no CH (the leftover of a boot or stop
 //     the agent did not finish is killed); a created VM's live storage
 //     daemon is handed back to the engine, otherwise killed.
@@ -74,6 +76,9 @@ func (s *Service) Recovery() RecoveryReport {
 
 // recoverParallel bounds how many records are reconciled at once.
 const recoverParallel = 8
+
+// qmpAttachTimeout bounds re-attaching to a storage daemon's monitor.
+const qmpAttachTimeout = 2 * time.Second
 
 // recoverHost runs at New, after the records are loaded.
 func (s *Service) recoverHost() {
@@ -184,21 +189,27 @@ func (s *Service) recoverRunning(rec *Record) recovered {
 		return recovered{what: "ended"}
 	}
 	var qsd *qmp.QSD
+	var qsdProc *proc.Adopted
+	keep := []int{ch.Pid}
 	if q := rt.QSD; q != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), qmpAttachTimeout)
 		var err error
 		qsd, err = qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
 		cancel()
 		if err != nil {
-			s.failStorageRecovered(rec, ch, err)
-			return recovered{what: "ended"}
+			// Alive but its monitor does not answer (it serves one
+			// client at a time): watch it by pid rather than fail a
+			// running VM over a busy control socket.
+			if qsdProc, _ = proc.Adopt(q.Pid, q.StartTime); qsdProc == nil {
+				s.failStorageRecovered(rec, ch, err)
+				return recovered{what: "ended"}
+			}
+			s.log.Warn("qemu-storage-daemon runs but its QMP monitor did not answer; watching it by pid only (disk limits and volume changes fail until the next boot)",
+				"id", id, "pid", q.Pid, "err", err)
 		}
+		keep = append(keep, q.Pid)
 	}
-	s.supervise(id, ch, qsd)
-	keep := []int{ch.Pid}
-	if qsd != nil {
-		keep = append(keep, qsd.Pid)
-	}
+	s.supervise(id, ch, qsd, qsdProc)
 	if rec.DisplayState == DisplayBooting {
 		s.rearmBootDeadline(id, ch)
 	}
@@ -213,7 +224,7 @@ func (s *Service) recoverRunning(rec *Record) recovered {
 			}
 		})
 	}
-	s.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1])
+	s.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1], "qmp", qsd != nil)
 	return recovered{what: "adopted", keep: keep}
 }
 

@@ -319,3 +319,91 @@ func TestIntegrationRecoverReapsTaps(t *testing.T) {
 		t.Errorf("reaped taps %v, want %v", rep.Taps, want)
 	}
 }
+
+func TestVMProcessOf(t *testing.T) {
+	prefix := []byte("path=/run/vmhost/vms/")
+	for _, tc := range []struct {
+		name, cmdline, id string
+	}{
+		{"ch", "cloud-hypervisor\x00--api-socket\x00path=/run/vmhost/vms/vm-1/ch.sock\x00--event-monitor\x00path=/run/vmhost/vms/vm-1/events\x00", "vm-1"},
+		{"sim ch", "/usr/bin/vmhost\x00sim-ch\x00--api-socket\x00path=/run/vmhost/vms/a.b/ch.sock\x00", "a.b"},
+		{"qsd", "qemu-storage-daemon\x00--chardev\x00socket,id=qmp,path=/run/vmhost/vms/vm2/qsd.qmp,server=on,wait=off\x00", "vm2"},
+		{"another run dir", "cloud-hypervisor\x00--api-socket\x00path=/run/other/vms/vm-1/ch.sock\x00", ""},
+		{"other file", "cloud-hypervisor\x00--api-socket\x00path=/run/vmhost/vms/vm-1/other.sock\x00", ""},
+		{"guest agent", "vmhost\x00guest\x00--transport\x00unix:/run/vmhost/vms/vm-1/vsock.sock_1024\x00", ""},
+		{"invalid id", "x\x00path=/run/vmhost/vms/../ch.sock\x00", ""},
+		{"nested", "x\x00path=/run/vmhost/vms/a/b/ch.sock\x00", ""},
+		{"empty", "", ""},
+	} {
+		id, ok := vmProcessOf([]byte(tc.cmdline), prefix)
+		if id != tc.id || ok != (tc.id != "") {
+			t.Errorf("%s: vmProcessOf = %q, %v; want %q", tc.name, id, ok, tc.id)
+		}
+	}
+}
+
+func TestHasRecordFile(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"a.json", "b.json.damaged", "c[1].json"} {
+		os.WriteFile(filepath.Join(dir, f), nil, 0o600)
+	}
+	for id, want := range map[string]bool{"a": true, "b": true, "c[1]": true, "c1": false, "d": false, "*": false} {
+		if got := hasRecordFile(dir, id); got != want {
+			t.Errorf("hasRecordFile(%q) = %v, want %v", id, got, want)
+		}
+	}
+}
+
+// BenchmarkRecoverAdopt50 is an agent restart with 50 running VMs: New
+// adopting every CH and QSD (pidfd, start time, QMP handshake) and
+// starting their monitors, then Close. The contract's target is 2 s.
+func BenchmarkRecoverAdopt50(b *testing.B) {
+	s := newTestService(b)
+	rs := make([]*running, 50)
+	for i := range rs {
+		r, stop, err := launchVM(s, fmt.Sprintf("vm%02d", i), vmOpts{})
+		if stop != nil {
+			b.Cleanup(stop)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		rs[i] = r
+	}
+	for _, r := range rs {
+		r.qsd.Close() // QSD's monitor serves one client: let New attach
+		r.ch.Close()
+	}
+	s.Close()
+	for b.Loop() {
+		n, err := New(Options{StateDir: s.state, RunDir: s.run, Config: s.o.Config, Store: s.o.Store, Host: NotBuiltHost{}, Logger: s.log})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := len(n.Recovery().Adopted); got != 50 {
+			b.Fatalf("adopted %d: %+v\n%s", got, n.Recovery(), s.logs)
+		}
+		n.Close()
+	}
+}
+
+// TestRecoverBusyQMP restarts the agent while another client holds the
+// storage daemon's QMP monitor (which serves one at a time): the VM is
+// adopted with its daemon watched by pid, so its death is still noticed,
+// and nothing is left running after the VM fails.
+func TestRecoverBusyQMP(t *testing.T) {
+	a := newTestService(t)
+	r := startVM(t, a, "busy") // not watched: the launch's QMP connection stays open
+	b := newTestService(t, a.state, a.run)
+	if rep := b.Recovery(); !slices.Equal(rep.Adopted, []string{"busy"}) {
+		t.Fatalf("recovery = %+v, want busy adopted; logs:\n%s", rep, b.logs)
+	}
+	if rec := b.reg.get("busy"); rec.State != StateRunning || rec.Runtime.QSD == nil || rec.Runtime.QSD.Pid != r.qsd.Pid {
+		t.Fatalf("after adoption: %s", describe(rec))
+	}
+	syscall.Kill(r.qsd.Pid, syscall.SIGKILL)
+	rec, took := waitRecord(t, b, "busy", 2*time.Second, "storage failure", func(r *Record) bool { return r.State == StateFailed })
+	t.Logf("death of a pid-watched QSD noticed in %v: %s", took, rec.FailureReason.Summary)
+	gone(t, "cloud-hypervisor", r.ch.Done())
+	waitRecord(t, b, "busy", 5*time.Second, "runtime cleared", func(r *Record) bool { return r.Runtime.CH == nil && r.Runtime.QSD == nil })
+}
