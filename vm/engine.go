@@ -44,7 +44,8 @@ type EngineOptions struct {
 	// interface then fails with a HostNetwork error carrying NoTapsReason.
 	Taps         *tap.Handle
 	NoTapsReason string
-	// HostCPUs is the vCPU hot-add ceiling; 0 means runtime.NumCPU().
+	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
+	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int
 	// StopGrace is how long a VMM gets to exit after vmm.shutdown (and
 	// again after SIGTERM); 0 means 5 seconds.
@@ -84,6 +85,9 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	}
 	if o.QSD.Binary == "" {
 		o.QSD.Binary = o.Config.Binaries.QemuStorageDaemon
+	}
+	if o.HostCPUs <= 0 {
+		o.HostCPUs = o.Config.HostCPUs // what admission counts against
 	}
 	if o.HostCPUs <= 0 {
 		o.HostCPUs = runtime.NumCPU()
