@@ -31,9 +31,21 @@ import (
 // (simEnv gives the environment).
 const testExecEnv = "VMHOST_VM_TEST_EXEC"
 
+// exitOnEnv names a file whose appearance makes the simulated CH exit 3.
+const exitOnEnv = "VMHOST_VM_TEST_EXIT_ON"
+
 func TestMain(m *testing.M) {
 	switch os.Getenv(testExecEnv) {
 	case "sim-ch":
+		if p := os.Getenv(exitOnEnv); p != "" {
+			// A VMM that dies with code 3 once the file p exists.
+			go func() {
+				for !fileExists(p) {
+					time.Sleep(5 * time.Millisecond)
+				}
+				os.Exit(3)
+			}()
+		}
 		os.Exit(chsim.Main(os.Args[1:]))
 	case "sim-qsd":
 		os.Exit(qsdsim.Main(os.Args[1:]))
@@ -124,7 +136,8 @@ func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running
 // vmOpts are startVM's extras.
 type vmOpts struct {
 	chArgs []string
-	nics   []NIC // interfaces (taps must exist where chsim runs)
+	chEnv  []string // added to chsim's environment
+	nics   []NIC    // interfaces (taps must exist where chsim runs)
 	// launch runs CH's launch, e.g. on a thread inside a network
 	// namespace; nil runs it directly.
 	launch func(f func() error) error
@@ -175,7 +188,7 @@ func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err
 	var ch *chclient.Process
 	launch := func() (err error) {
 		ch, err = chclient.Launch(ctx, chclient.LaunchConfig{
-			Binary: self, Env: simEnv("sim-ch"),
+			Binary: self, Env: append(simEnv("sim-ch"), o.chEnv...),
 			APISocket: l.APISocket(id), EventMonitor: l.Events(id), LogFile: l.CHLog(id),
 			SerialSocket: l.ConsoleSocket(id), ExtraArgs: append([]string{"-v"}, chArgs...),
 		})
@@ -321,6 +334,9 @@ func TestMonitorFailures(t *testing.T) {
 			within: 2 * time.Second, state: StateFailed, kind: KindProcessSignal, cause: CauseCHCrash, code: "nil", signum: "11", inSummary: "signal 11"},
 		{name: "killed", inject: func(t *testing.T, r *running) { r.ch.Signal(syscall.SIGKILL) },
 			within: 2 * time.Second, state: StateFailed, kind: KindProcessSignal, cause: CauseCHCrash, code: "nil", signum: "9"},
+		{name: "exit code", inject: func(t *testing.T, r *running) {
+			os.WriteFile(filepath.Join(filepath.Dir(r.apiSocket), "exit-now"), nil, 0o600)
+		}, within: 2 * time.Second, state: StateFailed, kind: KindProcessExit, cause: CauseCHCrash, code: "3", signum: "nil", inSummary: "code 3"},
 		{name: "guest poweroff", inject: func(t *testing.T, r *running) { r.sim(t, "poweroff", "") },
 			within: 2 * time.Second, state: StateStopped, kind: KindProcessExit, cause: CauseGuestShutdown, code: "0", signum: "nil"},
 		{name: "acpi shutdown pending", inject: func(t *testing.T, r *running) { r.sim(t, "poweroff", "") },
@@ -361,7 +377,7 @@ func TestMonitorFailures(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newTestService(t)
-			r := startVM(t, s, "vm1")
+			r := startVMWith(t, s, "vm1", vmOpts{chEnv: []string{exitOnEnv + "=" + s.layout.RunVMDir("vm1") + "/exit-now"}})
 			if tc.alsoBefore != nil {
 				tc.alsoBefore(t, s, r)
 			}
