@@ -131,9 +131,15 @@ func TestRestartAdoptsRunningVMs(t *testing.T) {
 	if t.Failed() {
 		t.FailNow()
 	}
-	before := map[string]string{}
 	for _, id := range ids {
 		s.waitDisplay(id, "running", "running")
+	}
+	paused := ids[len(ids)-1] // a paused VM is adopted as it is
+	if st := s.act(paused, "pause"); st != http.StatusNoContent {
+		t.Fatalf("pause = %d", st)
+	}
+	before := map[string]string{}
+	for _, id := range ids {
 		before[id] = s.rawView(id)
 	}
 	procs := len(s.children())
@@ -154,6 +160,9 @@ func TestRestartAdoptsRunningVMs(t *testing.T) {
 	}
 	if got := len(s.children()); got != procs {
 		t.Errorf("%d VM processes after the restart, %d before", got, procs)
+	}
+	if st := s.act(paused, "resume"); st != http.StatusNoContent {
+		t.Errorf("resume of a VM paused before the restart = %d", st)
 	}
 	// Still watched: a crash of an adopted CH is noticed.
 	s.sim(ids[0], "crash", `{"signal":9}`)
