@@ -407,3 +407,33 @@ func TestRecoverBusyQMP(t *testing.T) {
 	gone(t, "cloud-hypervisor", r.ch.Done())
 	waitRecord(t, b, "busy", 5*time.Second, "runtime cleared", func(r *Record) bool { return r.Runtime.CH == nil && r.Runtime.QSD == nil })
 }
+
+// TestRecoverRearmsBootTimeout: a VM still booting when the agent
+// restarts gets the rest of its boot timeout, counted from its CH's start.
+func TestRecoverRearmsBootTimeout(t *testing.T) {
+	a := newTestService(t)
+	r := startVM(t, a, "slow", "--sim-no-activate")
+	r.qsd.Close() // let the next agent attach
+	a.Close()
+	cfg := *a.o.Config
+	cfg.BootTimeoutSecs = 2
+	e, err := NewEngine(EngineOptions{Config: &cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Options{StateDir: a.state, RunDir: a.run, Config: &cfg, Store: a.o.Store, Host: e, Logger: a.log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if rep := b.Recovery(); !slices.Equal(rep.Adopted, []string{"slow"}) {
+		t.Fatalf("recovery = %+v", rep)
+	}
+	ts := &testService{Service: b, state: a.state, run: a.run, logs: a.logs}
+	rec, took := waitRecord(t, ts, "slow", 5*time.Second, "boot timeout", func(r *Record) bool { return r.State == StateFailed })
+	if f := rec.FailureReason; f.Detail.Kind != KindBootTimeout || f.Cause != CauseBootTimeout {
+		t.Errorf("after the re-armed boot timeout: %s", describe(rec))
+	}
+	t.Logf("boot timeout fired %v after the restart", took)
+	gone(t, "cloud-hypervisor", r.ch.Done())
+}
