@@ -119,6 +119,9 @@ func (s *Service) recoverHost() {
 	}
 	wg.Wait()
 	rep.Killed = s.reapProcesses(keep)
+	if _, engine := s.o.Host.(*Engine); engine && s.tapHandle() == nil {
+		s.log.Info("no tap handle (the agent cannot manage taps): orphan taps are not reaped and guest addresses (DHCP snooping, neighbour table) are not gathered")
+	}
 	rep.Taps = s.reapTaps()
 	rep.Dirs = s.reapDirs()
 	for _, rec := range resume {
