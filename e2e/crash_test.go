@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -134,8 +135,12 @@ func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, t
 	if got := names(s.runDir + "/vms"); !slices.Equal(got, wantRun) {
 		t.Errorf("%s/vms holds %v, want %v", s.runDir, got, wantRun)
 	}
-	if got := names(s.stateDir + "/images"); !slices.Equal(got, []string{"sha256-" + digest + ".qcow2"}) {
-		t.Errorf("image cache holds %v", got)
+	var wantImages []string
+	if digest != "" {
+		wantImages = []string{"sha256-" + digest + ".qcow2"}
+	}
+	if got := names(s.stateDir + "/images"); !slices.Equal(got, wantImages) {
+		t.Errorf("image cache holds %v, want %v", got, wantImages)
 	}
 	if !taps {
 		return
@@ -193,4 +198,62 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 	go srv.Serve(r.ln)
 	t.Cleanup(func() { srv.Close() })
 	return "http://" + r.ln.Addr().String() + "/image.qcow2"
+}
+
+// TestCrashDuringSyncCreate kills the agent during a synchronous create
+// (no image: the caller waits for the answer) at provisioning steps: its
+// caller saw the request fail, so at restart the create is rolled back
+// (DESIGN §4) and the VM failed (provision_failed), with nothing left but
+// the record that says why; delete and a retry with the same id work. Cut
+// during the boot, the VM stays created, as a create whose boot fails.
+func TestCrashDuringSyncCreate(t *testing.T) {
+	root := os.Geteuid() == 0
+	steps := []string{"pre:root_disk", "data0", "seed", "pre:tap0", "tap0", "pre:qsd", "qsd", "ch"}
+	nets := `,"nets":[{}]`
+	if !root {
+		steps = slices.DeleteFunc(steps, func(s string) bool { return strings.HasSuffix(s, "tap0") })
+		nets = ""
+	}
+	f := newFixture(t)
+	body := f.body("sync", true, `,"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]}`+nets)
+	for _, step := range steps {
+		t.Run(step, func(t *testing.T) {
+			marker := t.TempDir() + "/stopped"
+			t.Setenv("VMHOST_TEST_STOP_AT_STEP", step)
+			t.Setenv("VMHOST_TEST_STOP_MARKER", marker)
+			s := startServer(t, serverOpts{netns: root})
+			done := make(chan int, 1)
+			go func() { st, _ := s.do("POST", "/api/vms", body); done <- st }()
+			deadline := time.Now().Add(20 * time.Second)
+			for !exists(marker) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent never reached step %s", step)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			s.kill()
+			if st := <-done; st == http.StatusCreated {
+				t.Fatalf("the create answered %d although the agent was killed", st)
+			}
+			s.restart()
+			v := s.waitFor("sync", "a settled state", func(v view) bool {
+				return v.State == "failed" || (v.State == "created" && v.DisplayState == "created")
+			})
+			t.Logf("crash at %s → %s/%s", step, v.State, v.DisplayState)
+			if step == "ch" {
+				if v.State != "created" {
+					t.Errorf("boot cut short: %s/%s, want created", v.State, v.DisplayState)
+				}
+			} else if v.State != "failed" || v.DisplayState != "provision_failed" || v.FailureReason == nil || v.FailureReason.Cause != "provision_failed" {
+				t.Errorf("interrupted synchronous create: %+v %+v, want failed/provision_failed", v, v.FailureReason)
+			}
+			checkOwnedOnly(t, s, "sync", v, "", root)
+			if st, b := s.do("DELETE", "/api/vms/sync", ""); st != http.StatusNoContent {
+				t.Fatalf("DELETE = %d %s", st, b)
+			}
+			checkGone(t, s, "sync")
+			s.create(body, http.StatusCreated)
+			s.waitDisplay("sync", "running", "running")
+		})
+	}
 }

@@ -38,11 +38,15 @@ import (
 //   - A VM that is not running keeps no CH (the leftover of a boot or stop
 //     the agent did not finish is killed); a created VM's live storage
 //     daemon is handed back to the engine, otherwise killed.
-//   - A provision that was cut short is resumed: every provisioning step
-//     is recorded when done, and files of steps not recorded (a partial
-//     copy, temp files) are removed first, so the resumed Provision redoes
-//     exactly the missing steps. If it fails, it is rolled back and the VM
-//     is failed (provision_failed), as any background provision.
+//   - A provision that was cut short is resumed when it ran in the
+//     background (a create with an image, answered 202, whose caller polls):
+//     every provisioning step is recorded when done, and files of steps not
+//     recorded (a partial copy, temp files) are removed first, so the
+//     resumed Provision redoes exactly the missing steps. If it fails, it
+//     is rolled back and the VM is failed (provision_failed), as any
+//     background provision. A synchronous create (no image) whose caller
+//     saw the request fail is rolled back and failed (provision_failed);
+//     the record stays to say why.
 //   - What no record owns is reaped and logged: Cloud Hypervisor and
 //     qemu-storage-daemon processes whose command line names an API or QMP
 //     socket in <run>/vms/ and that are not a recorded, adopted process;
@@ -60,7 +64,7 @@ import (
 type RecoveryReport struct {
 	Adopted  []string // running VMs adopted and watched again
 	Ended    []string // running VMs whose processes had gone
-	Resumed  []string // interrupted provisions resumed
+	Resumed  []string // interrupted provisions resumed (image creates) or rolled back (synchronous ones)
 	Killed   []string // processes no record owned, "pid <n> (<vm id>)"
 	Taps     []string // taps no record owned, deleted
 	Dirs     []string // directories no record owned, removed
@@ -420,10 +424,22 @@ func (s *Service) resumeProvision(rec *Record) bool {
 		return false
 	}
 	s.removeUnrecordedFiles(rec)
-	s.log.Warn("resuming a provision interrupted by an agent restart", "id", rec.ID, "steps_done", rec.Runtime.steps())
+	// Only a create with an image provisions in the background (202);
+	// any other was synchronous, and its caller saw the request fail.
+	resume := rec.Spec.Image != nil
+	if resume {
+		s.log.Warn("resuming a provision interrupted by an agent restart", "id", rec.ID, "steps_done", rec.Runtime.steps())
+	} else {
+		s.log.Warn("rolling back a synchronous create interrupted by an agent restart", "id", rec.ID, "steps_done", rec.Runtime.steps())
+	}
 	run := func(AppVMHooks) {
-		if cur := s.reg.get(rec.ID); cur != nil {
+		cur := s.reg.get(rec.ID)
+		switch {
+		case cur == nil:
+		case resume:
 			s.provisionInBackground(cur)
+		default:
+			s.rollBackInterrupted(cur)
 		}
 	}
 	if rec.Mode == ModeAppVM {
@@ -436,6 +452,40 @@ func (s *Service) resumeProvision(rec *Record) bool {
 		run(nil)
 	}()
 	return true
+}
+
+// rollBackInterrupted undoes what an interrupted synchronous create made
+// and fails the VM (provision_failed), as a create that fails does (DESIGN
+// §4), keeping the record so the caller can see why. Its taps are deleted
+// by name, since one may have been made without being recorded.
+func (s *Service) rollBackInterrupted(rec *Record) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	err := s.o.Host.Rollback(ctx, rec)
+	if h := s.tapHandle(); h != nil {
+		for _, n := range rec.NICs {
+			err = errors.Join(err, h.Delete(ctx, n.Tap))
+		}
+	}
+	if err != nil {
+		s.log.Error("rolling back an interrupted create", "id", rec.ID, "err", err)
+	}
+	_, uerr := s.reg.update(rec.ID, func(r *Record) {
+		r.State = StateFailed
+		r.DisplayState = DisplayProvisionFailed
+		r.FailureReason = &FailureReason{
+			DetectedAt: s.o.Now().UTC(),
+			Summary:    "the agent restarted during this synchronous create; what it had made was rolled back (delete the VM and create it again)",
+			Detail:     FailureDetail{Kind: KindProvisionFailed},
+			Cause:      CauseProvisionFailed,
+		}
+		if r.Runtime != nil {
+			r.Runtime.Steps = nil
+		}
+	})
+	if uerr != nil {
+		s.log.Error("recording the rollback of an interrupted create", "id", rec.ID, "err", uerr)
+	}
 }
 
 func (rt *Runtime) steps() []string {

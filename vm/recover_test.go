@@ -230,7 +230,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	}
 
 	b := newTestService(t, a.state, a.run)
-	b.Wait() // the resumed provision (NotBuiltHost: it fails and is rolled back)
+	b.Wait() // the interrupted synchronous create is rolled back and failed
 	rep := b.Recovery()
 	t.Logf("recovery: %+v", rep)
 	if !slices.Equal(rep.Adopted, []string{"kept"}) || !slices.Equal(rep.Resumed, []string{"prov"}) {
