@@ -173,7 +173,7 @@ func (s *Service) recoverRecord(rec *Record) recovered {
 					return recovered{what: whatResume(rec), keep: []int{q.Pid}}
 				}
 			}
-			s.killRecorded(rec.ID, "qemu-storage-daemon", rt.QSD.Pid, rt.QSD.StartTime)
+			s.stopRecordedQSD(rec.ID, rt.QSD) // quit over QMP, so it flushes
 			s.clearRuntime(rec.ID, false, true)
 		}
 	}
