@@ -436,3 +436,44 @@ func TestRecoverRearmsBootTimeout(t *testing.T) {
 	t.Logf("boot timeout fired %v after the restart", took)
 	gone(t, "cloud-hypervisor", r.ch.Done())
 }
+
+// recordingHooks is an AppVMHooks that records Adopt calls.
+type recordingHooks struct {
+	AppVMHooks // nil: only Adopt is called here
+	adopted    chan string
+}
+
+func (h recordingHooks) Adopt(_ context.Context, rec *Record) error {
+	h.adopted <- rec.ID
+	return nil
+}
+
+// TestRecoverAdoptsAppVMGuestSession: an adopted AppVM is handed to the
+// AppVM hooks (registered by appvm.New after vm.New), so its guest agent's
+// reconnection is accepted.
+func TestRecoverAdoptsAppVMGuestSession(t *testing.T) {
+	a := newTestService(t)
+	r := startVM(t, a, "app")
+	if _, err := a.reg.update("app", func(rec *Record) {
+		rec.Mode = ModeAppVM
+		rec.AppVM = &AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.qsd.Close()
+	a.Close()
+	b := newTestService(t, a.state, a.run)
+	h := recordingHooks{adopted: make(chan string, 1)}
+	b.SetAppVMHooks(h) // as appvm.New does, right after vm.New
+	select {
+	case id := <-h.adopted:
+		if id != "app" {
+			t.Errorf("adopted %q", id)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the AppVM hooks were not asked to adopt the running AppVM")
+	}
+	if !b.watched("app") {
+		t.Error("the AppVM is not watched")
+	}
+}
