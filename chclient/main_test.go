@@ -86,7 +86,11 @@ func (f fixture) config(extra ...string) chclient.LaunchConfig {
 	return chclient.LaunchConfig{
 		Binary: os.Args[0], APISocket: f.sock, EventMonitor: f.events, LogFile: f.log,
 		VsockSocket: f.vsock, SerialSocket: f.serial,
-		ExtraArgs: append([]string{"-v"}, extra...),
+		// The simulator would run `<binary> guest` as the AppVM guest agent
+		// for a config with vsock and an initramfs; the binary here is this
+		// test, which is no guest agent, so its early exit would power the
+		// simulated guest off mid-test.
+		ExtraArgs: append([]string{"-v", "--sim-no-guest-agent"}, extra...),
 		Env:       childEnv("CHCLIENT_TEST_MODE=chsim"),
 	}
 }
