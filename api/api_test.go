@@ -365,16 +365,16 @@ func TestCreateFailures(t *testing.T) {
 	}
 }
 
-// TestNotBuiltHost: with the production host every create that needs host
-// work answers 500 INTERNAL naming the missing part, after 4xx checks.
-func TestNotBuiltHost(t *testing.T) {
+// TestNoHost: a host failure answers 500 INTERNAL with its reason, after
+// the 4xx checks, and stores nothing.
+func TestNoHost(t *testing.T) {
 	h := newHarness(t)
 	st, err := store.Open(filepath.Join(t.TempDir(), "vms"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Store: st, Host: vm.NotBuiltHost{}})
+	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Store: st, Host: vm.NoHost{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -382,15 +382,15 @@ func TestNotBuiltHost(t *testing.T) {
 	apps := appvm.New(vms)
 	h.srv = New(Config{Keys: keys, VMs: vms, AppVMs: apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
 	code, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "nb"))
-	if code != 500 || !strings.Contains(body, CodeInternal) || !strings.Contains(body, "classic VM provisioning (disk copy, taps, seed, qemu-storage-daemon, Cloud Hypervisor) is not built yet") {
+	if code != 500 || !strings.Contains(body, CodeInternal) || !strings.Contains(body, "creating VM nb: this service does no host work") {
 		t.Errorf("classic create = %d %s", code, body)
 	}
 	code, _, body = h.do(t, "POST", "/api/appvm/vms", h.rw, minimalAppVMBody)
-	if code != 500 || !strings.Contains(body, "AppVM provisioning") || !strings.Contains(body, "not built yet") {
+	if code != 500 || !strings.Contains(body, CodeInternal) || !strings.Contains(body, "this service does no host work") {
 		t.Errorf("AppVM create = %d %s", code, body)
 	}
 	if code, _, _ := h.do(t, "GET", "/api/vms/nb", h.ro, ""); code != 404 {
-		t.Errorf("GET after not-built create = %d, want 404 (nothing stored)", code)
+		t.Errorf("GET after refused create = %d, want 404 (nothing stored)", code)
 	}
 	if code, _, _ := h.do(t, "POST", "/api/vms", h.rw, `{"vcpus":1}`); code != 422 {
 		t.Errorf("422 before 500: got %d", code)

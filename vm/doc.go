@@ -28,8 +28,25 @@
 // # Host
 //
 // Host is the seam to disk copies, taps, the seed, qemu-storage-daemon and
-// Cloud Hypervisor. NotBuiltHost is the production implementation until the
-// engine lands; vmtest.Host is the recording fake of the tests.
+// Cloud Hypervisor. Engine (engine*.go) is the production implementation:
+// provisioning steps recorded one by one in Record.Runtime and rolled back
+// exactly, the Cloud Hypervisor config (chconfig.go), boot with a state
+// check after each step, and the lifecycle actions (lifecycle.go). AppVM
+// specifics reach it through AppVMHooks, which package appvm registers.
+// vmtest.Host is the recording fake of the contract tests.
+//
+// # Supervision and recovery
+//
+// Every running or paused VM has one monitor (monitor.go): the CH child's
+// exit (or, for a process adopted after an agent restart, its pidfd), the
+// event stream (root disk activated, guest panic, shutdown), the API
+// socket's presence and answers, pings, the root disk file, and QSD's
+// death; each ends the VM with the failure_reason DESIGN §5 maps it to.
+// facts.go learns guest addresses (DHCP snooping, neighbour table). At New,
+// recover.go reconciles every record with the host: live processes whose
+// pid and start time match are adopted, dead ones end their VM, cut-short
+// provisions are resumed or rolled back, and taps, run dirs and processes
+// that no record owns are reaped.
 //
 // # Knobs
 //

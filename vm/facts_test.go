@@ -83,7 +83,7 @@ func TestViewGuestFacts(t *testing.T) {
 
 // tapsTestHost is a Host whose taps live in a test's network namespace.
 type tapsTestHost struct {
-	NotBuiltHost
+	NoHost
 	h *tap.Handle
 }
 

@@ -3,7 +3,6 @@ package vm
 import (
 	"context"
 	"errors"
-	"fmt"
 )
 
 // Host is what a create needs done on the host: disk copies, data volumes,
@@ -53,30 +52,26 @@ func (e *HostError) Error() string { return e.Op + ": " + e.Err.Error() }
 // Unwrap returns the cause.
 func (e *HostError) Unwrap() error { return e.Err }
 
-// ErrNotBuilt is wrapped by the errors of NotBuiltHost.
-var ErrNotBuilt = errors.New("not built yet")
+// ErrNoHost is wrapped by the errors of NoHost.
+var ErrNoHost = errors.New("this service does no host work")
 
-// NotBuiltHost is the production Host until the engine issue lands: every
-// create that needs host work fails in Preflight with a HostInternal error
-// that names the missing part.
-type NotBuiltHost struct{}
+// NoHost is a Host that refuses all host work: every create fails in
+// Preflight (before anything is stored) with a HostInternal error, and Boot
+// fails likewise. Tests use it where no disk, tap or process may be made.
+type NoHost struct{}
 
-// Preflight fails, naming the part of the host work that does not exist.
-func (NotBuiltHost) Preflight(_ context.Context, rec *Record) error {
-	part := "classic VM provisioning (disk copy, taps, seed, qemu-storage-daemon, Cloud Hypervisor)"
-	if rec.Mode == ModeAppVM {
-		part = "AppVM provisioning (root disk copy, data volumes, tap, qemu-storage-daemon, Cloud Hypervisor, guest agent)"
-	}
-	return &HostError{Kind: HostInternal, Op: "creating VM " + rec.ID, Err: fmt.Errorf("%s is %w", part, ErrNotBuilt)}
+// Preflight refuses the create.
+func (NoHost) Preflight(_ context.Context, rec *Record) error {
+	return &HostError{Kind: HostInternal, Op: "creating VM " + rec.ID, Err: ErrNoHost}
 }
 
-// Provision fails like Preflight.
-func (h NotBuiltHost) Provision(ctx context.Context, rec *Record) error { return h.Preflight(ctx, rec) }
+// Provision refuses like Preflight.
+func (h NoHost) Provision(ctx context.Context, rec *Record) error { return h.Preflight(ctx, rec) }
 
-// Boot fails: booting is not built yet.
-func (NotBuiltHost) Boot(_ context.Context, rec *Record) error {
-	return &HostError{Kind: HostInternal, Op: "booting VM " + rec.ID, Err: fmt.Errorf("booting (qemu-storage-daemon, Cloud Hypervisor) is %w", ErrNotBuilt)}
+// Boot refuses.
+func (NoHost) Boot(_ context.Context, rec *Record) error {
+	return &HostError{Kind: HostInternal, Op: "booting VM " + rec.ID, Err: ErrNoHost}
 }
 
 // Rollback has nothing to undo.
-func (NotBuiltHost) Rollback(context.Context, *Record) error { return nil }
+func (NoHost) Rollback(context.Context, *Record) error { return nil }

@@ -105,7 +105,7 @@ func newTestService(t testing.TB, dirs ...string) *testService {
 	cfg := config.Default()
 	cfg.PingIntervalSecs, cfg.PingTimeoutSecs = 1, 1
 	logs := new(syncBuffer)
-	s, err := New(Options{StateDir: state, RunDir: run, Config: cfg, Store: st, Host: NotBuiltHost{},
+	s, err := New(Options{StateDir: state, RunDir: run, Config: cfg, Store: st, Host: NoHost{},
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {
 		t.Fatal(err)

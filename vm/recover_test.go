@@ -375,7 +375,7 @@ func BenchmarkRecoverAdopt50(b *testing.B) {
 	}
 	s.Close()
 	for b.Loop() {
-		n, err := New(Options{StateDir: s.state, RunDir: s.run, Config: s.o.Config, Store: s.o.Store, Host: NotBuiltHost{}, Logger: s.log})
+		n, err := New(Options{StateDir: s.state, RunDir: s.run, Config: s.o.Config, Store: s.o.Store, Host: NoHost{}, Logger: s.log})
 		if err != nil {
 			b.Fatal(err)
 		}

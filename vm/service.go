@@ -35,7 +35,7 @@ type Options struct {
 	RunDir string
 	Config *config.Config
 	Store  *store.Store
-	// Host carries out host work; NotBuiltHost until the engine lands.
+	// Host carries out host work: the Engine in production.
 	Host   Host
 	Logger *slog.Logger
 	// Now gives the time; default time.Now. Tests fix it.
