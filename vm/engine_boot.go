@@ -112,6 +112,14 @@ func (e *Engine) clearCH(id string, p *chclient.Process) {
 	}
 }
 
+// lifeSign names what counts as a guest's first sign of life (DESIGN §5).
+func lifeSign(m Mode) string {
+	if m == ModeAppVM {
+		return "guest agent heartbeat"
+	}
+	return "root disk activation"
+}
+
 // bootDeadline runs at the boot timeout of CH process p: if the VM still
 // shows no sign of life, the VMM is shut down and the VM fails with
 // boot_timeout. A VM that came alive, stopped, or booted again meanwhile
@@ -137,7 +145,7 @@ func (e *Engine) bootDeadline(id string, p *chclient.Process, timeout time.Durat
 		r.PID = 0
 		r.FailureReason = &FailureReason{
 			DetectedAt: e.svc.Now().UTC(),
-			Summary:    fmt.Sprintf("the guest showed no sign of life (root disk activation) within the boot timeout of %d s; the VMM was shut down", secs),
+			Summary:    fmt.Sprintf("the guest showed no sign of life (%s) within the boot timeout of %d s; the VMM was shut down", lifeSign(r.Mode), secs),
 			Detail:     FailureDetail{Kind: KindBootTimeout, Seconds: &secs},
 			Cause:      CauseBootTimeout,
 		}

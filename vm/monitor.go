@@ -662,7 +662,10 @@ func (m *monitor) onEvent(ev chclient.Event) {
 	switch {
 	case ev.Source == "virtio-device" && ev.Event == "activated" && ev.Properties["id"] == "_disk0":
 		m.update(func(r *Record) bool {
-			if r.State != StateRunning || r.DisplayState != DisplayBooting {
+			// An AppVM's sign of life is its guest agent's first
+			// heartbeat (DESIGN §5), which package appvm records; its
+			// root disk activating only means the kernel found it.
+			if r.Mode == ModeAppVM || r.State != StateRunning || r.DisplayState != DisplayBooting {
 				return false
 			}
 			r.DisplayState = string(StateRunning)

@@ -138,6 +138,7 @@ type vmOpts struct {
 	chArgs []string
 	chEnv  []string // added to chsim's environment
 	nics   []NIC    // interfaces (taps must exist where chsim runs)
+	mode   Mode     // the record's family; empty means ModeVM
 	// launch runs CH's launch, e.g. on a thread inside a network
 	// namespace; nil runs it directly.
 	launch func(f func() error) error
@@ -232,7 +233,15 @@ func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err
 	if err := ch.Client().BootVM(ctx); err != nil {
 		return nil, stop, err
 	}
-	rec := &Record{ID: id, Mode: ModeVM, State: StateRunning, DisplayState: DisplayBooting,
+	mode := o.mode
+	if mode == "" {
+		mode = ModeVM
+	}
+	var app *AppVMSpec
+	if mode == ModeAppVM {
+		app = &AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+	}
+	rec := &Record{ID: id, Mode: mode, AppVM: app, State: StateRunning, DisplayState: DisplayBooting,
 		CreatedAt: time.Now().UTC().Truncate(time.Second), PID: ch.Pid,
 		Spec: Spec{VMID: id, Vcpus: 1, MemoryMB: 256, Nets: nets}, NICs: o.nics,
 		Runtime: &Runtime{
@@ -413,6 +422,22 @@ func TestMonitorFailures(t *testing.T) {
 				t.Error("VM still watched")
 			}
 		})
+	}
+}
+
+// TestMonitorAppVMDiskActivation: an AppVM's root disk activating is no
+// sign of life (its guest agent's heartbeat is), so it stays booting.
+func TestMonitorAppVMDiskActivation(t *testing.T) {
+	s := newTestService(t)
+	r := startVMWith(t, s, "app1", vmOpts{chArgs: []string{"--sim-no-activate"}, mode: ModeAppVM})
+	s.watch(r.id, r.ch, r.qsd)
+	r.sim(t, "activate", "")
+	// The panic event follows the activation in the same stream, so once
+	// it is recorded the activation has been read too.
+	r.sim(t, "panic", `{"event":"panic"}`)
+	got, _ := waitRecord(t, s, r.id, 2*time.Second, "guest_panicked_at", func(r *Record) bool { return r.GuestPanickedAt != nil })
+	if got.DisplayState != DisplayBooting {
+		t.Errorf("AppVM display %s after its root disk activated, want booting until a heartbeat", got.DisplayState)
 	}
 }
 
