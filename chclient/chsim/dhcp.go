@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+
+	"golang.org/x/sys/unix"
 )
 
 // dhcpAckRequest is the body of PUT /sim/v1/dhcp-ack.
@@ -20,40 +22,53 @@ type dhcpAckRequest struct {
 	Lease     uint32 `json:"lease"`      // option 51 in seconds; default 3600
 }
 
-// dhcpAck writes a DHCP ACK for the guest's MAC into the VM's tap, as a frame entering the
-// host through the tap, so that host-side DHCP snooping can be tested against a real
-// interface.
+// dhcpAck sends a DHCP ACK for the guest's MAC out of the VM's tap, toward
+// the guest, as a DHCP server behind the bridge would: the kernel transmits
+// it on the tap (an AF_PACKET send on the tap device), so host-side DHCP
+// snooping, which watches the frames a tap carries to its guest, sees it on
+// a real interface, and the guest end of the tap receives it.
 func (s *sim) dhcpAck(req dhcpAckRequest) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.state != stateRunning {
 		return errors.New("the VM is not running")
 	}
-	tapIdx := 0
-	var mac string
-	found := false
+	var mac, tap string
 	for _, n := range s.vm.Net {
 		if n.Tap == nil {
 			continue
 		}
 		if req.Net == "" || deref(n.ID) == req.Net {
-			mac, found = n.Mac, true
+			mac, tap = n.Mac, *n.Tap
 			break
 		}
-		tapIdx++
 	}
-	if !found || tapIdx >= len(s.taps) {
+	if tap == "" {
 		return fmt.Errorf("no net device %q with a tap", req.Net)
 	}
 	frame, err := buildDHCPAck(req, mac)
 	if err != nil {
 		return err
 	}
-	// The tap was opened with IFF_VNET_HDR: every write starts with a virtio_net_hdr (10
-	// bytes, all zero for a plain frame).
-	pkt := append(make([]byte, 10), frame...)
-	if _, err := s.taps[tapIdx].Write(pkt); err != nil {
-		return fmt.Errorf("writing to tap: %w", err)
+	ifi, err := net.InterfaceByName(tap)
+	if err != nil {
+		return fmt.Errorf("finding tap %q: %w", tap, err)
+	}
+	hw, err := net.ParseMAC(mac)
+	if err != nil {
+		return fmt.Errorf("guest MAC %q: %w", mac, err)
+	}
+	const ethPIP = 0x0800
+	proto := ethPIP<<8&0xff00 | ethPIP>>8 // network byte order
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening a packet socket: %w", err)
+	}
+	defer unix.Close(fd)
+	to := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifi.Index, Halen: 6}
+	copy(to.Addr[:], hw)
+	if err := unix.Sendto(fd, frame, 0, to); err != nil {
+		return fmt.Errorf("sending on tap %q: %w", tap, err)
 	}
 	return nil
 }

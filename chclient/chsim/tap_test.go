@@ -161,7 +161,8 @@ func TestIntegrationTapAttach(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A DHCP ACK injected by the simulator arrives on the tap as a real frame.
+	// A DHCP ACK injected by the simulator travels the tap toward the guest
+	// as a real frame: a packet socket on the tap sees it outgoing.
 	var sock int
 	if err := inNS(func() error {
 		ifi, err := net.InterfaceByName(tap)
@@ -184,12 +185,15 @@ func TestIntegrationTapAttach(t *testing.T) {
 	var frame []byte
 	for i := 0; i < 50 && frame == nil; i++ {
 		buf := make([]byte, 2048)
-		n, _, err := unix.Recvfrom(sock, buf, 0)
+		n, from, err := unix.Recvfrom(sock, buf, 0)
 		if err != nil {
 			t.Fatalf("no DHCP frame on the tap: %v", err)
 		}
 		if buf = buf[:n]; n > 14+20+8 && buf[12] == 8 && buf[13] == 0 && buf[14+9] == 17 && buf[14+20+2] == 0 && buf[14+20+3] == 68 {
 			frame = buf
+			if ll, ok := from.(*unix.SockaddrLinklayer); !ok || ll.Pkttype != unix.PACKET_OUTGOING {
+				t.Errorf("DHCP frame source %+v, want a frame going out of the tap to the guest", from)
+			}
 		}
 	}
 	if frame == nil || len(frame) < 14+20+8+243 || !bytes.Equal(frame[0:6], []byte{2, 0, 0, 0, 0, 1}) {
