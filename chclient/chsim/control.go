@@ -22,7 +22,7 @@ import (
 //	PUT /sim/v1/vsock/unlisten    {"port":N}
 //	PUT /sim/v1/vsock/connect     {"port":N,"data":"…"}: the guest dials host port N
 //	PUT /sim/v1/dhcp-ack          {"ip","server","mask"?,"router"?,"lease"?,"net"?,"server_mac"?}:
-//	                              a DHCP ACK for the guest's MAC enters the host through the tap
+//	                              a DHCP ACK for the guest's MAC leaves the tap toward the guest
 //	PUT /sim/v1/guest-agent       {"signal":N}: signal the AppVM guest agent process (not its
 //	                              workload); SIGSTOP silences its heartbeats
 //	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports","guest_agent_pid"}
