@@ -24,7 +24,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"vmhost/appvm"
 	"vmhost/auth"
@@ -68,17 +67,10 @@ type Config struct {
 	// recovered at once: imports an agent restart interrupted are failed
 	// and their leftovers removed.
 	Images *appvm.Importer
-	// ViewCacheTTL bounds how long GET /api/vms/{id} may answer with the
-	// encoded view of an unchanged record; 0 means DefaultViewCacheTTL,
-	// negative disables the cache.
-	ViewCacheTTL time.Duration
+	// NoViewMemo turns off the per-record-version memo of encoded classic
+	// views (for the benchmark beside it); reads are the same either way.
+	NoViewMemo bool
 }
-
-// DefaultViewCacheTTL is the default Config.ViewCacheTTL. Records are
-// copy-on-write, so any change to a VM misses the cache at once; within the
-// TTL only host-measured values (volumes[].disk_bytes) can lag, which the
-// vm package's one-second disk usage cache allows anyway.
-const DefaultViewCacheTTL = time.Second
 
 // Server is the API's http.Handler. It is safe for concurrent use.
 type Server struct {
@@ -90,16 +82,11 @@ type Server struct {
 	mux    *http.ServeMux
 	routes []Route
 
-	viewTTL   time.Duration
-	viewCache sync.Map // VM id → *encodedView
+	noMemo   bool
+	viewMemo sync.Map // VM id → *vm.EncodedView of its current record
 }
 
 // encodedView is the encoded single-VM view of one record version.
-type encodedView struct {
-	rec *vm.Record
-	at  time.Time
-	b   []byte
-}
 
 // Route is one API route: its pattern as the mux spells it (also the
 // allowlist entry of an API key) and whether it mutates (needs a
@@ -148,16 +135,13 @@ func New(c Config) *Server {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
-	if c.ViewCacheTTL == 0 {
-		c.ViewCacheTTL = DefaultViewCacheTTL
-	}
 	if c.Images == nil {
 		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), appvm.ImportOptions{Logger: c.Logger})
 		if err := c.Images.Recover(); err != nil {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}
 	}
-	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(), viewTTL: c.ViewCacheTTL}
+	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(), noMemo: c.NoViewMemo}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}
@@ -314,27 +298,33 @@ func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	rec, err := s.vms.Get(vm.ModeVM, id)
 	if err != nil {
-		s.viewCache.Delete(id) // the VM is gone: drop its cached view
+		s.viewMemo.Delete(id) // the VM is gone: drop its memo
 		writeError(w, http.StatusNotFound, CodeNotFound, "no classic VM has this id")
 		return
 	}
-	now := time.Now()
-	if e, ok := s.viewCache.Load(rec.ID); ok {
-		if e := e.(*encodedView); e.rec == rec && now.Sub(e.at) < s.viewTTL {
-			writeBytes(w, http.StatusOK, e.b)
-			return
-		}
-	}
-	v := viewPool.Get().(*vm.View)
-	s.vms.ViewInto(v, rec, vm.ViewOptions{DiskBytes: true})
-	if s.viewTTL > 0 {
-		b := append(v.AppendJSON(make([]byte, 0, 2048)), '\n')
-		s.viewCache.Store(rec.ID, &encodedView{rec: rec, at: now, b: b})
-		writeBytes(w, http.StatusOK, b)
-	} else {
+	if s.noMemo {
+		v := viewPool.Get().(*vm.View)
+		s.vms.ViewInto(v, rec, vm.ViewOptions{DiskBytes: true})
 		writeView(w, http.StatusOK, v)
+		viewPool.Put(v)
+		return
 	}
-	viewPool.Put(v)
+	// Records are never modified, so the view of one record version is
+	// encoded once; every read still samples disk_bytes (vm.EncodedView).
+	var e *vm.EncodedView
+	if m, ok := s.viewMemo.Load(rec.ID); ok && m.(*vm.EncodedView).Record() == rec {
+		e = m.(*vm.EncodedView)
+	} else {
+		e = s.vms.EncodeView(rec)
+		s.viewMemo.Store(rec.ID, e)
+	}
+	bp := viewBufPool.Get().(*[]byte)
+	b := append(s.vms.AppendView((*bp)[:0], e), '\n')
+	writeBytes(w, http.StatusOK, b)
+	if cap(b) <= 1<<20 {
+		*bp = b
+		viewBufPool.Put(bp)
+	}
 }
 
 func writeBytes(w http.ResponseWriter, status int, b []byte) {

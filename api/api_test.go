@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 
@@ -530,25 +531,57 @@ func TestSecretsNeverLeak(t *testing.T) {
 	}
 }
 
-// TestViewCacheFollowsRecord: a cached single-VM view never outlives the
-// record version it was built from.
-func TestViewCacheFollowsRecord(t *testing.T) {
+// TestViewMemo: the single-VM read encodes each record version once, yet
+// answers exactly what encoding the view afresh gives: a new record version
+// is never served an old encoding, and disk_bytes is sampled on every read
+// rather than frozen with the memo.
+func TestViewMemo(t *testing.T) {
 	h := newHarness(t)
+	fresh := func(id string) string {
+		t.Helper()
+		rec, err := h.vms.Get(vm.ModeVM, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(h.vms.View(rec, vm.ViewOptions{DiskBytes: true}).AppendJSON(nil)) + "\n"
+	}
 	h.e.Host.Gate = make(chan struct{})
 	body := strings.Replace(minimalVMBody(h, "c"), fmt.Sprintf(`"disk":{"base_path":%q}`, h.e.Base),
-		`"volumes":[{"size_gib":1}],"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"}`, 1)
+		`"volumes":[{"size_gib":1},{"size_gib":2}],"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"}`, 1)
 	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, body); st != 202 {
 		t.Fatalf("create = %d %s", st, b)
 	}
-	for range 2 { // the second read is served from the cache
-		if _, _, b := h.do(t, "GET", "/api/vms/c", h.ro, ""); !strings.Contains(b, `"display_state":"downloading"`) {
-			t.Fatalf("during provisioning: %s", b)
+	for range 2 { // the second read is served from the memo
+		_, _, b := h.do(t, "GET", "/api/vms/c", h.ro, "")
+		if !strings.Contains(b, `"display_state":"downloading"`) || strings.Contains(b, "disk_bytes") || b != fresh("c") {
+			t.Fatalf("during provisioning: %s, want %s", b, fresh("c"))
 		}
 	}
 	close(h.e.Host.Gate)
 	h.vms.Wait()
-	if _, _, b := h.do(t, "GET", "/api/vms/c", h.ro, ""); !strings.Contains(b, `"display_state":"created"`) || !strings.Contains(b, `"disk_bytes":`) {
-		t.Errorf("after provisioning the cached view was served: %s", b)
+	_, _, b := h.do(t, "GET", "/api/vms/c", h.ro, "")
+	if !strings.Contains(b, `"display_state":"created"`) || strings.Count(b, `"disk_bytes":`) != 2 || b != fresh("c") {
+		t.Fatalf("after provisioning the old encoding was served: %s", b)
+	}
+	var v vm.View
+	if err := json.Unmarshal([]byte(b), &v); err != nil || v.Volumes[1].DiskBytes == nil {
+		t.Fatalf("view %s: %v", b, err)
+	}
+	before := *v.Volumes[1].DiskBytes
+	// Grow the second volume's allocation with the record unchanged: once
+	// the one-second usage sample ages out, the memoised view shows it.
+	f, err := os.OpenFile(v.Volumes[1].Path, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(bytes.Repeat([]byte{1}, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	time.Sleep(1100 * time.Millisecond)
+	_, _, b = h.do(t, "GET", "/api/vms/c", h.ro, "")
+	if err := json.Unmarshal([]byte(b), &v); err != nil || *v.Volumes[1].DiskBytes < before+1<<20 || b != fresh("c") {
+		t.Errorf("disk_bytes after writing 1 MiB: %s, want at least %d more than %d", b, 1<<20, before)
 	}
 }
 

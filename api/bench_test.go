@@ -70,11 +70,11 @@ func BenchmarkGetVM(b *testing.B) {
 		}
 		writeJSON(w, http.StatusOK, h.vms.View(rec, vm.ViewOptions{DiskBytes: true}))
 	}}))
-	uncached := New(Config{Keys: h.srv.keys, VMs: h.vms, AppVMs: h.apps, Logger: h.srv.log, ViewCacheTTL: -1})
+	uncached := New(Config{Keys: h.srv.keys, VMs: h.vms, AppVMs: h.apps, Logger: h.srv.log, NoViewMemo: true})
 	for _, bc := range []struct {
 		name string
 		h    http.Handler
-	}{{"api", h.srv}, {"api-uncached", uncached}, {"api-encoding-json", reflectSrv}, {"preencoded", preSrv}, {"bare", bare}} {
+	}{{"api", h.srv}, {"api-no-memo", uncached}, {"api-encoding-json", reflectSrv}, {"preencoded", preSrv}, {"bare", bare}} {
 		b.Run(bc.name, func(b *testing.B) {
 			w := &discardWriter{h: http.Header{}}
 			b.ReportAllocs()

@@ -42,7 +42,7 @@ func deleteVM(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 			s.lifecycleFail(w, r, mode, err)
 			return
 		}
-		s.viewCache.Delete(id)
+		s.viewMemo.Delete(id)
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

@@ -40,6 +40,9 @@ func (v *View) AppendJSON(b []byte) []byte {
 				b = append(b, ',')
 			}
 			b = v.Volumes[i].appendJSON(b)
+			if v.holes != nil { // EncodeView: disk_bytes goes before the '}'
+				*v.holes = append(*v.holes, len(b)-1)
+			}
 		}
 		b = append(b, ']')
 	}
