@@ -3,10 +3,8 @@ package vm
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
@@ -145,9 +143,9 @@ func TestIntegrationGuestFacts(t *testing.T) {
 	// asynchronously; a guest's DHCP client retries, and so does this test.
 	var rec *Record
 	for i := 0; ; i++ {
-		if err := inNS(func() error { return sendDHCPAck(nic.Tap, nic.MAC, [4]byte{10, 9, 0, 23}) }); err != nil {
-			t.Fatal(err)
-		}
+		// The simulator sends the ACK out of the tap toward the guest, as a
+		// DHCP server behind the bridge would.
+		r.sim(t, "dhcp-ack", `{"ip":"10.9.0.23","server":"10.9.0.1"}`)
 		time.Sleep(200 * time.Millisecond)
 		if rec = s.reg.get(r.id); rec.NICs[0].DHCPSnoopedIPv4 == "10.9.0.23" {
 			break
@@ -185,51 +183,4 @@ func TestIntegrationGuestFacts(t *testing.T) {
 	if got := s.reg.get(r.id).NICs[0].LastObservedIPv4; got != "10.9.0.50" {
 		t.Errorf("last_observed_ipv4 after the neighbour entry expired = %q, want it kept", got)
 	}
-}
-
-// sendDHCPAck transmits a DHCPACK giving mac the address ip out of the
-// interface tap, as a DHCP server behind the bridge would. It must run in
-// the tap's namespace.
-func sendDHCPAck(tapName, mac string, ip [4]byte) error {
-	hw, err := net.ParseMAC(mac)
-	if err != nil {
-		return err
-	}
-	ifi, err := net.InterfaceByName(tapName)
-	if err != nil {
-		return err
-	}
-	// BOOTP reply: op 2, htype 1, hlen 6, yiaddr, chaddr, magic, options.
-	msg := make([]byte, 240)
-	msg[0], msg[1], msg[2] = 2, 1, 6
-	copy(msg[16:20], ip[:])
-	copy(msg[28:34], hw)
-	copy(msg[236:240], []byte{99, 130, 83, 99})
-	msg = append(msg, 53, 1, 5, 54, 4, 10, 9, 0, 1, 51, 4, 0, 0, 0x0e, 0x10, 1, 4, 255, 255, 255, 0, 255)
-	udp := make([]byte, 8, 8+len(msg))
-	binary.BigEndian.PutUint16(udp[0:2], 67)
-	binary.BigEndian.PutUint16(udp[2:4], 68)
-	binary.BigEndian.PutUint16(udp[4:6], uint16(8+len(msg)))
-	udp = append(udp, msg...)
-	iph := make([]byte, 20)
-	iph[0], iph[8], iph[9] = 0x45, 64, 17
-	binary.BigEndian.PutUint16(iph[2:4], uint16(20+len(udp)))
-	copy(iph[12:16], []byte{10, 9, 0, 1})
-	copy(iph[16:20], []byte{255, 255, 255, 255})
-	var sum uint32
-	for i := 0; i < 20; i += 2 {
-		sum += uint32(binary.BigEndian.Uint16(iph[i : i+2]))
-	}
-	for sum > 0xffff {
-		sum = sum&0xffff + sum>>16
-	}
-	binary.BigEndian.PutUint16(iph[10:12], ^uint16(sum))
-	frame := append(append([]byte{}, hw...), 2, 0, 0, 0, 0, 0xfe, 8, 0)
-	frame = append(append(frame, iph...), udp...)
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return err
-	}
-	defer unix.Close(fd)
-	return unix.Sendto(fd, frame, 0, &unix.SockaddrLinklayer{Ifindex: ifi.Index, Halen: 6, Addr: [8]byte{hw[0], hw[1], hw[2], hw[3], hw[4], hw[5]}})
 }
