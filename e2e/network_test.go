@@ -72,6 +72,41 @@ func TestIntegrationTapsAndSeed(t *testing.T) {
 	}
 }
 
+// TestIntegrationStartRecreatesTaps: a host reboot removes every tap while
+// the records keep them; starting a stopped VM afterwards makes its taps
+// again, on their bridge with their policy, and boots.
+func TestIntegrationStartRecreatesTaps(t *testing.T) {
+	s := startServer(t, serverOpts{netns: true})
+	f := newFixture(t)
+	v := s.create(f.body("rb", true, `,"nets":[{},{"isolated":false}]`), http.StatusCreated)
+	s.waitDisplay("rb", "running", "running")
+	if st := s.act("rb", "stop"); st != http.StatusNoContent {
+		t.Fatalf("stop = %d", st)
+	}
+	ctx := context.Background()
+	for _, n := range v.Nets { // what a reboot does to them
+		if err := s.taps.Delete(ctx, n.TapName); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if owned := s.ownedTaps(t); len(owned) != 0 {
+		t.Fatalf("taps still there: %+v", owned)
+	}
+	if st := s.act("rb", "start"); st != http.StatusNoContent {
+		t.Fatalf("start = %d", st)
+	}
+	s.waitDisplay("rb", "running", "running")
+	for i, n := range v.Nets {
+		p, err := s.taps.Port(ctx, n.TapName)
+		if err != nil {
+			t.Fatalf("tap %s after start: %v", n.TapName, err)
+		}
+		if want := i == 0; p.Master == 0 || p.Isolated != want {
+			t.Errorf("tap %s: on bridge %d, isolated %t; want on the bridge, isolated %t", n.TapName, p.Master, p.Isolated, want)
+		}
+	}
+}
+
 // TestIntegrationRollbackMissingBridge: the default network's bridge does
 // not exist, so attaching the tap fails after the disks, the seed and the
 // tap were made. The create answers 500 NETWORK_ERROR and leaves nothing:

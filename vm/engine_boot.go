@@ -25,6 +25,9 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	if err != nil {
 		return err
 	}
+	if err := e.ensureTaps(ctx, rec); err != nil {
+		return err
+	}
 	fail := func(op string, err error) error {
 		return &HostError{Kind: HostHypervisor, Op: op + " of VM " + id, Err: err}
 	}
@@ -110,6 +113,34 @@ func (e *Engine) clearCH(id string, p *chclient.Process) {
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		e.o.Logger.Error("clearing CH identity", "id", id, "err", err)
 	}
+}
+
+// ensureTaps recreates the taps the record says were made but that are
+// gone: a host reboot removes every tap while the records keep them, and a
+// VM started afterwards needs them back on their bridges, with their
+// isolation, VLAN and anti-spoof rules.
+func (e *Engine) ensureTaps(ctx context.Context, rec *Record) error {
+	if e.o.Taps == nil || len(rec.NICs) == 0 {
+		return nil
+	}
+	owned, err := e.o.Taps.ListOwned(ctx)
+	if err != nil {
+		return &HostError{Kind: HostNetwork, Op: "listing taps of VM " + rec.ID, Err: err}
+	}
+	have := make(map[string]bool, len(owned))
+	for _, o := range owned {
+		have[o.Name] = true
+	}
+	for i, nic := range rec.NICs {
+		if have[nic.Tap] || !rec.Runtime.Done(StepTap(i)) {
+			continue
+		}
+		e.o.Logger.Info("recreating a missing tap before boot", "id", rec.ID, "tap", nic.Tap)
+		if err := e.createTap(ctx, rec, i); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // lifeSign names what counts as a guest's first sign of life (DESIGN §5).
