@@ -117,7 +117,7 @@ func TestParseErrors(t *testing.T) {
 		{"bridge too long", `{"networks":[{"id":"a","bridge":"abcdefghijklmnop"}],"default_network":"a"}`, []string{"networks[0].bridge"}},
 		{"bridge with slash", `{"networks":[{"id":"a","bridge":"b/0"}],"default_network":"a"}`, []string{"networks[0].bridge"}},
 		{"empty bridge", `{"networks":[{"id":"a"}],"default_network":"a"}`, []string{"networks[0].bridge"}},
-		{"network mtu", `{"networks":[{"id":"a","bridge":"b","mtu":67}],"default_network":"a"}`, []string{"networks[0].mtu"}},
+		{"network mtu", `{"networks":[{"id":"a","bridge":"b","mtu":1279}],"default_network":"a"}`, []string{"networks[0].mtu"}},
 		{"default mtu", `{"default_mtu": 70000}`, []string{"default_mtu"}},
 		{"negative mtu", `{"default_mtu": -1}`, []string{"default_mtu"}},
 		{"zero cpu ratio", `{"overcommit": {"cpu": 0}}`, []string{"overcommit.cpu"}},

@@ -301,8 +301,9 @@ func checkNets(nets []NetSpec, ci *CloudInitSpec, cfg *config.Config, facts Host
 				gw6 = append(gw6, i)
 			}
 		}
-		if n.MTU != nil && (*n.MTU < 68 || *n.MTU > 65535) {
-			return bad(f("mtu"), "must be 68..65535, got %d", *n.MTU)
+		// Cloud Hypervisor refuses a net MTU below 1280 (the IPv6 minimum).
+		if n.MTU != nil && (*n.MTU < 1280 || *n.MTU > 65535) {
+			return bad(f("mtu"), "must be 1280..65535 (Cloud Hypervisor's minimum is 1280), got %d", *n.MTU)
 		}
 		if n.RateLimitMbps != nil && (*n.RateLimitMbps < 1 || *n.RateLimitMbps > MaxRateMbps) {
 			return bad(f("rate_limit_mbps"), "must be 1..%d, got %d", MaxRateMbps, *n.RateLimitMbps)
