@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // Layout constants of the images this package writes: qcow2 v3, 64 KiB
@@ -155,12 +156,19 @@ func syncDir(dir string) error {
 	if err != nil {
 		return err
 	}
-	err = d.Sync()
+	err = dirSyncResult(d.Sync())
 	if cerr := d.Close(); err == nil {
 		err = cerr
 	}
-	if errors.Is(err, os.ErrInvalid) {
-		return nil // some file systems refuse fsync on directories
+	return err
+}
+
+// dirSyncResult drops the EINVAL with which some file systems (some FUSE and
+// network ones) refuse fsync on a directory: nothing more can be done there.
+// EINVAL must be matched as such; os.ErrInvalid does not match it.
+func dirSyncResult(err error) error {
+	if errors.Is(err, syscall.EINVAL) {
+		return nil
 	}
 	return err
 }
