@@ -274,7 +274,6 @@ type Adopted struct {
 	pidfd     *os.File
 	done      chan struct{}
 	closeOnce sync.Once
-	stop      chan struct{}
 }
 
 // Adopt opens a pidfd for pid and verifies that its start time equals
@@ -315,7 +314,6 @@ func Adopt(pid int, startTime uint64) (*Adopted, error) {
 		StartTime: st,
 		pidfd:     os.NewFile(uintptr(fd), "pidfd:"+strconv.Itoa(pid)),
 		done:      make(chan struct{}),
-		stop:      make(chan struct{}),
 	}
 	go a.watch()
 	return a, nil
