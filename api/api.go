@@ -86,8 +86,6 @@ type Server struct {
 	viewMemo sync.Map // VM id → *vm.EncodedView of its current record
 }
 
-// encodedView is the encoded single-VM view of one record version.
-
 // Route is one API route: its pattern as the mux spells it (also the
 // allowlist entry of an API key) and whether it mutates (needs a
 // readwrite key).
@@ -264,6 +262,7 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		ee  *vm.ExistsError
 		ce  *vm.CapacityError
 		cfe *appvm.ConflictError
+		se  *vm.StateError
 		he  *vm.HostError
 	)
 	switch {
@@ -271,6 +270,9 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, fe.Error())
 	case errors.As(err, &ee):
 		writeError(w, http.StatusConflict, CodeAlreadyExists, ee.Error())
+	case errors.As(err, &se):
+		// A lifecycle action, or a create whose VM changed state under it.
+		writeError(w, http.StatusConflict, CodeInvalidState, se.Error())
 	case errors.As(err, &ce):
 		writeError(w, http.StatusConflict, CodeCapacityConflict, "host capacity: "+ce.Error())
 	case errors.As(err, &cfe):

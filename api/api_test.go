@@ -366,6 +366,25 @@ func TestCreateFailures(t *testing.T) {
 	}
 }
 
+// TestCreateStateChanged: a create whose VM changed state under it (the
+// host's boot found it no longer bootable) answers 409 INVALID_STATE as the
+// contract lists for both creates, not 500, and keeps the VM.
+func TestCreateStateChanged(t *testing.T) {
+	h := newHarness(t)
+	h.e.Host.FailBoot = &vm.StateError{ID: "s1", Action: "boot", State: "stopped"}
+	st, _, body := h.do(t, "POST", "/api/vms", h.rw, strings.Replace(minimalVMBody(h, "s1"), "}}", `},"auto_boot":true}`, 1))
+	if st != http.StatusConflict || !strings.Contains(body, `"code":"INVALID_STATE"`) {
+		t.Errorf("create with state change = %d %s, want 409 INVALID_STATE", st, body)
+	}
+	if st, _, _ := h.do(t, "GET", "/api/vms/s1", h.ro, ""); st != http.StatusOK {
+		t.Errorf("after the failed boot GET = %d, want 200 (VM kept)", st)
+	}
+	h.e.Host.FailBoot = &vm.StateError{ID: "app-min", Action: "boot", State: "stopped"}
+	if st, _, body := h.do(t, "POST", "/api/appvm/vms", h.rw, minimalAppVMBody); st != http.StatusConflict || !strings.Contains(body, `"code":"INVALID_STATE"`) {
+		t.Errorf("AppVM create with state change = %d %s, want 409 INVALID_STATE", st, body)
+	}
+}
+
 // TestNoHost: a host failure answers 500 INTERNAL with its reason, after
 // the 4xx checks, and stores nothing.
 func TestNoHost(t *testing.T) {

@@ -47,15 +47,11 @@ func deleteVM(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 	}
 }
 
-// lifecycleFail answers a failed action: 409 INVALID_STATE for a state
-// that does not allow it, 404 in the words of the family's reads, and
-// the common mapping otherwise.
+// lifecycleFail answers a failed action: 404 in the words of the family's
+// reads, and the common mapping (409 INVALID_STATE among it) otherwise.
 func (s *Server) lifecycleFail(w http.ResponseWriter, r *http.Request, mode vm.Mode, err error) {
-	var se *vm.StateError
 	var he *vm.HostError
 	switch {
-	case errors.As(err, &se):
-		writeError(w, http.StatusConflict, CodeInvalidState, se.Error())
 	case !errors.As(err, &he) && errors.Is(err, fs.ErrNotExist):
 		msg := "no classic VM has this id"
 		if mode == vm.ModeAppVM {
