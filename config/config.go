@@ -218,7 +218,7 @@ func (c *Config) Validate() error {
 			bridges[n.Bridge] = i
 		}
 		if !validMTU(n.MTU) {
-			bad("%s.mtu: %d is outside 1280..65535, Cloud Hypervisor's range (0 = default_mtu)", key, n.MTU)
+			bad("%s.mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = default_mtu)", key, n.MTU, minMTU, maxMTU)
 		}
 	}
 	if _, ok := ids[c.DefaultNetwork]; !ok && len(c.Networks) > 0 {
@@ -270,7 +270,7 @@ func (c *Config) Validate() error {
 		bad("image_max_bytes: %d must be positive", c.ImageMaxBytes)
 	}
 	if !validMTU(c.DefaultMTU) {
-		bad("default_mtu: %d is outside 1280..65535, Cloud Hypervisor's range (0 = the bridge's MTU)", c.DefaultMTU)
+		bad("default_mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = the bridge's MTU)", c.DefaultMTU, minMTU, maxMTU)
 	}
 	if len(errs) == 0 {
 		return nil
@@ -278,7 +278,14 @@ func (c *Config) Validate() error {
 	return fmt.Errorf("invalid config:\n%w", errors.Join(errs...))
 }
 
-func validMTU(mtu int) bool { return mtu == 0 || (mtu >= 1280 && mtu <= 65535) }
+// Tap MTU bounds: Cloud Hypervisor refuses less than 1280 at boot, and the
+// kernel caps a tap at 65535 minus its 14-byte Ethernet header.
+const (
+	minMTU = 1280
+	maxMTU = 65521
+)
+
+func validMTU(mtu int) bool { return mtu == 0 || (mtu >= minMTU && mtu <= maxMTU) }
 
 // Network returns the network with the given id.
 func (c *Config) Network(id string) (Network, bool) {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -119,6 +120,8 @@ func TestParseErrors(t *testing.T) {
 		{"empty bridge", `{"networks":[{"id":"a"}],"default_network":"a"}`, []string{"networks[0].bridge"}},
 		{"network mtu", `{"networks":[{"id":"a","bridge":"b","mtu":1279}],"default_network":"a"}`, []string{"networks[0].mtu"}},
 		{"default mtu", `{"default_mtu": 70000}`, []string{"default_mtu"}},
+		// A tap's MTU tops out at 65535 minus the Ethernet header.
+		{"network mtu above a tap's maximum", `{"networks":[{"id":"a","bridge":"b","mtu":65522}],"default_network":"a"}`, []string{"networks[0].mtu"}},
 		{"negative mtu", `{"default_mtu": -1}`, []string{"default_mtu"}},
 		{"zero cpu ratio", `{"overcommit": {"cpu": 0}}`, []string{"overcommit.cpu"}},
 		{"negative memory ratio", `{"overcommit": {"memory": -1}}`, []string{"overcommit.memory"}},
@@ -157,5 +160,18 @@ func TestValidateAcceptsBareAndAbsoluteBinaries(t *testing.T) {
 	c.HostCPUs, c.HostMemoryMB = 8, 16384
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate() = %v", err)
+	}
+}
+
+func TestMTUBounds(t *testing.T) {
+	for _, tt := range []struct {
+		mtu int
+		ok  bool
+	}{{0, true}, {1279, false}, {1280, true}, {65521, true}, {65522, false}, {65535, false}} {
+		body := fmt.Sprintf(`{"networks":[{"id":"a","bridge":"b","mtu":%d}],"default_network":"a","default_mtu":%d}`, tt.mtu, tt.mtu)
+		_, err := Parse([]byte(body))
+		if (err == nil) != tt.ok {
+			t.Errorf("mtu %d: Parse error = %v, want ok=%t", tt.mtu, err, tt.ok)
+		}
 	}
 }
