@@ -2,6 +2,7 @@ package appvm
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"os"
 	"sync"
@@ -14,8 +15,10 @@ const DefaultLogMaxBytes = 1 << 20
 // rotated to workload.log.1 when a write would take it past max bytes, so
 // at most about 2×max bytes are kept. Files are 0600. Secret values are
 // replaced by "[redacted]" before a write (the guest agent never sends
-// them, but a workload may print its own environment); a value split
-// across two chunks of output is not caught.
+// them, but a workload may print its own environment). Output arrives in
+// chunks, so a chunk that ends with the start of a secret value keeps that
+// tail back until the next chunk shows whether the value completes; Close
+// writes what is still held.
 type workloadLog struct {
 	path    string
 	max     int64
@@ -24,6 +27,8 @@ type workloadLog struct {
 	mu   sync.Mutex
 	f    *os.File
 	size int64
+	// held is the end of the output so far that may begin a secret value.
+	held []byte
 }
 
 // minScrubbed is the shortest secret value scrubbed from logs: shorter
@@ -63,42 +68,79 @@ func (l *workloadLog) open() error {
 // Write appends p (scrubbed), rotating first when it would not fit.
 func (l *workloadLog) Write(p []byte) (int, error) {
 	n := len(p)
-	for _, s := range l.secrets {
-		if bytes.Contains(p, s) {
-			p = bytes.ReplaceAll(p, s, []byte("[redacted]"))
-		}
-	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return 0, os.ErrClosed
 	}
+	if len(l.secrets) > 0 {
+		p = append(l.held, p...)
+		for _, s := range l.secrets {
+			if bytes.Contains(p, s) {
+				p = bytes.ReplaceAll(p, s, []byte("[redacted]"))
+			}
+		}
+		keep := l.secretPrefixAtEnd(p)
+		l.held = append([]byte(nil), p[len(p)-keep:]...)
+		p = p[:len(p)-keep]
+	}
+	if err := l.write(p); err != nil {
+		return 0, err
+	}
+	return n, nil
+}
+
+// secretPrefixAtEnd returns the length of the longest end of p that is a
+// proper prefix of a secret value.
+func (l *workloadLog) secretPrefixAtEnd(p []byte) int {
+	longest := 0
+	for _, s := range l.secrets {
+		for i := max(len(p)-len(s)+1, 0); i < len(p)-longest; i++ {
+			if p[i] == s[0] && bytes.HasPrefix(s, p[i:]) {
+				longest = len(p) - i
+				break
+			}
+		}
+	}
+	return longest
+}
+
+// write appends p, rotating first when it would not fit. mu must be held.
+func (l *workloadLog) write(p []byte) error {
+	if len(p) == 0 {
+		return nil
+	}
 	if l.size > 0 && l.size+int64(len(p)) > l.max {
 		l.f.Close()
 		l.f = nil
 		if err := os.Rename(l.path, l.path+".1"); err != nil {
-			return 0, fmt.Errorf("rotating workload log: %w", err)
+			return fmt.Errorf("rotating workload log: %w", err)
 		}
 		if err := l.open(); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	m, err := l.f.Write(p)
 	l.size += int64(m)
 	if err != nil {
-		return 0, fmt.Errorf("writing workload log: %w", err)
+		return fmt.Errorf("writing workload log: %w", err)
 	}
-	return n, nil
+	return nil
 }
 
-// Close closes the file.
+// Close writes the output still held back and closes the file.
 func (l *workloadLog) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return nil
 	}
+	werr := l.write(l.held)
+	l.held = nil
+	if l.f == nil { // a failed rotation left no file
+		return werr
+	}
 	err := l.f.Close()
 	l.f = nil
-	return err
+	return errors.Join(werr, err)
 }
