@@ -23,30 +23,43 @@ func (e *CapacityError) Error() string { return e.Resource + ": " + e.Msg }
 // and failed (a created VM is about to boot).
 func active(r *Record) bool { return r.State != StateStopped && r.State != StateFailed }
 
-// admission returns the check reserve runs, under the registry lock, with
-// every other stored or pending record. It refuses an explicit MAC another
+// admission reads the host's CPUs, memory and free space, then returns the
+// check reserve runs, under the registry lock, with every other stored or
+// pending record. It refuses an explicit MAC another
 // VM uses (400), and counts vCPUs and memory of
 // active VMs against host totals times the overcommit ratios, the vCPUs of
 // a pinned VM against its pinned CPUs, PCI devices against every other
 // VM's claim, and the base image size against free space in the state dir.
 func (s *Service) admission(rec *Record) func(others []*Record) error {
-	return func(others []*Record) error {
-		cfg := s.o.Config
-		cpus := cfg.HostCPUs
-		online, onlineErr := s.facts.OnlineCPUs()
-		if cpus == 0 {
-			if onlineErr != nil {
-				return &CapacityError{Resource: "vcpus", Msg: onlineErr.Error()}
-			}
-			cpus = len(online)
+	// The host is read here, before reserve takes the registry lock: no
+	// file read or statfs runs under it, as every VM read waits on it.
+	cfg := s.o.Config
+	cpus, memMB := cfg.HostCPUs, uint64(cfg.HostMemoryMB)
+	online, onlineErr := s.facts.OnlineCPUs()
+	var hostErr error
+	if cpus == 0 {
+		if onlineErr != nil {
+			hostErr = &CapacityError{Resource: "vcpus", Msg: onlineErr.Error()}
 		}
-		memMB := uint64(cfg.HostMemoryMB)
-		if memMB == 0 {
-			m, err := s.facts.MemoryMB()
-			if err != nil {
-				return &CapacityError{Resource: "memory_mb", Msg: err.Error()}
-			}
-			memMB = m
+		cpus = len(online)
+	}
+	if memMB == 0 && hostErr == nil {
+		m, err := s.facts.MemoryMB()
+		if err != nil {
+			hostErr = &CapacityError{Resource: "memory_mb", Msg: err.Error()}
+		}
+		memMB = m
+	}
+	var (
+		free    uint64
+		freeErr error
+	)
+	if copyBytes(rec) > 0 {
+		free, freeErr = s.o.DiskFree()
+	}
+	return func(others []*Record) error {
+		if hostErr != nil {
+			return hostErr
 		}
 		var usedCPU, usedMem uint64
 		for _, o := range others {
@@ -108,9 +121,8 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 					need += copyBytes(o)
 				}
 			}
-			free, err := s.o.DiskFree()
-			if err != nil {
-				return &CapacityError{Resource: "disk", Msg: err.Error()}
+			if freeErr != nil {
+				return &CapacityError{Resource: "disk", Msg: freeErr.Error()}
 			}
 			if need > free {
 				return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("disk copies need %d bytes, %d free in the state directory", need, free)}

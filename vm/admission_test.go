@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
@@ -92,6 +93,37 @@ func TestAdmission(t *testing.T) {
 				t.Errorf("the rejected create reached the host: %v", got)
 			}
 		})
+	}
+}
+
+// TestAdmissionReadsHostOutsideLock: the host is read (here, free space)
+// before the registry is locked, so reads of VMs never wait on that I/O.
+// Under the lock, the List in OnDiskFree could not finish until the read did.
+func TestAdmissionReadsHostOutsideLock(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	var svc *vm.Service
+	listed := 0
+	e.OnDiskFree = func() {
+		done := make(chan struct{})
+		go func() {
+			svc.List(vm.ModeVM)
+			close(done)
+		}()
+		select {
+		case <-done:
+			listed++
+		case <-time.After(10 * time.Second):
+			t.Error("reading free space blocked VM reads: the registry is locked around host I/O")
+		}
+	}
+	svc = e.Service(t)
+	s := baseSpec(e)
+	s.VMID = "a"
+	if _, _, err := svc.CreateVM(context.Background(), &s); err != nil {
+		t.Fatal(err)
+	}
+	if listed != 1 {
+		t.Errorf("free space read %d times with the registry readable, want 1", listed)
 	}
 }
 

@@ -168,6 +168,8 @@ type Env struct {
 	Seed uint64
 	// DiskFree is what the services report as free space.
 	DiskFree uint64
+	// OnDiskFree, when set, runs each time a service asks for free space.
+	OnDiskFree func()
 	// Logger, when set, is the services' logger.
 	Logger *slog.Logger
 }
@@ -232,8 +234,13 @@ func (e *Env) Service(t testing.TB) *vm.Service {
 		Host:     e.Host,
 		Now:      func() time.Time { return e.Now },
 		Rand:     &detReader{r: rand.New(rand.NewPCG(e.Seed, e.Seed))},
-		DiskFree: func() (uint64, error) { return e.DiskFree, nil },
-		Logger:   e.Logger,
+		DiskFree: func() (uint64, error) {
+			if e.OnDiskFree != nil {
+				e.OnDiskFree()
+			}
+			return e.DiskFree, nil
+		},
+		Logger: e.Logger,
 	})
 	if err != nil {
 		t.Fatal(err)
