@@ -55,9 +55,13 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
 	undo := func(err error) error {
-		sctx, cancel := context.WithTimeout(context.Background(), 3*e.o.StopGrace)
-		p.Stop(sctx, e.o.StopGrace)
-		cancel()
+		// As Stop does: vmm.shutdown, then signals up to SIGKILL with no
+		// deadline that could end the wait before SIGKILL is sent (the
+		// record forgets this process, so nothing else would end it).
+		e.shutdownVMM(p)
+		if serr := terminate(p.Done(), p.Signal); serr != nil {
+			e.o.Logger.Error("stopping cloud-hypervisor after a failed boot", "id", id, "pid", p.Pid, "err", serr)
+		}
 		p.Close()
 		e.clearCH(id, p)
 		e.svc.appVMForget(rec)

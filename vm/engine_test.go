@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"vmhost/config"
 	"vmhost/qcow2"
@@ -203,4 +206,50 @@ func TestEngineWithoutTaps(t *testing.T) {
 	if _, err := s.Get(ModeVM, "nic"); err == nil {
 		t.Error("a record was stored")
 	}
+}
+
+// TestEngineFailedBootKillsHungVMM: a VMM that hangs as soon as its API
+// socket exists and does not react to SIGTERM makes vm.create fail; the
+// failed boot still ends it (SIGKILL) instead of leaving it running with
+// its identity cleared from the record.
+func TestEngineFailedBootKillsHungVMM(t *testing.T) {
+	s, e, root := engineService(t, func(o *EngineOptions) { o.StopGrace = 100 * time.Millisecond })
+	ctx := context.Background()
+	if _, _, err := s.CreateVM(ctx, baseSpec(t, root, "hung")); err != nil {
+		t.Fatal(err)
+	}
+	sock := s.Layout().APISocket("hung")
+	e.o.CH.Env = append(simEnv("sim-ch"), freezeOnEnv+"="+sock)
+	t.Cleanup(func() {
+		for _, pid := range processesNaming(sock) {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	})
+	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := s.Act(actx, ModeVM, "hung", ActionStart); err == nil {
+		t.Fatal("starting a VM whose VMM hangs succeeded")
+	}
+	if pids := processesNaming(sock); len(pids) > 0 {
+		t.Errorf("the hung VMM (pids %v) still runs after the failed boot", pids)
+	}
+	if r, _ := s.Get(ModeVM, "hung"); r.Runtime.CH != nil || r.State != StateCreated {
+		t.Errorf("record after the failed boot: state %s, CH %+v", r.State, r.Runtime.CH)
+	}
+}
+
+// processesNaming returns the pids whose command line holds s.
+func processesNaming(s string) []int {
+	ents, _ := os.ReadDir("/proc")
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if b, err := os.ReadFile("/proc/" + e.Name() + "/cmdline"); err == nil && strings.Contains(string(b), s) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }

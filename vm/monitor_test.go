@@ -34,6 +34,10 @@ const testExecEnv = "VMHOST_VM_TEST_EXEC"
 // exitOnEnv names a file whose appearance makes the simulated CH exit 3.
 const exitOnEnv = "VMHOST_VM_TEST_EXIT_ON"
 
+// freezeOnEnv names an API socket whose appearance makes the simulated CH
+// stop itself (SIGSTOP).
+const freezeOnEnv = "VMHOST_VM_TEST_FREEZE_ON"
+
 func TestMain(m *testing.M) {
 	switch os.Getenv(testExecEnv) {
 	case "sim-ch":
@@ -44,6 +48,17 @@ func TestMain(m *testing.M) {
 					time.Sleep(5 * time.Millisecond)
 				}
 				os.Exit(3)
+			}()
+		}
+		if p := os.Getenv(freezeOnEnv); p != "" {
+			// A VMM that hangs, deaf to SIGTERM, once its API socket p
+			// exists: connections are accepted by the kernel and never
+			// answered, and only SIGKILL ends it.
+			go func() {
+				for !fileExists(p) {
+					time.Sleep(time.Millisecond)
+				}
+				syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 			}()
 		}
 		os.Exit(chsim.Main(os.Args[1:]))
