@@ -181,9 +181,6 @@ func (s *Service) Layout() Layout { return s.layout }
 // Config returns the host configuration.
 func (s *Service) Config() *config.Config { return s.o.Config }
 
-// Facts returns the host facts validation reads.
-func (s *Service) Facts() HostFacts { return s.facts }
-
 // Now returns the service clock's time.
 func (s *Service) Now() time.Time { return s.o.Now() }
 
