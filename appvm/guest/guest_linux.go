@@ -787,14 +787,16 @@ func writeInRoot(root, p string, mode uint32, data []byte, uid, gid int) error {
 		return err
 	}
 	target := filepath.Join(dir, path.Base(p))
-	if fi, err := os.Lstat(target); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-		// A link in the image (resolv.conf often is one) is replaced, not
-		// followed, so the write stays inside the root.
+	if fi, err := os.Lstat(target); err == nil && !fi.IsDir() {
+		// A file of the image is replaced, never written through: a
+		// symlink (resolv.conf often is one) could lead out of the root,
+		// a hard link would show a secret under another name, and an
+		// existing file's looser mode would expose it until the chmod.
 		if err := os.Remove(target); err != nil {
 			return fmt.Errorf("writing %s: %w", p, err)
 		}
 	}
-	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|syscall.O_NOFOLLOW, 0o600)
+	f, err := os.OpenFile(target, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return fmt.Errorf("writing %s: %w", p, err)
 	}

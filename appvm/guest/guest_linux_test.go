@@ -842,3 +842,33 @@ func TestWorkloadDiesWithAgent(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestWriteInRootReplacesImageFile checks that an injected file replaces
+// what the image has at its path instead of writing through it: a hard link
+// elsewhere in the image keeps its old content.
+func TestWriteInRootReplacesImageFile(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "run/secrets"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(root, "run/secrets/key")
+	if err := os.WriteFile(target, []byte("image content"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Link(target, filepath.Join(root, "public")); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeInRoot(root, "/run/secrets/key", 0o400, []byte("the-secret"), -1, -1); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(root, "public")); err != nil || string(b) != "image content" {
+		t.Errorf("hard link to the image file now reads %q, %v; want the image content", b, err)
+	}
+	fi, err := os.Stat(target)
+	if err != nil || fi.Mode().Perm() != 0o400 {
+		t.Fatalf("injected file: %v, %v", fi, err)
+	}
+	if b, _ := os.ReadFile(target); string(b) != "the-secret" {
+		t.Errorf("injected file = %q", b)
+	}
+}
