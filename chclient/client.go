@@ -96,10 +96,8 @@ func (c *Client) Close() {
 // Content-Length. The answer must have one of the wanted statuses; its body is returned.
 func (c *Client) send(ctx context.Context, method, path string, body any, want ...int) (int, []byte, error) {
 	var rd io.Reader
-	var payload []byte
 	if body != nil {
-		var err error
-		payload, err = json.Marshal(body)
+		payload, err := json.Marshal(body)
 		if err != nil {
 			return 0, nil, fmt.Errorf("encoding %s body: %w", path, err)
 		}
@@ -109,9 +107,9 @@ func (c *Client) send(ctx context.Context, method, path string, body any, want .
 	if err != nil {
 		return 0, nil, fmt.Errorf("cloud hypervisor %s %s: %w", method, path, err)
 	}
-	// NewRequest sets ContentLength from the bytes.Reader; a PUT without a body goes out
-	// with "Content-Length: 0", which CH treats as no body.
-	req.ContentLength = int64(len(payload))
+	// NewRequest takes ContentLength from the bytes.Reader, so no body is chunked (CH
+	// does not support chunked bodies); a PUT without a body goes out with
+	// "Content-Length: 0", which CH treats as no body.
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
