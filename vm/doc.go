@@ -16,8 +16,9 @@
 //
 // # Create path
 //
-// Validation (*FieldError, 400) → admission under the registry lock
-// (*ExistsError or *CapacityError, 409; a pending create holds its id and
+// Validation (*FieldError, 400) → admission under the registry lock, on
+// host totals and free space read just before it (*ExistsError or
+// *CapacityError, 409; a pending create holds its id and
 // counts in later admissions, so of concurrent creates of one id exactly
 // one wins and nothing on the host changes before admission passes) →
 // Host.Preflight → the record is stored → Host.Provision (in the
