@@ -253,3 +253,49 @@ func processesNaming(s string) []int {
 	}
 	return pids
 }
+
+// TestEngineStopDuringVerdictKeepsIt: Cloud Hypervisor dies, and an
+// operator stop arrives while the monitor is recording its verdict
+// (record writes are held back here to widen that moment). The stop sees
+// the verdict: it answers *StateError and the VM stays failed by signal,
+// instead of being recorded as an operator stop over the crash.
+func TestEngineStopDuringVerdictKeepsIt(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "v")
+	sp.AutoBoot = true
+	rec, _, err := s.CreateVM(ctx, sp)
+	if err != nil || rec.State != StateRunning {
+		t.Fatalf("CreateVM = %v, %v", rec, err)
+	}
+	s.reg.wmu.Lock()
+	held := true
+	defer func() {
+		if held {
+			s.reg.wmu.Unlock()
+		}
+	}()
+	if err := syscall.Kill(rec.Runtime.CH.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
+	stopped := make(chan error, 1)
+	go func() {
+		_, err := s.Act(ctx, ModeVM, "v", ActionStop)
+		stopped <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the stop decides what to do
+	s.reg.wmu.Unlock()
+	held = false
+	err = <-stopped
+	if se := new(StateError); !errors.As(err, &se) {
+		t.Errorf("stop during the verdict = %v, want *StateError", err)
+	}
+	r, err := s.Get(ModeVM, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := r.FailureReason; r.State != StateFailed || f == nil || f.Detail.Kind != KindProcessSignal || f.Cause != CauseCHCrash {
+		t.Errorf("record after crash and stop: %s", describe(r))
+	}
+}

@@ -246,18 +246,6 @@ func (s *Service) Close() error {
 	return nil
 }
 
-// claim removes m from the watched set if it is still there, which gives
-// it the right to conclude.
-func (w *watchers) claim(m *monitor) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.m[m.id] != m {
-		return false
-	}
-	delete(w.m, m.id)
-	return true
-}
-
 func (m *monitor) run() {
 	defer close(m.ended)
 	var helpers sync.WaitGroup
@@ -452,13 +440,18 @@ func logHint(path string) string {
 
 // conclude records v, then stops what is left of the VM's processes and
 // clears its runtime identity. It does nothing when the VM was unwatched
-// meanwhile (a planned stop won the race).
+// meanwhile (a planned stop won the race). The verdict is recorded while
+// the watched set is still locked, so an action that finds the VM
+// unwatched (Stop) also finds it ended, never still running.
 func (m *monitor) conclude(v verdict) {
-	if !m.s.mon.claim(m) {
+	w, s := &m.s.mon, m.s
+	w.mu.Lock()
+	if w.m[m.id] != m {
+		w.mu.Unlock()
 		return
 	}
+	delete(w.m, m.id)
 	m.cancel()
-	s := m.s
 	_, err := s.reg.update(m.id, func(r *Record) {
 		r.State = v.state
 		r.DisplayState = string(v.state)
@@ -466,6 +459,7 @@ func (m *monitor) conclude(v verdict) {
 		r.PID = 0
 		r.ShuttingDown = false
 	})
+	w.mu.Unlock()
 	if err != nil {
 		s.log.Error("recording VM end", "id", m.id, "state", v.state, "err", err)
 	}
