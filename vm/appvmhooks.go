@@ -140,12 +140,3 @@ func (s *Service) appVMRollback(ctx context.Context, rec *Record) error {
 	}
 	return nil
 }
-
-// appVMAdopt listens again for the guest agent of a running AppVM found at
-// agent start (recovery).
-func (s *Service) appVMAdopt(ctx context.Context, rec *Record) error {
-	if h := s.AppVMHooks(); rec.Mode == ModeAppVM && h != nil {
-		return h.Adopt(ctx, rec)
-	}
-	return nil
-}
