@@ -1,6 +1,8 @@
 package qcow2
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
@@ -99,4 +101,65 @@ func FuzzReadHeader(f *testing.F) {
 			_ = h.CheckBase()
 		}
 	})
+}
+
+// TestCheckBaseRefusals patches one field of a blank image at a time: each
+// must make CheckBase refuse an image it otherwise accepts.
+func TestCheckBaseRefusals(t *testing.T) {
+	dir := t.TempDir()
+	blank := filepath.Join(dir, "blank.qcow2")
+	if err := Create(blank, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	orig, err := os.ReadFile(blank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := ReadHeader(bytes.NewReader(orig)); err != nil || h.CheckBase() != nil {
+		t.Fatalf("blank image: header %v, CheckBase %v; want it accepted", err, h.CheckBase())
+	}
+	be := binary.BigEndian
+	// extension writes one header extension right after the 112-byte header
+	// of a created image, followed by the end marker.
+	extension := func(typ uint32, data string) func(b []byte) {
+		return func(b []byte) {
+			be.PutUint32(b[112:], typ)
+			be.PutUint32(b[116:], uint32(len(data)))
+			off := 120 + copy(b[120:], data)
+			clear(b[off : 120+(len(data)+7)/8*8+8])
+		}
+	}
+	for _, tc := range []struct {
+		name  string
+		patch func(b []byte)
+		want  string
+	}{
+		{"dirty", func(b []byte) { be.PutUint64(b[72:], IncompatDirty) }, "dirty"},
+		{"corrupt", func(b []byte) { be.PutUint64(b[72:], IncompatCorrupt) }, "corrupt"},
+		{"external data bit", func(b []byte) { be.PutUint64(b[72:], IncompatExternalData) }, "external data file"},
+		{"unknown incompatible feature", func(b []byte) { be.PutUint64(b[72:], 1<<5) }, "unknown incompatible"},
+		{"aes encryption", func(b []byte) { be.PutUint32(b[32:], 1) }, "encrypted"},
+		{"encryption extension", extension(extEncryption, "0123456789abcdef"), "encrypted"},
+		{"backing format extension", extension(extBackingFormat, "qcow2"), "backing-format"},
+		{"data file extension", extension(extDataFile, "data.raw"), "external data file"},
+		{"backing file", func(b []byte) {
+			be.PutUint64(b[8:], 1024)
+			be.PutUint32(b[16:], 4)
+			copy(b[1024:], "base")
+		}, `backing file "base"`},
+		{"cluster bits", func(b []byte) { be.PutUint32(b[20:], 22) }, "cluster_bits 22"},
+		{"zero size", func(b []byte) { be.PutUint64(b[24:], 0) }, "virtual size of 0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := bytes.Clone(orig)
+			tc.patch(b)
+			h, err := ReadHeader(bytes.NewReader(b))
+			if err != nil {
+				t.Fatalf("ReadHeader = %v", err)
+			}
+			if err := h.CheckBase(); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("CheckBase = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
 }
