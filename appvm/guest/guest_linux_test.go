@@ -872,3 +872,38 @@ func TestWriteInRootReplacesImageFile(t *testing.T) {
 		t.Errorf("injected file = %q", b)
 	}
 }
+
+// TestPoweroffKillsOrphanTrees checks that a process-mode poweroff leaves
+// nothing behind: an orphan parked on the agent is killed, and so is the
+// child it still had, which the kill reparents to the agent in turn.
+func TestPoweroffKillsOrphanTrees(t *testing.T) {
+	dir := t.TempDir()
+	gcFile := filepath.Join(dir, "grandchild.pid")
+	script := fmt.Sprintf(`(sh -c 'sleep 60 & echo $! > %[1]s.tmp; mv %[1]s.tmp %[1]s; wait' &); `+
+		`while ! test -f %[1]s; do sleep 0.02; done`, gcFile)
+	h := startAgent(t, &proto.Spec{Command: sh(script)}, agentOpts{})
+	if exit, _, _ := h.waitExit(); exit.Code == nil || *exit.Code != 0 {
+		t.Fatalf("exit = %+v", exit)
+	}
+	h.waitAgent()
+	b, err := os.ReadFile(gcFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gc, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Kill(gc, syscall.SIGKILL)
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		state, _, err := procStat(gc)
+		if errors.Is(err, os.ErrNotExist) || state == 'Z' {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("grandchild %d still running (state %c) after the agent powered off", gc, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -111,10 +111,23 @@ func (s *processSystem) mountData(device, target string, readOnly bool) error {
 func (s *processSystem) prepareRoot(string) error { return nil }
 
 // poweroff kills the descendants left behind (orphans parked on us as
-// subreaper), so that nothing of the guest outlives it.
+// subreaper), so that nothing of the guest outlives it. Killing a child
+// parks its own children on us in turn, so it goes round, reaping each
+// round's dead, until none is left.
 func (s *processSystem) poweroff(int) {
-	for _, pid := range childrenOf(os.Getpid()) {
-		unix.Kill(pid, unix.SIGKILL)
+	// The bound only guards against a tree that keeps forking faster than
+	// it is killed.
+	for range 100 {
+		kids := childrenOf(os.Getpid())
+		if len(kids) == 0 {
+			return
+		}
+		for _, pid := range kids {
+			unix.Kill(pid, unix.SIGKILL)
+		}
+		for _, pid := range kids {
+			unix.Wait4(pid, nil, 0, nil)
+		}
 	}
 }
 
