@@ -35,11 +35,11 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 	// file read or statfs runs under it, as every VM read waits on it.
 	cfg := s.o.Config
 	cpus, memMB := cfg.HostCPUs, uint64(cfg.HostMemoryMB)
-	online, onlineErr := s.facts.OnlineCPUs()
 	var hostErr error
 	if cpus == 0 {
-		if onlineErr != nil {
-			hostErr = &CapacityError{Resource: "vcpus", Msg: onlineErr.Error()}
+		online, err := s.facts.OnlineCPUs()
+		if err != nil {
+			hostErr = &CapacityError{Resource: "vcpus", Msg: err.Error()}
 		}
 		cpus = len(online)
 	}
@@ -80,14 +80,10 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 				rec.Spec.MemoryMB, usedMem, memCap, memMB, ratio(cfg.Overcommit.Memory, 1))}
 		}
 		if rec.Spec.CPUAffinity != nil {
+			// Validation has just checked that the pinned CPUs are online.
 			pins, err := ParseCPUSet(*rec.Spec.CPUAffinity)
 			if err != nil {
 				return &CapacityError{Resource: "cpu_affinity", Msg: err.Error()}
-			}
-			for _, c := range pins {
-				if _, ok := slices.BinarySearch(online, c); !ok {
-					return &CapacityError{Resource: "cpu_affinity", Msg: fmt.Sprintf("CPU %d is not online", c)}
-				}
 			}
 			pinCap := uint64(math.Floor(float64(len(pins)) * ratio(cfg.Overcommit.CPU, 4)))
 			if uint64(rec.Spec.Vcpus) > pinCap {
