@@ -253,10 +253,18 @@ func testQSD(t *testing.T, b backend) {
 		t.Errorf("root export capacity after a live resize = %d sectors, want the old %d", p.capacity, (2<<30)/512)
 	}
 
-	// A blank volume, exported and removed at run time.
+	// A blank volume made by QMP blockdev-create (job events, dismissal),
+	// then exported and removed at run time.
 	data1 := qmp.DataDisk{ID: "data1", Path: filepath.Join(dir, "data1.qcow2"), Socket: filepath.Join(dir, "data1.vhost")}
-	if err := qcow2.Create(data1.Path, 256<<20); err != nil {
+	if err := c.CreateQcow2(ctx, "mk-data1", data1.Path, 256<<20); err != nil {
 		t.Fatal(err)
+	}
+	if jobs, err := c.QueryJobs(ctx); err != nil || len(jobs) != 0 {
+		t.Errorf("jobs after CreateQcow2 = %+v (%v), want none left", jobs, err)
+	}
+	var jerr *qmp.JobError
+	if err := c.CreateQcow2(ctx, "mk-bad", filepath.Join(dir, "nodir", "x.qcow2"), 1<<20); !errors.As(err, &jerr) || !strings.Contains(jerr.Msg, "No such file or directory") {
+		t.Errorf("CreateQcow2 in a missing dir = %v, want a JobError naming ENOENT", err)
 	}
 	if err := q.AddDataExport(ctx, data1); err != nil {
 		t.Fatal(err)

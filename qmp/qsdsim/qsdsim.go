@@ -14,6 +14,7 @@
 // rewrites the qcow2 header (size and L1 length) when the grown L1 table
 // still fits in its clusters, which covers growth up to 4 TiB for images
 // made by qemu-img; beyond that the new size is kept in memory only.
+// blockdev-create writes a minimal qcow2 image (no header extensions).
 // Images are not locked, so a second daemon on the same image is not
 // refused as QSD refuses it ("Failed to get \"write\" lock").
 //
@@ -75,12 +76,22 @@ type export struct {
 	numQueues int
 }
 
+type job struct {
+	ID              string `json:"id"`
+	Type            string `json:"type"`
+	Status          string `json:"status"`
+	CurrentProgress int    `json:"current-progress"`
+	TotalProgress   int    `json:"total-progress"`
+	Error           string `json:"error,omitempty"`
+}
+
 // sim is the daemon's state; mu guards everything below it.
 type sim struct {
 	mu       sync.Mutex
 	nodes    []*node // newest first, like query-named-block-nodes
 	groups   map[string]map[string]int64
-	exports  []*export         // newest first, like query-block-exports
+	exports  []*export // newest first, like query-block-exports
+	jobs     []*job
 	chardevs map[string]string // id → socket path
 	monitors []net.Listener
 	monPaths []string
@@ -909,6 +920,9 @@ func (c *conn) handle(raw any) (stop bool) {
 		ret = map[string]any{}
 	}
 	reply(ret, err)
+	if h.after != nil && err == nil {
+		h.after(c, args)
+	}
 	return false
 }
 
@@ -936,11 +950,11 @@ func checkArgs(args map[string]any, allowed, required []string) *qerr {
 }
 
 // shutdown emits what QSD emits on quit: one BLOCK_EXPORT_DELETED per
-// export.
+// export and a JOB_STATUS_CHANGE null per job.
 func (s *sim) shutdown(c *conn) {
 	s.mu.Lock()
-	exports := s.exports
-	s.exports = nil
+	exports, jobs := s.exports, s.jobs
+	s.exports, s.jobs = nil, nil
 	for _, e := range exports {
 		e.close()
 	}
@@ -948,11 +962,16 @@ func (s *sim) shutdown(c *conn) {
 	for _, e := range exports {
 		c.event("BLOCK_EXPORT_DELETED", map[string]string{"id": e.id})
 	}
+	for _, j := range jobs {
+		c.event("JOB_STATUS_CHANGE", map[string]string{"status": "null", "id": j.ID})
+	}
 }
 
 type command struct {
 	allowed, required []string // nil allowed means anything goes
 	run               func(c *conn, args map[string]any) (any, *qerr)
+	// after runs once the return has been sent, for events that follow it.
+	after func(c *conn, args map[string]any)
 }
 
 var commands map[string]command
@@ -972,6 +991,9 @@ func init() {
 		"block_resize":            {allowed: []string{"device", "node-name", "size"}, required: []string{"size"}, run: blockResize},
 		"qom-set":                 {allowed: []string{"path", "property", "value"}, required: []string{"path", "property", "value"}, run: qomSet},
 		"qom-get":                 {allowed: []string{"path", "property"}, required: []string{"path", "property"}, run: qomGet},
+		"query-jobs":              {allowed: []string{}, run: queryJobs},
+		"job-dismiss":             {allowed: []string{"id"}, required: []string{"id"}, run: jobDismiss},
+		"blockdev-create":         {allowed: []string{"job-id", "options"}, required: []string{"job-id", "options"}, run: blockdevCreate, after: finishCreate},
 	}
 }
 
@@ -1176,4 +1198,146 @@ func qomGet(c *conn, args map[string]any) (any, *qerr) {
 		return v, nil
 	}
 	return nil, generic("Property 'throttle-group.%s' not found", prop)
+}
+
+func queryJobs(c *conn, _ map[string]any) (any, *qerr) {
+	out := []*job{}
+	out = append(out, c.s.jobs...)
+	return out, nil
+}
+
+func jobDismiss(c *conn, args map[string]any) (any, *qerr) {
+	id, _ := str(args, "id")
+	for i, j := range c.s.jobs {
+		if j.ID != id {
+			continue
+		}
+		if j.Status != "concluded" {
+			return nil, generic("Job '%s' in state '%s' cannot accept command verb 'dismiss'", id, j.Status)
+		}
+		c.s.jobs = append(c.s.jobs[:i:i], c.s.jobs[i+1:]...)
+		c.event("JOB_STATUS_CHANGE", map[string]string{"status": "null", "id": id})
+		return nil, nil
+	}
+	return nil, generic("Job not found")
+}
+
+// blockdevCreate runs the job synchronously; the events of a successful
+// job straddle the return, those of a failed one precede it, as in QSD.
+func blockdevCreate(c *conn, args map[string]any) (any, *qerr) {
+	id, _ := str(args, "job-id")
+	for _, j := range c.s.jobs {
+		if j.ID == id {
+			return nil, generic("Job ID '%s' already in use", id)
+		}
+	}
+	opts, ok := args["options"].(map[string]any)
+	if !ok {
+		return nil, generic("Invalid parameter type for 'options', expected: object")
+	}
+	j := &job{ID: id, Type: "create", Status: "created", TotalProgress: 1}
+	c.s.jobs = append(c.s.jobs, j)
+	status := func(st string) {
+		j.Status = st
+		c.event("JOB_STATUS_CHANGE", map[string]string{"status": st, "id": id})
+	}
+	status("created")
+	status("running")
+	j.CurrentProgress = 1
+	if err := c.s.create(opts); err != nil {
+		j.Error = err.Error()
+		status("aborting")
+		status("concluded")
+	}
+	return nil, nil
+}
+
+// finishCreate sends the events that follow a successful job's return.
+func finishCreate(c *conn, args map[string]any) {
+	id, _ := str(args, "job-id")
+	c.s.mu.Lock()
+	defer c.s.mu.Unlock()
+	for _, j := range c.s.jobs {
+		if j.ID == id && j.Status == "running" {
+			for _, st := range []string{"waiting", "pending", "concluded"} {
+				j.Status = st
+				c.event("JOB_STATUS_CHANGE", map[string]string{"status": st, "id": id})
+			}
+		}
+	}
+}
+
+// create does the work of a blockdev-create job.
+func (s *sim) create(opts map[string]any) error {
+	drv, _ := str(opts, "driver")
+	size, ok, err := integer(opts, "size")
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return errors.New("Parameter 'size' is missing")
+	}
+	switch drv {
+	case "file":
+		fn, _ := str(opts, "filename")
+		f, err := os.OpenFile(fn, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o644)
+		if err != nil {
+			return fmt.Errorf("Could not create '%s': %s", fn, errnoText(err))
+		}
+		defer f.Close()
+		return f.Truncate(size)
+	case "qcow2":
+		ref, _ := str(opts, "file")
+		n := s.findNode(ref)
+		if n == nil || n.drv != "file" {
+			return fmt.Errorf("Cannot find device='%s' nor node-name='%s'", ref, ref)
+		}
+		if size < 0 || size%512 != 0 {
+			return errors.New("Image size must be a multiple of 512 bytes")
+		}
+		return writeBlankQcow2(n.filename, uint64(size))
+	}
+	return fmt.Errorf("Driver '%s' does not support image creation", drv)
+}
+
+// writeBlankQcow2 writes the smallest valid qcow2 v3 image: a 104-byte
+// header with no extensions, refcount table, one refcount block and the
+// L1 table, 64 KiB clusters.
+func writeBlankQcow2(path string, size uint64) error {
+	const cs = 1 << 16
+	l1 := (size + cs*cs/8 - 1) / (cs * cs / 8)
+	if l1*8 > 1<<25 {
+		return errors.New("Image size is too large")
+	}
+	l1Clusters := (l1*8 + cs - 1) / cs
+	b := make([]byte, 3*cs)
+	be := binary.BigEndian
+	be.PutUint32(b[0:], 0x514649fb)
+	be.PutUint32(b[4:], 3)
+	be.PutUint32(b[20:], 16)
+	be.PutUint64(b[24:], size)
+	be.PutUint32(b[36:], uint32(l1))
+	if l1 > 0 {
+		be.PutUint64(b[40:], 3*cs)
+	}
+	be.PutUint64(b[48:], cs)
+	be.PutUint32(b[56:], 1)
+	be.PutUint32(b[96:], 4)
+	be.PutUint32(b[100:], 104)
+	be.PutUint64(b[cs:], 2*cs)
+	for i := range 3 + l1Clusters {
+		be.PutUint16(b[2*cs+2*i:], 1)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_TRUNC, 0)
+	if err != nil {
+		return fmt.Errorf("Could not open '%s': %s", path, errnoText(err))
+	}
+	defer f.Close()
+	if _, err := f.Write(b); err != nil {
+		return err
+	}
+	if err := f.Truncate(int64(3*cs + l1*8)); err != nil {
+		return err
+	}
+	return f.Sync()
 }
