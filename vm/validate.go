@@ -57,7 +57,6 @@ var (
 // checked is what validation learned from the host for a classic spec.
 type checked struct {
 	base *BaseImage // nil with an image: the download provides it
-	pins []int
 }
 
 // validateSpec checks every rule of contract §4.2 and §8 that goes beyond
@@ -134,11 +133,9 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error
 		return nil, bad("nested", "this host does not support nested virtualization")
 	}
 	if s.CPUAffinity != nil {
-		pins, err := checkAffinity(*s.CPUAffinity, facts)
-		if err != nil {
+		if err := checkAffinity(*s.CPUAffinity, facts); err != nil {
 			return nil, err
 		}
-		c.pins = pins
 	}
 	if t := s.CPUTopology; t != nil {
 		if t.Sockets < 1 || t.Cores < 1 || t.Threads < 1 {
@@ -405,21 +402,21 @@ func checkCloudInit(ci *CloudInitSpec) error {
 	return nil
 }
 
-func checkAffinity(s string, facts HostFacts) ([]int, error) {
+func checkAffinity(s string, facts HostFacts) error {
 	pins, err := ParseCPUSet(s)
 	if err != nil {
-		return nil, bad("cpu_affinity", "not a cpuset: %v", err)
+		return bad("cpu_affinity", "not a cpuset: %v", err)
 	}
 	online, err := facts.OnlineCPUs()
 	if err != nil {
-		return nil, bad("cpu_affinity", "cannot check against online CPUs: %v", err)
+		return bad("cpu_affinity", "cannot check against online CPUs: %v", err)
 	}
 	for _, c := range pins {
 		if _, found := slices.BinarySearch(online, c); !found {
-			return nil, bad("cpu_affinity", "CPU %d is not online", c)
+			return bad("cpu_affinity", "CPU %d is not online", c)
 		}
 	}
-	return pins, nil
+	return nil
 }
 
 func checkPCI(devs []string, facts HostFacts) error {
