@@ -6,7 +6,6 @@ package vmtest
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -264,13 +263,4 @@ func (c *detReader) Read(p []byte) (int, error) {
 		p[i] = byte(c.r.Uint32())
 	}
 	return len(p), nil
-}
-
-// Must fails the test on err.
-func Must[T any](t testing.TB, v T, err error) T {
-	t.Helper()
-	if err != nil {
-		t.Fatal(fmt.Errorf("unexpected error: %w", err))
-	}
-	return v
 }
