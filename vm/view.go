@@ -253,7 +253,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		if i < len(sp.Nets) {
 			n = &sp.Nets[i]
 		}
-		nv := s.netView(n, nic)
+		nv := ResolveNet(cfg, n, nic)
 		nv.DHCPSnoopedIPv4, nv.LastObservedIPv4 = nic.DHCPSnoopedIPv4, nic.LastObservedIPv4
 		v.Nets = append(v.Nets, nv)
 	}
@@ -341,11 +341,6 @@ func volumeID(i int) string {
 	}
 	return "data" + strconv.Itoa(i)
 }
-
-// netView resolves an interface: its network (explicit, by bridge, or the
-// default network) gives bridge, MTU, isolation and spoof guard unless the
-// request overrides them.
-func (s *Service) netView(np *NetSpec, nic NIC) NetView { return ResolveNet(s.o.Config, np, nic) }
 
 // ResolveNet is the effective interface of nic: the request's values (np,
 // nil for the default interface of a cloud-init VM) over its network's
