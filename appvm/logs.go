@@ -17,8 +17,8 @@ const DefaultLogMaxBytes = 1 << 20
 // replaced by "[redacted]" before a write (the guest agent never sends
 // them, but a workload may print its own environment). Output arrives in
 // chunks, so a chunk that ends with the start of a secret value keeps that
-// tail back until the next chunk shows whether the value completes; Close
-// writes what is still held.
+// tail back until the next chunk shows whether the value completes; Flush
+// (at the workload's exit) and Close write what is still held.
 type workloadLog struct {
 	path    string
 	max     int64
@@ -128,6 +128,23 @@ func (l *workloadLog) write(p []byte) error {
 	return nil
 }
 
+// Flush writes the output held back: the stream it might continue has
+// ended (the workload exited).
+func (l *workloadLog) Flush() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.flushLocked()
+}
+
+func (l *workloadLog) flushLocked() error {
+	if l.f == nil {
+		return os.ErrClosed
+	}
+	err := l.write(l.held)
+	l.held = nil
+	return err
+}
+
 // Close writes the output still held back and closes the file.
 func (l *workloadLog) Close() error {
 	l.mu.Lock()
@@ -135,8 +152,7 @@ func (l *workloadLog) Close() error {
 	if l.f == nil {
 		return nil
 	}
-	werr := l.write(l.held)
-	l.held = nil
+	werr := l.flushLocked()
 	if l.f == nil { // a failed rotation left no file
 		return werr
 	}

@@ -69,12 +69,23 @@ func TestWorkloadLogScrubsSecretSplitAcrossWrites(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := l.Close(); err != nil {
+	if err := l.Flush(); err != nil {
 		t.Fatal(err)
 	}
 	b, _ := os.ReadFile(p)
-	// The held tail "s3cr" never became the value: Close writes it as is.
+	// The held tail "s3cr" never became the value: Flush writes it as is.
 	if want := "TOKEN=[redacted]\nnext [redacted]\nend s3cr"; string(b) != want {
 		t.Errorf("log = %q, want %q", b, want)
+	}
+	if _, err := l.Write([]byte("r3t-value")); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	b, _ = os.ReadFile(p)
+	// Flushed output is not held again: the next chunk stands alone.
+	if want := "TOKEN=[redacted]\nnext [redacted]\nend s3crr3t-value"; string(b) != want {
+		t.Errorf("log after close = %q, want %q", b, want)
 	}
 }

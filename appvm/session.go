@@ -308,6 +308,7 @@ func (ss *session) handle(m proto.Message) {
 	case *proto.Started:
 		ss.g.log.Info("workload started", "id", ss.id, "pid", m.PID)
 	case *proto.Exit:
+		ss.flushLogs()
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.ExitCode, gst.ExitSignal, gst.Fatal = m.Code, m.Signal, ""
 		})
@@ -315,6 +316,7 @@ func (ss *session) handle(m proto.Message) {
 		ss.g.log.Info("workload exited", "id", ss.id, "code", m.Code, "signal", m.Signal)
 		ss.workloadEnded(failed)
 	case *proto.Fatal:
+		ss.flushLogs()
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.ExitCode, gst.ExitSignal, gst.Fatal = nil, 0, m.Message
 		})
@@ -333,6 +335,20 @@ func (ss *session) handle(m proto.Message) {
 				ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 			}
 		}
+	}
+}
+
+// flushLogs writes the workload output the log held back: the guest sends
+// all of it before Exit (or Fatal), so nothing can complete it any more.
+func (ss *session) flushLogs() {
+	ss.mu.Lock()
+	w := ss.logs
+	ss.mu.Unlock()
+	if w == nil {
+		return
+	}
+	if err := w.Flush(); err != nil {
+		ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 	}
 }
 
