@@ -40,17 +40,46 @@ func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func
 
 // Shutdown presses the ACPI power button. The VM stays running with
 // shutting_down set until the guest powers off, which its monitor records
-// (stopped, operator_shutdown).
+// (stopped, operator_shutdown). shutting_down is recorded before the
+// button is pressed, since a guest may power off before a record written
+// afterwards is stored, and its monitor would then call the exit a guest
+// shutdown; a press that fails puts the previous value back.
 func (e *Engine) Shutdown(ctx context.Context, rec *Record) error {
-	// An AppVM's guest agent stops the workload and powers off instead.
+	was := e.current(rec).ShuttingDown
+	if _, err := e.update(rec.ID, func(r *Record) { r.ShuttingDown = true }); err != nil {
+		return err
+	}
+	err := e.pressPowerButton(ctx, rec)
+	if err != nil {
+		if _, uerr := e.update(rec.ID, func(r *Record) {
+			if r.State == StateRunning {
+				r.ShuttingDown = was
+			}
+		}); uerr != nil {
+			e.o.Logger.Error("clearing shutting_down after a failed shutdown", "id", rec.ID, "err", uerr)
+		}
+	}
+	return err
+}
+
+// pressPowerButton asks the guest to power off: an AppVM's guest agent
+// stops the workload and powers off; a classic VM gets CH's power button.
+func (e *Engine) pressPowerButton(ctx context.Context, rec *Record) error {
 	if handled, err := e.svc.appVMShutdown(ctx, rec); handled {
 		if err != nil {
 			return &HostError{Kind: HostHypervisor, Op: "shutting down AppVM " + rec.ID, Err: err}
 		}
-		_, err = e.update(rec.ID, func(r *Record) { r.ShuttingDown = true })
+		return nil
+	}
+	c, err := e.client(rec)
+	if err != nil {
 		return err
 	}
-	return e.chAction(ctx, rec, "vm.power-button", (*chclient.Client).PowerButton, func(r *Record) { r.ShuttingDown = true })
+	defer c.Close()
+	if err := c.PowerButton(ctx); err != nil {
+		return &HostError{Kind: HostHypervisor, Op: "vm.power-button of VM " + rec.ID, Err: err}
+	}
+	return nil
 }
 
 // Pause pauses the vCPUs: state paused.

@@ -299,3 +299,43 @@ func TestEngineStopDuringVerdictKeepsIt(t *testing.T) {
 		t.Errorf("record after crash and stop: %s", describe(r))
 	}
 }
+
+// TestEngineShutdownRecordedBeforeThePress: a guest that powers off at
+// once after the ACPI power button (chsim: 50 ms) while record writes are
+// slow (held back here) still ends as an operator shutdown, not as a
+// guest shutdown: shutting_down is stored before the button is pressed.
+func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "v")
+	sp.AutoBoot = true
+	rec, _, err := s.CreateVM(ctx, sp)
+	if err != nil || rec.State != StateRunning {
+		t.Fatalf("CreateVM = %v, %v", rec, err)
+	}
+	(&running{apiSocket: rec.Runtime.CH.APISocket}).sim(t, "activate", "") // a guest that reacts to the button
+	s.reg.wmu.Lock()
+	held := true
+	defer func() {
+		if held {
+			s.reg.wmu.Unlock()
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Act(ctx, ModeVM, "v", ActionShutdown)
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // time for the guest to power off, were the button pressed
+	s.reg.wmu.Unlock()
+	held = false
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	var ts testService
+	ts.Service = s
+	r, _ := waitRecord(t, &ts, "v", 10*time.Second, "VM stopped", func(r *Record) bool { return r.State != StateRunning })
+	if f := r.FailureReason; r.State != StateStopped || f == nil || f.Cause != CauseOperatorShutdown || r.ShuttingDown {
+		t.Errorf("record after an ACPI shutdown: %s", describe(r))
+	}
+}
