@@ -144,8 +144,16 @@ func (c Catalog) Put(im *Image) error {
 		return errors.New("AppVM image id must match the VM id pattern")
 	}
 	dir := filepath.Join(c.Dir, im.ID)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
+	if _, err := os.Stat(dir); errors.Is(err, fs.ErrNotExist) {
+		// A new entry: its directory must survive a crash as its
+		// image.json does.
+		err = os.MkdirAll(dir, 0o700)
+		if err == nil {
+			err = syncDir(c.Dir)
+		}
+		if err != nil {
+			return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
+		}
 	}
 	if err := writeImageJSON(dir, im); err != nil {
 		return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
