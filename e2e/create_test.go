@@ -116,7 +116,7 @@ func TestGuestPoweroff(t *testing.T) {
 }
 
 // TestShutdownPending: the power button sets shutting_down until the
-// guest is off.
+// guest is off, and the poweroff that follows is an operator shutdown.
 func TestShutdownPending(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	f := newFixture(t)
@@ -126,7 +126,7 @@ func TestShutdownPending(t *testing.T) {
 		t.Fatalf("shutdown = %d", st)
 	}
 	v := s.waitFor("acpi", "stopped", func(v view) bool { return v.State == "stopped" })
-	if v.ShuttingDown || v.FailureReason == nil {
+	if v.ShuttingDown || v.FailureReason == nil || v.FailureReason.Cause != "operator_shutdown" {
 		t.Errorf("after the guest powered off: %+v", v)
 	}
 }
