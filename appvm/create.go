@@ -8,10 +8,10 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"unicode/utf8"
 
+	"vmhost/appvm/guest/proto"
 	"vmhost/store"
 	"vmhost/vm"
 )
@@ -100,8 +100,6 @@ func NewWithOptions(vms *vm.Service, o Options) *Service {
 
 // Catalog returns the image catalog.
 func (s *Service) Catalog() Catalog { return s.catalog }
-
-var envKeyPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // Create validates req (400 *vm.FieldError), checks the image is ready (409
 // *ConflictError), admits and creates the AppVM through the vm machinery.
@@ -305,7 +303,7 @@ func checkEnv(field string, entries []string, keys map[string]string) error {
 		if !ok {
 			return bad(f, "must be KEY=VALUE")
 		}
-		if !envKeyPattern.MatchString(k) {
+		if !proto.ValidEnvKey(k) {
 			return bad(f, "key must match [A-Za-z_][A-Za-z0-9_]*")
 		}
 		if strings.ContainsAny(v, "\x00\n\r") {

@@ -478,12 +478,12 @@ func (m *Spec) Validate() error {
 	}
 	for _, e := range m.Env {
 		k, _, ok := strings.Cut(e, "=")
-		if !ok || !validEnvKey(k) {
+		if !ok || !ValidEnvKey(k) {
 			return fmt.Errorf("spec: env entry with key %q is not KEY=VALUE", k)
 		}
 	}
 	for _, e := range m.SecretEnv {
-		if !validEnvKey(e.Key) {
+		if !ValidEnvKey(e.Key) {
 			// The key is not secret; the value is never named.
 			return fmt.Errorf("spec: secret_env key %q is not a valid name", e.Key)
 		}
@@ -491,8 +491,9 @@ func (m *Spec) Validate() error {
 	return nil
 }
 
-// validEnvKey reports whether k matches [A-Za-z_][A-Za-z0-9_]*.
-func validEnvKey(k string) bool {
+// ValidEnvKey reports whether k is an environment variable name: it
+// matches [A-Za-z_][A-Za-z0-9_]*, the rule of the create request too.
+func ValidEnvKey(k string) bool {
 	if k == "" {
 		return false
 	}
