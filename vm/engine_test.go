@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -337,5 +338,50 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 	r, _ := waitRecord(t, &ts, "v", 10*time.Second, "VM stopped", func(r *Record) bool { return r.State != StateRunning })
 	if f := r.FailureReason; r.State != StateStopped || f == nil || f.Cause != CauseOperatorShutdown || r.ShuttingDown {
 		t.Errorf("record after an ACPI shutdown: %s", describe(r))
+	}
+}
+
+// TestEngineRecoverFinishesInterruptedStop: the agent died during an
+// operator stop after the processes were ended and their identity cleared,
+// before the stop was recorded (the record says running, with no process).
+// The next agent finishes the stop instead of showing a VM that runs
+// nothing as running.
+func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
+	s, e, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "v")
+	sp.AutoBoot = true
+	if _, _, err := s.CreateVM(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Act(ctx, ModeVM, "v", ActionStop); err != nil {
+		t.Fatal(err)
+	}
+	// The record as the stop left it between its two writes.
+	if _, err := s.reg.update("v", func(r *Record) {
+		r.State, r.DisplayState, r.FailureReason = StateRunning, string(StateRunning), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	e2, err := NewEngine(e.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(Options{StateDir: root + "/s", RunDir: root + "/r", Config: s.o.Config, Store: s.o.Store, Host: e2,
+		Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	r, err := b.Get(ModeVM, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := r.FailureReason; r.State != StateStopped || f == nil || f.Cause != CauseOperatorShutdown {
+		t.Errorf("record after the restart: %s", describe(r))
+	}
+	if rep := b.Recovery(); !slices.Equal(rep.Ended, []string{"v"}) {
+		t.Errorf("recovery = %+v, want v ended", rep)
 	}
 }

@@ -155,9 +155,17 @@ func (s *Service) recoverRecord(rec *Record) recovered {
 	running := rec.State == StateRunning || rec.State == StatePaused
 	switch {
 	case running && (rt == nil || rt.CH == nil):
-		// No process identity recorded: the engine records CH before
-		// the state running, so only a host that runs no processes (the
-		// test host) leaves this; there is nothing to reconcile.
+		// No process identity recorded. The engine records CH before the
+		// state running, and a VM that ends by itself is recorded ended
+		// before its identity is cleared; only an operator stop (or
+		// forced delete) clears the identity first and then records the
+		// end. So on the engine this is such a stop cut short by the
+		// agent's death: finish it. A host that runs no processes (the
+		// test host) has nothing to reconcile.
+		if _, engine := s.o.Host.(*Engine); engine {
+			s.finishInterruptedStop(rec)
+			return recovered{what: "ended"}
+		}
 	case running:
 		return s.recoverRunning(rec)
 	case rt == nil:
@@ -266,6 +274,22 @@ func (s *Service) endRecovered(rec *Record, chErr error) {
 		s.stopRecordedQSD(id, q)
 	}
 	s.clearRuntime(id, true, true)
+}
+
+// finishInterruptedStop records as stopped a running VM whose operator
+// stop had ended its processes and cleared their identity when the agent
+// died, and stops a storage daemon still recorded.
+func (s *Service) finishInterruptedStop(rec *Record) {
+	s.recordEnd(rec.ID, verdict{state: StateStopped, reason: &FailureReason{
+		DetectedAt: s.o.Now().UTC(),
+		Summary:    "stopped by the operator; the agent restarted before the stop was recorded",
+		Detail:     FailureDetail{Kind: KindProcessExit},
+		Cause:      CauseOperatorShutdown,
+	}})
+	if q := rec.Runtime.qsd(); q != nil {
+		s.stopRecordedQSD(rec.ID, q)
+		s.clearRuntime(rec.ID, false, true)
+	}
 }
 
 // failStorageRecovered records a running VM whose storage daemon is gone
