@@ -1,7 +1,8 @@
 // Package guest is the AppVM guest agent, `vmhost guest`: the /init of an
 // AppVM's initramfs. It dials the host over vsock, says Hello, receives the
 // workload Spec (package proto), sets up the guest (network, hostname,
-// /etc/hosts, resolv.conf, config and secret files, tmpfs and data mounts),
+// tmpfs and data mounts, then /etc/hosts, resolv.conf, config and secret
+// files, so that a file under a mountpoint lands in the mount),
 // runs the workload in the image root as its user, and reports heartbeats,
 // the DHCP lease, start, health, output and exit. As PID 1 it reaps every
 // zombie and forwards SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 to the

@@ -434,22 +434,9 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("resolving the workload user: %w", err)
 	}
-	if err := writeEtc(root, spec, hostname, lease); err != nil {
-		return nil, err
-	}
-	if a.opts.vm {
-		// The agent's own /etc, for health checks that resolve names.
-		if err := writeEtc("/", spec, hostname, lease); err != nil {
-			return nil, err
-		}
-	}
-	owner := -1
-	if os.Geteuid() == 0 {
-		owner = int(acc.uid)
-	}
-	if err := writeInjected(root, spec, owner, int(acc.gid)); err != nil {
-		return nil, err
-	}
+	// Mounts first: a file injected under a mountpoint belongs in the
+	// mounted file system (a secret on a tmpfs must not reach the root
+	// disk below it, where the workload would not even see it).
 	for _, t := range spec.TmpfsMounts {
 		target, err := mkdirInRoot(root, t.Path)
 		if err != nil {
@@ -467,6 +454,22 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		if err := a.sys.mountData(d.Device, target, d.ReadOnly); err != nil {
 			return nil, fmt.Errorf("mounting %s at %s: %w", d.Device, d.Mountpoint, err)
 		}
+	}
+	if err := writeEtc(root, spec, hostname, lease); err != nil {
+		return nil, err
+	}
+	if a.opts.vm {
+		// The agent's own /etc, for health checks that resolve names.
+		if err := writeEtc("/", spec, hostname, lease); err != nil {
+			return nil, err
+		}
+	}
+	owner := -1
+	if os.Geteuid() == 0 {
+		owner = int(acc.uid)
+	}
+	if err := writeInjected(root, spec, owner, int(acc.gid)); err != nil {
+		return nil, err
 	}
 	if err := a.sys.prepareRoot(root); err != nil {
 		return nil, err

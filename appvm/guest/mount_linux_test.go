@@ -141,3 +141,24 @@ func attachLoop(t *testing.T, img string) string {
 	t.Cleanup(func() { exec.Command("losetup", "-d", dev).Run() })
 	return dev
 }
+
+// TestIntegrationSecretFileOnTmpfs checks that injected files are written
+// after the mounts: a secret file under a tmpfs mount lives in the tmpfs,
+// where the workload sees it, and never reaches the root disk below.
+func TestIntegrationSecretFileOnTmpfs(t *testing.T) {
+	requireRoot(t)
+	root := t.TempDir()
+	h := startAgent(t, &proto.Spec{
+		Command:     sh(fmt.Sprintf(`cat %s/run/secrets/key`, root)),
+		TmpfsMounts: []proto.TmpfsMount{{Path: "/run/secrets", Mode: 0o700}},
+		SecretFiles: []proto.SecretFile{{Path: "/run/secrets/key", Content: proto.NewSecret("on-tmpfs-only")}},
+	}, agentOpts{root: root, args: []string{"--mounts"}, wrap: privateMountNS})
+	exit, out, errOut := h.waitExit()
+	if exit.Code == nil || *exit.Code != 0 || out != "on-tmpfs-only" {
+		t.Fatalf("exit %+v, stdout %q, stderr %q; want the secret read from the tmpfs", exit, out, errOut)
+	}
+	h.waitAgent()
+	if _, err := os.Lstat(filepath.Join(root, "run/secrets/key")); !os.IsNotExist(err) {
+		t.Errorf("the secret file reached the root below the tmpfs (%v)", err)
+	}
+}
