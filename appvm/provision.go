@@ -91,6 +91,11 @@ func FormatDataVolume(ctx context.Context, dst string, size uint64, label string
 		os.Remove(tmp)
 		return fmt.Errorf("placing data volume: %w", err)
 	}
+	// The caller records the volume formatted next: the rename must be
+	// durable first, or a crash could leave that record over a blank disk.
+	if err := syncDir(dir); err != nil {
+		return fmt.Errorf("placing data volume: %w", err)
+	}
 	return nil
 }
 
