@@ -150,7 +150,7 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 	}
 	u, err := url.Parse(rawURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return "", fmt.Errorf("fetching image: url %q is not an http or https URL", rawURL)
+		return "", fmt.Errorf("fetching image: url %q is not an http or https URL", displayURL(rawURL))
 	}
 
 	c.mu.Lock()
@@ -205,7 +205,7 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 		return final, nil
 	case <-ctx.Done():
 		leave()
-		return "", fmt.Errorf("fetching image %s: %w", rawURL, ctx.Err())
+		return "", fmt.Errorf("fetching image %s: %w", displayURL(rawURL), ctx.Err())
 	}
 }
 
@@ -217,11 +217,31 @@ func (d *download) report(done, total int64) {
 	}
 }
 
+// displayURL is rawURL as errors (and so views and logs) show it: without
+// user info and with the query replaced, since either may carry a
+// credential (basic auth, a presigned URL's token).
+func displayURL(rawURL string) string {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	u.User = nil
+	if u.RawQuery != "" || u.ForceQuery {
+		u.RawQuery, u.ForceQuery = "REDACTED", false
+	}
+	u.Fragment, u.RawFragment = "", ""
+	return u.String()
+}
+
 // download fetches rawURL into the cache as sha256hex.
 func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *download) (err error) {
 	defer func() {
 		if err != nil {
-			err = fmt.Errorf("fetching image %s: %w", rawURL, err)
+			// net/http's *url.Error repeats the whole URL, query included.
+			if ue, ok := err.(*url.Error); ok {
+				err = fmt.Errorf("%s: %w", ue.Op, ue.Err)
+			}
+			err = fmt.Errorf("fetching image %s: %w", displayURL(rawURL), err)
 		}
 	}()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, rawURL, nil)

@@ -327,3 +327,34 @@ func BenchmarkDownload(b *testing.B) {
 		})
 	}
 }
+
+// TestFetchErrorsHideCredentials: a fetch_url's user info and query (basic
+// auth, a presigned URL's token) never reach an error, which the engine
+// puts in failure_reason.summary and the log.
+func TestFetchErrorsHideCredentials(t *testing.T) {
+	srv := httptest.NewServer(http.NotFoundHandler())
+	defer srv.Close()
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close() // connection refused: net/http's own *url.Error path
+	sha := digest([]byte("x"))
+	for _, base := range []string{srv.URL, closed.URL} {
+		u := strings.Replace(base, "http://", "http://alice:pw-secret@", 1) + "/img.qcow2?X-Amz-Signature=sig-secret#frag-secret"
+		c, err := NewCache(t.TempDir(), CacheOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = c.Fetch(context.Background(), u, sha, nil)
+		if err == nil {
+			t.Fatalf("Fetch(%s) succeeded", base)
+		}
+		msg := err.Error()
+		for _, secret := range []string{"alice", "pw-secret", "sig-secret", "frag-secret"} {
+			if strings.Contains(msg, secret) {
+				t.Errorf("error %q shows %q", msg, secret)
+			}
+		}
+		if !strings.Contains(msg, strings.TrimPrefix(base, "http://")+"/img.qcow2?REDACTED") {
+			t.Errorf("error %q does not name the host and path", msg)
+		}
+	}
+}
