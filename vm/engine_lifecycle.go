@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"vmhost/chclient"
@@ -24,7 +25,8 @@ func (e *Engine) client(rec *Record) (*chclient.Client, error) {
 	return chclient.New(rec.Runtime.CH.APISocket), nil
 }
 
-// chAction runs one CH call and records f on success.
+// chAction runs one CH call and records f on success, unless the VM's
+// monitor recorded its end meanwhile (then *StateError).
 func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func(*chclient.Client, context.Context) error, f func(*Record)) error {
 	c, err := e.client(rec)
 	if err != nil {
@@ -34,8 +36,20 @@ func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func
 	if err := call(c, ctx); err != nil {
 		return &HostError{Kind: HostHypervisor, Op: op + " of VM " + rec.ID, Err: err}
 	}
-	_, err = e.update(rec.ID, f)
-	return err
+	return e.updateRunning(rec, strings.TrimPrefix(op, "vm."), f)
+}
+
+// updateRunning records f for an action on a running or paused VM, or
+// answers *StateError when its monitor has recorded its end.
+func (e *Engine) updateRunning(rec *Record, action string, f func(*Record)) error {
+	ok, err := e.svc.updateWatched(rec.ID, f)
+	if err != nil {
+		return &HostError{Kind: HostStorage, Op: "recording VM " + rec.ID, Err: err}
+	}
+	if !ok {
+		return &StateError{ID: rec.ID, Action: action, State: e.current(rec).DisplayState}
+	}
+	return nil
 }
 
 // Shutdown presses the ACPI power button. The VM stays running with
@@ -46,15 +60,13 @@ func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func
 // shutdown; a press that fails puts the previous value back.
 func (e *Engine) Shutdown(ctx context.Context, rec *Record) error {
 	was := e.current(rec).ShuttingDown
-	if _, err := e.update(rec.ID, func(r *Record) { r.ShuttingDown = true }); err != nil {
+	if err := e.updateRunning(rec, "shutdown", func(r *Record) { r.ShuttingDown = true }); err != nil {
 		return err
 	}
 	err := e.pressPowerButton(ctx, rec)
 	if err != nil {
 		if _, uerr := e.update(rec.ID, func(r *Record) {
-			if r.State == StateRunning {
-				r.ShuttingDown = was
-			}
+			r.ShuttingDown = was && r.State == StateRunning
 		}); uerr != nil {
 			e.o.Logger.Error("clearing shutting_down after a failed shutdown", "id", rec.ID, "err", uerr)
 		}

@@ -385,3 +385,48 @@ func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
 		t.Errorf("recovery = %+v, want v ended", rep)
 	}
 }
+
+// TestEnginePauseAfterVerdictRefused: the storage daemon dies and the
+// monitor is recording the VM's failure (record writes held back) when a
+// pause reaches the still-living CH. The pause must not record paused over
+// the failure: it answers *StateError and the VM stays failed.
+func TestEnginePauseAfterVerdictRefused(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "v")
+	sp.AutoBoot = true
+	rec, _, err := s.CreateVM(ctx, sp)
+	if err != nil || rec.State != StateRunning {
+		t.Fatalf("CreateVM = %v, %v", rec, err)
+	}
+	s.reg.wmu.Lock()
+	held := true
+	defer func() {
+		if held {
+			s.reg.wmu.Unlock()
+		}
+	}()
+	if err := syscall.Kill(rec.Runtime.QSD.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
+	paused := make(chan error, 1)
+	go func() {
+		_, err := s.Act(ctx, ModeVM, "v", ActionPause)
+		paused <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // vm.pause reaches CH, which still runs
+	s.reg.wmu.Unlock()
+	held = false
+	err = <-paused
+	if se := new(StateError); !errors.As(err, &se) {
+		t.Errorf("pause during the verdict = %v, want *StateError", err)
+	}
+	r, err := s.Get(ModeVM, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := r.FailureReason; r.State != StateFailed || r.DisplayState != string(StateFailed) || f == nil || !strings.Contains(f.Summary, "qemu-storage-daemon") {
+		t.Errorf("record after the storage failure and the pause: %s", describe(r))
+	}
+}

@@ -211,6 +211,20 @@ func (s *Service) unwatch(id string) (*chclient.Process, *qmp.QSD) {
 	return m.ch, m.qsd
 }
 
+// updateWatched stores f applied to the record of id if id is still
+// watched, and reports whether it was. A monitor records its verdict under
+// the same lock (conclude), so an action's write never lands on a VM whose
+// end is already recorded.
+func (s *Service) updateWatched(id string, f func(*Record)) (bool, error) {
+	s.mon.mu.Lock()
+	defer s.mon.mu.Unlock()
+	if s.mon.m[id] == nil {
+		return false, nil
+	}
+	_, err := s.reg.update(id, f)
+	return true, err
+}
+
 // watched reports whether id has a monitor.
 func (s *Service) watched(id string) bool {
 	s.mon.mu.Lock()
