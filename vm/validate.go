@@ -298,9 +298,10 @@ func checkNets(nets []NetSpec, ci *CloudInitSpec, cfg *config.Config, facts Host
 				gw6 = append(gw6, i)
 			}
 		}
-		// Cloud Hypervisor refuses a net MTU below 1280 (the IPv6 minimum).
-		if n.MTU != nil && (*n.MTU < 1280 || *n.MTU > 65535) {
-			return bad(f("mtu"), "must be 1280..65535 (Cloud Hypervisor's minimum is 1280), got %d", *n.MTU)
+		// Cloud Hypervisor refuses a net MTU below 1280 (the IPv6 minimum);
+		// the kernel caps a tap at 65535 less its 14-byte Ethernet header.
+		if n.MTU != nil && (*n.MTU < 1280 || *n.MTU > 65521) {
+			return bad(f("mtu"), "must be 1280..65521 (Cloud Hypervisor's minimum, a tap's maximum), got %d", *n.MTU)
 		}
 		if n.RateLimitMbps != nil && (*n.RateLimitMbps < 1 || *n.RateLimitMbps > MaxRateMbps) {
 			return bad(f("rate_limit_mbps"), "must be 1..%d, got %d", MaxRateMbps, *n.RateLimitMbps)

@@ -182,6 +182,7 @@ func TestValidateRules(t *testing.T) {
 		{"mac multicast", "nets[0].mac", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MAC: "01:00:00:00:00:01"}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MAC: "02:00:00:00:00:01"}} }, nil},
 		{"mac duplicate", "nets[1].mac", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MAC: "02:00:00:00:00:01"}, {MAC: "02:00:00:00:00:01"}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MAC: "02:00:00:00:00:01"}, {MAC: "02:00:00:00:00:02"}} }, nil},
 		{"vlan range", "nets[0].vlan_tag", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{VLANTag: ptr[uint32](4095)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{VLANTag: ptr[uint32](4094)}} }, nil},
+		{"mtu maximum", "nets[0].mtu", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MTU: ptr[uint32](65522)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MTU: ptr[uint32](65521)}} }, nil},
 		{"mtu range", "nets[0].mtu", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MTU: ptr[uint32](1279)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{MTU: ptr[uint32](1280)}} }, nil},
 		{"allowed_ips syntax", "nets[0].allowed_ips[0]", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{AllowedIPs: []string{"10.0.0.0/33"}}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{AllowedIPs: []string{"10.0.0.0/32", "fd00::9"}}} }, nil},
 	}
