@@ -17,11 +17,20 @@ import (
 // Hypervisor, vm.create with CHConfig and vm.boot, checking CH's state
 // after each step. It records the process and state running, display
 // booting, hands both processes to the VM's monitor (monitor.go) and arms
-// the boot timeout. On error CH is stopped and the VM keeps its state.
-func (e *Engine) Boot(ctx context.Context, rec *Record) error {
+// the boot timeout. On error CH is stopped and the VM keeps its state; a
+// stopped or failed VM runs nothing, so its storage daemon is stopped too
+// (a created VM keeps the one provisioning started).
+func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 	rec = e.current(rec)
 	id, l := rec.ID, e.layout()
-	rec, err := e.ensureQSD(ctx, rec)
+	if rec.State != StateCreated {
+		defer func() {
+			if err != nil {
+				e.stopHeldQSD(id)
+			}
+		}()
+	}
+	rec, err = e.ensureQSD(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -104,6 +113,18 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) error {
 	timeout := time.Duration(e.o.Config.BootTimeoutSecs) * time.Second
 	time.AfterFunc(timeout, func() { e.bootDeadline(id, p, timeout) })
 	return nil
+}
+
+// stopHeldQSD stops the storage daemon the engine holds for id, if any,
+// and forgets its identity.
+func (e *Engine) stopHeldQSD(id string) {
+	e.mu.Lock()
+	q := e.live[id]
+	delete(e.live, id)
+	e.mu.Unlock()
+	if q != nil {
+		e.svc.stopProcesses(id, nil, q)
+	}
 }
 
 // clearCH forgets CH process p in the record of id, if it is still the

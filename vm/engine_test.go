@@ -430,3 +430,33 @@ func TestEnginePauseAfterVerdictRefused(t *testing.T) {
 		t.Errorf("record after the storage failure and the pause: %s", describe(r))
 	}
 }
+
+// TestEngineFailedStartStopsStorage: a stopped VM whose start fails (CH
+// cannot be launched) is left running nothing: the storage daemon the
+// start launched is stopped and forgotten.
+func TestEngineFailedStartStopsStorage(t *testing.T) {
+	s, e, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "v")
+	sp.AutoBoot = true
+	if _, _, err := s.CreateVM(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Act(ctx, ModeVM, "v", ActionStop); err != nil {
+		t.Fatal(err)
+	}
+	e.o.CH.Binary = "/nonexistent/cloud-hypervisor"
+	if _, err := s.Act(ctx, ModeVM, "v", ActionStart); err == nil {
+		t.Fatal("start without a hypervisor binary succeeded")
+	}
+	r, err := s.Get(ModeVM, "v")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.State != StateStopped || r.Runtime.QSD != nil || r.Runtime.CH != nil {
+		t.Errorf("record after the failed start: %s", describe(r))
+	}
+	if pids := processesNaming(s.Layout().QMPSocket("v")); len(pids) > 0 {
+		t.Errorf("qemu-storage-daemon (pids %v) still runs after the failed start", pids)
+	}
+}
