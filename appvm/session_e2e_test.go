@@ -373,15 +373,16 @@ func TestIntegrationRestartPolicies(t *testing.T) {
 	if ptrVal(v.AppVM.WorkloadExitCode) != 3 || v.AppVM.RestartPolicy != "on-failure" {
 		t.Errorf("view: %s", v.raw)
 	}
-	// Backoff 300ms, 600ms, 1200ms: the gap between consecutive restarts
-	// grows (each gap is a boot, the run, the stop and the backoff).
-	if len(restarts) >= 3 {
-		g1, g2 := restarts[1].Sub(restarts[0]), restarts[2].Sub(restarts[1])
-		if g2 < g1+300*time.Millisecond {
-			t.Errorf("restart gaps %v then %v: want the backoff to double (300ms→600ms→1.2s)", g1, g2)
+	// Backoff 300ms, 600ms, 1200ms. The gaps between restart times also
+	// hold a boot, the run and the stop, whose length varies with the
+	// machine's load, so the doubling is read from the decisions logged.
+	for _, want := range []string{"restart=1 backoff=300ms", "restart=2 backoff=600ms", "restart=3 backoff=1.2s"} {
+		if !strings.Contains(h.logs.String(), want) {
+			t.Errorf("agent log lacks %q: want the backoff to double (300ms→600ms→1.2s)", want)
 		}
-	} else {
-		t.Logf("only %d restart times observed (polling missed some): %v", len(restarts), restarts)
+	}
+	if len(restarts) >= 2 && !restarts[1].After(restarts[0]) {
+		t.Errorf("last_restart_at did not advance: %v", restarts)
 	}
 
 	req = baseCreate("ok")
