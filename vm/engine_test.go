@@ -460,3 +460,30 @@ func TestEngineFailedStartStopsStorage(t *testing.T) {
 		t.Errorf("qemu-storage-daemon (pids %v) still runs after the failed start", pids)
 	}
 }
+
+// TestEngineGuestPowersOffAtBoot: a guest that powers off right after
+// vm.boot answered (an init or workload that exits at once) took the VMM
+// down before the engine's state check, yet it did boot: the create
+// succeeds and the monitor records the guest's shutdown.
+func TestEngineGuestPowersOffAtBoot(t *testing.T) {
+	s, _, root := engineService(t, func(o *EngineOptions) { o.CH.PreArgs = []string{"--sim-poweroff-at-boot"} })
+	sp := baseSpec(t, root, "off")
+	sp.AutoBoot = true
+	if _, _, err := s.CreateVM(context.Background(), sp); err != nil {
+		t.Fatalf("CreateVM = %v, want the boot to count", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		r, err := s.Get(ModeVM, "off")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.State == StateStopped && r.FailureReason != nil && r.FailureReason.Cause == CauseGuestShutdown {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("record %+v (failure %+v), want stopped by the guest", r, r.FailureReason)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -32,6 +32,7 @@
 //	--sim-guest-ports P,…    vsock ports the guest listens on from boot
 //	--no-shutdown            guest poweroff keeps the process (CH v52+)
 //	--sim-no-guest-agent     never run the AppVM guest agent
+//	--sim-poweroff-at-boot   the guest powers off right after vm.boot answers
 //	--sim-guest-heartbeat D  the guest agent's heartbeat interval (default 1s)
 //	--sim-no-guest-network   no network namespace and NIC for the guest agent
 //

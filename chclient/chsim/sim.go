@@ -30,8 +30,11 @@ type Config struct {
 	Verbosity     int    // number of -v
 	NoShutdown    bool   // --no-shutdown: guest poweroff keeps the process (v52+)
 	ActivateDelay time.Duration
-	NoActivate    bool     // the simulated guest never activates its devices on its own
-	GuestPorts    []uint32 // vsock ports the simulated guest listens on from boot
+	NoActivate    bool // the simulated guest never activates its devices on its own
+	// PoweroffAtBoot (--sim-poweroff-at-boot): the simulated guest powers
+	// off right after vm.boot answers, like a guest whose init exits at once.
+	PoweroffAtBoot bool
+	GuestPorts     []uint32 // vsock ports the simulated guest listens on from boot
 
 	// GuestVsock, when set, serves a vsock connection that reached guest port port (host
 	// initiated after OK, or guest initiated through /sim/v1/vsock/connect). The default
@@ -62,6 +65,7 @@ const DefaultActivateDelay = 200 * time.Millisecond
 const usage = `usage: sim-ch --api-socket path=<p>|fd=<n> [--event-monitor path=<p>|fd=<n>] [--log-file <p>] [-v]...
        [--no-shutdown] [--sim-activate-delay <duration>] [--sim-no-activate] [--sim-guest-ports <p,p,…>]
        [--sim-no-guest-agent] [--sim-no-guest-network] [--sim-guest-heartbeat <duration>]
+       [--sim-poweroff-at-boot]
 `
 
 // Main runs the simulator with Cloud Hypervisor's own flags (args excludes the program
@@ -143,6 +147,8 @@ func parseArgs(args []string) (Config, error) {
 			cfg.GuestHeartbeat = d
 		case name == "--sim-no-activate":
 			cfg.NoActivate = true
+		case name == "--sim-poweroff-at-boot":
+			cfg.PoweroffAtBoot = true
 		case name == "--sim-activate-delay":
 			v, err := next()
 			if err != nil {

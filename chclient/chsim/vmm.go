@@ -155,6 +155,12 @@ func (s *sim) boot(*request) (response, func()) {
 		return apiError(http.StatusInternalServerError, append([]string{"The VM could not boot"}, chain...)...), nil
 	}
 	s.emit("vm", "booted", nil)
+	if s.cfg.PoweroffAtBoot {
+		// The guest powers off as soon as it is up: after the answer, as
+		// with a real guest, whose boot takes longer than the API call.
+		gen := s.bootGen
+		return noContent(), func() { s.guestPoweroff(gen) }
+	}
 	return noContent(), nil
 }
 
