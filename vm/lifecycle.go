@@ -180,7 +180,9 @@ func (s *Service) autoBoot(ctx context.Context, rec *Record) (*Record, bool, err
 	defer unlock()
 	cur := s.reg.get(rec.ID)
 	if cur == nil {
-		return nil, false, fmt.Errorf("VM %q was deleted while being created: %w", rec.ID, errNotFound)
+		// A delete won the race: the create's outcome is a state that
+		// changed under it (409 INVALID_STATE), not a missing id.
+		return nil, false, &StateError{ID: rec.ID, Action: "boot", State: "deleted"}
 	}
 	if cur.State != StateCreated {
 		return cur, false, nil

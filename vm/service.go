@@ -358,10 +358,18 @@ func (s *Service) boot(ctx context.Context, rec *Record) (*Record, bool, error) 
 		s.log.Error("booting new VM failed; VM kept", "id", rec.ID, "err", err)
 		return rec, false, err
 	}
-	out, err := s.reg.update(rec.ID, func(r *Record) {
-		if r.State == StateRunning {
-			return // the host recorded the boot, and maybe already the guest's first sign of life
+	// A host that records the boot itself (the Engine) hands the VM to its
+	// monitor, which may already have recorded the guest's end (a guest
+	// that powered off at once): that must stand. Only when the record is
+	// still the one booted (a host that records nothing) is the boot
+	// recorded here.
+	if cur := s.reg.get(rec.ID); cur != rec {
+		if cur == nil {
+			return rec, false, nil
 		}
+		return cur, false, nil
+	}
+	out, err := s.reg.update(rec.ID, func(r *Record) {
 		r.State = StateRunning
 		r.DisplayState = DisplayBooting
 		r.FailureReason = nil
