@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -205,9 +206,37 @@ var servingLine = regexp.MustCompile(`msg=serving listen=(\S+)`)
 
 // startServer starts vmhost serve in dir and waits until it logs that it
 // serves.
+// devBridge is the bridge `serve --dev` creates as root (the default
+// network's, config.Default).
+const devBridge = "vmhost0"
+
+// removeDevBridgeAfter deletes, when the test ends, the dev bridge that a
+// `serve --dev` run as root creates in this network namespace, unless it
+// was there before: tests leave no interface behind.
+func removeDevBridgeAfter(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		return // without root dev mode creates no bridge
+	}
+	if _, err := os.Stat("/sys/class/net/" + devBridge); err == nil {
+		return // the host's own
+	}
+	t.Cleanup(func() {
+		if _, err := os.Stat("/sys/class/net/" + devBridge); err != nil {
+			return
+		}
+		if out, err := exec.Command("ip", "link", "del", devBridge).CombinedOutput(); err != nil {
+			t.Errorf("removing the dev bridge %s: %v: %s", devBridge, err, out)
+		}
+	})
+}
+
 func startServer(t *testing.T, dir string, args ...string) *server {
 	t.Helper()
 	s := &server{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan error, 1)}
+	if slices.Contains(args, "--dev") {
+		removeDevBridgeAfter(t)
+	}
 	s.cmd = exec.Command(binary(t), append([]string{"serve"}, args...)...)
 	s.cmd.Dir = dir
 	s.cmd.Stdout = s.stdout
