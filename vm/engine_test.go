@@ -255,49 +255,72 @@ func processesNaming(s string) []int {
 	return pids
 }
 
-// TestEngineStopDuringVerdictKeepsIt: Cloud Hypervisor dies, and an
-// operator stop arrives while the monitor is recording its verdict
-// (record writes are held back here to widen that moment). The stop sees
-// the verdict: it answers *StateError and the VM stays failed by signal,
-// instead of being recorded as an operator stop over the crash.
-func TestEngineStopDuringVerdictKeepsIt(t *testing.T) {
-	s, _, root := engineService(t, nil)
-	ctx := context.Background()
-	sp := baseSpec(t, root, "v")
-	sp.AutoBoot = true
-	rec, _, err := s.CreateVM(ctx, sp)
-	if err != nil || rec.State != StateRunning {
-		t.Fatalf("CreateVM = %v, %v", rec, err)
-	}
-	s.reg.wmu.Lock()
-	held := true
-	defer func() {
-		if held {
+// TestEngineActionDuringVerdict: a process of a running VM dies and an
+// operator action arrives while the monitor is recording its verdict
+// (record writes are held back here to widen that moment). The action sees
+// the verdict: it answers *StateError and the VM stays failed, instead of
+// being recorded stopped or paused over the failure.
+func TestEngineActionDuringVerdict(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		kill   func(*Record) int // the pid to SIGKILL
+		action Action
+		ok     func(*Record) bool // the record keeps the failure
+	}{
+		{name: "stop after a CH crash", action: ActionStop,
+			kill: func(r *Record) int { return r.Runtime.CH.Pid },
+			ok: func(r *Record) bool {
+				f := r.FailureReason
+				return r.State == StateFailed && f != nil && f.Detail.Kind == KindProcessSignal && f.Cause == CauseCHCrash
+			}},
+		// vm.pause reaches CH, which still runs, while the storage failure
+		// is being recorded.
+		{name: "pause after a storage failure", action: ActionPause,
+			kill: func(r *Record) int { return r.Runtime.QSD.Pid },
+			ok: func(r *Record) bool {
+				f := r.FailureReason
+				return r.State == StateFailed && r.DisplayState == string(StateFailed) && f != nil && strings.Contains(f.Summary, "qemu-storage-daemon")
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _, root := engineService(t, nil)
+			ctx := context.Background()
+			sp := baseSpec(t, root, "v")
+			sp.AutoBoot = true
+			rec, _, err := s.CreateVM(ctx, sp)
+			if err != nil || rec.State != StateRunning {
+				t.Fatalf("CreateVM = %v, %v", rec, err)
+			}
+			s.reg.wmu.Lock()
+			held := true
+			defer func() {
+				if held {
+					s.reg.wmu.Unlock()
+				}
+			}()
+			if err := syscall.Kill(tc.kill(rec), syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
+			acted := make(chan error, 1)
+			go func() {
+				_, err := s.Act(ctx, ModeVM, "v", tc.action)
+				acted <- err
+			}()
+			time.Sleep(300 * time.Millisecond) // the action decides what to do
 			s.reg.wmu.Unlock()
-		}
-	}()
-	if err := syscall.Kill(rec.Runtime.CH.Pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
-	stopped := make(chan error, 1)
-	go func() {
-		_, err := s.Act(ctx, ModeVM, "v", ActionStop)
-		stopped <- err
-	}()
-	time.Sleep(300 * time.Millisecond) // the stop decides what to do
-	s.reg.wmu.Unlock()
-	held = false
-	err = <-stopped
-	if se := new(StateError); !errors.As(err, &se) {
-		t.Errorf("stop during the verdict = %v, want *StateError", err)
-	}
-	r, err := s.Get(ModeVM, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := r.FailureReason; r.State != StateFailed || f == nil || f.Detail.Kind != KindProcessSignal || f.Cause != CauseCHCrash {
-		t.Errorf("record after crash and stop: %s", describe(r))
+			held = false
+			if err := <-acted; !errors.As(err, new(*StateError)) {
+				t.Errorf("%s during the verdict = %v, want *StateError", tc.action, err)
+			}
+			r, err := s.Get(ModeVM, "v")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !tc.ok(r) {
+				t.Errorf("record after the failure and the %s: %s", tc.action, describe(r))
+			}
+		})
 	}
 }
 
@@ -383,51 +406,6 @@ func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
 	}
 	if rep := b.Recovery(); !slices.Equal(rep.Ended, []string{"v"}) {
 		t.Errorf("recovery = %+v, want v ended", rep)
-	}
-}
-
-// TestEnginePauseAfterVerdictRefused: the storage daemon dies and the
-// monitor is recording the VM's failure (record writes held back) when a
-// pause reaches the still-living CH. The pause must not record paused over
-// the failure: it answers *StateError and the VM stays failed.
-func TestEnginePauseAfterVerdictRefused(t *testing.T) {
-	s, _, root := engineService(t, nil)
-	ctx := context.Background()
-	sp := baseSpec(t, root, "v")
-	sp.AutoBoot = true
-	rec, _, err := s.CreateVM(ctx, sp)
-	if err != nil || rec.State != StateRunning {
-		t.Fatalf("CreateVM = %v, %v", rec, err)
-	}
-	s.reg.wmu.Lock()
-	held := true
-	defer func() {
-		if held {
-			s.reg.wmu.Unlock()
-		}
-	}()
-	if err := syscall.Kill(rec.Runtime.QSD.Pid, syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
-	paused := make(chan error, 1)
-	go func() {
-		_, err := s.Act(ctx, ModeVM, "v", ActionPause)
-		paused <- err
-	}()
-	time.Sleep(300 * time.Millisecond) // vm.pause reaches CH, which still runs
-	s.reg.wmu.Unlock()
-	held = false
-	err = <-paused
-	if se := new(StateError); !errors.As(err, &se) {
-		t.Errorf("pause during the verdict = %v, want *StateError", err)
-	}
-	r, err := s.Get(ModeVM, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := r.FailureReason; r.State != StateFailed || r.DisplayState != string(StateFailed) || f == nil || !strings.Contains(f.Summary, "qemu-storage-daemon") {
-		t.Errorf("record after the storage failure and the pause: %s", describe(r))
 	}
 }
 
