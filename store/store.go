@@ -1,6 +1,6 @@
 // Package store keeps one JSON record per VM in a directory: <dir>/<id>.json.
 //
-// Every write is atomic and durable: the data goes to a temp file in the same
+// Every write is atomic and durable (internal/atomicfile): the data goes to a temp file in the same
 // directory, which is chmod 0600, fsynced and closed, then renamed over the
 // record, and the directory is fsynced so the rename itself survives a power
 // cut. A crash leaves either the old record or the new one, plus perhaps a
@@ -22,8 +22,6 @@ package store
 
 import (
 	"bytes"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,15 +32,16 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
+
+	"vmhost/internal/atomicfile"
 )
 
+// Temp files are atomicfile's .<id>.json.tmp-<random> (and .tmp-<id>-<random>
+// from older versions): they start with a dot, so no temp name is ever a
+// valid id or a record name, since ids start with a letter or digit.
 const (
 	recordSuffix  = ".json"
 	damagedSuffix = ".damaged"
-	// tempPrefix starts with a dot so that no temp name is ever a valid id
-	// or a record name: ids start with a letter or digit.
-	tempPrefix = ".tmp-"
 )
 
 var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$`)
@@ -59,9 +58,9 @@ type Store struct {
 	// mu is held shared by writers and exclusively by Load, so Load never
 	// mistakes an in-flight temp file for a leftover one.
 	mu sync.RWMutex
-	// beforeRename, when set, runs in Put just before the final check and
-	// rename. It exists only for tests, to change the directory at that
-	// moment.
+	// beforeRename, when set, runs in Put once the data is in the temp
+	// file, before the final check and rename. It exists only for tests, to
+	// change the directory at that moment.
 	beforeRename func()
 }
 
@@ -119,55 +118,25 @@ func (s *Store) Close() error { return s.root.Close() }
 // <id>.json and fsyncs the directory. The temp file is removed on any error.
 // Put refuses an invalid id and a record path that holds anything but a
 // regular file. It does not check that data is JSON.
-func (s *Store) Put(id string, data []byte) (err error) {
+func (s *Store) Put(id string, data []byte) error {
 	if !ValidID(id) {
 		return fmt.Errorf("storing record %q: invalid id", id)
 	}
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-
-	name := id + recordSuffix
-	if err := s.checkRegularOrMissing(name); err != nil {
-		return fmt.Errorf("storing record %q: %w", id, err)
-	}
-	tmp, f, err := s.createTemp(id)
+	err := atomicfile.FillIn(s.root, id+recordSuffix, 0o600, func(f *os.File) error {
+		if _, err := f.Write(data); err != nil {
+			return err
+		}
+		if s.beforeRename != nil {
+			s.beforeRename()
+		}
+		return nil
+	})
 	if err != nil {
 		return fmt.Errorf("storing record %q: %w", id, err)
 	}
-	defer func() {
-		if err != nil {
-			f.Close() // may already be closed; the error is irrelevant then
-			s.root.Remove(tmp)
-			err = fmt.Errorf("storing record %q: %w", id, err)
-		}
-	}()
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	// OpenFile's mode is filtered by the umask; make it exact.
-	if err := f.Chmod(0o600); err != nil {
-		return err
-	}
-	// Without fsync before rename, a crash can leave a renamed but empty
-	// file on ext4 with delalloc and on other filesystems.
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if s.beforeRename != nil {
-		s.beforeRename()
-	}
-	// Checked again right before the rename, so the window in which another
-	// process could put a non-regular file there is as small as it gets.
-	if err := s.checkRegularOrMissing(name); err != nil {
-		return err
-	}
-	if err := s.root.Rename(tmp, name); err != nil {
-		return err
-	}
-	return s.syncDir()
+	return nil
 }
 
 // Get returns the contents of the record of id. A missing record gives an
@@ -199,7 +168,7 @@ func (s *Store) Delete(id string) error {
 	if err != nil {
 		return fmt.Errorf("deleting record %q: %w", id, err)
 	}
-	if err := s.syncDir(); err != nil {
+	if err := atomicfile.SyncRoot(s.root); err != nil {
 		return fmt.Errorf("deleting record %q: %w", id, err)
 	}
 	return nil
@@ -228,7 +197,7 @@ func (s *Store) Load() (*Loaded, error) {
 	for _, e := range entries {
 		name := e.Name()
 		switch {
-		case strings.HasPrefix(name, tempPrefix):
+		case atomicfile.IsTemp(name):
 			if err := s.root.RemoveAll(name); err != nil {
 				return nil, fmt.Errorf("removing leftover temp file %q: %w", name, err)
 			}
@@ -256,7 +225,7 @@ func (s *Store) Load() (*Loaded, error) {
 		changed = true
 	}
 	if changed {
-		if err := s.syncDir(); err != nil {
+		if err := atomicfile.SyncRoot(s.root); err != nil {
 			return nil, fmt.Errorf("loading records: %w", err)
 		}
 	}
@@ -320,53 +289,4 @@ func (s *Store) moveAside(name string) (string, error) {
 		}
 		return target, nil
 	}
-}
-
-// checkRegularOrMissing fails if name exists and is not a regular file.
-// A symlink is refused too: renaming over it would silently replace it.
-func (s *Store) checkRegularOrMissing(name string) error {
-	fi, err := s.root.Lstat(name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	if !fi.Mode().IsRegular() {
-		return fmt.Errorf("%q is not a regular file (%v); refusing to replace it", name, fi.Mode().Type())
-	}
-	return nil
-}
-
-// createTemp creates a new, empty temp file for id with mode 0600.
-func (s *Store) createTemp(id string) (string, *os.File, error) {
-	for range 10 {
-		var b [8]byte
-		rand.Read(b[:])
-		name := tempPrefix + id + "-" + hex.EncodeToString(b[:])
-		f, err := s.root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if errors.Is(err, fs.ErrExist) {
-			continue
-		}
-		if err != nil {
-			return "", nil, err
-		}
-		return name, f, nil
-	}
-	return "", nil, errors.New("creating temp file: too many name collisions")
-}
-
-// syncDir fsyncs the store directory, making renames and removals durable.
-func (s *Store) syncDir() error {
-	d, err := s.root.Open(".")
-	if err != nil {
-		return fmt.Errorf("syncing directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		// EINVAL: the filesystem does not support fsync on directories
-		// (some FUSE and network filesystems); nothing more can be done.
-		return fmt.Errorf("syncing directory: %w", err)
-	}
-	return nil
 }

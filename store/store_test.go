@@ -263,7 +263,9 @@ func TestLoad(t *testing.T) {
 	write("torn.json", `{"id":"torn","spec":{"vcp`)
 	write("array.json", `[1,2]`)
 	write("trailing.json", `{"a":1} {"b":2}`)
-	write(tempPrefix+"good-0123", `{"id":"good","new":tr`)
+	write(".good.json.tmp-0123", `{"id":"good","new":tr`)
+	// The temp naming of versions before atomicfile.
+	write(".tmp-good-0123", `{"id":"good","new":tr`)
 	write("notes.txt", `hello`)
 	write("old.json.damaged", `xx`)
 	if err := os.Mkdir(filepath.Join(dir, "good"), 0o700); err != nil {
@@ -309,7 +311,7 @@ func TestLoad(t *testing.T) {
 	if !reflect.DeepEqual(damagedIDs, wantDamaged) {
 		t.Errorf("Damaged ids = %q, want %q", damagedIDs, wantDamaged)
 	}
-	if want := []string{tempPrefix + "good-0123"}; !reflect.DeepEqual(got.RemovedTemps, want) {
+	if want := []string{".good.json.tmp-0123", ".tmp-good-0123"}; !reflect.DeepEqual(got.RemovedTemps, want) {
 		t.Errorf("RemovedTemps = %q, want %q", got.RemovedTemps, want)
 	}
 	torn, err := os.ReadFile(filepath.Join(dir, "torn.json.damaged"))
@@ -343,7 +345,7 @@ func TestLoadTornTempNeverReplacesRecord(t *testing.T) {
 	}
 	// What a crash between write and rename leaves: a temp with the same
 	// naming as Put's, holding a prefix of the next version.
-	torn := filepath.Join(dir, tempPrefix+"vm1-deadbeefdeadbeef")
+	torn := filepath.Join(dir, ".vm1.json.tmp-deadbeefdeadbeef")
 	if err := os.WriteFile(torn, []byte(`{"id":"vm1","state":"sto`), 0o600); err != nil {
 		t.Fatal(err)
 	}
