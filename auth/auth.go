@@ -42,6 +42,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"vmhost/internal/atomicfile"
 )
 
 // Scope is what a key may do.
@@ -342,42 +344,5 @@ func update(path string, change func([]Key) ([]Key, error)) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(d, path, append(data, '\n'))
-}
-
-// writeAtomic replaces path with data: temp file (0600) in the same
-// directory, fsync, close, rename, fsync of the directory d.
-func writeAtomic(d *os.File, path string, data []byte) (err error) {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(f.Name())
-		}
-	}()
-	if err := f.Chmod(0o600); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
-		return fmt.Errorf("%s is not a regular file (%v); refusing to replace it", path, fi.Mode().Type())
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return err
-	}
-	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) {
-		return fmt.Errorf("syncing %s: %w", filepath.Dir(path), err)
-	}
-	return nil
+	return atomicfile.WriteFile(path, append(data, '\n'), 0o600)
 }

@@ -1,7 +1,7 @@
 // Package store keeps one JSON record per VM in a directory: <dir>/<id>.json.
 //
-// Every write is atomic and durable (internal/atomicfile): the data goes to a temp file in the same
-// directory, which is chmod 0600, fsynced and closed, then renamed over the
+// Every write is atomic and durable, through internal/atomicfile: the data
+// goes to a temp file in the same directory, which is chmod 0600, fsynced and closed, then renamed over the
 // record, and the directory is fsynced so the rename itself survives a power
 // cut. A crash leaves either the old record or the new one, plus perhaps a
 // temp file that Load removes; a temp file never replaces a record.
