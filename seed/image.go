@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/seed/fat"
 )
 
@@ -64,46 +64,14 @@ func Write(w io.Writer, f Files) (int64, error) {
 // size (Size). Documents that do not fit give an error wrapping
 // fat.ErrNoSpace and leave path untouched.
 func WriteFile(path string, f Files) (int64, error) {
-	if fi, err := os.Lstat(path); err == nil && !fi.Mode().IsRegular() {
-		return 0, fmt.Errorf("writing seed image %s: not a regular file", path)
-	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp*")
+	var n int64
+	err := atomicfile.Fill(path, 0o600, func(tmp *os.File) error {
+		var err error
+		n, err = fat.WriteSparse(tmp, f.fatFiles(), fat.Options{Label: Label})
+		return err
+	})
 	if err != nil {
-		return 0, fmt.Errorf("writing seed image: %w", err)
-	}
-	done := false
-	defer func() {
-		if !done {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	n, err := fat.WriteSparse(tmp, f.fatFiles(), fat.Options{Label: Label})
-	if err != nil {
-		return 0, fmt.Errorf("writing seed image: %w", err)
-	}
-	if err := tmp.Chmod(0o600); err != nil {
-		return 0, fmt.Errorf("writing seed image %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return 0, fmt.Errorf("syncing seed image %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return 0, fmt.Errorf("closing seed image %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return 0, fmt.Errorf("renaming seed image into place: %w", err)
-	}
-	done = true
-	// Sync the directory so the rename survives a power loss.
-	d, err := os.Open(dir)
-	if err != nil {
-		return 0, fmt.Errorf("syncing seed directory: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return 0, fmt.Errorf("syncing seed directory %s: %w", dir, err)
+		return 0, fmt.Errorf("writing seed image %s: %w", path, err)
 	}
 	return n, nil
 }
