@@ -2,11 +2,10 @@ package qcow2
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
-	"syscall"
+
+	"vmhost/internal/atomicfile"
 )
 
 // Layout constants of the images this package writes: qcow2 v3, 64 KiB
@@ -124,51 +123,12 @@ func Create(path string, size uint64) error {
 	})
 }
 
-// writeNew creates path exclusively, runs fill, fsyncs the file and its
-// directory, and removes the file if anything fails.
-func writeNew(path string, fill func(*os.File) error) (err error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("creating qcow2 image: %w", err)
+// writeNew writes a new image at path through atomicfile.Create: a temp
+// file beside path is filled, fsynced and published without replacing
+// anything, and the directory is fsynced; on failure nothing is left.
+func writeNew(path string, fill func(*os.File) error) error {
+	if err := atomicfile.Create(path, 0o600, fill); err != nil {
+		return fmt.Errorf("writing qcow2 image %s: %w", path, err)
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(path)
-			err = fmt.Errorf("writing qcow2 image %s: %w", path, err)
-		}
-	}()
-	if err := fill(f); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(path))
-}
-
-// syncDir fsyncs a directory so a new entry in it survives power loss.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = dirSyncResult(d.Sync())
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
-}
-
-// dirSyncResult drops the EINVAL with which some file systems (some FUSE and
-// network ones) refuse fsync on a directory: nothing more can be done there.
-// EINVAL must be matched as such; os.ErrInvalid does not match it.
-func dirSyncResult(err error) error {
-	if errors.Is(err, syscall.EINVAL) {
-		return nil
-	}
-	return err
+	return nil
 }

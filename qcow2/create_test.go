@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -190,15 +189,4 @@ func TestConvertRawExt4(t *testing.T) {
 	}
 	qemuImg(t, "check", "-q", out)
 	qemuImg(t, "compare", "-q", "-f", "raw", "-F", "qcow2", raw, out)
-}
-
-func TestDirSyncResultToleratesEINVAL(t *testing.T) {
-	einval := &os.PathError{Op: "sync", Path: "/d", Err: syscall.EINVAL}
-	if err := dirSyncResult(einval); err != nil {
-		t.Errorf("dirSyncResult(EINVAL) = %v, want nil", err)
-	}
-	eio := &os.PathError{Op: "sync", Path: "/d", Err: syscall.EIO}
-	if err := dirSyncResult(eio); !errors.Is(err, syscall.EIO) {
-		t.Errorf("dirSyncResult(EIO) = %v, want EIO", err)
-	}
 }
