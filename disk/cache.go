@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
 )
 
@@ -66,15 +67,17 @@ type Cache struct {
 }
 
 // NewCache returns a cache keeping images in dir, creating dir (0700) if
-// needed. Temp files of downloads interrupted by a crash (".download-*")
-// are removed.
+// needed. Temp files of downloads interrupted by a crash (atomicfile's, and
+// the ".download-*" of older versions) are removed.
 func NewCache(dir string, opts CacheOptions) (*Cache, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating image cache: %w", err)
 	}
-	if stale, err := filepath.Glob(filepath.Join(dir, ".download-*")); err == nil {
-		for _, p := range stale {
-			os.Remove(p)
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, e := range ents {
+			if name := e.Name(); atomicfile.IsTemp(name) || strings.HasPrefix(name, ".download-") {
+				os.Remove(filepath.Join(dir, name))
+			}
 		}
 	}
 	if opts.MaxBytes == 0 {
@@ -261,73 +264,56 @@ func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *downl
 		return fmt.Errorf("image of %d bytes exceeds the size cap of %d bytes", total, c.opts.MaxBytes)
 	}
 
-	f, err := os.CreateTemp(c.dir, ".download-sha256-"+sha256hex+"-*")
-	if err != nil {
-		return err
-	}
-	tmp := f.Name()
-	defer func() {
+	// The body streams into a temp file beside the final path, is hashed
+	// and checked there, and only then renamed into place.
+	return atomicfile.Fill(c.Path(sha256hex), 0o600, func(f *os.File) error {
+		h := sha256.New()
+		var n int64
+		buf := make([]byte, 1<<20)
+		last := time.Now()
+		body := io.LimitReader(resp.Body, c.opts.MaxBytes+1)
+		for {
+			m, rerr := body.Read(buf)
+			if m > 0 {
+				// Hash while streaming: the file is never read back.
+				h.Write(buf[:m])
+				if _, err := f.Write(buf[:m]); err != nil {
+					return err
+				}
+				n += int64(m)
+				if n > c.opts.MaxBytes {
+					return fmt.Errorf("body exceeds the size cap of %d bytes", c.opts.MaxBytes)
+				}
+				if now := time.Now(); now.Sub(last) >= progressInterval {
+					last = now
+					d.report(n, total)
+				}
+			}
+			if errors.Is(rerr, io.EOF) {
+				break
+			}
+			if rerr != nil {
+				if errors.Is(rerr, io.ErrUnexpectedEOF) && total >= 0 {
+					return fmt.Errorf("truncated body: got %d of %d bytes: %w", n, total, rerr)
+				}
+				return fmt.Errorf("reading body after %d bytes: %w", n, rerr)
+			}
+		}
+		if total >= 0 && n != total {
+			return fmt.Errorf("truncated body: got %d of %d bytes", n, total)
+		}
+		d.report(n, total)
+
+		if got := hex.EncodeToString(h.Sum(nil)); got != sha256hex {
+			return fmt.Errorf("%w: expected %s, got %s", ErrDigestMismatch, sha256hex, got)
+		}
+		hdr, err := qcow2.ReadHeader(f)
 		if err != nil {
-			f.Close()
-			os.Remove(tmp)
+			return fmt.Errorf("downloaded image: %w", err)
 		}
-	}()
-
-	h := sha256.New()
-	var n int64
-	buf := make([]byte, 1<<20)
-	last := time.Now()
-	body := io.LimitReader(resp.Body, c.opts.MaxBytes+1)
-	for {
-		m, rerr := body.Read(buf)
-		if m > 0 {
-			// Hash while streaming: the file is never read back.
-			h.Write(buf[:m])
-			if _, err := f.Write(buf[:m]); err != nil {
-				return err
-			}
-			n += int64(m)
-			if n > c.opts.MaxBytes {
-				return fmt.Errorf("body exceeds the size cap of %d bytes", c.opts.MaxBytes)
-			}
-			if now := time.Now(); now.Sub(last) >= progressInterval {
-				last = now
-				d.report(n, total)
-			}
+		if err := hdr.CheckBase(); err != nil {
+			return fmt.Errorf("downloaded image refused: %w", err)
 		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			if errors.Is(rerr, io.ErrUnexpectedEOF) && total >= 0 {
-				return fmt.Errorf("truncated body: got %d of %d bytes: %w", n, total, rerr)
-			}
-			return fmt.Errorf("reading body after %d bytes: %w", n, rerr)
-		}
-	}
-	if total >= 0 && n != total {
-		return fmt.Errorf("truncated body: got %d of %d bytes", n, total)
-	}
-	d.report(n, total)
-
-	if got := hex.EncodeToString(h.Sum(nil)); got != sha256hex {
-		return fmt.Errorf("%w: expected %s, got %s", ErrDigestMismatch, sha256hex, got)
-	}
-	hdr, err := qcow2.ReadHeader(f)
-	if err != nil {
-		return fmt.Errorf("downloaded image: %w", err)
-	}
-	if err := hdr.CheckBase(); err != nil {
-		return fmt.Errorf("downloaded image refused: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, c.Path(sha256hex)); err != nil {
-		return err
-	}
-	return syncDir(c.dir)
+		return nil
+	})
 }

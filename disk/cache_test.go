@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"io/fs"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -356,5 +357,55 @@ func TestFetchErrorsHideCredentials(t *testing.T) {
 		if !strings.Contains(msg, strings.TrimPrefix(base, "http://")+"/img.qcow2?REDACTED") {
 			t.Errorf("error %q does not name the host and path", msg)
 		}
+	}
+}
+
+// TestNewCacheRemovesTemps: temp files of downloads cut short by a crash,
+// in atomicfile's naming and in the .download- naming of older versions,
+// go when the cache opens; images stay.
+func TestNewCacheRemovesTemps(t *testing.T) {
+	dir := t.TempDir()
+	image := "sha256-" + strings.Repeat("a", 64) + ".qcow2"
+	for _, name := range []string{image, "." + image + ".tmp-0123", ".download-sha256-" + strings.Repeat("b", 64) + "-1"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("x"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := NewCache(dir, CacheOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if names := dirEntries(t, dir); len(names) != 1 || names[0] != image {
+		t.Errorf("cache directory = %v, want only %s", names, image)
+	}
+}
+
+// TestFetchRefusesNonRegularTarget: a dangling symlink where the image
+// belongs is not replaced (it was, before downloads went through
+// atomicfile), and no temp file is left.
+func TestFetchRefusesNonRegularTarget(t *testing.T) {
+	img := qcow2Bytes(t, 1<<20)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(img) }))
+	defer srv.Close()
+	dir := t.TempDir()
+	c, err := NewCache(dir, CacheOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := filepath.Join(t.TempDir(), "elsewhere")
+	if err := os.Symlink(elsewhere, c.Path(digest(img))); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.Fetch(context.Background(), srv.URL, digest(img), nil)
+	if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("Fetch over a symlink = %v, want a not-a-regular-file error", err)
+	}
+	if fi, err := os.Lstat(c.Path(digest(img))); err != nil || fi.Mode().Type() != fs.ModeSymlink {
+		t.Errorf("symlink replaced: %v, %v", fi, err)
+	}
+	if _, err := os.Lstat(elsewhere); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("symlink target written: %v", err)
+	}
+	if names := dirEntries(t, dir); len(names) != 1 {
+		t.Errorf("cache directory = %v, want only the symlink", names)
 	}
 }

@@ -22,10 +22,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 
 	"golang.org/x/sys/unix"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
 )
 
@@ -39,7 +39,7 @@ const copyChunk = 64 << 20
 // replacing anything, and the directory fsynced; on failure or when ctx
 // ends nothing is left at dst. It refuses a src that is not a usable base
 // image (backing file, encryption, dirty or corrupt flags).
-func Copy(ctx context.Context, src, dst string) (err error) {
+func Copy(ctx context.Context, src, dst string) error {
 	h, err := qcow2.ReadHeaderFile(src)
 	if err != nil {
 		return fmt.Errorf("copying base image %s: %w", src, err)
@@ -47,55 +47,26 @@ func Copy(ctx context.Context, src, dst string) (err error) {
 	if err := h.CheckBase(); err != nil {
 		return fmt.Errorf("copying base image %s: %w", src, err)
 	}
-	if _, err := os.Lstat(dst); err == nil {
-		return fmt.Errorf("copying base image to %s: %w", dst, os.ErrExist)
-	}
 	in, err := os.Open(src)
 	if err != nil {
 		return fmt.Errorf("copying base image: %w", err)
 	}
 	defer in.Close()
-	out, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+".*")
+	err = atomicfile.Create(dst, 0o600, func(out *os.File) error {
+		return cloneOrCopy(ctx, in, out)
+	})
 	if err != nil {
-		return fmt.Errorf("copying base image to %s: %w", dst, err)
+		return fmt.Errorf("copying base image %s to %s: %w", src, dst, err)
 	}
-	tmp := out.Name()
-	defer func() {
-		if err != nil {
-			out.Close()
-			os.Remove(tmp)
-			err = fmt.Errorf("copying base image %s to %s: %w", src, dst, err)
-		}
-	}()
-	if err := out.Chmod(0o600); err != nil {
-		return err
-	}
-	if err := cloneOrCopy(ctx, in, out); err != nil {
-		return err
-	}
-	if err := out.Sync(); err != nil {
-		return err
-	}
-	if err := out.Close(); err != nil {
-		return err
-	}
-	if err := renameNoReplace(tmp, dst); err != nil {
-		return err
-	}
-	return syncDir(filepath.Dir(dst))
+	return nil
 }
 
-// cloneOrCopy shares src's extents with dst when the file system can
+// cloneOrCopy shares src's extents with dst where the file system can
 // (btrfs, xfs with reflink), and otherwise copies the data ranges.
 func cloneOrCopy(ctx context.Context, src, dst *os.File) error {
-	err := unix.IoctlFileClone(int(dst.Fd()), int(src.Fd()))
-	if err == nil {
-		return nil
-	}
-	// ext4 and tmpfs answer EOPNOTSUPP; other file systems and
-	// cross-device pairs answer EXDEV, EINVAL or ENOTTY.
-	if !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOTTY) {
-		return fmt.Errorf("FICLONE: %w", err)
+	cloned, err := reflink(dst, src)
+	if err != nil || cloned {
+		return err
 	}
 	return sparseCopy(ctx, src, dst)
 }
@@ -160,16 +131,8 @@ func dataRanges(f *os.File, size int64, fn func(start, end int64) error) error {
 // offset, with copy_file_range where the kernel allows it between the two
 // files and read/write otherwise. It returns how many bytes it copied.
 func copyRange(src, dst *os.File, off, n int64) (int64, error) {
-	roff, woff := off, off
-	done, err := unix.CopyFileRange(int(src.Fd()), &roff, int(dst.Fd()), &woff, int(n), 0)
-	if err == nil && done > 0 {
-		return int64(done), nil
-	}
-	if err != nil && !errors.Is(err, unix.EXDEV) && !errors.Is(err, unix.ENOSYS) && !errors.Is(err, unix.EOPNOTSUPP) && !errors.Is(err, unix.EINVAL) {
-		return 0, fmt.Errorf("copy_file_range at %d: %w", off, err)
-	}
-	if err == nil && done == 0 {
-		return 0, fmt.Errorf("copy_file_range at %d: %w", off, io.ErrUnexpectedEOF)
+	if done, err := kernelCopy(src, dst, off, n); err != nil || done > 0 {
+		return done, err
 	}
 	buf := make([]byte, min(n, 1<<20))
 	r, rerr := src.ReadAt(buf, off)
@@ -183,37 +146,4 @@ func copyRange(src, dst *os.File, off, n int64) (int64, error) {
 		return 0, err
 	}
 	return int64(r), nil
-}
-
-// renameNoReplace moves tmp to dst, failing with fs.ErrExist rather than
-// replacing a file that appeared at dst meanwhile.
-func renameNoReplace(tmp, dst string) error {
-	err := unix.Renameat2(unix.AT_FDCWD, tmp, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE)
-	if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOSYS) {
-		// The file system cannot do RENAME_NOREPLACE: a hard link gives
-		// the same no-clobber guarantee.
-		if err = os.Link(tmp, dst); err == nil {
-			return os.Remove(tmp)
-		}
-	}
-	if errors.Is(err, unix.EEXIST) {
-		return fmt.Errorf("renaming into place: %w", os.ErrExist)
-	}
-	if err != nil {
-		return fmt.Errorf("renaming into place: %w", err)
-	}
-	return nil
-}
-
-// syncDir fsyncs a directory so a new entry in it survives power loss.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	err = d.Sync()
-	if cerr := d.Close(); err == nil {
-		err = cerr
-	}
-	return err
 }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"testing"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
 )
 
@@ -190,7 +191,7 @@ func fsyncPath(b *testing.B, path string) {
 		b.Fatal(err)
 	}
 	f.Close()
-	if err := syncDir(filepath.Dir(path)); err != nil {
+	if err := atomicfile.SyncDir(filepath.Dir(path)); err != nil {
 		b.Fatal(err)
 	}
 }
