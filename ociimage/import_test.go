@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -282,6 +283,38 @@ func TestImportReplacesAndKeepsDstDir(t *testing.T) {
 	}
 	if want := []string{"image.json", RootfsName}; !reflect.DeepEqual(names, want) {
 		t.Errorf("dstDir = %v, want %v", names, want)
+	}
+}
+
+// TestImportRefusesNonRegularRootfs: a symlink where rootfs.qcow2 belongs
+// is not replaced (it was, before the install went through atomicfile), and
+// the import leaves no temp dir behind.
+func TestImportRefusesNonRegularRootfs(t *testing.T) {
+	requireTools(t)
+	dir := t.TempDir()
+	files, _ := newLayout(t, true, layerTar(t, fileEnt("a", "1", 0o644, 0, 0))).files(t)
+	src := filepath.Join(dir, "layout")
+	writeDir(t, src, files)
+	dst := filepath.Join(dir, "img")
+	if err := os.MkdirAll(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	elsewhere := filepath.Join(dir, "elsewhere.qcow2")
+	if err := os.Symlink(elsewhere, filepath.Join(dst, RootfsName)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Import(context.Background(), src, dst, Options{})
+	if err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("Import over a symlinked %s = %v, want a not-a-regular-file error", RootfsName, err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dst, RootfsName)); err != nil || fi.Mode().Type() != fs.ModeSymlink {
+		t.Errorf("symlink replaced: %v, %v", fi, err)
+	}
+	if _, err := os.Lstat(elsewhere); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("symlink target written: %v", err)
+	}
+	if ents, _ := os.ReadDir(dst); len(ents) != 1 {
+		t.Errorf("dstDir holds %d entries, want only the symlink", len(ents))
 	}
 }
 

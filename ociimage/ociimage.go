@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
 )
 
@@ -215,11 +216,10 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 		return nil, err
 	}
 	dst := filepath.Join(dstDir, RootfsName)
-	if err := os.Rename(qc, dst); err != nil {
+	// ConvertRaw made qc durable; Rename installs it over dst and syncs
+	// dstDir.
+	if err := atomicfile.Rename(qc, dst); err != nil {
 		return nil, fmt.Errorf("installing %s: %w", RootfsName, err)
-	}
-	if err := syncDir(dstDir); err != nil {
-		return nil, err
 	}
 	img.RootfsPath = dst
 	img.SizeBytes = size
@@ -260,18 +260,6 @@ func convertToQcow2(dst, rawPath string) error {
 	defer f.Close()
 	if err := qcow2.ConvertRaw(dst, f); err != nil {
 		return fmt.Errorf("converting root file system to qcow2: %w", err)
-	}
-	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("syncing %s: %w", dir, err)
 	}
 	return nil
 }
