@@ -7,7 +7,6 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -15,6 +14,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"vmhost/internal/netnstest"
 )
 
 func TestMain(m *testing.M) {
@@ -84,42 +85,6 @@ func rootNetState() (string, error) {
 	return state, nil
 }
 
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN) to create network namespaces; run: sudo go test ./tap/...")
-	}
-}
-
-// newNetNS creates a network namespace and returns an open fd of it. The
-// namespace, and every interface and nftables table in it, goes away when
-// the fd is closed at the end of the test.
-func newNetNS(t testing.TB) int {
-	t.Helper()
-	requireRoot(t)
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result, 1)
-	go func() {
-		// The thread is never unlocked: it dies with this goroutine.
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			ch <- result{err: fmt.Errorf("unshare(CLONE_NEWNET): %w", err)}
-			return
-		}
-		fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		ch <- result{fd, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Skipf("cannot create a network namespace: %v", r.err)
-	}
-	t.Cleanup(func() { unix.Close(r.fd) })
-	return r.fd
-}
-
 // testNS is a namespace with a Handle and a raw rtnetlink conn for setup.
 type testNS struct {
 	t  testing.TB
@@ -129,7 +94,9 @@ type testNS struct {
 }
 
 func newTestNS(t testing.TB) *testNS {
-	fd := newNetNS(t)
+	// The namespace, and every interface and nftables table in it, goes
+	// away at the end of the test.
+	fd := netnstest.New(t).FD
 	h := New(&Config{NetNS: fd})
 	c, err := h.dial(unix.NETLINK_ROUTE)
 	if err != nil {

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"vmhost/internal/netnstest"
 )
 
 func TestName(t *testing.T) {
@@ -236,7 +238,7 @@ func TestIntegrationAttachRefusals(t *testing.T) {
 // TestIntegrationIsolation proves port isolation with traffic: guests on two
 // isolated ports cannot reach each other, guests on ordinary ports can.
 func TestIntegrationIsolation(t *testing.T) {
-	requireRoot(t)
+	netnstest.RequireRoot(t)
 	for _, isolated := range []bool{false, true} {
 		t.Run(map[bool]string{false: "open", true: "isolated"}[isolated], func(t *testing.T) {
 			ns := newTestNS(t)
