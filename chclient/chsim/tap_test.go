@@ -5,13 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"vmhost/internal/netnstest"
 )
 
 func netConfig(t *testing.T, p *simProc, tap string) string {
@@ -105,42 +105,16 @@ func tapRunning(name string) (bool, error) {
 // the test's own, and checks through the kernel that the simulator holds the tap open
 // while the VM runs and lets go when it stops.
 func TestIntegrationTapAttach(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to create a network namespace and a tap; run the tests as root")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skipf("no /dev/net/tun: %v (try: modprobe tun)", err)
-	}
+	// Everything that touches the namespace runs on its thread; the
+	// simulator, started from that thread, inherits the namespace.
+	ns := netnstest.New(t)
+	netnstest.RequireTun(t)
 	const tap = "vmhtap0"
-	// Everything that touches the namespace runs on one locked thread, which is never
-	// unlocked so it dies with the goroutine; the simulator, started from that thread,
-	// inherits the namespace.
+	if err := ns.Run(func() error { return createPersistentTap(tap) }); err != nil {
+		t.Fatalf("creating tap %s in the test's namespace: %v", tap, err)
+	}
+	inNS := ns.Run
 	var p *simProc
-	errc := make(chan error, 1)
-	step := make(chan func() error)
-	go func() {
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("unshare: %w", err)
-			return
-		}
-		if err := createPersistentTap(tap); err != nil {
-			errc <- fmt.Errorf("creating tap: %w", err)
-			return
-		}
-		errc <- nil
-		for f := range step {
-			errc <- f()
-		}
-	}()
-	if err := <-errc; err != nil {
-		t.Skipf("cannot set up a network namespace with a tap: %v", err)
-	}
-	defer close(step)
-	inNS := func(f func() error) error {
-		step <- f
-		return <-errc
-	}
 	if err := inNS(func() error { p = startSimNoFatal(t); return nil }); err != nil {
 		t.Fatal(err)
 	}
