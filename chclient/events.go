@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 	"time"
 )
 
@@ -163,7 +164,7 @@ const followPoll = 20 * time.Millisecond
 // resume.
 func FollowEvents(ctx context.Context, path string, offset int64, fn func(Event) error, bad func(error)) (int64, error) {
 	// O_NONBLOCK keeps opening a FIFO without a writer from blocking.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscallNonblock, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return offset, fmt.Errorf("opening event monitor %s: %w", path, err)
 	}

@@ -1,5 +1,0 @@
-package chclient
-
-import "syscall"
-
-const syscallNonblock = syscall.O_NONBLOCK
