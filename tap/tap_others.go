@@ -66,3 +66,8 @@ func (s *Snooper) Next(ctx context.Context) (Binding, error) { return Binding{},
 
 // Close does nothing.
 func (s *Snooper) Close() error { return nil }
+
+// FollowDHCP fails with ErrNotSupported.
+func (h *Handle) FollowDHCP(ctx context.Context, tap string, mac net.HardwareAddr, guard *GuardRule, found func(Binding)) error {
+	return ErrNotSupported
+}
