@@ -250,13 +250,22 @@ func Add(path, name string, scope Scope, allow []string) (token string, err erro
 	return token, nil
 }
 
-// Remove deletes the key named name. A name not in the file gives an error
-// that satisfies errors.Is(err, fs.ErrNotExist).
+// noKeyError is Remove's error for a name not in the file. It satisfies
+// errors.Is(err, fs.ErrNotExist) without printing "file does not exist",
+// which would suggest the key file itself is missing.
+type noKeyError struct{ name string }
+
+func (e *noKeyError) Error() string        { return fmt.Sprintf("no key named %q", e.name) }
+func (e *noKeyError) Is(target error) bool { return target == fs.ErrNotExist }
+
+// Remove deletes the key named name. A name not in the file (or no file)
+// gives an error reading `no key named "name"` that satisfies
+// errors.Is(err, fs.ErrNotExist).
 func Remove(path, name string) error {
 	err := update(path, func(keys []Key) ([]Key, error) {
 		i := slices.IndexFunc(keys, func(k Key) bool { return k.Name == name })
 		if i < 0 {
-			return nil, fmt.Errorf("no key named %q: %w", name, fs.ErrNotExist)
+			return nil, &noKeyError{name: name}
 		}
 		return slices.Delete(keys, i, i+1), nil
 	})

@@ -258,8 +258,17 @@ func TestRemove(t *testing.T) {
 	if err := Remove(path, "b"); err != nil {
 		t.Fatal(err)
 	}
-	if err := Remove(path, "b"); !errors.Is(err, fs.ErrNotExist) {
+	err := Remove(path, "b")
+	if !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("Remove(b) twice = %v, want fs.ErrNotExist", err)
+	}
+	// The CLI prints this message: it names the key, not a missing file.
+	if err == nil || err.Error() != `removing key: no key named "b"` {
+		t.Errorf("Remove(b) twice says %q, want %q", err, `removing key: no key named "b"`)
+	}
+	noFile := filepath.Join(t.TempDir(), "keys.json")
+	if err := Remove(noFile, "x"); err == nil || err.Error() != `removing key: no key named "x"` {
+		t.Errorf("Remove from a missing file says %q, want %q", err, `removing key: no key named "x"`)
 	}
 	keys, err := List(path)
 	if err != nil {
