@@ -7,12 +7,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"vmhost/internal/atomicfile"
@@ -23,7 +27,23 @@ import (
 const (
 	DefaultMaxBytes     = 64 << 30
 	DefaultMaxRedirects = 5
+	DefaultIdleTimeout  = 60 * time.Second
 )
+
+// ErrIdleTimeout is wrapped by Fetch's error when the server sent nothing
+// for CacheOptions.IdleTimeout.
+var ErrIdleTimeout = errors.New("download idle timeout")
+
+// DeniedError is a connection refused, before it was made, because its
+// address is in one of CacheOptions.Deny (the config's fetch_deny).
+type DeniedError struct {
+	Addr netip.Addr
+	Rule netip.Prefix
+}
+
+func (e *DeniedError) Error() string {
+	return fmt.Sprintf("address %s is denied by fetch_deny rule %s", e.Addr, e.Rule)
+}
 
 // ErrDigestMismatch is wrapped by Fetch's error when the body's sha256 is
 // not the expected one; the message carries both digests.
@@ -49,9 +69,21 @@ type CacheOptions struct {
 	// MaxRedirects caps the redirects followed; 0 means
 	// DefaultMaxRedirects, a negative value follows none.
 	MaxRedirects int
+	// IdleTimeout fails a download that receives nothing for this long,
+	// from the request on (connecting and waiting for the headers
+	// included); 0 means DefaultIdleTimeout.
+	IdleTimeout time.Duration
+	// Deny lists the networks no download may connect to. Every
+	// connection, the redirects' included, is checked on its resolved
+	// address just before it is made, so a name that resolves (or later
+	// rebinds) to a denied address is refused too. nil denies nothing.
+	Deny []netip.Prefix
 	// Client makes the requests; nil means a client with no overall
 	// timeout (images are large; callers bound a download with ctx).
-	// Its CheckRedirect is replaced by the redirect cap.
+	// Its CheckRedirect is replaced by the redirect cap. Its Transport
+	// must be nil or an *http.Transport, whose dialer is replaced by one
+	// that applies Deny and whose proxy setting is cleared: a proxy would
+	// connect on our behalf, where Deny cannot see the address.
 	Client *http.Client
 }
 
@@ -86,11 +118,34 @@ func NewCache(dir string, opts CacheOptions) (*Cache, error) {
 	if opts.MaxRedirects == 0 {
 		opts.MaxRedirects = DefaultMaxRedirects
 	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = DefaultIdleTimeout
+	}
 	client := &http.Client{}
 	if opts.Client != nil {
 		c := *opts.Client
 		client = &c
 	}
+	var transport *http.Transport
+	switch t := client.Transport.(type) {
+	case nil:
+		transport = http.DefaultTransport.(*http.Transport).Clone()
+	case *http.Transport:
+		transport = t.Clone()
+	default:
+		return nil, fmt.Errorf("image cache: client transport %T is not an *http.Transport", t)
+	}
+	deny := slices.Clone(opts.Deny)
+	dialer := &net.Dialer{
+		Timeout:   30 * time.Second,
+		KeepAlive: 30 * time.Second,
+		Control: func(network, address string, _ syscall.RawConn) error {
+			return checkDeny(deny, address)
+		},
+	}
+	transport.DialContext = dialer.DialContext
+	transport.Proxy = nil
+	client.Transport = transport
 	maxRedirects := max(opts.MaxRedirects, 0)
 	client.CheckRedirect = func(req *http.Request, via []*http.Request) error {
 		if len(via) > maxRedirects {
@@ -102,6 +157,24 @@ func NewCache(dir string, opts CacheOptions) (*Cache, error) {
 		return nil
 	}
 	return &Cache{dir: dir, opts: opts, client: client, inflight: map[string]*download{}}, nil
+}
+
+// checkDeny refuses address ("ip:port", as a dialer's Control sees it
+// once the name is resolved) when a deny rule contains it. IPv4-mapped IPv6
+// addresses count as IPv4, and a zone is ignored (netip.Prefix.Contains
+// never matches a zoned address, which would let fe80::1%eth0 through).
+func checkDeny(deny []netip.Prefix, address string) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return fmt.Errorf("checking fetch_deny: unexpected address %q: %w", address, err)
+	}
+	addr := ap.Addr().Unmap().WithZone("")
+	for _, rule := range deny {
+		if rule.Contains(addr) {
+			return &DeniedError{Addr: addr, Rule: rule}
+		}
+	}
+	return nil
 }
 
 // Path is where the image with the given sha256 (lower-case hex) lives
@@ -184,8 +257,9 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 	c.mu.Unlock()
 
 	// leave drops this caller; the last one to go cancels the download
-	// and forgets it, so a later Fetch starts afresh.
-	leave := func() {
+	// and forgets it, so a later Fetch starts afresh. It reports whether
+	// it was the last.
+	leave := func() bool {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		d.mu.Lock()
@@ -197,7 +271,9 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 			if c.inflight[sha256hex] == d {
 				delete(c.inflight, sha256hex)
 			}
+			return true
 		}
+		return false
 	}
 	select {
 	case <-d.done:
@@ -207,7 +283,12 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 		}
 		return final, nil
 	case <-ctx.Done():
-		leave()
+		if leave() {
+			// The cancelled download stops at its next read and removes
+			// its temp file; wait, so that when Fetch returns nothing it
+			// made is left (a force delete must not race its cleanup).
+			<-d.done
+		}
 		return "", fmt.Errorf("fetching image %s: %w", displayURL(rawURL), ctx.Err())
 	}
 }
@@ -238,7 +319,19 @@ func displayURL(rawURL string) string {
 
 // download fetches rawURL into the cache as sha256hex.
 func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *download) (err error) {
+	// Every byte received re-arms the idle timer; when it fires, the
+	// request's context ends with ErrIdleTimeout as its cause, which
+	// interrupts a dial, a wait for headers or a body read alike.
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	idle := time.AfterFunc(c.opts.IdleTimeout, func() {
+		cancel(fmt.Errorf("%w: nothing received for %s", ErrIdleTimeout, c.opts.IdleTimeout))
+	})
+	defer idle.Stop()
 	defer func() {
+		if cause := context.Cause(ctx); err != nil && errors.Is(cause, ErrIdleTimeout) {
+			err = cause
+		}
 		if err != nil {
 			// net/http's *url.Error repeats the whole URL, query included.
 			if ue, ok := err.(*url.Error); ok {
@@ -275,6 +368,7 @@ func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *downl
 		for {
 			m, rerr := body.Read(buf)
 			if m > 0 {
+				idle.Reset(c.opts.IdleTimeout)
 				// Hash while streaming: the file is never read back.
 				h.Write(buf[:m])
 				if _, err := f.Write(buf[:m]); err != nil {
@@ -290,6 +384,9 @@ func (c *Cache) download(ctx context.Context, rawURL, sha256hex string, d *downl
 				}
 			}
 			if errors.Is(rerr, io.EOF) {
+				// Verifying and syncing a large file may outlast the
+				// idle timeout; the network part is over.
+				idle.Stop()
 				break
 			}
 			if rerr != nil {

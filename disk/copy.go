@@ -13,7 +13,9 @@
 // while it streams to a temp file in the same directory, then verified,
 // checked to be a qcow2 base image, fsynced and renamed into place; any
 // failure leaves nothing behind. Knobs: CacheOptions.MaxBytes (size cap),
-// MaxRedirects, and the http.Client.
+// MaxRedirects, IdleTimeout (a download that receives nothing that long
+// fails), Deny (networks no connection may reach, redirects included), and
+// the http.Client.
 package disk
 
 import (
