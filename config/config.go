@@ -18,9 +18,11 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 )
 
@@ -40,6 +42,18 @@ const (
 	DefaultQSDBinary     = "qemu-storage-daemon"
 	DefaultImageMaxBytes = 64 << 30
 )
+
+// Defaults of the image download knobs.
+const (
+	DefaultDownloadIdleSecs = 60
+	// MaxDownloadIdleSecs bounds download_idle_secs (a day), far below
+	// where a time.Duration would overflow.
+	MaxDownloadIdleSecs = 86400
+)
+
+// DefaultFetchDeny are the networks image downloads may not reach: the
+// cloud metadata address range and IPv6 link-local.
+var DefaultFetchDeny = []string{"169.254.0.0/16", "fe80::/10"}
 
 // Config is the host configuration. The zero value is not useful; start from
 // Default or Load.
@@ -87,6 +101,14 @@ type Config struct {
 	// DefaultMTU is the MTU of an interface whose network and request give
 	// none; 0 means the bridge's MTU.
 	DefaultMTU int `json:"default_mtu,omitempty"`
+
+	// DownloadIdleSecs fails an image download that receives nothing for
+	// this many seconds.
+	DownloadIdleSecs int `json:"download_idle_secs"`
+	// FetchDeny are CIDRs an image fetch_url, and each of its redirects,
+	// may not connect to; checked on the resolved address. A list given
+	// replaces the default one; [] denies nothing.
+	FetchDeny []string `json:"fetch_deny"`
 }
 
 // Network is one host network: a bridge VM taps are attached to, and the
@@ -135,6 +157,9 @@ func Default() *Config {
 		SysfsRoot:        DefaultSysfsRoot,
 		Binaries:         Binaries{CloudHypervisor: DefaultCHBinary, QemuStorageDaemon: DefaultQSDBinary},
 		ImageMaxBytes:    DefaultImageMaxBytes,
+
+		DownloadIdleSecs: DefaultDownloadIdleSecs,
+		FetchDeny:        slices.Clone(DefaultFetchDeny),
 	}
 }
 
@@ -272,6 +297,20 @@ func (c *Config) Validate() error {
 	if !validMTU(c.DefaultMTU) {
 		bad("default_mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = the bridge's MTU)", c.DefaultMTU, minMTU, maxMTU)
 	}
+
+	if c.DownloadIdleSecs < 1 || c.DownloadIdleSecs > MaxDownloadIdleSecs {
+		bad("download_idle_secs: %d is outside 1..%d", c.DownloadIdleSecs, MaxDownloadIdleSecs)
+	}
+	for i, cidr := range c.FetchDeny {
+		p, err := netip.ParsePrefix(cidr)
+		switch {
+		case err != nil:
+			bad("fetch_deny[%d]: %q is not a CIDR such as 169.254.0.0/16 or fe80::/10", i, cidr)
+		case p != p.Masked():
+			bad("fetch_deny[%d]: %q has bits set past the prefix length (%s?)", i, cidr, p.Masked())
+		}
+	}
+
 	if len(errs) == 0 {
 		return nil
 	}
@@ -286,6 +325,18 @@ const (
 )
 
 func validMTU(mtu int) bool { return mtu == 0 || (mtu >= minMTU && mtu <= maxMTU) }
+
+// FetchDenyPrefixes returns FetchDeny parsed, skipping entries Validate
+// refuses.
+func (c *Config) FetchDenyPrefixes() []netip.Prefix {
+	var ps []netip.Prefix
+	for _, cidr := range c.FetchDeny {
+		if p, err := netip.ParsePrefix(cidr); err == nil {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
 
 // Network returns the network with the given id.
 func (c *Config) Network(id string) (Network, bool) {
