@@ -334,6 +334,11 @@ func TestTail(t *testing.T) {
 	if got, _ := console.Tail(p, 2); got != "b | c" {
 		t.Errorf("Tail without a marker = %q", got)
 	}
+	// A huge line is cut.
+	write("console.log", strings.Repeat("ü", 5000)+"\n")
+	if got, _ := console.Tail(p, 1); got != strings.Repeat("ü", console.MaxLineRunes-1)+"…" {
+		t.Errorf("Tail of a long line = %d runes, want %d ending in …", len([]rune(got)), console.MaxLineRunes)
+	}
 }
 
 // TestTailOfAKeptLog checks Tail on what a Keeper wrote, rotation included.
@@ -349,7 +354,9 @@ func TestTailOfAKeptLog(t *testing.T) {
 	for i := 1; i <= 20; i++ {
 		fmt.Fprintf(c, "\x1b[1mstep %d\x1b[0m\r\n", i)
 	}
-	waitFor(t, "step 20", func() bool { return strings.HasSuffix(readFile(t, logPath+".1")+readFile(t, logPath), "step 20\x1b[0m\r\n") })
+	waitFor(t, "step 20", func() bool {
+		return strings.HasSuffix(readFile(t, logPath+".1")+readFile(t, logPath), "step 20\x1b[0m\r\n")
+	})
 	if got, _ := console.Tail(logPath, 3); got != "step 18 | step 19 | step 20" {
 		t.Errorf("Tail = %q", got)
 	}

@@ -11,6 +11,10 @@ import (
 	"unicode"
 )
 
+// MaxLineRunes bounds each line Tail returns, so a summary stays short
+// even when the guest printed a huge line.
+const MaxLineRunes = 200
+
 // tailWindow bounds how much of each file Tail reads: far more than a
 // summary's few lines need, and far less than the files can hold.
 const tailWindow = 64 << 10
@@ -19,7 +23,8 @@ const tailWindow = 64 << 10
 // Marker, read across the rotation (path.1, then path), as one readable
 // string: ANSI escape sequences and other control characters removed, a
 // carriage-return overwrite reduced to what a terminal would show last,
-// lines joined by " | ". A missing log gives "" and no error.
+// lines longer than MaxLineRunes cut with "…", joined by " | ". A missing
+// log gives "" and no error.
 func Tail(path string, n int) (string, error) {
 	var data []byte
 	for _, p := range []string{path + ".1", path} {
@@ -94,5 +99,9 @@ func cleanLine(s string) string {
 		}
 		return r
 	}, s)
-	return strings.Join(strings.Fields(s), " ")
+	s = strings.Join(strings.Fields(s), " ")
+	if r := []rune(s); len(r) > MaxLineRunes {
+		s = string(r[:MaxLineRunes-1]) + "…"
+	}
+	return s
 }
