@@ -52,6 +52,12 @@ const (
 	maxRetry   = 500 * time.Millisecond
 )
 
+// drainTimeout bounds how long a stopping keeper still reads: output a VMM
+// wrote just before it exited (a panic, the last words of a failing boot)
+// is still in the socket buffer when the owner sees the exit and stops the
+// keeper. Reading it takes no wait at all once CH has closed its end.
+const drainTimeout = 500 * time.Millisecond
+
 // Config says what to keep and where.
 type Config struct {
 	// Socket is the serial console's unix socket, as given to CH.
@@ -91,8 +97,10 @@ func Start(ctx context.Context, c Config) (*Keeper, error) {
 	return k, nil
 }
 
-// Stop ends the copy, waits for it and closes the log. It may be called
-// more than once.
+// Stop ends the copy, waits for it and closes the log. Output already sent
+// is still read, for up to half a second while the VMM keeps the socket
+// open, so the owner can stop the keeper as soon as the VMM exited without
+// losing its last lines. It may be called more than once.
 func (k *Keeper) Stop() {
 	k.cancel()
 	<-k.done
@@ -131,7 +139,7 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 			continue
 		}
 		delay = firstRetry
-		stop := context.AfterFunc(ctx, func() { conn.Close() })
+		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now().Add(drainTimeout)) })
 		// Copy until the connection drops (VM stopped or rebooting, another
 		// client took the socket, or Stop), then connect again.
 		io.Copy(k.log, conn)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -284,6 +285,28 @@ func TestStopEndsWaitingAndCopying(t *testing.T) {
 		t.Error("the connection is still open after the keeper stopped")
 	}
 	k.Stop()
+}
+
+// TestStopKeepsTheLastWords: output the VMM wrote before it exited is still
+// in the socket buffer when the owner stops the keeper; it must reach the
+// log, as it is what explains the failure.
+func TestStopKeepsTheLastWords(t *testing.T) {
+	dir := shortDir(t)
+	sock, logPath := filepath.Join(dir, "serial.sock"), filepath.Join(dir, "console.log")
+	srv := listen(t, sock)
+	k := start(t, console.Config{Socket: sock, Path: logPath, MaxSize: 4 << 20})
+	c := srv.accept(t)
+	// More than the socket buffers hold: when Write returns, the keeper
+	// has read part of it and the rest waits in the kernel.
+	sent := strings.Repeat("boot noise\n", 100000) + "Kernel panic - not syncing: last words\n"
+	if _, err := io.WriteString(c, sent); err != nil {
+		t.Fatal(err)
+	}
+	c.Close() // the VMM exits
+	k.Stop()
+	if got := output(t, logPath); got != sent {
+		t.Errorf("log holds %d of the %d bytes sent; ends %q", len(got), len(sent), got[max(0, len(got)-40):])
+	}
 }
 
 func TestStartFailsWithoutItsDirectory(t *testing.T) {
