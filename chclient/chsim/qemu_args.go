@@ -234,6 +234,9 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 		if n.Tap == nil {
 			return nil, nil, fmt.Errorf("net %s: the qemu backend attaches existing taps only (no tap name)", id)
 		}
+		if n.RateLimiterConfig != nil {
+			return nil, nil, fmt.Errorf("net %s: the qemu backend does not map rate limits", id)
+		}
 		if n.IP != nil {
 			return nil, nil, fmt.Errorf("net %s: the qemu backend does not configure the host side of a tap (ip, mask)", id)
 		}
