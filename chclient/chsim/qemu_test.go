@@ -3,9 +3,11 @@ package chsim_test
 import (
 	"bytes"
 	"compress/gzip"
+	"context"
 	"debug/elf"
 	"encoding/json"
 	"fmt"
+	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -20,6 +22,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/chclient/chsim"
 )
 
 // The qemu backend boots a real tiny guest: Debian's cloud kernel (a stock bzImage whose
@@ -85,7 +88,8 @@ func staticBusybox(t *testing.T) string {
 // before virtio_blk so that its driver loads at a moment the test can see.
 var (
 	busModules   = []string{"virtio", "virtio_ring", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci"}
-	laterModules = []string{"virtio_blk", "button", "evdev", "pvpanic", "pvpanic-pci"}
+	laterModules = []string{"virtio_blk", "button", "evdev", "pvpanic", "pvpanic-pci",
+		"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport"}
 )
 
 const tinyInit = `#!/bin/busybox sh
@@ -105,6 +109,10 @@ case "$(cat /proc/cmdline)" in
 	echo "tinyguest: panicking"
 	echo c >/proc/sysrq-trigger
 	;;
+*tinyguest=vsock*)
+	/bin/vsockguest 1024 5000
+	poweroff -f
+	;;
 esac
 ev=
 for e in /sys/class/input/event*; do
@@ -119,9 +127,12 @@ poweroff -f
 `
 
 // buildInitramfs writes a gzipped newc cpio with busybox, the modules and /init.
-func buildInitramfs(t *testing.T, dir, busybox, modules string) string {
+func buildInitramfs(t *testing.T, dir, busybox, modules string, extra map[string][]byte) string {
 	t.Helper()
 	files := map[string][]byte{}
+	for n, data := range extra {
+		files[n] = data
+	}
 	var names []string
 	bb, err := os.ReadFile(busybox)
 	if err != nil {
@@ -278,57 +289,133 @@ func processGone(pid int) bool {
 }
 
 type qemuGuest struct {
-	p      *simProc
-	serial *serialReader
-	qemu   int // qemu's pid
+	p            *simProc
+	serial       *serialReader
+	qemu         int         // qemu's pid
+	vsockBackend int         // vhost-device-vsock's pid, 0 when none
+	fromGuest    chan string // what the guest sent to host port 1024
 }
 
-// bootTinyGuest creates and boots the tiny guest through the API: disk 0 a raw image of
-// 2 MiB, disk 1 a read-only one of 1 MiB (as a classic VM's root and seed), serial on a
-// socket, console off, pvpanic.
-func bootTinyGuest(t *testing.T, mode string) *qemuGuest {
+// tinyGuestOpts are what differs between the test guests.
+type tinyGuestOpts struct {
+	mode       string            // tinyguest=<mode> on the command line
+	vhostDisk0 bool              // disk 0 is a qemu-storage-daemon vhost-user-blk export
+	vsock      bool              // a hybrid vsock device (vhost-device-vsock)
+	files      map[string][]byte // extra initramfs files
+}
+
+func rawImage(t *testing.T, path string, size int64) {
+	t.Helper()
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(path, size); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startQSD exports image as vhost-user-blk on socket, as vmhost's qemu-storage-daemon does.
+func startQSD(t *testing.T, image, socket string) {
+	t.Helper()
+	bin, err := exec.LookPath("qemu-storage-daemon")
+	if err != nil {
+		t.Skip("qemu-storage-daemon is not installed")
+	}
+	cmd := exec.Command(bin, "--blockdev", "driver=file,node-name=file0,filename="+image,
+		"--export", "type=vhost-user-blk,id=exp0,node-name=file0,writable=on,addr.type=unix,addr.path="+socket)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(socket); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("qemu-storage-daemon did not create its export socket")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// bootTinyGuest creates and boots the tiny guest through the API: disk 0 of 2 MiB (a raw
+// image, or a vhost-user export of 64 MiB), disk 1 a read-only raw image of 1 MiB (as a
+// classic VM's root and seed), serial on a socket, console off, pvpanic, vsock if asked.
+func bootTinyGuest(t *testing.T, o tinyGuestOpts, simArgs ...string) *qemuGuest {
 	kernel, modules := laneKernel(t)
 	needQemu(t)
 	busybox := staticBusybox(t)
-	p := startSim(t, "--sim-backend", "qemu")
-	initrd := buildInitramfs(t, p.dir, busybox, modules)
-	var disks []string
-	for i, size := range []int64{2 << 20, 1 << 20} {
-		path := filepath.Join(p.dir, fmt.Sprintf("disk%d.img", i))
-		if err := os.WriteFile(path, nil, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.Truncate(path, size); err != nil {
-			t.Fatal(err)
-		}
-		disks = append(disks, path)
+	p := startSim(t, append([]string{"--sim-backend", "qemu"}, simArgs...)...)
+	initrd := buildInitramfs(t, p.dir, busybox, modules, o.files)
+	disk0 := map[string]any{"path": filepath.Join(p.dir, "disk0.img"), "image_type": "Raw"}
+	if o.vhostDisk0 {
+		rawImage(t, filepath.Join(p.dir, "disk0.img"), 64<<20)
+		startQSD(t, filepath.Join(p.dir, "disk0.img"), filepath.Join(p.dir, "disk0.vhost"))
+		disk0 = map[string]any{"vhost_user": true, "vhost_socket": filepath.Join(p.dir, "disk0.vhost")}
+	} else {
+		rawImage(t, filepath.Join(p.dir, "disk0.img"), 2<<20)
 	}
+	rawImage(t, filepath.Join(p.dir, "disk1.img"), 1<<20)
 	serial := filepath.Join(p.dir, "console.sock")
 	cfg := map[string]any{
 		"cpus":    map[string]any{"boot_vcpus": 2, "max_vcpus": 2},
 		"memory":  map[string]any{"size": 256 << 20, "shared": true},
-		"payload": map[string]any{"kernel": kernel, "initramfs": initrd, "cmdline": "console=ttyS0 quiet panic=0 tinyguest=" + mode},
-		"disks": []any{map[string]any{"path": disks[0], "image_type": "Raw"},
-			map[string]any{"path": disks[1], "image_type": "Raw", "readonly": true}},
+		"payload": map[string]any{"kernel": kernel, "initramfs": initrd, "cmdline": "console=ttyS0 quiet panic=0 tinyguest=" + o.mode},
+		"disks": []any{disk0,
+			map[string]any{"path": filepath.Join(p.dir, "disk1.img"), "image_type": "Raw", "readonly": true}},
 		"serial":  map[string]any{"mode": "Socket", "socket": serial},
 		"console": map[string]any{"mode": "Off"},
 		"pvpanic": true,
 	}
+	vsock := filepath.Join(p.dir, "vsock.sock")
+	if o.vsock {
+		cfg["vsock"] = map[string]any{"cid": 42, "socket": vsock}
+	}
 	body, _ := json.Marshal(cfg)
 	p.wantStatus("PUT", "/api/v1/vm.create", string(body), 204)
 	// vmhost reads the console from vm.create on; the stand-in buffers until then anyway.
-	g := &qemuGuest{p: p, serial: readSerial(t, serial)}
+	g := &qemuGuest{p: p, serial: readSerial(t, serial), fromGuest: make(chan string, 1)}
+	if o.vsock {
+		// The host listens for the guest's port 1024 before the guest can dial it.
+		l, err := chclient.ListenVsock(vsock, 1024)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		go func() {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(30 * time.Second))
+			data, _ := io.ReadAll(c)
+			g.fromGuest <- string(data)
+		}()
+	}
 	start := time.Now()
 	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
 	t.Logf("vm.boot answered in %v", time.Since(start))
 	if st := p.state(); st != "Running" {
 		t.Fatalf("state after boot = %s", st)
 	}
-	kids := children(p.cmd.Process.Pid)
-	if len(kids) != 1 {
-		t.Fatalf("the stand-in has children %v, want qemu alone", kids)
+	for _, pid := range children(p.cmd.Process.Pid) {
+		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		name := filepath.Base(string(bytes.SplitN(cmdline, []byte{0}, 2)[0]))
+		switch name {
+		case "qemu-system-x86_64":
+			g.qemu = pid
+		case "vhost-device-vsock":
+			g.vsockBackend = pid
+		default:
+			t.Errorf("unexpected child %d of the stand-in: %s", pid, name)
+		}
 	}
-	g.qemu = kids[0]
+	if g.qemu == 0 || o.vsock != (g.vsockBackend != 0) {
+		t.Fatalf("children of the stand-in: qemu %d, vhost-device-vsock %d", g.qemu, g.vsockBackend)
+	}
 	return g
 }
 
@@ -338,7 +425,7 @@ func bootTinyGuest(t *testing.T, mode string) *qemuGuest {
 // the guest's poweroff, CH's shutdown events, the process's exit and qemu's.
 func TestQemuBackendRealGuest(t *testing.T) {
 	start := time.Now()
-	g := bootTinyGuest(t, "button")
+	g := bootTinyGuest(t, tinyGuestOpts{mode: "button"})
 	p := g.p
 
 	g.serial.wait(t, "tinyguest: loading virtio_blk", 60*time.Second)
@@ -403,7 +490,7 @@ func TestQemuBackendRealGuest(t *testing.T) {
 // TestQemuBackendGuestPanic: the guest's pvpanic write is CH's guest panic event; the VM
 // stays Running (panic=0 hangs the guest), and vmm.shutdown ends qemu.
 func TestQemuBackendGuestPanic(t *testing.T) {
-	g := bootTinyGuest(t, "panic")
+	g := bootTinyGuest(t, tinyGuestOpts{mode: "panic"})
 	p := g.p
 	g.serial.wait(t, "tinyguest: panicking", 60*time.Second)
 	p.waitEventsFor(30*time.Second, "guest/panic map[event:panic]")
@@ -416,5 +503,93 @@ func TestQemuBackendGuestPanic(t *testing.T) {
 	}
 	if !processGone(g.qemu) {
 		t.Errorf("qemu (pid %d) outlived the stand-in", g.qemu)
+	}
+}
+
+// vsockBackend returns vhost-device-vsock's path, or skips.
+func vsockBackend(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("vhost-device-vsock"); err == nil {
+		return p
+	}
+	if _, err := os.Stat(chsim.DefaultVsockBackend); err == nil {
+		return chsim.DefaultVsockBackend
+	}
+	t.Skip("no vhost-device-vsock: run e2e/realguest/fetch-vhost-device-vsock.sh")
+	return ""
+}
+
+// buildVsockGuest builds testdata/vsockguest as a static binary for the guest.
+func buildVsockGuest(t *testing.T) []byte {
+	t.Helper()
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		t.Skip("no go toolchain to build the guest's vsock program")
+	}
+	out := filepath.Join(t.TempDir(), "vsockguest")
+	cmd := exec.Command(goBin, "build", "-o", out, "./testdata/vsockguest")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if msg, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building vsockguest: %v\n%s", err, msg)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+// TestQemuBackendAppVMDevices boots the tiny guest with an AppVM's devices: the root disk a
+// vhost-user-blk export of qemu-storage-daemon (shared memory), and CH's hybrid vsock
+// through vhost-device-vsock. The guest dials host port 1024 (reaching <socket>_1024, as
+// vmhost's guest agent does) and serves port 5000 (reached by CONNECT 5000 on <socket>).
+// Its poweroff ends vhost-device-vsock too and removes the vsock sockets.
+func TestQemuBackendAppVMDevices(t *testing.T) {
+	backend := vsockBackend(t)
+	vsg := buildVsockGuest(t)
+	g := bootTinyGuest(t, tinyGuestOpts{mode: "vsock", vhostDisk0: true, vsock: true,
+		files: map[string][]byte{"bin/vsockguest": vsg}}, "--sim-vsock-backend", backend)
+	p := g.p
+	vsock := filepath.Join(p.dir, "vsock.sock")
+
+	g.serial.wait(t, "tinyguest: disks vda=131072 vdb=2048", 60*time.Second)
+	p.waitEventsFor(30*time.Second, "virtio-device/activated map[id:_disk0]")
+	g.serial.wait(t, "vsockguest: listening", 30*time.Second)
+	select {
+	case line := <-g.fromGuest:
+		if line != "hello from the guest\n" {
+			t.Errorf("host port 1024 got %q", line)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing reached the host's listener on port 1024")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := chclient.DialVsock(ctx, vsock, 5000)
+	if err != nil {
+		t.Fatalf("CONNECT 5000: %v", err)
+	}
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	conn.Write([]byte("ping"))
+	got, _ := io.ReadAll(conn)
+	conn.Close()
+	if string(got) != "echo:ping" {
+		t.Errorf("guest port 5000 answered %q, want echo:ping", got)
+	}
+	if !hasEvent(p.eventsSoFar(), "virtio-device/activated", "_vsock2") {
+		t.Errorf("no activation of the vsock device: %v", p.eventsSoFar())
+	}
+	g.serial.wait(t, "vsockguest: done", 30*time.Second)
+	if st := p.wait(t); !st.Success() {
+		t.Fatalf("the stand-in exited %v after the guest's poweroff", st)
+	}
+	if !processGone(g.qemu) || !processGone(g.vsockBackend) {
+		t.Errorf("children outlived the stand-in: qemu %d gone %v, vhost-device-vsock %d gone %v",
+			g.qemu, processGone(g.qemu), g.vsockBackend, processGone(g.vsockBackend))
+	}
+	for _, f := range []string{vsock, vsock + ".vhost-user"} {
+		if _, err := os.Lstat(f); err == nil {
+			t.Errorf("%s left behind", f)
+		}
 	}
 }
