@@ -105,13 +105,18 @@ sleep 2
 load LATER
 echo "tinyguest: disks vda=$(cat /sys/block/vda/size) vdb=$(cat /sys/block/vdb/size)"
 case "$(cat /proc/cmdline)" in
-*tinyguest=panic*)
-	echo "tinyguest: panicking"
-	echo c >/proc/sysrq-trigger
-	;;
 *tinyguest=vsock*)
+	# First boot: the vsock exchange, a mark on vda, and a reboot by the guest itself;
+	# second boot: a kernel panic.
+	if [ "$(dd if=/dev/vda bs=1 count=1 2>/dev/null)" = M ]; then
+		echo "tinyguest: second boot, panicking"
+		echo c >/proc/sysrq-trigger
+	fi
 	/bin/vsockguest 1024 5000
-	poweroff -f
+	printf M | dd of=/dev/vda bs=1 count=1 conv=notrunc 2>/dev/null
+	sync
+	echo "tinyguest: rebooting"
+	reboot -f
 	;;
 esac
 ev=
@@ -234,8 +239,14 @@ func (r *serialReader) String() string {
 
 func (r *serialReader) wait(t *testing.T, want string, timeout time.Duration) {
 	t.Helper()
+	r.waitCount(t, want, 1, timeout)
+}
+
+// waitCount waits until want has been printed n times.
+func (r *serialReader) waitCount(t *testing.T, want string, n int, timeout time.Duration) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !strings.Contains(r.String(), want) {
+	for strings.Count(r.String(), want) < n {
 		if time.Now().After(deadline) {
 			out := r.String()
 			t.Fatalf("the guest did not print %q in %v; serial:\n%s", want, timeout, out[max(0, len(out)-3000):])
@@ -424,6 +435,7 @@ func bootTinyGuest(t *testing.T, o tinyGuestOpts, simArgs ...string) *qemuGuest 
 // driver has taken the disk, the disks keep CH's order, and the ACPI power button leads to
 // the guest's poweroff, CH's shutdown events, the process's exit and qemu's.
 func TestQemuBackendRealGuest(t *testing.T) {
+	t.Parallel()
 	start := time.Now()
 	g := bootTinyGuest(t, tinyGuestOpts{mode: "button"})
 	p := g.p
@@ -440,6 +452,16 @@ func TestQemuBackendRealGuest(t *testing.T) {
 	g.serial.wait(t, "tinyguest: disks vda=4096 vdb=2048", 30*time.Second)
 	g.serial.wait(t, "tinyguest: waiting for the power button", 30*time.Second)
 	t.Logf("the guest was up after %v", time.Since(start))
+
+	// vm.reboot resets the guest in the same qemu: its drivers let go of the disk (reset)
+	// and take it again when the kernel's init runs once more.
+	p.wantStatus("PUT", "/api/v1/vm.reboot", "", 204)
+	p.waitEventsFor(60*time.Second, "virtio-device/activated map[id:_disk0]", "vm/rebooting", "vm/rebooted",
+		"virtio-device/reset map[id:_disk0]", "virtio-device/activated map[id:_disk0]")
+	g.serial.waitCount(t, "tinyguest: waiting for the power button", 2, 60*time.Second)
+	if pids := children(p.cmd.Process.Pid); len(pids) != 1 || pids[0] != g.qemu {
+		t.Errorf("after vm.reboot the stand-in's children are %v, want the same qemu %d", pids, g.qemu)
+	}
 
 	var info struct {
 		State      string
@@ -487,25 +509,6 @@ func TestQemuBackendRealGuest(t *testing.T) {
 	t.Logf("total %v", time.Since(start))
 }
 
-// TestQemuBackendGuestPanic: the guest's pvpanic write is CH's guest panic event; the VM
-// stays Running (panic=0 hangs the guest), and vmm.shutdown ends qemu.
-func TestQemuBackendGuestPanic(t *testing.T) {
-	g := bootTinyGuest(t, tinyGuestOpts{mode: "panic"})
-	p := g.p
-	g.serial.wait(t, "tinyguest: panicking", 60*time.Second)
-	p.waitEventsFor(30*time.Second, "guest/panic map[event:panic]")
-	if st := p.state(); st != "Running" {
-		t.Errorf("state after the panic = %s, want Running (CH changes nothing)", st)
-	}
-	p.wantStatus("PUT", "/api/v1/vmm.shutdown", "", 200)
-	if st := p.wait(t); !st.Success() {
-		t.Fatalf("exit after vmm.shutdown = %v", st)
-	}
-	if !processGone(g.qemu) {
-		t.Errorf("qemu (pid %d) outlived the stand-in", g.qemu)
-	}
-}
-
 // vsockBackend returns vhost-device-vsock's path, or skips.
 func vsockBackend(t *testing.T) string {
 	t.Helper()
@@ -543,8 +546,11 @@ func buildVsockGuest(t *testing.T) []byte {
 // vhost-user-blk export of qemu-storage-daemon (shared memory), and CH's hybrid vsock
 // through vhost-device-vsock. The guest dials host port 1024 (reaching <socket>_1024, as
 // vmhost's guest agent does) and serves port 5000 (reached by CONNECT 5000 on <socket>).
-// Its poweroff ends vhost-device-vsock too and removes the vsock sockets.
+// Then it reboots itself (CH's reboot events in the same process) and panics: pvpanic is
+// CH's guest panic event, the VM stays Running (panic=0 hangs the guest), and vmm.shutdown
+// ends qemu and vhost-device-vsock and removes the vsock sockets.
 func TestQemuBackendAppVMDevices(t *testing.T) {
+	t.Parallel()
 	backend := vsockBackend(t)
 	vsg := buildVsockGuest(t)
 	g := bootTinyGuest(t, tinyGuestOpts{mode: "vsock", vhostDisk0: true, vsock: true,
@@ -579,13 +585,25 @@ func TestQemuBackendAppVMDevices(t *testing.T) {
 	if !hasEvent(p.eventsSoFar(), "virtio-device/activated", "_vsock2") {
 		t.Errorf("no activation of the vsock device: %v", p.eventsSoFar())
 	}
-	g.serial.wait(t, "vsockguest: done", 30*time.Second)
+	// The guest reboots itself (qemu's RESET): CH's reboot events, same process; the
+	// second boot panics.
+	g.serial.wait(t, "tinyguest: second boot, panicking", 60*time.Second)
+	p.waitEventsFor(30*time.Second, "vm/rebooting", "vm/rebooted", "virtio-device/activated map[id:_disk0]",
+		"guest/panic map[event:panic]")
+	if st := p.state(); st != "Running" {
+		t.Errorf("state after the panic = %s, want Running (CH changes nothing)", st)
+	}
+	p.wantStatus("PUT", "/api/v1/vmm.shutdown", "", 200)
 	if st := p.wait(t); !st.Success() {
-		t.Fatalf("the stand-in exited %v after the guest's poweroff", st)
+		t.Fatalf("exit after vmm.shutdown = %v", st)
 	}
 	if !processGone(g.qemu) || !processGone(g.vsockBackend) {
 		t.Errorf("children outlived the stand-in: qemu %d gone %v, vhost-device-vsock %d gone %v",
 			g.qemu, processGone(g.qemu), g.vsockBackend, processGone(g.vsockBackend))
+	}
+	if evs := p.eventsSoFar(); !containsSeq(evs, []string{"vm/rebooting", "vm/rebooted",
+		"guest/panic map[event:panic]", "vm/shutdown", "vm/deleted", "vmm/shutdown"}) {
+		t.Errorf("events = %v", evs)
 	}
 	for _, f := range []string{vsock, vsock + ".vhost-user"} {
 		if _, err := os.Lstat(f); err == nil {
