@@ -412,7 +412,16 @@ func bootTinyGuest(t *testing.T, o tinyGuestOpts, simArgs ...string) *qemuGuest 
 	if st := p.state(); st != "Running" {
 		t.Fatalf("state after boot = %s", st)
 	}
-	for _, pid := range children(p.cmd.Process.Pid) {
+	g.findChildren(t, o.vsock)
+	return g
+}
+
+// findChildren records the pids of qemu and vhost-device-vsock, the stand-in's only
+// children.
+func (g *qemuGuest) findChildren(t *testing.T, vsock bool) {
+	t.Helper()
+	g.qemu, g.vsockBackend = 0, 0
+	for _, pid := range children(g.p.cmd.Process.Pid) {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		name := filepath.Base(string(bytes.SplitN(cmdline, []byte{0}, 2)[0]))
 		switch name {
@@ -424,10 +433,9 @@ func bootTinyGuest(t *testing.T, o tinyGuestOpts, simArgs ...string) *qemuGuest 
 			t.Errorf("unexpected child %d of the stand-in: %s", pid, name)
 		}
 	}
-	if g.qemu == 0 || o.vsock != (g.vsockBackend != 0) {
+	if g.qemu == 0 || vsock != (g.vsockBackend != 0) {
 		t.Fatalf("children of the stand-in: qemu %d, vhost-device-vsock %d", g.qemu, g.vsockBackend)
 	}
-	return g
 }
 
 // TestQemuBackendRealGuest boots the tiny guest in qemu through the CH API: its console
@@ -557,6 +565,28 @@ func TestQemuBackendAppVMDevices(t *testing.T) {
 		files: map[string][]byte{"bin/vsockguest": vsg}}, "--sim-vsock-backend", backend)
 	p := g.p
 	vsock := filepath.Join(p.dir, "vsock.sock")
+
+	// vm.shutdown ends qemu and vhost-device-vsock and removes the sockets CH would; the
+	// config stays and boots again with new ones (before this guest's kernel is up).
+	p.wantStatus("PUT", "/api/v1/vm.shutdown", "", 204)
+	if st := p.state(); st != "Created" {
+		t.Fatalf("state after vm.shutdown = %s", st)
+	}
+	if !processGone(g.qemu) || !processGone(g.vsockBackend) {
+		t.Fatalf("vm.shutdown left qemu %d or vhost-device-vsock %d running", g.qemu, g.vsockBackend)
+	}
+	for _, f := range []string{vsock, vsock + ".vhost-user", filepath.Join(p.dir, "console.sock")} {
+		if _, err := os.Lstat(f); err == nil {
+			t.Errorf("%s left behind by vm.shutdown", f)
+		}
+	}
+	first := g.qemu
+	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
+	g.findChildren(t, true)
+	if g.qemu == first {
+		t.Fatalf("vm.boot after vm.shutdown kept qemu %d", first)
+	}
+	g.serial = readSerial(t, filepath.Join(p.dir, "console.sock"))
 
 	g.serial.wait(t, "tinyguest: disks vda=131072 vdb=2048", 60*time.Second)
 	p.waitEventsFor(30*time.Second, "virtio-device/activated map[id:_disk0]")
