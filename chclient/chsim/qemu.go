@@ -163,6 +163,8 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The child's ends are closed here once qemu has them (or failed to start): held open,
+	// they would hide qemu's exit from the monitor connection.
 	defer qmpChild.Close()
 	extra := []*os.File{qmpChild}
 	l.QMPFD = 3
@@ -193,7 +195,11 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 	cmd.Stdout = s.qemuLog
 	cmd.Stderr = io.MultiWriter(s.qemuLog, q.stderr)
 	cmd.SysProcAttr = childProcAttr()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	for _, f := range extra {
+		f.Close()
+	}
+	if err != nil {
 		qmpParent.Close()
 		if serialParent != nil {
 			serialParent.Close()
@@ -245,6 +251,7 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 func (q *qemuVM) failure(err error) error {
 	select {
 	case <-q.exited:
+		return fmt.Errorf("qemu exited (%v): %s", q.cmd.ProcessState, q.stderr.String())
 	case <-time.After(time.Second):
 	}
 	if out := q.stderr.String(); out != "" {
