@@ -559,6 +559,8 @@ func buildVsockGuest(t *testing.T) []byte {
 // ends qemu and vhost-device-vsock and removes the vsock sockets.
 func TestQemuBackendAppVMDevices(t *testing.T) {
 	t.Parallel()
+	laneKernel(t)
+	needQemu(t)
 	backend := vsockBackend(t)
 	vsg := buildVsockGuest(t)
 	g := bootTinyGuest(t, tinyGuestOpts{mode: "vsock", vhostDisk0: true, vsock: true,
