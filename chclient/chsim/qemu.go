@@ -98,8 +98,8 @@ func resolveAccel(want string) (string, string, error) {
 	return "", "", fmt.Errorf("--sim-accel %q: want auto, kvm or tcg", want)
 }
 
-// qemuOutput is where qemu and vhost-device-vsock write: <log file without .log>.qemu.log
-// beside the log file, or the process's stderr without one.
+// openQemuLog opens where qemu and vhost-device-vsock write: <log file without
+// .log>.qemu.log beside the log file, or the process's stderr without one.
 func (s *sim) openQemuLog() error {
 	if s.cfg.LogFile == "" {
 		s.qemuLog = os.Stderr
@@ -131,6 +131,9 @@ func (s *sim) bootQemuLocked() []string {
 	return nil
 }
 
+// startQemu starts vhost-device-vsock (for a vsock device) and qemu, stopped; connects to
+// qemu's monitor and serial port; checks that every watched device can be queried; and
+// lets the guest run. On failure nothing it started is left running.
 func (s *sim) startQemu() (_ *qemuVM, err error) {
 	bin := s.cfg.Qemu
 	if bin == "" {
