@@ -39,6 +39,9 @@ const (
 	DefaultCHBinary      = "cloud-hypervisor"
 	DefaultQSDBinary     = "qemu-storage-daemon"
 	DefaultImageMaxBytes = 64 << 30
+	// The AppVM image import limits (ociimage's defaults).
+	DefaultImageImportMaxBytes   = 16 << 30
+	DefaultImageImportMaxEntries = 1_000_000
 )
 
 // Config is the host configuration. The zero value is not useful; start from
@@ -84,6 +87,12 @@ type Config struct {
 	Binaries Binaries `json:"binaries"`
 	// ImageMaxBytes caps the size of an image download.
 	ImageMaxBytes int64 `json:"image_max_bytes"`
+	// ImageImportMaxBytes caps the unpacked content of an AppVM image
+	// import (its uncompressed layers together).
+	ImageImportMaxBytes int64 `json:"image_import_max_bytes"`
+	// ImageImportMaxEntries caps the entries (files, directories, links)
+	// of an AppVM image import's layers together.
+	ImageImportMaxEntries int64 `json:"image_import_max_entries"`
 	// DefaultMTU is the MTU of an interface whose network and request give
 	// none; 0 means the bridge's MTU.
 	DefaultMTU int `json:"default_mtu,omitempty"`
@@ -135,6 +144,9 @@ func Default() *Config {
 		SysfsRoot:        DefaultSysfsRoot,
 		Binaries:         Binaries{CloudHypervisor: DefaultCHBinary, QemuStorageDaemon: DefaultQSDBinary},
 		ImageMaxBytes:    DefaultImageMaxBytes,
+
+		ImageImportMaxBytes:   DefaultImageImportMaxBytes,
+		ImageImportMaxEntries: DefaultImageImportMaxEntries,
 	}
 }
 
@@ -268,6 +280,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ImageMaxBytes < 1 {
 		bad("image_max_bytes: %d must be positive", c.ImageMaxBytes)
+	}
+	if c.ImageImportMaxBytes < 1 {
+		bad("image_import_max_bytes: %d must be positive", c.ImageImportMaxBytes)
+	}
+	if c.ImageImportMaxEntries < 1 {
+		bad("image_import_max_entries: %d must be positive", c.ImageImportMaxEntries)
 	}
 	if !validMTU(c.DefaultMTU) {
 		bad("default_mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = the bridge's MTU)", c.DefaultMTU, minMTU, maxMTU)
