@@ -63,9 +63,9 @@ type Config struct {
 	AppVMs *appvm.Service
 	Logger *slog.Logger
 	// Images runs AppVM image imports. Nil means an Importer over AppVMs'
-	// catalog with default options (as root: owners and devices kept),
-	// recovered at once: imports an agent restart interrupted are failed
-	// and their leftovers removed.
+	// catalog with default options (as root: owners and devices kept) and
+	// the import limits of VMs' config, recovered at once: imports an agent
+	// restart interrupted are failed and their leftovers removed.
 	Images *appvm.Importer
 	// NoViewMemo turns off the per-record-version memo of encoded classic
 	// views (for the benchmark beside it); reads are the same either way.
@@ -134,7 +134,9 @@ func New(c Config) *Server {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Images == nil {
-		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), appvm.ImportOptions{Logger: c.Logger})
+		cfg := c.VMs.Config()
+		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), appvm.ImportOptions{Logger: c.Logger,
+			MaxBytes: cfg.ImageImportMaxBytes, MaxEntries: cfg.ImageImportMaxEntries})
 		if err := c.Images.Recover(); err != nil {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}

@@ -43,6 +43,10 @@ type ImportOptions struct {
 	// made, so the operator asks for it.
 	IgnoreOwners bool
 	SkipDevices  bool
+	// MaxBytes and MaxEntries are the import limits (config keys
+	// image_import_max_bytes and image_import_max_entries); 0 means
+	// ociimage's defaults.
+	MaxBytes, MaxEntries int64
 	// Logger receives import outcomes; nil discards them.
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
@@ -185,6 +189,8 @@ func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*I
 		Mkfs:         im.o.Mkfs,
 		IgnoreOwners: im.o.IgnoreOwners,
 		SkipDevices:  im.o.SkipDevices,
+		MaxBytes:     im.o.MaxBytes,
+		MaxEntries:   im.o.MaxEntries,
 	})
 	if err == nil {
 		next := &Image{
@@ -209,6 +215,9 @@ func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*I
 	reason := err.Error()
 	if errors.Is(err, context.Canceled) {
 		reason = "import cancelled: the agent is shutting down"
+		if cause := context.Cause(ctx); cause != nil && cause != context.Canceled { // a CLI import's signal
+			reason = "import cancelled: " + cause.Error()
+		}
 	}
 	failed := *cur
 	if cur.Reimport != nil {

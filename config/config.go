@@ -41,6 +41,9 @@ const (
 	DefaultCHBinary      = "cloud-hypervisor"
 	DefaultQSDBinary     = "qemu-storage-daemon"
 	DefaultImageMaxBytes = 64 << 30
+	// The AppVM image import limits (ociimage's defaults).
+	DefaultImageImportMaxBytes   = 16 << 30
+	DefaultImageImportMaxEntries = 1_000_000
 )
 
 // Defaults of the image download knobs.
@@ -98,6 +101,12 @@ type Config struct {
 	Binaries Binaries `json:"binaries"`
 	// ImageMaxBytes caps the size of an image download.
 	ImageMaxBytes int64 `json:"image_max_bytes"`
+	// ImageImportMaxBytes caps the unpacked content of an AppVM image
+	// import (its uncompressed layers together).
+	ImageImportMaxBytes int64 `json:"image_import_max_bytes"`
+	// ImageImportMaxEntries caps the entries (files, directories, links)
+	// of an AppVM image import's layers together.
+	ImageImportMaxEntries int64 `json:"image_import_max_entries"`
 	// DefaultMTU is the MTU of an interface whose network and request give
 	// none; 0 means the bridge's MTU.
 	DefaultMTU int `json:"default_mtu,omitempty"`
@@ -158,8 +167,10 @@ func Default() *Config {
 		Binaries:         Binaries{CloudHypervisor: DefaultCHBinary, QemuStorageDaemon: DefaultQSDBinary},
 		ImageMaxBytes:    DefaultImageMaxBytes,
 
-		DownloadIdleSecs: DefaultDownloadIdleSecs,
-		FetchDeny:        slices.Clone(DefaultFetchDeny),
+		ImageImportMaxBytes:   DefaultImageImportMaxBytes,
+		ImageImportMaxEntries: DefaultImageImportMaxEntries,
+		DownloadIdleSecs:      DefaultDownloadIdleSecs,
+		FetchDeny:             slices.Clone(DefaultFetchDeny),
 	}
 }
 
@@ -293,6 +304,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ImageMaxBytes < 1 {
 		bad("image_max_bytes: %d must be positive", c.ImageMaxBytes)
+	}
+	if c.ImageImportMaxBytes < 1 {
+		bad("image_import_max_bytes: %d must be positive", c.ImageImportMaxBytes)
+	}
+	if c.ImageImportMaxEntries < 1 {
+		bad("image_import_max_entries: %d must be positive", c.ImageImportMaxEntries)
 	}
 	if !validMTU(c.DefaultMTU) {
 		bad("default_mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = the bridge's MTU)", c.DefaultMTU, minMTU, maxMTU)

@@ -21,7 +21,8 @@ func TestDefaultIsValid(t *testing.T) {
 		t.Errorf("default network = %+v, %v; want {default vmhost0}", n, ok)
 	}
 	if c.Overcommit != (Overcommit{CPU: 4, Memory: 1}) || c.BootTimeoutSecs != 120 ||
-		c.SysfsRoot != "/sys" || c.ImageMaxBytes != 64<<30 || c.Nested != nil {
+		c.SysfsRoot != "/sys" || c.ImageMaxBytes != 64<<30 || c.Nested != nil ||
+		c.ImageImportMaxBytes != 16<<30 || c.ImageImportMaxEntries != 1_000_000 {
 		t.Errorf("Default() = %+v", c)
 	}
 }
@@ -55,6 +56,8 @@ func TestLoad(t *testing.T) {
 		"overcommit": {"cpu": 2},
 		"nested": false,
 		"boot_timeout_secs": 30,
+		"image_import_max_bytes": 1073741824,
+		"image_import_max_entries": 5000,
 		"binaries": {"cloud_hypervisor": "/opt/ch/cloud-hypervisor"}
 	}`
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -74,6 +77,7 @@ func TestLoad(t *testing.T) {
 	want.Overcommit.CPU = 2 // memory keeps its default
 	want.Nested = &no
 	want.BootTimeoutSecs = 30
+	want.ImageImportMaxBytes, want.ImageImportMaxEntries = 1<<30, 5000
 	want.Binaries.CloudHypervisor = "/opt/ch/cloud-hypervisor" // qsd keeps its default
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load = %+v\nwant %+v", c, want)
@@ -135,6 +139,8 @@ func TestParseErrors(t *testing.T) {
 		{"binary relative path", `{"binaries": {"cloud_hypervisor": "bin/ch"}}`, []string{"binaries.cloud_hypervisor"}},
 		{"binary empty", `{"binaries": {"qemu_storage_daemon": ""}}`, []string{"binaries.qemu_storage_daemon"}},
 		{"image cap", `{"image_max_bytes": 0}`, []string{"image_max_bytes"}},
+		{"import byte limit", `{"image_import_max_bytes": 0}`, []string{"image_import_max_bytes: 0 must be positive"}},
+		{"import entry limit", `{"image_import_max_entries": -1}`, []string{"image_import_max_entries: -1 must be positive"}},
 		{"all at once", `{"boot_timeout_secs": 0, "image_max_bytes": 0, "overcommit": {"cpu": 0, "memory": 0}}`,
 			[]string{"boot_timeout_secs", "image_max_bytes", "overcommit.cpu", "overcommit.memory"}},
 	}

@@ -6,8 +6,11 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -29,12 +32,13 @@ const (
 // applyLayers applies the layers in order onto the empty directory rootfs
 // and returns how many device nodes were skipped.
 func applyLayers(ctx context.Context, src source, layers []descriptor, rootfs string, opts Options) (int, error) {
+	opts.setDefaults()
 	root, err := os.OpenRoot(rootfs)
 	if err != nil {
 		return 0, fmt.Errorf("opening staging rootfs: %w", err)
 	}
 	defer root.Close()
-	a := &applier{root: root, opts: opts, buf: make([]byte, 1<<20)}
+	a := &applier{ctx: ctx, root: root, opts: opts, buf: make([]byte, 1<<20)}
 	defer a.dropParent()
 	if a.rootDir, err = root.Open("."); err != nil {
 		return 0, fmt.Errorf("opening staging rootfs: %w", err)
@@ -52,6 +56,7 @@ func applyLayers(ctx context.Context, src source, layers []descriptor, rootfs st
 
 // applier holds the state of applying layers onto one staging tree.
 type applier struct {
+	ctx     context.Context
 	root    *os.Root
 	rootDir *os.File
 	opts    Options
@@ -74,6 +79,10 @@ type applier struct {
 	parentDir  *os.File
 
 	skippedDevices int
+	// unpackedBytes and entries count the uncompressed layer streams and
+	// their entries so far, all layers together, against the limits.
+	unpackedBytes int64
+	entries       int64
 }
 
 type dirTime struct {
@@ -117,12 +126,13 @@ func (a *applier) applyLayer(ctx context.Context, src source, l descriptor) erro
 		defer zr.Close()
 		r = zr
 	}
+	stream := &layerStream{r: r, h: sha256.New(), a: a}
 	a.unpacked = make(map[string]bool)
 	a.dirTimes = make(map[string]dirTime)
 	if fi, err := a.rootDir.Stat(); err == nil {
 		a.keepTimes(".", fi)
 	}
-	tr := tar.NewReader(r)
+	tr := tar.NewReader(stream)
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -134,14 +144,23 @@ func (a *applier) applyLayer(ctx context.Context, src source, l descriptor) erro
 		if err != nil {
 			return a.readErr(err)
 		}
+		if a.entries++; a.entries > a.opts.MaxEntries {
+			return fmt.Errorf("%s: %w: more than image_import_max_entries (%d) entries", a.what, ErrLimit, a.opts.MaxEntries)
+		}
 		if err := a.applyEntry(hdr, tr); err != nil {
 			return err
 		}
 	}
-	// The digest covers the whole blob, including what follows the end of
-	// the tar stream.
+	// The diff_id covers the whole uncompressed stream and the digest the
+	// whole blob, both including what follows the end of the tar stream.
+	if _, err := io.Copy(io.Discard, stream); err != nil {
+		return a.readErr(err)
+	}
 	if err := v.finish(); err != nil {
 		return err
+	}
+	if got := "sha256:" + hex.EncodeToString(stream.h.Sum(nil)); got != l.DiffID {
+		return fmt.Errorf("%s %w: its uncompressed content is %s, the config's diff_id says %s", a.what, ErrDigestMismatch, got, l.DiffID)
 	}
 	// Directory times last, since adding entries changes them. Setting
 	// a directory's times does not change its parent's.
@@ -155,11 +174,41 @@ func (a *applier) applyLayer(ctx context.Context, src source, l descriptor) erro
 	return nil
 }
 
+// layerStream is a layer's uncompressed tar stream. It hashes what is read
+// for the diff_id and counts it against Options.MaxBytes, failing before
+// it hands on a byte beyond the limit.
+type layerStream struct {
+	r   io.Reader
+	h   hash.Hash
+	a   *applier
+	err error
+}
+
+func (s *layerStream) Read(p []byte) (int, error) {
+	if s.err != nil {
+		return 0, s.err
+	}
+	n, err := s.r.Read(p)
+	if over := s.a.unpackedBytes + int64(n) - s.a.opts.MaxBytes; over > 0 {
+		n -= int(over)
+		s.err = s.a.tooBig()
+		err = s.err
+	}
+	s.h.Write(p[:n])
+	s.a.unpackedBytes += int64(n)
+	return n, err
+}
+
+func (a *applier) tooBig() error {
+	return fmt.Errorf("%s: %w: the unpacked content passes image_import_max_bytes (%d bytes)", a.what, ErrLimit, a.opts.MaxBytes)
+}
+
 // readErr explains an error from reading a layer's stream. When the blob
 // itself is wrong (a corrupt gzip stream usually is), that is the cause to
 // report; the verifier's errors already name the layer.
 func (a *applier) readErr(err error) error {
-	if errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrTruncated) {
+	if errors.Is(err, ErrDigestMismatch) || errors.Is(err, ErrTruncated) || errors.Is(err, ErrLimit) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	if verr := a.blob.finish(); verr != nil && (errors.Is(verr, ErrDigestMismatch) || errors.Is(verr, ErrTruncated)) {
@@ -183,6 +232,9 @@ func (a *applier) cleanEntryName(name string) (string, error) {
 	clean := path.Clean(name)
 	if clean == ".." || strings.HasPrefix(clean, "../") {
 		return "", a.unsafe(name, "")
+	}
+	if err := checkPathLimits(clean); err != nil {
+		return "", fmt.Errorf("%s: %w", a.what, err)
 	}
 	return clean, nil
 }
@@ -358,6 +410,10 @@ func (a *applier) applyEntry(hdr *tar.Header, tr *tar.Reader) error {
 }
 
 func (a *applier) writeFile(dirfd int, base, name string, hdr *tar.Header, tr *tar.Reader) error {
+	// Refuse a file the limit cannot hold before writing any of it.
+	if hdr.Size > a.opts.MaxBytes-a.unpackedBytes {
+		return a.tooBig()
+	}
 	fd, err := unix.Openat(dirfd, base, unix.O_WRONLY|unix.O_CREAT|unix.O_EXCL|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0o600)
 	if err != nil {
 		return fmt.Errorf("%s: creating %q: %w", a.what, name, err)
@@ -389,6 +445,9 @@ var zeroBlock [blockSize]byte
 func (a *applier) copySparse(f *os.File, r io.Reader) error {
 	var off int64
 	for {
+		if err := a.ctx.Err(); err != nil {
+			return err
+		}
 		n, rerr := fill(r, a.buf)
 		chunk := a.buf[:n]
 		for i := 0; i < n; {

@@ -4,8 +4,9 @@
 // as a `docker save` tarball, never from a registry.
 //
 // Import resolves the manifest, verifies every blob against its sha256
-// digest (and size, where the descriptor gives one) while reading it,
-// applies the layers in order into a staging directory, runs
+// digest (and size, where the descriptor gives one) and every layer's
+// uncompressed stream against the config's rootfs.diff_ids while reading
+// them, applies the layers in order into a staging directory, runs
 // `mkfs.ext4 -d` over it and converts the result with qcow2.ConvertRaw. The
 // image config's entrypoint, cmd, env, working directory, user and health
 // check come back in Image as the workload defaults.
@@ -23,6 +24,10 @@
 //     digest (Docker's image id), which changes whenever the image does.
 //     Layers named by a blobs/sha256/<hex> path are checked against that
 //     digest, legacy <id>/layer.tar files against the config's diff_ids.
+//   - A source, and every file read from a layout directory, must be a
+//     directory or a regular file: a fifo, socket or device is refused
+//     with ErrInvalid before it is opened (and files are opened with
+//     O_NONBLOCK), so no source can block an import.
 //   - The outer archive may be gzip-compressed; it is then decompressed
 //     into the import's temp dir first.
 //
@@ -51,6 +56,20 @@
 // (`lib -> usr/lib`) are followed. Real image builders emit none of the
 // refused forms. The source archive is read by name lookup in an index of
 // it, never extracted, so its own paths cannot escape either.
+//
+// # Limits
+//
+// Against archives that unpack to far more than they weigh, an import
+// fails with ErrLimit, naming the limit, as soon as the uncompressed layer
+// streams together pass Options.MaxBytes (default 16 GiB; a regular file
+// whose header alone would pass it is refused before any of it is
+// written), or their entries pass Options.MaxEntries (default 1,000,000).
+// A gzip-compressed source archive is held to MaxBytes as it is
+// decompressed, and its own entries to MaxEntries. A path deeper than
+// MaxPathDepth (256) components or longer than MaxPathBytes (4,096) is
+// refused: entry names as they are applied, and the whole tree (which
+// symlinked directories can make deeper than any name) before mkfs.ext4
+// sees it.
 //
 // On failure, everything Import wrote (a temp dir .import-* under dstDir,
 // and dstDir itself when Import created it) is removed (after a crash,

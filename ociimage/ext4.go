@@ -29,13 +29,23 @@ type treeUsage struct {
 }
 
 // measureTree adds up the blocks and inodes the tree at dir needs, each
-// hard-linked inode once.
-func measureTree(dir string) (treeUsage, error) {
+// hard-linked inode once. It also holds the tree to the path limits: entry
+// names are checked as layers are applied, but a path created through a
+// symlinked directory can still end up deeper than its name.
+func measureTree(ctx context.Context, dir string) (treeUsage, error) {
 	var u treeUsage
 	seen := make(map[uint64]bool)
 	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
+		}
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if p != dir {
+			if err := checkPathLimits(p[len(dir)+1:]); err != nil {
+				return fmt.Errorf("unpacked tree: %w", err)
+			}
 		}
 		fi, err := d.Info()
 		if err != nil {
@@ -57,6 +67,9 @@ func measureTree(dir string) (treeUsage, error) {
 		}
 		return nil
 	})
+	if errors.Is(err, ErrLimit) || errors.Is(err, context.Canceled) {
+		return u, err
+	}
 	if err != nil {
 		return u, fmt.Errorf("measuring staging rootfs: %w", err)
 	}
@@ -75,7 +88,7 @@ func ext4Geometry(u treeUsage) (size, inodes int64) {
 
 // makeExt4 writes an ext4 image of rootfs at img and returns its size.
 func makeExt4(ctx context.Context, mkfs, rootfs, img string) (int64, error) {
-	u, err := measureTree(rootfs)
+	u, err := measureTree(ctx, rootfs)
 	if err != nil {
 		return 0, err
 	}

@@ -34,6 +34,20 @@ var (
 	// ErrInvalid: the source is not an image this package understands, or
 	// its manifest or config is malformed.
 	ErrInvalid = errors.New("invalid image")
+	// ErrLimit: the image passes one of the import limits (Options.MaxBytes,
+	// Options.MaxEntries, MaxPathDepth, MaxPathBytes); the error names it.
+	ErrLimit = errors.New("over an import limit")
+)
+
+// Import limits. The defaults of Options.MaxBytes and MaxEntries are those
+// of the config keys image_import_max_bytes and image_import_max_entries.
+const (
+	DefaultMaxBytes   = 16 << 30
+	DefaultMaxEntries = 1_000_000
+	// MaxPathDepth and MaxPathBytes bound every path of the unpacked tree
+	// (mkfs.ext4 -d aborts on trees much deeper).
+	MaxPathDepth = 256
+	MaxPathBytes = 4096
 )
 
 type missingBlobError struct{}
@@ -62,6 +76,29 @@ type Options struct {
 	SkipDevices bool
 	// Mkfs is the mkfs.ext4 program; empty means "mkfs.ext4" from PATH.
 	Mkfs string
+	// MaxBytes caps the unpacked content: the uncompressed layer streams
+	// of all layers together, and a gzip-compressed source archive once
+	// decompressed. The import fails as soon as it is passed. 0 means
+	// DefaultMaxBytes.
+	MaxBytes int64
+	// MaxEntries caps the entries of all layers together, and those of
+	// the source archive. 0 means DefaultMaxEntries.
+	MaxEntries int64
+}
+
+func (o *Options) setDefaults() {
+	if o.Platform == "" {
+		o.Platform = "linux/" + runtime.GOARCH
+	}
+	if o.Mkfs == "" {
+		o.Mkfs = "mkfs.ext4"
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.MaxEntries <= 0 {
+		o.MaxEntries = DefaultMaxEntries
+	}
 }
 
 // Image describes an imported image. Its JSON names are those of the AppVM
@@ -127,12 +164,7 @@ func (h *Healthcheck) Disabled() bool {
 // up). The temp dir needs room for about twice the unpacked image. Cancelling ctx stops the import.
 // Import is safe to call concurrently for different dstDirs.
 func Import(ctx context.Context, src string, dstDir string, opts Options) (img *Image, err error) {
-	if opts.Platform == "" {
-		opts.Platform = "linux/" + runtime.GOARCH
-	}
-	if opts.Mkfs == "" {
-		opts.Mkfs = "mkfs.ext4"
-	}
+	opts.setDefaults()
 	createdDst := false
 	if _, statErr := os.Stat(dstDir); errors.Is(statErr, fs.ErrNotExist) {
 		if err := os.MkdirAll(dstDir, 0o755); err != nil {
@@ -156,7 +188,7 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 		}
 	}()
 
-	source, err := openSource(src, tmp)
+	source, err := openSource(ctx, src, tmp, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -176,16 +208,18 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 	}
 	img.BuildDigest = res.buildDigest
 	img.ConfigDigest = res.config.Digest
+	// Each layer's uncompressed stream is verified against its diff_id.
 	// Legacy docker save layers have no digest of their own: their
 	// diff_ids are the digests of the (uncompressed) layer.tar files.
+	if len(diffIDs) != len(res.layers) {
+		return nil, fmt.Errorf("%w: config has %d diff_ids for %d layers", ErrInvalid, len(diffIDs), len(res.layers))
+	}
 	for i := range res.layers {
+		if !validDigest(diffIDs[i]) {
+			return nil, fmt.Errorf("%w: config diff_id %d %q is not a sha256 digest", ErrInvalid, i+1, diffIDs[i])
+		}
+		res.layers[i].DiffID = diffIDs[i]
 		if res.layers[i].Digest == "" {
-			if len(diffIDs) != len(res.layers) {
-				return nil, fmt.Errorf("%w: config has %d diff_ids for %d layers", ErrInvalid, len(diffIDs), len(res.layers))
-			}
-			if !validDigest(diffIDs[i]) {
-				return nil, fmt.Errorf("%w: config diff_id %d %q is not a sha256 digest", ErrInvalid, i+1, diffIDs[i])
-			}
 			res.layers[i].Digest = diffIDs[i]
 		}
 	}
@@ -215,6 +249,9 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 	if err := convertToQcow2(qc, raw); err != nil {
 		return nil, err
 	}
+	if err := ctx.Err(); err != nil { // the conversion does not watch ctx
+		return nil, err
+	}
 	dst := filepath.Join(dstDir, RootfsName)
 	// ConvertRaw made qc durable; Rename installs it over dst and syncs
 	// dstDir.
@@ -224,6 +261,26 @@ func Import(ctx context.Context, src string, dstDir string, opts Options) (img *
 	img.RootfsPath = dst
 	img.SizeBytes = size
 	return img, nil
+}
+
+// checkPathLimits refuses a path (relative to the image root) that is
+// longer than MaxPathBytes or deeper than MaxPathDepth.
+func checkPathLimits(name string) error {
+	if len(name) > MaxPathBytes {
+		return fmt.Errorf("%w: path %q is %d bytes long, more than %d", ErrLimit, shortPath(name), len(name), MaxPathBytes)
+	}
+	if depth := strings.Count(name, "/") + 1; depth > MaxPathDepth {
+		return fmt.Errorf("%w: path %q is %d components deep, more than %d", ErrLimit, shortPath(name), depth, MaxPathDepth)
+	}
+	return nil
+}
+
+// shortPath shortens a long path for an error message.
+func shortPath(name string) string {
+	if len(name) <= 64 {
+		return name
+	}
+	return name[:64] + "..."
 }
 
 // tempPrefix starts the name of Import's temp dir inside dstDir.

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"compress/gzip"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -15,6 +16,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"syscall"
 )
 
 // source is where blobs and layout files are read from: a directory or an
@@ -36,8 +38,9 @@ var (
 
 // openSource opens src as a directory or a (possibly gzip-compressed) tar.
 // A compressed tar is decompressed into tmp first, as blobs need random
-// access.
-func openSource(src, tmp string) (source, error) {
+// access. Anything else (a fifo, a socket, a device) is refused without
+// being opened, so it can neither block the import nor be read from.
+func openSource(ctx context.Context, src, tmp string, opts Options) (source, error) {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return nil, fmt.Errorf("opening image source: %w", err)
@@ -50,9 +53,11 @@ func openSource(src, tmp string) (source, error) {
 		return &dirSource{root: root}, nil
 	}
 	if !fi.Mode().IsRegular() {
-		return nil, fmt.Errorf("%w: %s is neither a directory nor a regular file", ErrInvalid, src)
+		return nil, fmt.Errorf("%w: %s is %s, neither a directory nor a regular file", ErrInvalid, src, fileKind(fi.Mode()))
 	}
-	f, err := os.Open(src)
+	// O_NONBLOCK: should src have been replaced by a fifo since the
+	// Stat, the open does not wait for a writer; the Stat below refuses it.
+	f, err := openRegular(func() (*os.File, error) { return os.OpenFile(src, os.O_RDONLY|syscall.O_NONBLOCK, 0) }, src)
 	if err != nil {
 		return nil, fmt.Errorf("opening image source: %w", err)
 	}
@@ -63,7 +68,7 @@ func openSource(src, tmp string) (source, error) {
 		f.Close()
 		return nil, fmt.Errorf("archive %s is zstd-compressed, which is %w; decompress it first (zstd -d)", src, ErrUnsupported)
 	case bytes.HasPrefix(magic[:n], gzipMagic):
-		plain, err := gunzipTo(f, filepath.Join(tmp, "source.tar"))
+		plain, err := gunzipTo(ctx, f, filepath.Join(tmp, "source.tar"), opts.MaxBytes)
 		f.Close()
 		if err != nil {
 			return nil, err
@@ -74,7 +79,7 @@ func openSource(src, tmp string) (source, error) {
 		f.Close()
 		return nil, fmt.Errorf("reading archive: %w", err)
 	}
-	ts, err := indexTar(f)
+	ts, err := indexTar(ctx, f, opts.MaxEntries)
 	if err != nil {
 		f.Close()
 		return nil, err
@@ -82,7 +87,50 @@ func openSource(src, tmp string) (source, error) {
 	return ts, nil
 }
 
-func gunzipTo(f *os.File, dst string) (*os.File, error) {
+// openRegular opens a file with open and refuses it unless it is a regular
+// file. name is for errors.
+func openRegular(open func() (*os.File, error), name string) (*os.File, error) {
+	f, err := open()
+	if err != nil {
+		return nil, err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	if !fi.Mode().IsRegular() {
+		f.Close()
+		return nil, fmt.Errorf("%w: %s is %s, not a regular file", ErrInvalid, name, fileKind(fi.Mode()))
+	}
+	return f, nil
+}
+
+// fileKind names the type of a file for errors.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsRegular():
+		return "a regular file"
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe (fifo)"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	case m&fs.ModeSymlink != 0:
+		return "a symlink"
+	default:
+		return "not a regular file"
+	}
+}
+
+// gunzipTo decompresses f into the new file dst, failing as soon as more
+// than maxBytes come out.
+func gunzipTo(ctx context.Context, f *os.File, dst string, maxBytes int64) (*os.File, error) {
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("reading archive: %w", err)
 	}
@@ -94,14 +142,33 @@ func gunzipTo(f *os.File, dst string) (*os.File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("decompressing archive: %w", err)
 	}
-	if _, err := io.Copy(out, zr); err != nil {
-		out.Close()
-		if errors.Is(err, io.ErrUnexpectedEOF) {
-			return nil, fmt.Errorf("%w: unexpected EOF in the gzip stream", ErrTruncated)
+	var written int64
+	for {
+		if err := ctx.Err(); err != nil {
+			out.Close()
+			return nil, err
 		}
-		return nil, fmt.Errorf("decompressing archive: %w", err)
+		chunk := int64(1 << 20)
+		if left := maxBytes - written; left < chunk {
+			chunk = left + 1 // one byte more tells an exact fit from too much
+		}
+		n, err := io.CopyN(out, zr, chunk)
+		written += n
+		if written > maxBytes {
+			out.Close()
+			return nil, fmt.Errorf("%w: the decompressed archive passes image_import_max_bytes (%d bytes)", ErrLimit, maxBytes)
+		}
+		if err == io.EOF {
+			return out, nil
+		}
+		if err != nil {
+			out.Close()
+			if errors.Is(err, io.ErrUnexpectedEOF) {
+				return nil, fmt.Errorf("%w: unexpected EOF in the gzip stream", ErrTruncated)
+			}
+			return nil, fmt.Errorf("decompressing archive: %w", err)
+		}
 	}
-	return out, nil
 }
 
 // dirSource reads an image layout directory through an os.Root, so names
@@ -109,18 +176,23 @@ func gunzipTo(f *os.File, dst string) (*os.File, error) {
 type dirSource struct{ root *os.Root }
 
 func (d *dirSource) open(name string) (io.ReadCloser, int64, error) {
-	f, err := d.root.Open(name)
+	// Stat first, so a fifo or a device in the layout is never opened;
+	// O_NONBLOCK and openRegular's check cover a swap after the Stat.
+	fi, err := d.root.Stat(name)
 	if err != nil {
-		return nil, 0, err
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
 		return nil, 0, err
 	}
 	if !fi.Mode().IsRegular() {
+		return nil, 0, fmt.Errorf("%w: %s is %s, not a regular file", ErrInvalid, name, fileKind(fi.Mode()))
+	}
+	f, err := openRegular(func() (*os.File, error) { return d.root.OpenFile(name, os.O_RDONLY|syscall.O_NONBLOCK, 0) }, name)
+	if err != nil {
+		return nil, 0, err
+	}
+	fi, err = f.Stat()
+	if err != nil {
 		f.Close()
-		return nil, 0, fmt.Errorf("%s: not a regular file: %w", name, fs.ErrNotExist)
+		return nil, 0, err
 	}
 	return f, fi.Size(), nil
 }
@@ -145,10 +217,16 @@ type tarEntry struct {
 // hard links are recorded and resolved on lookup (docker save links
 // duplicate layer.tar files). A truncated archive keeps what was indexed
 // before the cut and remembers the cut.
-func indexTar(f *os.File) (*tarSource, error) {
+func indexTar(ctx context.Context, f *os.File, maxEntries int64) (*tarSource, error) {
 	ts := &tarSource{f: f, entries: make(map[string]tarEntry)}
 	tr := tar.NewReader(f)
-	for {
+	for n := int64(0); ; n++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if n > maxEntries {
+			return nil, fmt.Errorf("%w: the archive holds more than image_import_max_entries (%d) entries", ErrLimit, maxEntries)
+		}
 		hdr, err := tr.Next()
 		if err == io.EOF {
 			break
@@ -219,6 +297,9 @@ type descriptor struct {
 	// Path is where the blob lies when it is not blobs/sha256/<hex>
 	// (legacy docker save).
 	Path string `json:"-"`
+	// DiffID is the digest of a layer's uncompressed tar stream, from the
+	// config's rootfs.diff_ids.
+	DiffID string `json:"-"`
 }
 
 // validDigest reports whether d is "sha256:" and 64 lower-case hex digits.
