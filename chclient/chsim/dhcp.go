@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-
-	"golang.org/x/sys/unix"
 )
 
 // dhcpAckRequest is the body of PUT /sim/v1/dhcp-ack.
@@ -58,19 +56,7 @@ func (s *sim) dhcpAck(req dhcpAckRequest) error {
 	if err != nil {
 		return fmt.Errorf("guest MAC %q: %w", mac, err)
 	}
-	const ethPIP = 0x0800
-	proto := ethPIP<<8&0xff00 | ethPIP>>8 // network byte order
-	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("opening a packet socket: %w", err)
-	}
-	defer unix.Close(fd)
-	to := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifi.Index, Halen: 6}
-	copy(to.Addr[:], hw)
-	if err := unix.Sendto(fd, frame, 0, to); err != nil {
-		return fmt.Errorf("sending on tap %q: %w", tap, err)
-	}
-	return nil
+	return sendOnTap(ifi, hw, frame)
 }
 
 func buildDHCPAck(req dhcpAckRequest, guestMAC string) ([]byte, error) {

@@ -92,7 +92,8 @@ func (s *sim) startGuestAgentLocked() error {
 	defer logFile.Close()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// Its own process group, so that stopping the VM kills the workload too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.SysProcAttr = childProcAttr()
+	cmd.SysProcAttr.Setpgid = true
 	g := &guestAgent{cmd: cmd, done: make(chan struct{})}
 	if s.guestNetworkLocked() {
 		// As root, the guest gets a network namespace whose eth0 is wired to the VM's

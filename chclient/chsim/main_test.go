@@ -18,7 +18,6 @@ import (
 	"testing"
 	"time"
 
-	"vmhost/appvm/guest"
 	"vmhost/chclient"
 	"vmhost/chclient/chsim"
 )
@@ -28,7 +27,7 @@ import (
 func TestMain(m *testing.M) {
 	// The guest agent chsim starts inherits CHSIM_TEST_MAIN: check for it first.
 	if os.Getenv(chsim.GuestAgentEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "guest" {
-		os.Exit(guest.Main(os.Args[2:]))
+		os.Exit(guestAgentMain(os.Args[2:]))
 	}
 	if os.Getenv("CHSIM_TEST_MAIN") == "1" {
 		os.Exit(chsim.Main(os.Args[1:]))

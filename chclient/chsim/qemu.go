@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"vmhost/qmp"
 )
 
@@ -261,14 +259,6 @@ func (q *qemuVM) failure(err error) error {
 		return fmt.Errorf("%w: qemu: %s", err, out)
 	}
 	return err
-}
-
-func socketpair(name string) (parent, child *os.File, err error) {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return nil, nil, fmt.Errorf("creating the %s socketpair: %w", name, err)
-	}
-	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+"-qemu"), nil
 }
 
 func fileConn(f *os.File) (net.Conn, error) {

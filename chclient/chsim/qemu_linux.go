@@ -1,16 +1,12 @@
 package chsim
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
-)
 
-// childProcAttr makes a child (qemu, vhost-device-vsock) die with the backend, even when
-// the backend is killed without a chance to stop it.
-func childProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-}
+	"golang.org/x/sys/unix"
+)
 
 // kvmBootsStockKernels reports whether qemu should use KVM for --sim-accel auto. It checks
 // modules rather than booting a probe: /dev/kvm must open read-write and be backed by
@@ -35,4 +31,14 @@ func kvmBootsStockKernelsAt(root string) (bool, string) {
 		}
 	}
 	return false, "/dev/kvm is neither kvm_intel nor kvm_amd: TCG"
+}
+
+// socketpair makes a close-on-exec unix stream pair: the backend keeps parent, qemu
+// inherits child.
+func socketpair(name string) (parent, child *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating the %s socketpair: %w", name, err)
+	}
+	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+"-qemu"), nil
 }

@@ -36,3 +36,21 @@ func attachTap(name string, multiQueue bool) (*os.File, error) {
 	}
 	return os.NewFile(uintptr(fd), "tap:"+name), nil
 }
+
+// sendOnTap transmits frame on the tap ifi to the guest whose MAC is guestMAC: an AF_PACKET
+// send on the tap device, which the kernel carries to the guest end.
+func sendOnTap(ifi *net.Interface, guestMAC net.HardwareAddr, frame []byte) error {
+	const ethPIP = 0x0800
+	proto := ethPIP<<8&0xff00 | ethPIP>>8 // network byte order
+	fd, err := unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("opening a packet socket: %w", err)
+	}
+	defer unix.Close(fd)
+	to := &unix.SockaddrLinklayer{Protocol: uint16(proto), Ifindex: ifi.Index, Halen: 6}
+	copy(to.Addr[:], guestMAC)
+	if err := unix.Sendto(fd, frame, 0, to); err != nil {
+		return fmt.Errorf("sending on tap %q: %w", ifi.Name, err)
+	}
+	return nil
+}
