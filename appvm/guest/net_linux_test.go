@@ -2,42 +2,21 @@ package guest
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"vmhost/appvm/guest/proto"
+	"vmhost/internal/netnstest"
 )
-
-// enterNetns moves the calling test goroutine into a new network namespace
-// for the rest of the test. The goroutine stays locked to its thread, so the
-// thread, the namespace's last user, ends with the test. Processes the test
-// starts inherit the namespace.
-func enterNetns(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace (run the tests as root)")
-	}
-	runtime.LockOSThread()
-	if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-		if errors.Is(err, unix.EPERM) {
-			t.Skipf("unshare(CLONE_NEWNET): %v (a container without CAP_SYS_ADMIN?)", err)
-		}
-		t.Fatalf("unshare(CLONE_NEWNET): %v", err)
-	}
-}
 
 // run runs a command (in the test's namespace) and returns its output.
 func run(t *testing.T, name string, args ...string) string {
@@ -50,7 +29,7 @@ func run(t *testing.T, name string, args ...string) string {
 }
 
 func TestIntegrationStaticNetwork(t *testing.T) {
-	enterNetns(t)
+	netnstest.Enter(t)
 	// A veth pair stands in for the guest NIC (dummy is not built in every kernel).
 	run(t, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
 	run(t, "ip", "link", "set", "d1", "up")
@@ -120,7 +99,7 @@ func dhcpServer(t *testing.T) {
 }
 
 func TestIntegrationDHCP(t *testing.T) {
-	enterNetns(t)
+	netnstest.Enter(t)
 	dhcpServer(t)
 	// No report func: no background renewal, the test renews by hand below.
 	lease, err := applyNetwork(proto.Network{Mode: proto.NetworkDHCP, Interface: "v0"}, "vm-1", nil)
@@ -160,7 +139,7 @@ func TestIntegrationDHCP(t *testing.T) {
 // TestIntegrationAgentDHCP runs the whole agent with --network in a
 // namespace: the lease reaches the host and the guest's resolv.conf.
 func TestIntegrationAgentDHCP(t *testing.T) {
-	enterNetns(t)
+	netnstest.Enter(t)
 	dhcpServer(t)
 	h := startAgent(t, &proto.Spec{Command: sh("cat /etc/hostname"), Network: proto.Network{Mode: proto.NetworkDHCP}}, agentOpts{args: []string{"--network"}})
 	m := h.next()
