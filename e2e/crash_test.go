@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 import (
@@ -8,13 +10,12 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"vmhost/internal/netnstest"
 )
 
 // TestCrashAtEachStep kills the agent with SIGKILL at every provisioning
@@ -166,27 +167,17 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 	if s.nsFD == 0 {
 		return imageServer(t, data)
 	}
-	type result struct {
-		ln  net.Listener
-		err error
-	}
-	rc := make(chan result)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		if err := unix.Setns(s.nsFD, unix.CLONE_NEWNET); err != nil {
-			rc <- result{err: err}
-			return
-		}
+	var ln net.Listener
+	err := netnstest.RunIn(s.nsFD, func() error {
 		if out, err := exec.Command("ip", "link", "set", "lo", "up").CombinedOutput(); err != nil {
-			rc <- result{err: fmt.Errorf("ip link set lo up: %v: %s", err, out)}
-			return
+			return fmt.Errorf("ip link set lo up: %v: %s", err, out)
 		}
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		rc <- result{ln, err}
-	}()
-	r := <-rc
-	if r.err != nil {
-		t.Fatalf("image server in the server's namespace: %v", r.err)
+		var err error
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("image server in the server's namespace: %v", err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if req.URL.Path != "/image.qcow2" {
@@ -195,9 +186,9 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 		}
 		w.Write(data)
 	})}
-	go srv.Serve(r.ln)
+	go srv.Serve(ln)
 	t.Cleanup(func() { srv.Close() })
-	return "http://" + r.ln.Addr().String() + "/image.qcow2"
+	return "http://" + ln.Addr().String() + "/image.qcow2"
 }
 
 // TestCrashDuringSyncCreate kills the agent during a synchronous create

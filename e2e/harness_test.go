@@ -1,11 +1,5 @@
-// Package e2e tests vmhost end to end: the real `vmhost serve` process,
-// through its HTTP API on a unix socket, running the Cloud Hypervisor and
-// qemu-storage-daemon simulators (and the real qemu-storage-daemon where
-// installed) as real child processes.
-//
-// TestMain builds the vmhost binary once. Tests that need taps run the
-// server in a network namespace of its own, with a bridge the test creates
-// there, and skip when not root.
+//go:build linux
+
 package e2e
 
 import (
@@ -26,6 +20,7 @@ import (
 
 	"vmhost/auth"
 	"vmhost/config"
+	"vmhost/internal/netnstest"
 	"vmhost/qcow2"
 	"vmhost/tap"
 )
@@ -97,20 +92,12 @@ type server struct {
 	bridge   string
 }
 
-// requireRoot skips tests that create taps or namespaces.
-func requireRoot(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root: the server creates taps in a network namespace of its own (run the e2e tests as root)")
-	}
-}
-
 // startServer writes a config and a readwrite key, starts vmhost serve
 // and waits until it answers.
 func startServer(t testing.TB, o serverOpts) *server {
 	t.Helper()
 	if o.netns {
-		requireRoot(t)
+		netnstest.RequireRoot(t)
 	}
 	// Unix socket paths are limited to 107 bytes: keep the run dir short.
 	dir, err := os.MkdirTemp("/tmp", "vhe")

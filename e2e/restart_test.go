@@ -1,3 +1,5 @@
+//go:build linux
+
 package e2e
 
 import (
@@ -7,16 +9,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"vmhost/config"
+	"vmhost/internal/netnstest"
 )
 
 // kill ends the server with SIGKILL, as a crash would: nothing of its own
@@ -48,16 +48,7 @@ func (s *server) restart(env ...string) time.Duration {
 	var err error
 	if s.nsFD > 0 {
 		// A process starts in the namespace of the thread that forks it.
-		errc := make(chan error)
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-			if err := unix.Setns(s.nsFD, unix.CLONE_NEWNET); err != nil {
-				errc <- err
-				return
-			}
-			errc <- cmd.Start()
-		}()
-		err = <-errc
+		err = netnstest.RunIn(s.nsFD, cmd.Start)
 	} else {
 		err = cmd.Start()
 	}
