@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -21,10 +20,6 @@ FILE is an OCI image layout (a directory or a tar of one) or a docker save
 tarball. The import runs in the foreground, writes the AppVM image catalog
 of DIR (safe while vmhost serve runs on it) and prints the image as JSON.
 `
-
-func init() {
-	extraCommands["image"] = func(args []string) int { return image(args, os.Stdout, os.Stderr) }
-}
 
 // image runs `vmhost image import`: the same import the API runs in the
 // background, in the foreground.
