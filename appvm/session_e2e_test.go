@@ -120,7 +120,7 @@ func newHost(t *testing.T) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.srv = httptest.NewServer(api.New(api.Config{Keys: ring, VMs: h.vms, AppVMs: h.apps, Logger: logger, NoViewMemo: true}))
+	h.srv = httptest.NewServer(api.New(api.Config{Keys: ring, VMs: h.vms, AppVMs: h.apps, Logger: logger}))
 	t.Cleanup(func() {
 		for _, r := range h.vms.List(vm.ModeAppVM) {
 			h.vms.Delete(context.Background(), vm.ModeAppVM, r.ID, true)

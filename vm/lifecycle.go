@@ -169,6 +169,7 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	if err := s.reg.remove(id); err != nil {
 		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
 	}
+	s.forgetView(id)
 	s.log.Info("VM deleted", "id", id)
 	return nil
 }

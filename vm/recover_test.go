@@ -53,7 +53,7 @@ func startVMs(t *testing.T, s *testService, n int) []*running {
 }
 
 func viewJSON(s *testService, id string) string {
-	return string(s.View(s.reg.get(id), ViewOptions{DiskBytes: true}).AppendJSON(nil))
+	return string(s.ViewJSON(s.reg.get(id), ViewOptions{DiskBytes: true}))
 }
 
 // TestRecoverAdoptsRunningVMs restarts the agent (Close, then New on the

@@ -63,6 +63,7 @@ type Service struct {
 	usage  diskUsage
 
 	report LoadReport
+	views  viewMemo
 
 	// mon holds the monitors of running VMs (monitor.go).
 	mon watchers
@@ -388,6 +389,7 @@ func (s *Service) rollback(rec *Record) {
 	if err := s.reg.remove(rec.ID); err != nil {
 		s.log.Error("removing record of failed create", "id", rec.ID, "err", err)
 	}
+	s.forgetView(rec.ID)
 }
 
 func (s *Service) provisionInBackground(rec *Record) {

@@ -52,9 +52,6 @@ type View struct {
 	Mode              Mode           `json:"mode"`
 
 	store viewStore
-	// holes, when set (EncodeView), collects where each volume's
-	// disk_bytes belongs in the encoding.
-	holes *[]int
 }
 
 // VolumeView is one attached data volume.
