@@ -14,8 +14,10 @@ import (
 
 	"vmhost/chclient"
 	"vmhost/initramfs"
+	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
 	"vmhost/vm"
+	"vmhost/vm/engine"
 )
 
 // StepFormat is the provisioning step (vm.Runtime.Steps) of formatting
@@ -23,10 +25,10 @@ import (
 // a blank volume the engine created in its place is replaced.
 func StepFormat(n int) string { return fmt.Sprintf("ext4_data%d", n) }
 
-// hooks implements vm.AppVMHooks for the engine.
+// hooks implements engine.AppVMHooks.
 type hooks struct{ s *Service }
 
-var _ vm.AppVMHooks = hooks{}
+var _ engine.AppVMHooks = hooks{}
 
 // Provision formats the AppVM's data volumes: ext4 made by mkfs.ext4 on a
 // sparse raw file of the volume's size, converted to qcow2 (only written
@@ -93,7 +95,7 @@ func FormatDataVolume(ctx context.Context, dst string, size uint64, label string
 	}
 	// The caller records the volume formatted next: the rename must be
 	// durable first, or a crash could leave that record over a blank disk.
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("placing data volume: %w", err)
 	}
 	return nil
