@@ -1,11 +1,6 @@
 package engine
 
 import (
-	"sync"
-
-	"vmhost/vm"
-	"vmhost/vm/record"
-
 	"context"
 	"errors"
 	"log/slog"
@@ -14,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,6 +17,8 @@ import (
 	"vmhost/config"
 	"vmhost/qcow2"
 	"vmhost/store"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
 // engineService is a vm.Service over an Engine whose CH and QSD are this

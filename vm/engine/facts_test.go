@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"vmhost/vm"
-	"vmhost/vm/record"
-
 	"context"
 	"fmt"
 	"os"
@@ -16,6 +13,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"vmhost/tap"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
 // testNetNS creates a network namespace on a locked thread and returns its

@@ -1,21 +1,17 @@
 package engine
 
 import (
-	"io/fs"
-	"slices"
-
-	"vmhost/vm"
-	"vmhost/vm/record"
-
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +25,8 @@ import (
 	"vmhost/qmp"
 	"vmhost/qmp/qsdsim"
 	"vmhost/store"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
 // testExecEnv makes the test binary run as a simulator instead of the

@@ -1,9 +1,6 @@
 package engine
 
 import (
-	"vmhost/vm"
-	"vmhost/vm/record"
-
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +17,8 @@ import (
 	"vmhost/chclient"
 	"vmhost/proc"
 	"vmhost/tap"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
 // startVMs launches n VMs in parallel (a few at a time) and watches them.
