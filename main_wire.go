@@ -24,11 +24,11 @@ type service struct {
 }
 
 // newService loads the VM records and builds the API over them, with the
-// VM engine as host: the engine is made first (the records' host), then
-// the records, then the AppVM service, whose hooks the engine gets when it
-// starts and reconciles the host with the records. env.SimCH and env.SimQSD run the simulators (this
-// executable as `vmhost sim-ch` / `vmhost sim-qsd`) instead of the
-// configured binaries. An agent that is not root cannot create taps: a
+// VM engine as host: the engine first (the records' host), then the
+// records, then the AppVM service, whose hooks the engine gets when it
+// starts and reconciles the host with the records. env.SimCH and
+// env.SimQSD run the simulators (this executable as `vmhost sim-ch` /
+// `vmhost sim-qsd`) instead of the configured binaries. An agent that is not root cannot create taps: a
 // create with interfaces then answers 500 NETWORK_ERROR saying so.
 func newService(env serveEnv) (*service, error) {
 	eo := engine.Options{Config: env.Config, StateDir: env.StateDir, RunDir: env.RunDir, Logger: env.Log}

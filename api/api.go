@@ -335,22 +335,29 @@ type appvmList struct {
 }
 
 // listVMs writes {"vms":[...]} (DESIGN §5) from each VM's encoded list
-// view (vm.Service.ViewJSON): what writeJSON gives for the list.
+// view (vm.Service.ViewJSON), piece by piece without copying them: the
+// bytes writeJSON would give for the list.
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
-	bp := viewBufPool.Get().(*[]byte)
-	b := append((*bp)[:0], `{"vms":[`...)
-	for i, rec := range s.vms.List(vm.ModeVM) {
+	const head, tail = `{"vms":[`, "]}\n"
+	recs := s.vms.List(vm.ModeVM)
+	items := make([][]byte, len(recs))
+	n := len(head) + len(tail) + max(len(recs)-1, 0) // the commas
+	for i, rec := range recs {
+		items[i] = s.vms.ViewJSON(rec, vm.ViewOptions{})
+		n += len(items[i])
+	}
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = []string{strconv.Itoa(n)}
+	w.WriteHeader(http.StatusOK)
+	io.WriteString(w, head)
+	for i, b := range items {
 		if i > 0 {
-			b = append(b, ',')
+			io.WriteString(w, ",")
 		}
-		b = append(b, s.vms.ViewJSON(rec, vm.ViewOptions{})...)
+		w.Write(b)
 	}
-	b = append(b, "]}\n"...)
-	writeBytes(w, http.StatusOK, b)
-	if cap(b) <= 1<<20 {
-		*bp = b
-		viewBufPool.Put(bp)
-	}
+	io.WriteString(w, tail)
 }
 
 func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
