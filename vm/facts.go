@@ -1,7 +1,8 @@
 package vm
 
 // Guest facts (contract §2.1-2.2): what the host learns about a running
-// guest without asking it.
+// guest without asking it. Package vm/engine gathers them into the record
+// (its facts.go); the view shows them.
 //
 //   - nets[].dhcp_snooped_ipv4: the address of the last DHCP ACK snooped on
 //     the tap for the guest's MAC (tap.FollowDHCP), for interfaces without a
