@@ -338,10 +338,9 @@ type appvmList struct {
 // view (vm.Service.ViewJSON), piece by piece without copying them: the
 // bytes writeJSON would give for the list.
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
-	const head, tail = `{"vms":[`, "]}\n"
 	recs := s.vms.List(vm.ModeVM)
 	items := make([][]byte, len(recs))
-	n := len(head) + len(tail) + max(len(recs)-1, 0) // the commas
+	n := len(listHead) + len(listTail) + max(len(recs)-1, 0) // the commas
 	for i, rec := range recs {
 		items[i] = s.vms.ViewJSON(rec, vm.ViewOptions{})
 		n += len(items[i])
@@ -350,15 +349,17 @@ func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
 	h["Content-Type"] = jsonContentType
 	h["Content-Length"] = []string{strconv.Itoa(n)}
 	w.WriteHeader(http.StatusOK)
-	io.WriteString(w, head)
+	w.Write(listHead)
 	for i, b := range items {
 		if i > 0 {
-			io.WriteString(w, ",")
+			w.Write(comma)
 		}
 		w.Write(b)
 	}
-	io.WriteString(w, tail)
+	w.Write(listTail)
 }
+
+var listHead, comma, listTail = []byte(`{"vms":[`), []byte(","), []byte("]}\n")
 
 func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
 	out := appvmList{VMs: []*appvm.View{}}
