@@ -19,10 +19,12 @@ package main
 import (
 	"fmt"
 	"io"
-	"maps"
 	"os"
-	"slices"
 	"strings"
+
+	"vmhost/appvm/guest"
+	"vmhost/chclient/chsim"
+	"vmhost/qmp/qsdsim"
 )
 
 const usage = `usage:
@@ -33,16 +35,8 @@ const usage = `usage:
   vmhost key remove --state-dir DIR --name NAME
   vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
 Run "vmhost COMMAND -h" for the flags of a command.
+Also: guest, sim-ch, sim-qsd (the AppVM guest agent and the simulators; see README.md).
 `
-
-// usageExtra lists the commands of extraCommands, for help.
-func usageExtra() string {
-	if len(extraCommands) == 0 {
-		return ""
-	}
-	names := slices.Sorted(maps.Keys(extraCommands))
-	return "Also: " + strings.Join(names, ", ") + " (simulators and helpers; see README.md).\n"
-}
 
 func main() {
 	if code, ok := runAsInit(); ok {
@@ -63,18 +57,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(rest, stdout, stderr)
 	case "key":
 		return key(rest, stdout, stderr)
+	case "image":
+		return image(rest, stdout, stderr)
+	case "guest": // the AppVM guest agent (main_guest.go)
+		return guest.Main(rest)
+	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (DESIGN §6)
+		return chsim.Main(rest)
+	case "sim-qsd": // the qemu-storage-daemon simulator, with its options (DESIGN §6)
+		return qsdsim.Main(rest)
 	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage+usageExtra())
+		fmt.Fprint(stdout, usage)
 		return 0
-	}
-	if f, ok := extraCommands[cmd]; ok {
-		return f(rest)
 	}
 	fmt.Fprintf(stderr, "vmhost: unknown command %q\n%s", cmd, usage)
 	return 2
 }
-
-// extraCommands are subcommands that hand their arguments to another
-// package's Main (simulators, the guest agent, the image importer). They
-// are added in files of their own as those packages land.
-var extraCommands = map[string]func(args []string) int{}

@@ -49,6 +49,35 @@ func TestDeps(t *testing.T) {
 	}
 }
 
+// TestLayering keeps imports pointing down (api → appvm → vm → engine →
+// leaves → internal/): no package imports one above it.
+func TestLayering(t *testing.T) {
+	above := map[string][]string{ // package → packages it must not import
+		"./vm/record": {"vmhost/vm", "vmhost/vm/engine", "vmhost/appvm", "vmhost/api"},
+		"./vm/engine": {"vmhost/vm", "vmhost/appvm", "vmhost/api"},
+		"./vm":        {"vmhost/appvm", "vmhost/api"},
+		"./appvm":     {"vmhost/api"},
+	}
+	for pkg, banned := range above {
+		cmd := exec.Command(goTool(t), "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, exitStderr(err))
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) == 0 {
+			t.Fatalf("go list -deps %s listed nothing; the check is broken", pkg)
+		}
+		for _, d := range deps {
+			for _, b := range banned {
+				if d == b {
+					t.Errorf("%s imports %s, which is above it", pkg, d)
+				}
+			}
+		}
+	}
+}
+
 func TestAllowedDep(t *testing.T) {
 	for pkg, want := range map[string]bool{
 		"vmhost":                            true,

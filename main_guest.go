@@ -6,10 +6,8 @@ import (
 	"vmhost/appvm/guest"
 )
 
-// guest runs the AppVM guest agent. Inside an AppVM the kernel starts the
-// initramfs's /init (this binary) as PID 1 with no subcommand, so PID 1
-// always means the guest agent.
-func init() { extraCommands["guest"] = guest.Main }
+// Inside an AppVM the kernel starts the initramfs's /init (this binary) as
+// PID 1 with no subcommand, so PID 1 always means the guest agent.
 
 // runAsInit reports whether this process is the init of a guest, and if
 // so runs the guest agent with the kernel-given arguments.

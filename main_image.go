@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"os/signal"
 	"path/filepath"
 	"syscall"
@@ -26,10 +25,6 @@ image_import_max_entries apply (default: the built-in limits). SIGINT or
 SIGTERM stops the import, removes what it staged and exits 1; a second
 signal ends the process at once.
 `
-
-func init() {
-	extraCommands["image"] = func(args []string) int { return image(args, os.Stdout, os.Stderr) }
-}
 
 // image runs `vmhost image import`: the same import the API runs in the
 // background, in the foreground.

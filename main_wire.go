@@ -11,6 +11,7 @@ import (
 	"vmhost/appvm"
 	"vmhost/tap"
 	"vmhost/vm"
+	"vmhost/vm/engine"
 )
 
 // service is what serve runs: the API handler over the VM services.
@@ -23,22 +24,24 @@ type service struct {
 }
 
 // newService loads the VM records and builds the API over them, with the
-// VM engine as host. env.SimCH and env.SimQSD run the simulators (this
-// executable as `vmhost sim-ch` / `vmhost sim-qsd`) instead of the
-// configured binaries. An agent that is not root cannot create taps: a
+// VM engine as host: the engine first (the records' host), then the
+// records, then the AppVM service, whose hooks the engine gets when it
+// starts and reconciles the host with the records. env.SimCH and
+// env.SimQSD run the simulators (this executable as `vmhost sim-ch` /
+// `vmhost sim-qsd`) instead of the configured binaries. An agent that is not root cannot create taps: a
 // create with interfaces then answers 500 NETWORK_ERROR saying so.
 func newService(env serveEnv) (*service, error) {
-	eo := vm.EngineOptions{Config: env.Config, Logger: env.Log}
+	eo := engine.Options{Config: env.Config, StateDir: env.StateDir, RunDir: env.RunDir, Logger: env.Log}
 	if env.SimCH || env.SimQSD {
 		exe, err := os.Executable()
 		if err != nil {
 			return nil, fmt.Errorf("locating the vmhost executable for the simulators: %w", err)
 		}
 		if env.SimCH {
-			eo.CH = vm.Program{Binary: exe, PreArgs: []string{"sim-ch"}}
+			eo.CH = engine.Program{Binary: exe, PreArgs: []string{"sim-ch"}}
 		}
 		if env.SimQSD {
-			eo.QSD = vm.Program{Binary: exe, PreArgs: []string{"sim-qsd"}}
+			eo.QSD = engine.Program{Binary: exe, PreArgs: []string{"sim-qsd"}}
 		}
 	}
 	if uid := os.Geteuid(); uid == 0 {
@@ -53,7 +56,7 @@ func newService(env serveEnv) (*service, error) {
 		}
 		env.Log.Info("dev bridge ready", "bridge", env.DevBridge)
 	}
-	engine, err := vm.NewEngine(eo)
+	eng, err := engine.New(eo)
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +65,7 @@ func newService(env serveEnv) (*service, error) {
 		RunDir:   env.RunDir,
 		Config:   env.Config,
 		Store:    env.Store,
-		Host:     engine,
+		Host:     eng,
 		Logger:   env.Log,
 	})
 	if err != nil {
@@ -71,6 +74,8 @@ func newService(env serveEnv) (*service, error) {
 	r := vms.Report()
 	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
 		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
-	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: appvm.New(vms), Logger: env.Log})
-	return &service{Handler: h, Close: vms.Close}, nil
+	apps := appvm.New(vms)
+	eng.Start(vms.HostRecords(), apps.Hooks())
+	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log})
+	return &service{Handler: h, Close: eng.Close}, nil
 }

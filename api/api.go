@@ -67,9 +67,6 @@ type Config struct {
 	// the import limits of VMs' config, recovered at once: imports an agent
 	// restart interrupted are failed and their leftovers removed.
 	Images *appvm.Importer
-	// NoViewMemo turns off the per-record-version memo of encoded classic
-	// views (for the benchmark beside it); reads are the same either way.
-	NoViewMemo bool
 }
 
 // Server is the API's http.Handler. It is safe for concurrent use.
@@ -81,9 +78,6 @@ type Server struct {
 	log    *slog.Logger
 	mux    *http.ServeMux
 	routes []Route
-
-	noMemo   bool
-	viewMemo sync.Map // VM id → *vm.EncodedView of its current record
 }
 
 // Route is one API route: its pattern as the mux spells it (also the
@@ -141,7 +135,7 @@ func New(c Config) *Server {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}
 	}
-	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(), noMemo: c.NoViewMemo}
+	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes()}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}
@@ -299,32 +293,20 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 }
 
 func (s *Server) getVM(w http.ResponseWriter, r *http.Request) {
-	id := r.PathValue("id")
-	rec, err := s.vms.Get(vm.ModeVM, id)
+	rec, err := s.vms.Get(vm.ModeVM, r.PathValue("id"))
 	if err != nil {
-		s.viewMemo.Delete(id) // the VM is gone: drop its memo
 		writeError(w, http.StatusNotFound, CodeNotFound, "no classic VM has this id")
 		return
 	}
-	if s.noMemo {
-		v := viewPool.Get().(*vm.View)
-		s.vms.ViewInto(v, rec, vm.ViewOptions{DiskBytes: true})
-		writeView(w, http.StatusOK, v)
-		viewPool.Put(v)
-		return
-	}
-	// Records are never modified, so the view of one record version is
-	// encoded once; every read still samples disk_bytes (vm.EncodedView).
-	var e *vm.EncodedView
-	if m, ok := s.viewMemo.Load(rec.ID); ok && m.(*vm.EncodedView).Record() == rec {
-		e = m.(*vm.EncodedView)
-	} else {
-		e = s.vms.EncodeView(rec)
-		s.viewMemo.Store(rec.ID, e)
-	}
+	writeView(w, http.StatusOK, s.vms.ViewJSON(rec, vm.ViewOptions{DiskBytes: true}))
+}
+
+// writeView writes an encoded classic view (vm.Service.ViewJSON): the
+// bytes writeJSON would write for the view.
+func writeView(w http.ResponseWriter, status int, view []byte) {
 	bp := viewBufPool.Get().(*[]byte)
-	b := append(s.vms.AppendView((*bp)[:0], e), '\n')
-	writeBytes(w, http.StatusOK, b)
+	b := append(append((*bp)[:0], view...), '\n')
+	writeBytes(w, status, b)
 	if cap(b) <= 1<<20 {
 		*bp = b
 		viewBufPool.Put(bp)
@@ -339,20 +321,6 @@ func writeBytes(w http.ResponseWriter, status int, b []byte) {
 	w.Write(b)
 }
 
-var viewPool = sync.Pool{New: func() any { return new(vm.View) }}
-
-// writeView writes a classic view with its reflection-free encoder; the
-// bytes equal what writeJSON would write.
-func writeView(w http.ResponseWriter, status int, v *vm.View) {
-	bp := viewBufPool.Get().(*[]byte)
-	b := append(v.AppendJSON((*bp)[:0]), '\n')
-	writeBytes(w, status, b)
-	if cap(b) <= 1<<20 {
-		*bp = b
-		viewBufPool.Put(bp)
-	}
-}
-
 var viewBufPool = sync.Pool{New: func() any { b := make([]byte, 0, 4096); return &b }}
 
 func (s *Server) getAppVM(w http.ResponseWriter, r *http.Request) {
@@ -364,22 +332,36 @@ func (s *Server) getAppVM(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, s.apps.View(rec, vm.ViewOptions{DiskBytes: true}))
 }
 
-// vmList is the body of GET /api/vms (DESIGN §5).
-type vmList struct {
-	VMs []*vm.View `json:"vms"`
-}
-
 type appvmList struct {
 	VMs []*appvm.View `json:"vms"`
 }
 
+// listVMs writes {"vms":[...]} (DESIGN §5) from each VM's encoded list
+// view (vm.Service.ViewJSON), piece by piece without copying them: the
+// bytes writeJSON would give for the list.
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
-	out := vmList{VMs: []*vm.View{}}
-	for _, rec := range s.vms.List(vm.ModeVM) {
-		out.VMs = append(out.VMs, s.vms.View(rec, vm.ViewOptions{}))
+	recs := s.vms.List(vm.ModeVM)
+	items := make([][]byte, len(recs))
+	n := len(listHead) + len(listTail) + max(len(recs)-1, 0) // the commas
+	for i, rec := range recs {
+		items[i] = s.vms.ViewJSON(rec, vm.ViewOptions{})
+		n += len(items[i])
 	}
-	writeJSON(w, http.StatusOK, out)
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	h["Content-Length"] = []string{strconv.Itoa(n)}
+	w.WriteHeader(http.StatusOK)
+	w.Write(listHead)
+	for i, b := range items {
+		if i > 0 {
+			w.Write(comma)
+		}
+		w.Write(b)
+	}
+	w.Write(listTail)
 }
+
+var listHead, comma, listTail = []byte(`{"vms":[`), []byte(","), []byte("]}\n")
 
 func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
 	out := appvmList{VMs: []*appvm.View{}}
@@ -408,7 +390,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 	if async {
 		status = http.StatusAccepted
 	}
-	writeView(w, status, s.vms.View(rec, vm.ViewOptions{DiskBytes: true}))
+	writeView(w, status, s.vms.ViewJSON(rec, vm.ViewOptions{DiskBytes: true}))
 }
 
 func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {

@@ -463,7 +463,9 @@ func TestRestart(t *testing.T) {
 		want := before[p]
 		if p == "/api/vms" {
 			// The list now holds the invalid-id record too; compare the rest.
-			var l vmList
+			var l struct {
+				VMs []*vm.View `json:"vms"`
+			}
 			if err := json.Unmarshal([]byte(after), &l); err != nil {
 				t.Fatal(err)
 			}
@@ -562,7 +564,13 @@ func TestViewMemo(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return string(h.vms.View(rec, vm.ViewOptions{DiskBytes: true}).AppendJSON(nil)) + "\n"
+		var b bytes.Buffer
+		enc := json.NewEncoder(&b)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(h.vms.View(rec, vm.ViewOptions{DiskBytes: true})); err != nil {
+			t.Fatal(err)
+		}
+		return b.String()
 	}
 	h.e.Host.Gate = make(chan struct{})
 	body := strings.Replace(minimalVMBody(h, "c"), fmt.Sprintf(`"disk":{"base_path":%q}`, h.e.Base),
@@ -601,6 +609,33 @@ func TestViewMemo(t *testing.T) {
 	_, _, b = h.do(t, "GET", "/api/vms/c", h.ro, "")
 	if err := json.Unmarshal([]byte(b), &v); err != nil || *v.Volumes[1].DiskBytes < before+1<<20 || b != fresh("c") {
 		t.Errorf("disk_bytes after writing 1 MiB: %s, want at least %d more than %d", b, 1<<20, before)
+	}
+
+	// The list is built from memoized items too: it equals encoding the
+	// list afresh, without disk_bytes, before and after a record changes.
+	for range 2 {
+		_, _, b = h.do(t, "GET", "/api/vms", h.ro, "")
+		var want bytes.Buffer
+		enc := json.NewEncoder(&want)
+		enc.SetEscapeHTML(false)
+		list := struct {
+			VMs []*vm.View `json:"vms"`
+		}{VMs: []*vm.View{}}
+		for _, rec := range h.vms.List(vm.ModeVM) {
+			list.VMs = append(list.VMs, h.vms.View(rec, vm.ViewOptions{}))
+		}
+		if err := enc.Encode(list); err != nil {
+			t.Fatal(err)
+		}
+		if b != want.String() || strings.Contains(b, "disk_bytes") {
+			t.Fatalf("list:\n%s\nencoding/json:\n%s", b, want.String())
+		}
+		if _, err := h.vms.Update("c", func(r *vm.Record) { r.DisplayState = "changed" }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, _, b = h.do(t, "GET", "/api/vms", h.ro, ""); !strings.Contains(b, `"display_state":"changed"`) {
+		t.Errorf("list after a record change: %s", b)
 	}
 }
 

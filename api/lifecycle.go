@@ -42,7 +42,6 @@ func deleteVM(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 			s.lifecycleFail(w, r, mode, err)
 			return
 		}
-		s.viewMemo.Delete(id)
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

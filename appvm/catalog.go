@@ -35,6 +35,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/store"
 	"vmhost/vm"
 )
@@ -149,7 +150,7 @@ func (c Catalog) Put(im *Image) error {
 		// image.json does.
 		err = os.MkdirAll(dir, 0o700)
 		if err == nil {
-			err = syncDir(c.Dir)
+			err = atomicfile.SyncDir(c.Dir)
 		}
 		if err != nil {
 			return fmt.Errorf("writing AppVM image %q: %w", im.ID, err)
@@ -161,41 +162,13 @@ func (c Catalog) Put(im *Image) error {
 	return nil
 }
 
-// writeImageJSON writes dir/image.json: temp file, fsync, rename, fsync dir.
+// writeImageJSON replaces dir/image.json atomically and durably.
 func writeImageJSON(dir string, im *Image) error {
 	data, err := json.MarshalIndent(im, "", "\t")
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(dir, ".image.json.tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(data, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, filepath.Join(dir, "image.json"))
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return syncDir(dir)
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
+	return atomicfile.WriteFile(filepath.Join(dir, "image.json"), append(data, '\n'), 0o600)
 }
 
 // List reads every catalog entry, sorted by id. Entries that cannot be read

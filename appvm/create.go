@@ -14,6 +14,7 @@ import (
 	"vmhost/appvm/guest/proto"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/engine"
 )
 
 // RestartPolicy is the restart_policy enum; any other value fails decoding.
@@ -89,14 +90,16 @@ type Service struct {
 // families, with default Options. The catalog is <StateDir>/appvm-images.
 func New(vms *vm.Service) *Service { return NewWithOptions(vms, Options{}) }
 
-// NewWithOptions is New with tuned guest-session and restart options. It
-// registers the service's AppVM hooks on vms for the engine.
+// NewWithOptions is New with tuned guest-session and restart options.
 func NewWithOptions(vms *vm.Service, o Options) *Service {
 	s := &Service{vms: vms, catalog: Catalog{Dir: filepath.Join(vms.Layout().StateDir, "appvm-images")}, binary: os.Executable}
 	s.guests = newGuests(s, o)
-	vms.SetAppVMHooks(hooks{s})
 	return s
 }
+
+// Hooks returns the AppVM specifics the engine calls (provision.go), for
+// engine.Engine.Start.
+func (s *Service) Hooks() engine.AppVMHooks { return hooks{s} }
 
 // Catalog returns the image catalog.
 func (s *Service) Catalog() Catalog { return s.catalog }

@@ -14,6 +14,7 @@ import (
 	"syscall"
 	"time"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/ociimage"
 	"vmhost/store"
 	"vmhost/vm"
@@ -254,7 +255,7 @@ func commit(dir string) error {
 	if err := os.Rename(filepath.Join(staged, "image.json"), filepath.Join(dir, "image.json")); err != nil {
 		return fmt.Errorf("installing the imported image.json: %w", err)
 	}
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("installing the imported image: %w", err)
 	}
 	return os.RemoveAll(staged)
@@ -385,7 +386,7 @@ func (im *Importer) Delete(id string, users func(id string) []string) error {
 		err = os.Rename(dir, filepath.Join(gone, id))
 	}
 	if err == nil {
-		err = syncDir(im.cat.Dir)
+		err = atomicfile.SyncDir(im.cat.Dir)
 	}
 	if err != nil {
 		os.Remove(gone)

@@ -21,6 +21,7 @@ import (
 	"vmhost/kmod"
 	"vmhost/qcow2"
 	"vmhost/vm"
+	"vmhost/vm/engine"
 )
 
 // StepFormat is the provisioning step (vm.Runtime.Steps) of formatting
@@ -28,10 +29,10 @@ import (
 // a blank volume the engine created in its place is replaced.
 func StepFormat(n int) string { return fmt.Sprintf("ext4_data%d", n) }
 
-// hooks implements vm.AppVMHooks for the engine.
+// hooks implements engine.AppVMHooks.
 type hooks struct{ s *Service }
 
-var _ vm.AppVMHooks = hooks{}
+var _ engine.AppVMHooks = hooks{}
 
 // Provision formats the AppVM's data volumes: ext4 made by mkfs.ext4 on a
 // sparse raw file of the volume's size, converted to qcow2 (only written
@@ -98,7 +99,7 @@ func FormatDataVolume(ctx context.Context, dst string, size uint64, label string
 	}
 	// The caller records the volume formatted next: the rename must be
 	// durable first, or a crash could leave that record over a blank disk.
-	if err := syncDir(dir); err != nil {
+	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("placing data volume: %w", err)
 	}
 	return nil

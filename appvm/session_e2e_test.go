@@ -31,6 +31,7 @@ import (
 	"vmhost/store"
 	"vmhost/tap"
 	"vmhost/vm"
+	"vmhost/vm/engine"
 )
 
 // lockedLog collects the agent's log lines.
@@ -94,9 +95,9 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := vm.NewEngine(vm.EngineOptions{Config: cfg, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
-		CH:  vm.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
-		QSD: vm.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
+	eng, err := engine.New(engine.Options{Config: cfg, StateDir: h.state, RunDir: h.run, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
+		CH:  engine.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
+		QSD: engine.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,6 +111,7 @@ func newHost(t *testing.T) *host {
 	}
 	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger,
 		Restart: appvm.RestartOptions{BaseDelay: 300 * time.Millisecond, MaxDelay: 1200 * time.Millisecond, StablePeriod: time.Minute}})
+	eng.Start(h.vms.HostRecords(), h.apps.Hooks())
 	h.images = h.apps.Catalog()
 	keys := filepath.Join(h.state, "keys.json")
 	h.token, err = auth.Add(keys, "test", auth.ScopeReadWrite, nil)
@@ -120,13 +122,13 @@ func newHost(t *testing.T) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.srv = httptest.NewServer(api.New(api.Config{Keys: ring, VMs: h.vms, AppVMs: h.apps, Logger: logger, NoViewMemo: true}))
+	h.srv = httptest.NewServer(api.New(api.Config{Keys: ring, VMs: h.vms, AppVMs: h.apps, Logger: logger}))
 	t.Cleanup(func() {
 		for _, r := range h.vms.List(vm.ModeAppVM) {
 			h.vms.Delete(context.Background(), vm.ModeAppVM, r.ID, true)
 		}
 		h.srv.Close()
-		h.vms.Close()
+		eng.Close()
 		if t.Failed() {
 			t.Logf("agent log:\n%s", h.logs.String())
 		}

@@ -28,7 +28,7 @@ func TestSessionProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := vms.Get(vm.ModeAppVM, "p1")
-	hooks := vms.AppVMHooks()
+	hooks := apps.Hooks()
 	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
 	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
 		t.Fatal(err)

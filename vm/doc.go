@@ -1,7 +1,11 @@
 // Package vm holds the VM records of both families (classic VMs and
-// AppVMs) and the machinery around them: the classic create request (Spec)
-// and its rules, host facts read from sysfs, the registry with its single
-// id namespace, admission, the create path and the classic view.
+// AppVMs) and their rules: the classic create request (Spec) and its
+// validation, host facts read from sysfs, the registry with its single id
+// namespace, admission, the create path, the lifecycle actions' state
+// rules and per-VM locks, and the classic view. The host work (disks,
+// taps, processes, supervision, recovery) is behind Host; package
+// vm/engine implements it. The record types themselves live in package
+// vm/record, shared with the engine; vm re-exports them.
 //
 // # Records
 //
@@ -26,28 +30,18 @@
 // when auto_boot is set. A synchronous failure before boot rolls back the
 // host work and the record; a boot failure keeps the VM.
 //
-// # Host
+// # Actions
 //
-// Host is the seam to disk copies, taps, the seed, qemu-storage-daemon and
-// Cloud Hypervisor. Engine (engine*.go) is the production implementation:
-// provisioning steps recorded one by one in Record.Runtime and rolled back
-// exactly, the Cloud Hypervisor config (chconfig.go), boot with a state
-// check after each step, and the lifecycle actions (lifecycle.go). AppVM
-// specifics reach it through AppVMHooks, which package appvm registers.
-// vmtest.Host is the recording fake of the contract tests.
+// Act and Delete check the state (*StateError, 409), take the VM's action
+// lock (freed once released) and call the Host. HostRecords is the
+// records as the host sees them (engine.Records): get, list, update, and
+// the same per-VM lock.
 //
-// # Supervision and recovery
+// # Views
 //
-// Every running or paused VM has one monitor (monitor.go): the CH child's
-// exit (or, for a process adopted after an agent restart, its pidfd), the
-// event stream (root disk activated, guest panic, shutdown), the API
-// socket's presence and answers, pings, the root disk file, and QSD's
-// death; each ends the VM with the failure_reason DESIGN §5 maps it to.
-// facts.go learns guest addresses (DHCP snooping, neighbour table). At New,
-// recover.go reconciles every record with the host: live processes whose
-// pid and start time match are adopted, dead ones end their VM, cut-short
-// provisions are resumed or rolled back, and taps, run dirs and processes
-// that no record owns are reaped.
+// View builds the VmView of contract §2.1; ViewJSON encodes it with
+// encoding/json, once per record version for a list item and once per
+// record version and disk_bytes sample for the single read.
 //
 // # Knobs
 //

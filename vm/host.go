@@ -5,12 +5,15 @@ import (
 	"errors"
 )
 
-// Host is what a create needs done on the host: disk copies, data volumes,
-// taps, the seed, qemu-storage-daemon and Cloud Hypervisor. The Service
-// calls it only after validation and admission passed. Implementations
-// report failures as *HostError so the API can pick the error code.
+// Host is the work a VM needs done on the host: disk copies, data volumes,
+// taps, the seed, qemu-storage-daemon and Cloud Hypervisor, and the
+// lifecycle actions. The Service calls it only after validation and
+// admission passed, and checks the state and holds the VM's action lock
+// before each action, so an implementation sees one action per VM at a
+// time. Implementations report failures as *HostError so the API can pick
+// the error code.
 //
-// The engine issue provides the real implementation; tests use an
+// engine.Engine is the production implementation; vmtest.Host is an
 // in-memory fake that records calls.
 type Host interface {
 	// Preflight reports whether the host can carry out creating rec at
@@ -25,39 +28,27 @@ type Host interface {
 	// Rollback removes everything Provision created for rec. It is
 	// idempotent.
 	Rollback(ctx context.Context, rec *Record) error
+
+	// The lifecycle actions of a running or paused VM (DESIGN §5); start
+	// is Boot.
+	Shutdown(ctx context.Context, rec *Record) error
+	Stop(ctx context.Context, rec *Record) error
+	Pause(ctx context.Context, rec *Record) error
+	Resume(ctx context.Context, rec *Record) error
+	Reboot(ctx context.Context, rec *Record) error
+	// Delete removes everything the VM owns on the host (processes, taps,
+	// run directory, its own files) and nothing else; the Service then
+	// removes the record.
+	Delete(ctx context.Context, rec *Record) error
 }
-
-// HostErrorKind says which part of the host failed.
-type HostErrorKind int
-
-// Kinds of HostError; the API maps them to STORAGE_ERROR, NETWORK_ERROR,
-// CH_ERROR and INTERNAL.
-const (
-	HostInternal HostErrorKind = iota
-	HostStorage
-	HostNetwork
-	HostHypervisor
-)
-
-// HostError is a failure of host work.
-type HostError struct {
-	Kind HostErrorKind
-	Op   string // what was being done, such as "copying base image"
-	Err  error
-}
-
-// Error gives the operation and the cause.
-func (e *HostError) Error() string { return e.Op + ": " + e.Err.Error() }
-
-// Unwrap returns the cause.
-func (e *HostError) Unwrap() error { return e.Err }
 
 // ErrNoHost is wrapped by the errors of NoHost.
 var ErrNoHost = errors.New("this service does no host work")
 
 // NoHost is a Host that refuses all host work: every create fails in
 // Preflight (before anything is stored) with a HostInternal error, and Boot
-// fails likewise. Tests use it where no disk, tap or process may be made.
+// and the actions fail likewise; Delete has nothing to remove. Tests use
+// it where no disk, tap or process may be made.
 type NoHost struct{}
 
 // Preflight refuses the create.
@@ -75,3 +66,27 @@ func (NoHost) Boot(_ context.Context, rec *Record) error {
 
 // Rollback has nothing to undo.
 func (NoHost) Rollback(context.Context, *Record) error { return nil }
+
+// Shutdown refuses: no VM runs here.
+func (NoHost) Shutdown(_ context.Context, rec *Record) error { return RunsNoVMs("shutdown", rec) }
+
+// Stop refuses: no VM runs here.
+func (NoHost) Stop(_ context.Context, rec *Record) error { return RunsNoVMs("stop", rec) }
+
+// Pause refuses: no VM runs here.
+func (NoHost) Pause(_ context.Context, rec *Record) error { return RunsNoVMs("pause", rec) }
+
+// Resume refuses: no VM runs here.
+func (NoHost) Resume(_ context.Context, rec *Record) error { return RunsNoVMs("resume", rec) }
+
+// Reboot refuses: no VM runs here.
+func (NoHost) Reboot(_ context.Context, rec *Record) error { return RunsNoVMs("reboot", rec) }
+
+// Delete has nothing to remove.
+func (NoHost) Delete(context.Context, *Record) error { return nil }
+
+// RunsNoVMs is the error of a lifecycle action on a host that runs no VMs
+// (a test host).
+func RunsNoVMs(action string, rec *Record) error {
+	return &HostError{Kind: HostInternal, Op: action + " VM " + rec.ID, Err: errors.New("this host runs no VMs")}
+}

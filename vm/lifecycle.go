@@ -2,7 +2,6 @@ package vm
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 )
@@ -22,35 +21,6 @@ const (
 
 // Actions lists every lifecycle action, for routes.
 var Actions = []Action{ActionStart, ActionShutdown, ActionStop, ActionPause, ActionResume, ActionReboot}
-
-// Lifecycle is what a Host does for lifecycle actions; the Engine
-// implements it. The Service checks the state first and serializes the
-// actions on one VM, so an implementation sees one action per VM at a time.
-type Lifecycle interface {
-	Start(ctx context.Context, rec *Record) error
-	Shutdown(ctx context.Context, rec *Record) error
-	Stop(ctx context.Context, rec *Record) error
-	Pause(ctx context.Context, rec *Record) error
-	Resume(ctx context.Context, rec *Record) error
-	Reboot(ctx context.Context, rec *Record) error
-	// Delete removes everything the VM owns on the host (processes, taps,
-	// run directory, its own files) and nothing else; the Service then
-	// removes the record.
-	Delete(ctx context.Context, rec *Record) error
-}
-
-// StateError is an action the VM's state does not allow (409
-// INVALID_STATE).
-type StateError struct {
-	ID     string
-	Action string
-	State  string // the display state
-}
-
-// Error names the action and the state.
-func (e *StateError) Error() string {
-	return fmt.Sprintf("cannot %s VM %q while it is %s", e.Action, e.ID, e.State)
-}
 
 // allowed reports whether action may run on rec (DESIGN §5): start from
 // created, stopped or failed (not while provisioning, nor after a failed
@@ -76,27 +46,41 @@ func allowed(a Action, rec *Record) bool {
 	return false
 }
 
-// vmLocks serializes lifecycle actions per VM.
+// vmLocks serializes lifecycle actions per VM. A VM's entry lives while
+// someone holds or waits for its lock, so deleted VMs leave none behind.
 type vmLocks struct {
 	mu sync.Mutex
-	m  map[string]*sync.Mutex
+	m  map[string]*vmLock
 }
 
-var lifecycleLocks sync.Map // *Service → *vmLocks
+type vmLock struct {
+	sync.Mutex
+	users int // holders and waiters
+}
 
 // lockVM takes the action lock of VM id and returns its unlock.
 func (s *Service) lockVM(id string) func() {
-	v, _ := lifecycleLocks.LoadOrStore(s, &vmLocks{m: map[string]*sync.Mutex{}})
-	l := v.(*vmLocks)
+	l := &s.locks
 	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[string]*vmLock{}
+	}
 	m := l.m[id]
 	if m == nil {
-		m = new(sync.Mutex)
+		m = new(vmLock)
 		l.m[id] = m
 	}
+	m.users++
 	l.mu.Unlock()
 	m.Lock()
-	return m.Unlock
+	return func() {
+		m.Unlock()
+		l.mu.Lock()
+		if m.users--; m.users == 0 {
+			delete(l.m, id)
+		}
+		l.mu.Unlock()
+	}
 }
 
 // Act runs a lifecycle action on the VM id of family mode and returns the
@@ -120,10 +104,7 @@ func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Rec
 		s.log.Info("VM lifecycle action", "id", id, "action", a)
 		return s.reg.get(id), nil
 	}
-	lc, ok := s.o.Host.(Lifecycle)
-	if !ok {
-		return nil, &HostError{Kind: HostInternal, Op: string(a) + " VM " + id, Err: errors.New("this host runs no VMs")}
-	}
+	lc := s.o.Host
 	switch a {
 	case ActionShutdown:
 		err = lc.Shutdown(ctx, rec)
@@ -158,17 +139,13 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	if rec.Provisioning() || (!force && (rec.State == StateRunning || rec.State == StatePaused)) {
 		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
 	}
-	if lc, ok := s.o.Host.(Lifecycle); ok {
-		err = lc.Delete(ctx, rec)
-	} else {
-		err = s.o.Host.Rollback(ctx, rec)
-	}
-	if err != nil {
+	if err := s.o.Host.Delete(ctx, rec); err != nil {
 		return &HostError{Kind: HostInternal, Op: "deleting VM " + id, Err: err}
 	}
 	if err := s.reg.remove(id); err != nil {
 		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
 	}
+	s.forgetView(id)
 	s.log.Info("VM deleted", "id", id)
 	return nil
 }

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"vmhost/store"
+	"vmhost/vm/record"
 )
 
 // ExistsError is a create whose id is taken by a VM of either family, or
@@ -97,7 +98,7 @@ func (g *registry) release(id string) {
 
 // put stores rec (persisting it first) and ends its reservation, if any.
 func (g *registry) put(rec *Record) error {
-	data, err := encodeRecord(rec)
+	data, err := record.Encode(rec)
 	if err != nil {
 		return err
 	}
@@ -148,9 +149,9 @@ func (g *registry) update(id string, f func(*Record)) (*Record, error) {
 	if !ok {
 		return nil, fmt.Errorf("updating record %q: %w", id, errNotFound)
 	}
-	rec := old.clone()
+	rec := old.Clone()
 	f(rec)
-	data, err := encodeRecord(rec)
+	data, err := record.Encode(rec)
 	if err != nil {
 		return nil, err
 	}

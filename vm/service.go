@@ -3,8 +3,6 @@ package vm
 import (
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +10,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +18,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/store"
+	"vmhost/vm/record"
 )
 
 var errNotFound = fmt.Errorf("no such VM: %w", fs.ErrNotExist)
@@ -63,9 +61,8 @@ type Service struct {
 	usage  diskUsage
 
 	report LoadReport
-
-	// mon holds the monitors of running VMs (monitor.go).
-	mon watchers
+	views  viewMemo
+	locks  vmLocks
 }
 
 // LoadReport says what New found in the store.
@@ -79,11 +76,9 @@ type LoadReport struct {
 
 // New opens the service on the records in o.Store. Damaged records are moved
 // aside and logged; a record whose file name is not a valid id loads as a
-// failed VM (detail.kind invalid_vm_id, cause record_invalid). Then the
-// host is reconciled with the records (recover.go): running VMs are
-// adopted and watched, dead ones ended, interrupted provisions resumed,
-// and orphan processes, taps and directories reaped; Recovery reports it.
-// Close releases the watched VMs without stopping them.
+// failed VM (detail.kind invalid_vm_id, cause record_invalid). Reconciling
+// the host with the records is the host's job (engine.Engine.Start, given
+// HostRecords).
 func New(o Options) (*Service, error) {
 	if o.Config == nil || o.Store == nil || o.Host == nil || o.StateDir == "" || o.RunDir == "" {
 		return nil, errors.New("vm.New: StateDir, RunDir, Config, Store and Host are required")
@@ -115,12 +110,6 @@ func New(o Options) (*Service, error) {
 	if err := s.load(); err != nil {
 		return nil, err
 	}
-	if b, ok := o.Host.(interface{ bindService(*Service) error }); ok {
-		if err := b.bindService(s); err != nil {
-			return nil, err
-		}
-	}
-	s.recoverHost() // adopt, end, resume and reap (recover.go)
 	return s, nil
 }
 
@@ -138,7 +127,7 @@ func (s *Service) load() error {
 		s.log.Error("damaged VM record moved aside", "id", d.ID, "moved_to", d.MovedTo, "err", d.Err)
 	}
 	for _, r := range l.Records {
-		rec, err := decodeRecord(r.Data)
+		rec, err := record.Decode(r.Data)
 		if err == nil && rec.ID != r.ID {
 			err = fmt.Errorf("record holds id %q", rec.ID)
 		}
@@ -151,7 +140,7 @@ func (s *Service) load() error {
 		s.report.Loaded++
 	}
 	for _, r := range l.Invalid {
-		rec, err := decodeRecord(r.Data)
+		rec, err := record.Decode(r.Data)
 		if err != nil {
 			rec = &Record{Mode: ModeVM}
 		}
@@ -197,6 +186,14 @@ func (s *Service) Get(mode Mode, id string) (*Record, error) {
 
 // List returns the records of family mode, sorted by id.
 func (s *Service) List(mode Mode) []*Record { return s.reg.list(mode) }
+
+// Update stores a new version of the record of id: f is applied to a copy
+// of the current record (records are copy-on-write), which is then
+// persisted and returned. The error satisfies errors.Is(err,
+// fs.ErrNotExist) when id has no record.
+func (s *Service) Update(id string, f func(*Record)) (*Record, error) {
+	return s.reg.update(id, f)
+}
 
 // Wait blocks until background provisioning started so far has finished.
 func (s *Service) Wait() { s.bg.Wait() }
@@ -264,7 +261,7 @@ func (s *Service) NewRecord(mode Mode, spec *Spec, nics int) (*Record, error) {
 				return nil, err
 			}
 		}
-		rec.NICs = append(rec.NICs, NIC{MAC: mac, Tap: TapName(rec.ID, i)})
+		rec.NICs = append(rec.NICs, NIC{MAC: mac, Tap: record.TapName(rec.ID, i)})
 	}
 	return rec, nil
 }
@@ -302,14 +299,6 @@ func (s *Service) macInUse(mac string) bool {
 		}
 	}
 	return false
-}
-
-// TapName is the host tap of interface index of a VM: "vmh", 8 hex digits
-// of a hash of id and index, then the index: at most 15 bytes (IFNAMSIZ)
-// for the MaxNets interfaces a VM may have.
-func TapName(id string, index int) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", id, index)))
-	return "vmh" + hex.EncodeToString(h[:4]) + strconv.Itoa(index)
 }
 
 // Launch admits rec (409: *ExistsError, *CapacityError), then has the host
@@ -388,6 +377,7 @@ func (s *Service) rollback(rec *Record) {
 	if err := s.reg.remove(rec.ID); err != nil {
 		s.log.Error("removing record of failed create", "id", rec.ID, "err", err)
 	}
+	s.forgetView(rec.ID)
 }
 
 func (s *Service) provisionInBackground(rec *Record) {

@@ -18,34 +18,22 @@ import (
 	"vmhost/store"
 )
 
-// FieldError is a request that decoded but breaks a field rule, a
-// combination rule or a host precondition (400 BAD_REQUEST). Field is the
-// request path of the offending field, such as "nets[1].ipv4.gateway". The
-// message never contains a secret value.
-type FieldError struct {
-	Field string
-	Msg   string
-}
-
-// Error gives "field: reason".
-func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
-
 func bad(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
 // Limits of the contract (§8) and of the hypervisor.
 const (
-	MinMemoryMB      = 64
-	MaxVcpus         = 254 // Cloud Hypervisor's x86_64 limit
-	MaxSizeGiB       = 65535
-	MaxSerialBytes   = 512
-	MaxHostnameBytes = 63
-	MaxRateMbps      = 100000
-	MaxNets          = 64
-	maxCmdlineBytes  = 4096
-	maxUserBytes     = 32
-	maxInstanceID    = 128
+	MinMemoryMB    = 64
+	MaxVcpus       = 254 // Cloud Hypervisor's x86_64 limit
+	MaxSizeGiB     = 65535
+	MaxSerialBytes = 512
+
+	MaxRateMbps = 100000
+
+	maxCmdlineBytes = 4096
+	maxUserBytes    = 32
+	maxInstanceID   = 128
 )
 
 var (

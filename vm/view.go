@@ -2,13 +2,11 @@ package vm
 
 import (
 	"os"
-	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
-	"vmhost/config"
 	"vmhost/seed"
+	"vmhost/vm/record"
 )
 
 // SeedSizeBytes is the fixed guest-visible size of the NoCloud seed disk:
@@ -52,9 +50,6 @@ type View struct {
 	Mode              Mode           `json:"mode"`
 
 	store viewStore
-	// holes, when set (EncodeView), collects where each volume's
-	// disk_bytes belongs in the encoding.
-	holes *[]int
 }
 
 // VolumeView is one attached data volume.
@@ -77,25 +72,6 @@ type VolumeView struct {
 type SeedDiskView struct {
 	Device    string `json:"device"`
 	SizeBytes uint64 `json:"size_bytes"`
-}
-
-// NetView is one interface (VmNetwork).
-type NetView struct {
-	Mode             string     `json:"mode"`
-	Bridge           string     `json:"bridge"`
-	TapName          string     `json:"tap_name"`
-	MAC              string     `json:"mac"`
-	NetworkID        string     `json:"network_id,omitempty"`
-	VLANTag          *uint32    `json:"vlan_tag,omitempty"`
-	IPv4             *NetIPSpec `json:"ipv4,omitempty"`
-	IPv6             *NetIPSpec `json:"ipv6,omitempty"`
-	MTU              uint32     `json:"mtu,omitempty"`
-	Isolated         *bool      `json:"isolated,omitempty"`
-	SpoofGuard       *bool      `json:"spoof_guard,omitempty"`
-	RateLimitMbps    *uint32    `json:"rate_limit_mbps,omitempty"`
-	AllowedIPs       []string   `json:"allowed_ips,omitempty"`
-	DHCPSnoopedIPv4  string     `json:"dhcp_snooped_ipv4,omitempty"`
-	LastObservedIPv4 string     `json:"last_observed_ipv4,omitempty"`
 }
 
 // DiskView is the agent-managed root disk (VmDisk).
@@ -229,7 +205,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	}
 	for i, vol := range sp.Volumes {
 		vv := VolumeView{
-			ID:               volumeID(i),
+			ID:               record.VolumeID(i),
 			Path:             s.layout.DataVolume(rec.ID, i),
 			VirtualSizeBytes: uint64(vol.SizeGiB) << 30,
 			Fmt:              "qcow2",
@@ -253,7 +229,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		if i < len(sp.Nets) {
 			n = &sp.Nets[i]
 		}
-		nv := ResolveNet(cfg, n, nic)
+		nv := record.ResolveNet(cfg, n, nic)
 		nv.DHCPSnoopedIPv4, nv.LastObservedIPv4 = nic.DHCPSnoopedIPv4, nic.LastObservedIPv4
 		v.Nets = append(v.Nets, nv)
 	}
@@ -270,7 +246,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		if d != nil && d.SizeGiB != nil {
 			dv.VirtualSizeBytes = max(dv.VirtualSizeBytes, uint64(*d.SizeGiB)<<30)
 		}
-		if q := rec.Runtime.qsd(); q != nil {
+		if q := rec.Runtime.StorageDaemon(); q != nil {
 			dv.QSDPid, dv.QSDStartTime, dv.QSDBlkSocket, dv.QSDQMPSocket = q.Pid, q.StartTime, q.RootSocket, q.QMPSocket
 			v.store.volRef = VolumeRef{Backend: "qsd", Pid: q.Pid, StartTime: q.StartTime, BlkSocket: q.RootSocket, QMPSocket: q.QMPSocket}
 			dv.Runtime = &v.store.volRef
@@ -284,7 +260,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	if ci := sp.CloudInit; ci != nil {
 		cv := &v.store.cloudInit
 		*cv = CloudInitView{
-			Hostname:          ClassicHostname(rec.ID),
+			Hostname:          record.ClassicHostname(rec.ID),
 			User:              "root",
 			SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
 			Network:           ci.Network,
@@ -311,7 +287,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		v.IOLimit = &v.store.ioLimit
 	}
 	if sp.CPUAffinity != nil {
-		v.CPUAffinity, _ = AppendCPUSet(pins, *sp.CPUAffinity) // validated at create
+		v.CPUAffinity, _ = record.AppendCPUSet(pins, *sp.CPUAffinity) // validated at create
 	}
 }
 
@@ -324,106 +300,6 @@ type viewStore struct {
 	cloudInit CloudInitView
 	ioLimit   IOLimitView
 	volRef    VolumeRef
-}
-
-var volumeIDs, deviceNames [32]string
-
-func init() {
-	for i := range volumeIDs {
-		volumeIDs[i] = "data" + strconv.Itoa(i)
-		deviceNames[i] = deviceName(i)
-	}
-}
-
-func volumeID(i int) string {
-	if i < len(volumeIDs) {
-		return volumeIDs[i]
-	}
-	return "data" + strconv.Itoa(i)
-}
-
-// ResolveNet is the effective interface of nic: the request's values (np,
-// nil for the default interface of a cloud-init VM) over its network's
-// (explicit, by bridge, or the default network) and the host's defaults.
-func ResolveNet(cfg *config.Config, np *NetSpec, nic NIC) NetView {
-	var n NetSpec
-	if np != nil {
-		n = *np
-	}
-	nv := NetView{
-		Mode:          "bridge",
-		Bridge:        n.Bridge,
-		TapName:       nic.Tap,
-		MAC:           nic.MAC,
-		NetworkID:     n.NetworkID,
-		VLANTag:       n.VLANTag,
-		IPv4:          n.IPv4,
-		IPv6:          n.IPv6,
-		Isolated:      n.Isolated,
-		SpoofGuard:    n.SpoofGuard,
-		RateLimitMbps: n.RateLimitMbps,
-		AllowedIPs:    n.AllowedIPs,
-	}
-	if n.MTU != nil {
-		nv.MTU = *n.MTU
-	}
-	if nv.NetworkID == "" && nv.Bridge == "" {
-		nv.NetworkID = cfg.DefaultNetwork
-	}
-	if nv.NetworkID == "" {
-		if nw, ok := cfg.NetworkByBridge(nv.Bridge); ok {
-			nv.NetworkID = nw.ID
-		}
-	}
-	if nw, ok := cfg.Network(nv.NetworkID); ok {
-		if nv.Bridge == "" {
-			nv.Bridge = nw.Bridge
-		}
-		if nv.MTU == 0 {
-			nv.MTU = uint32(nw.MTU)
-		}
-	}
-	if nv.MTU == 0 && cfg.DefaultMTU > 0 {
-		nv.MTU = uint32(cfg.DefaultMTU)
-	}
-	return nv
-}
-
-// DeviceName is the guest block device of disk index i in disk order:
-// 0 → /dev/vda, 25 → /dev/vdz, 26 → /dev/vdaa (the kernel's virtio naming).
-func DeviceName(i int) string {
-	if i >= 0 && i < len(deviceNames) {
-		return deviceNames[i]
-	}
-	return deviceName(i)
-}
-
-func deviceName(i int) string {
-	var b []byte
-	for i++; i > 0; i = (i - 1) / 26 {
-		b = append([]byte{byte('a' + (i-1)%26)}, b...)
-	}
-	return "/dev/vd" + string(b)
-}
-
-// ClassicHostname derives a hostname from a VM id: '_' and '.' become '-',
-// the result is cut to 63 bytes and trimmed of '-' at either end ("vm" if
-// nothing is left).
-func ClassicHostname(id string) string {
-	h := strings.Map(func(r rune) rune {
-		if r == '_' || r == '.' {
-			return '-'
-		}
-		return r
-	}, id)
-	if len(h) > MaxHostnameBytes {
-		h = h[:MaxHostnameBytes]
-	}
-	h = strings.Trim(h, "-")
-	if h == "" {
-		return "vm"
-	}
-	return h
 }
 
 // allocatedBytes is the space a file occupies on the host, or nil when it

@@ -1,53 +1,144 @@
 package vm
 
-import "strconv"
+import (
+	"bytes"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+)
 
-// EncodedView is a classic VM's view encoded once per record version.
+// ViewJSON returns the JSON of rec's view as encoding/json gives it (HTML
+// escaping off, no trailing newline). The caller must not modify it.
 //
-// Everything in the classic view but volumes[].disk_bytes is a pure function
-// of the record, which is never modified (a change stores a new *Record),
-// and of the service's fixed config and layout. So the JSON can be encoded
-// once per record version and reused, as long as each read fills in the
-// host-measured disk_bytes afresh: AppendView does exactly that, and gives
-// the same bytes as ViewInto with DiskBytes set followed by AppendJSON.
-type EncodedView struct {
-	rec   *Record
-	json  []byte   // the view with no disk_bytes
-	holes []int    // where each volume's disk_bytes goes: its closing '}'
-	paths []string // the file behind each hole
-}
-
-// Record returns the record version e was encoded from.
-func (e *EncodedView) Record() *Record { return e.rec }
-
-// EncodeView encodes rec's classic view, leaving out every disk_bytes but
-// remembering where each belongs. The result is safe for concurrent use.
-func (s *Service) EncodeView(rec *Record) *EncodedView {
-	var v View
-	s.ViewInto(&v, rec, ViewOptions{})
-	e := &EncodedView{rec: rec}
-	// As in ViewInto: disk_bytes only once provisioning made the files.
-	if !rec.Provisioning() {
-		v.holes = &e.holes
-		for i := range v.Volumes {
-			e.paths = append(e.paths, v.Volumes[i].Path)
+// Everything in the classic view but volumes[].disk_bytes is a pure
+// function of the record, which is never modified (a change stores a new
+// *Record), and of the service's fixed config and layout. So a list item
+// (no disk_bytes) is encoded once per record version, and the single-VM
+// read once per record version and disk_bytes sample (sampled at most
+// once per diskUsageMaxAge). An AppVM view holds live session values and
+// is not memoized (package appvm encodes it).
+func (s *Service) ViewJSON(rec *Record, o ViewOptions) []byte {
+	var disk []diskSample
+	if o.DiskBytes && !rec.Provisioning() {
+		for i := range rec.Spec.Volumes {
+			n, ok := s.usage.get(s.layout.DataVolume(rec.ID, i))
+			disk = append(disk, diskSample{n: n, ok: ok})
 		}
 	}
-	e.json = v.AppendJSON(make([]byte, 0, 2048))
-	return e
+	s.views.mu.Lock()
+	e := s.views.m[rec.ID]
+	s.views.mu.Unlock()
+	if e != nil && e.rec == rec {
+		if !o.DiskBytes && e.list != nil {
+			return e.list
+		}
+		if o.DiskBytes && e.one != nil && slices.Equal(e.disk, disk) {
+			return e.one
+		}
+	}
+	v := s.View(rec, ViewOptions{})
+	for i, d := range disk {
+		if d.ok {
+			v.Volumes[i].DiskBytes = &disk[i].n
+		}
+	}
+	b := encodeView(v)
+	s.views.mu.Lock()
+	defer s.views.mu.Unlock()
+	if s.reg.get(rec.ID) != rec {
+		return b // an old version, or a removed VM (forgetView runs after the removal): nothing to keep
+	}
+	if s.views.m == nil {
+		s.views.m = map[string]*encodedView{}
+	}
+	cur := s.views.m[rec.ID]
+	if cur == nil || cur.rec != rec {
+		cur = &encodedView{rec: rec}
+	} else {
+		c := *cur // readers hold the old one
+		cur = &c
+	}
+	if o.DiskBytes {
+		cur.one, cur.disk = b, disk
+	} else {
+		cur.list = b
+	}
+	s.views.m[rec.ID] = cur
+	return b
 }
 
-// AppendView appends e's JSON to b with each volume's current disk_bytes
-// (sampled at most once per diskUsageMaxAge, as for every read).
-func (s *Service) AppendView(b []byte, e *EncodedView) []byte {
-	prev := 0
-	for i, h := range e.holes {
-		b = append(b, e.json[prev:h]...)
-		if n, ok := s.usage.get(e.paths[i]); ok {
-			b = append(b, `,"disk_bytes":`...)
-			b = strconv.AppendUint(b, n, 10)
-		}
-		prev = h
+// forgetView drops the memo of a removed VM.
+func (s *Service) forgetView(id string) {
+	s.views.mu.Lock()
+	delete(s.views.m, id)
+	s.views.mu.Unlock()
+}
+
+func encodeView(v *View) []byte {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		panic(err) // a View holds only strings, numbers, bools and times
 	}
-	return append(b, e.json[prev:]...)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
+}
+
+// viewMemo holds the encoded view of each VM's current record version.
+type viewMemo struct {
+	mu sync.Mutex
+	m  map[string]*encodedView
+}
+
+// encodedView is one record version's view, encoded; never modified once
+// stored.
+type encodedView struct {
+	rec  *Record
+	list []byte       // without disk_bytes
+	one  []byte       // with disk as sampled
+	disk []diskSample // each volume's disk_bytes in one
+}
+
+type diskSample struct {
+	n  uint64
+	ok bool
+}
+
+// diskUsageMaxAge bounds how stale a reported disk_bytes may be: the
+// single-VM read stats each volume at most once per this interval, since
+// a stat per volume per read dominated the read's cost.
+const diskUsageMaxAge = time.Second
+
+type usageEntry struct {
+	bytes uint64
+	ok    bool
+	at    time.Time
+}
+
+// diskUsage caches allocatedBytes per path for diskUsageMaxAge.
+type diskUsage struct {
+	mu sync.Mutex
+	m  map[string]usageEntry
+}
+
+func (d *diskUsage) get(path string) (uint64, bool) {
+	now := time.Now()
+	d.mu.Lock()
+	e, hit := d.m[path]
+	d.mu.Unlock()
+	if !hit || now.Sub(e.at) > diskUsageMaxAge {
+		p := allocatedBytes(path)
+		if p == nil {
+			return 0, false // not cached: the file may appear any moment
+		}
+		e = usageEntry{bytes: *p, ok: true, at: now}
+		d.mu.Lock()
+		if d.m == nil || len(d.m) > 1<<16 {
+			d.m = map[string]usageEntry{} // bound the cache; VMs come and go
+		}
+		d.m[path] = e
+		d.mu.Unlock()
+	}
+	return e.bytes, e.ok
 }

@@ -78,7 +78,8 @@ func (s Sysfs) Write(t testing.TB, dir string) string {
 // and creates the files provisioning would (sparse), so views can stat
 // them. Setting a Fail* field makes that step fail with it.
 type Host struct {
-	Layout vm.Layout
+	vm.NoHost // the lifecycle actions: it runs no VMs
+	Layout    vm.Layout
 
 	mu            sync.Mutex
 	calls         []string
@@ -152,6 +153,9 @@ func (h *Host) Rollback(_ context.Context, rec *vm.Record) error {
 	h.record("rollback", rec)
 	return os.RemoveAll(h.Layout.VMDir(rec.ID))
 }
+
+// Delete is Rollback: the fake runs nothing.
+func (h *Host) Delete(ctx context.Context, rec *vm.Record) error { return h.Rollback(ctx, rec) }
 
 // Env is a test environment: a state dir, a run dir, a fake sysfs, a
 // config and a fake host.

@@ -1,4 +1,4 @@
-package vm
+package record
 
 import (
 	"fmt"
@@ -129,10 +129,11 @@ func (l Layout) CheckRunDir() error {
 	return nil
 }
 
-// Update stores a new version of the record of id: f is applied to a copy
-// of the current record (records are copy-on-write), which is then
-// persisted and returned. The error satisfies errors.Is(err,
-// fs.ErrNotExist) when id has no record.
-func (s *Service) Update(id string, f func(*Record)) (*Record, error) {
-	return s.reg.update(id, f)
+// StorageDaemon returns the recorded storage daemon, or nil (also for a
+// nil rt).
+func (rt *Runtime) StorageDaemon() *QSDRuntime {
+	if rt == nil {
+		return nil
+	}
+	return rt.QSD
 }

@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"bytes"
@@ -17,11 +17,12 @@ import (
 	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/store"
+	"vmhost/vm/record"
 )
 
 // Recovery after an agent restart (DESIGN §2: VMs outlive the agent).
 //
-// New reconciles every record with the host before it returns:
+// Start reconciles every record with the host before it returns:
 //
 //   - A running or paused VM whose recorded Cloud Hypervisor still runs
 //     (pid and start time match) is adopted: CH through a pidfd, its
@@ -60,7 +61,7 @@ import (
 // Without root, adoption still works for processes of the same user; tap
 // reaping is skipped with a warning when the host cannot list taps.
 
-// RecoveryReport says what New found on the host and did about it.
+// RecoveryReport says what Start found on the host and did about it.
 type RecoveryReport struct {
 	Adopted  []string // running VMs adopted and watched again
 	Ended    []string // running VMs whose processes had gone
@@ -71,11 +72,11 @@ type RecoveryReport struct {
 	Duration time.Duration
 }
 
-// Recovery returns what New's reconciliation found and did.
-func (s *Service) Recovery() RecoveryReport {
-	s.mon.mu.Lock()
-	defer s.mon.mu.Unlock()
-	return s.mon.recovery
+// Recovery returns what Start's reconciliation found and did.
+func (e *Engine) Recovery() RecoveryReport {
+	e.mon.mu.Lock()
+	defer e.mon.mu.Unlock()
+	return e.mon.recovery
 }
 
 // recoverParallel bounds how many records are reconciled at once.
@@ -84,28 +85,25 @@ const recoverParallel = 8
 // qmpAttachTimeout bounds re-attaching to a storage daemon's monitor.
 const qmpAttachTimeout = 2 * time.Second
 
-// recoverHost runs at New, after the records are loaded.
-func (s *Service) recoverHost() {
+// recoverHost runs at Start.
+func (e *Engine) recoverHost() {
 	start := time.Now()
 	var (
 		mu   sync.Mutex
 		rep  RecoveryReport
 		keep = map[int]bool{}
 	)
-	var recs []*Record
-	for _, m := range []Mode{ModeVM, ModeAppVM} {
-		recs = append(recs, s.reg.list(m)...)
-	}
+	recs := e.recs.List()
 	sem := make(chan struct{}, recoverParallel)
 	var wg sync.WaitGroup
-	var resume []*Record
+	var resume []*record.Record
 	for _, rec := range recs {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			out := s.recoverRecord(rec)
+			out := e.recoverRecord(rec)
 			mu.Lock()
 			defer mu.Unlock()
 			for _, p := range out.keep {
@@ -122,23 +120,23 @@ func (s *Service) recoverHost() {
 		}()
 	}
 	wg.Wait()
-	rep.Killed = s.reapProcesses(keep)
-	if _, engine := s.o.Host.(*Engine); engine && s.tapHandle() == nil {
-		s.log.Info("no tap handle (the agent cannot manage taps): orphan taps are not reaped and guest addresses (DHCP snooping, neighbour table) are not gathered")
+	rep.Killed = e.reapProcesses(keep)
+	if e.o.Taps == nil {
+		e.log.Info("no tap handle (the agent cannot manage taps): orphan taps are not reaped and guest addresses (DHCP snooping, neighbour table) are not gathered")
 	}
-	rep.Taps = s.reapTaps()
-	rep.Dirs = s.reapDirs()
+	rep.Taps = e.reapTaps()
+	rep.Dirs = e.reapDirs()
 	for _, rec := range resume {
-		if s.resumeProvision(rec) {
+		if e.resumeProvision(rec) {
 			rep.Resumed = append(rep.Resumed, rec.ID)
 		}
 	}
 	rep.Duration = time.Since(start)
-	s.mon.mu.Lock()
-	s.mon.recovery = rep
-	s.mon.mu.Unlock()
+	e.mon.mu.Lock()
+	e.mon.recovery = rep
+	e.mon.mu.Unlock()
 	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs) > 0 {
-		s.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
+		e.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
 			"ended", len(rep.Ended), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
 			"taps_reaped", len(rep.Taps), "dirs_reaped", len(rep.Dirs), "took", rep.Duration)
 	}
@@ -150,45 +148,42 @@ type recovered struct {
 	keep []int  // pids that belong to the record and stay
 }
 
-func (s *Service) recoverRecord(rec *Record) recovered {
+func (e *Engine) recoverRecord(rec *record.Record) recovered {
 	rt := rec.Runtime
-	running := rec.State == StateRunning || rec.State == StatePaused
+	running := rec.State == record.StateRunning || rec.State == record.StatePaused
 	switch {
 	case running && (rt == nil || rt.CH == nil):
 		// No process identity recorded. The engine records CH before the
 		// state running, and a VM that ends by itself is recorded ended
 		// before its identity is cleared; only an operator stop (or
 		// forced delete) clears the identity first and then records the
-		// end. So on the engine this is such a stop cut short by the
-		// agent's death: finish it. A host that runs no processes (the
-		// test host) has nothing to reconcile.
-		if _, engine := s.o.Host.(*Engine); engine {
-			s.finishInterruptedStop(rec)
-			return recovered{what: "ended"}
-		}
+		// end. So this is such a stop cut short by the agent's death:
+		// finish it.
+		e.finishInterruptedStop(rec)
+		return recovered{what: "ended"}
 	case running:
-		return s.recoverRunning(rec)
+		return e.recoverRunning(rec)
 	case rt == nil:
 	default:
 		if rt.CH != nil {
-			s.log.Warn("VM is not running but its cloud-hypervisor was recorded; killing what is left", "id", rec.ID, "pid", rt.CH.Pid, "state", rec.State)
-			s.killRecorded(rec.ID, "cloud-hypervisor", rt.CH.Pid, rt.CH.StartTime)
-			s.clearRuntime(rec.ID, true, false)
+			e.log.Warn("VM is not running but its cloud-hypervisor was recorded; killing what is left", "id", rec.ID, "pid", rt.CH.Pid, "state", rec.State)
+			e.killRecorded(rec.ID, "cloud-hypervisor", rt.CH.Pid, rt.CH.StartTime)
+			e.clearRuntime(rec.ID, true, false)
 		}
 		if rt.QSD != nil {
-			if rec.State == StateCreated {
-				if q := s.holdQSD(rec); q != nil {
+			if rec.State == record.StateCreated {
+				if q := e.holdQSD(rec); q != nil {
 					return recovered{what: whatResume(rec), keep: []int{q.Pid}}
 				}
 			}
-			s.stopRecordedQSD(rec.ID, rt.QSD) // quit over QMP, so it flushes
-			s.clearRuntime(rec.ID, false, true)
+			e.stopRecordedQSD(rec.ID, rt.QSD) // quit over QMP, so it flushes
+			e.clearRuntime(rec.ID, false, true)
 		}
 	}
 	return recovered{what: whatResume(rec)}
 }
 
-func whatResume(rec *Record) string {
+func whatResume(rec *record.Record) string {
 	if rec.Provisioning() {
 		return "resume"
 	}
@@ -196,11 +191,11 @@ func whatResume(rec *Record) string {
 }
 
 // recoverRunning adopts the processes of a running VM, or ends it.
-func (s *Service) recoverRunning(rec *Record) recovered {
+func (e *Engine) recoverRunning(rec *record.Record) recovered {
 	id, rt := rec.ID, rec.Runtime
 	ch, chErr := chclient.Adopt(rt.CH.Pid, rt.CH.StartTime, rt.CH.APISocket)
 	if chErr != nil {
-		s.endRecovered(rec, chErr)
+		e.endRecovered(rec, chErr)
 		return recovered{what: "ended"}
 	}
 	var qsd *qmp.QSD
@@ -216,40 +211,42 @@ func (s *Service) recoverRunning(rec *Record) recovered {
 			// client at a time): watch it by pid rather than fail a
 			// running VM over a busy control socket.
 			if qsdProc, _ = proc.Adopt(q.Pid, q.StartTime); qsdProc == nil {
-				s.failStorageRecovered(rec, ch, err)
+				e.failStorageRecovered(rec, ch, err)
 				return recovered{what: "ended"}
 			}
-			s.log.Warn("qemu-storage-daemon runs but its QMP monitor did not answer; watching it by pid only (disk limits and volume changes fail until the next boot)",
+			e.log.Warn("qemu-storage-daemon runs but its QMP monitor did not answer; watching it by pid only (disk limits and volume changes fail until the next boot)",
 				"id", id, "pid", q.Pid, "err", err)
 		}
 		keep = append(keep, q.Pid)
 	}
-	s.supervise(id, ch, qsd, qsdProc)
-	if rec.DisplayState == DisplayBooting {
-		s.rearmBootDeadline(id, ch)
+	e.supervise(id, ch, qsd, qsdProc)
+	if rec.DisplayState == record.DisplayBooting {
+		e.rearmBootDeadline(id, ch)
 	}
-	if rec.Mode == ModeAppVM {
-		s.afterAppVMHooks(func(h AppVMHooks) {
+	if rec.Mode == record.ModeAppVM && e.hooks != nil {
+		e.bg.Add(1)
+		go func() {
+			defer e.bg.Done()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
-			if cur := s.reg.get(id); cur != nil && h != nil {
-				if err := h.Adopt(ctx, cur); err != nil {
-					s.log.Error("adopting the guest agent session of an AppVM", "id", id, "err", err)
+			if cur := e.recs.Get(id); cur != nil {
+				if err := e.hooks.Adopt(ctx, cur); err != nil {
+					e.log.Error("adopting the guest agent session of an AppVM", "id", id, "err", err)
 				}
 			}
-		})
+		}()
 	}
-	s.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1], "qmp", qsd != nil)
+	e.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1], "qmp", qsd != nil)
 	return recovered{what: "adopted", keep: keep}
 }
 
 // endRecovered records a running VM whose CH is gone and stops what is
 // left.
-func (s *Service) endRecovered(rec *Record, chErr error) {
+func (e *Engine) endRecovered(rec *record.Record, chErr error) {
 	id := rec.ID
-	now := s.o.Now().UTC()
-	v := verdict{state: StateFailed}
-	events := s.layout.Events(id)
+	now := e.o.Now().UTC()
+	v := verdict{state: record.StateFailed}
+	events := e.layout().Events(id)
 	pid := 0
 	if rt := rec.Runtime; rt != nil && rt.CH != nil {
 		pid = rt.CH.Pid
@@ -259,58 +256,58 @@ func (s *Service) endRecovered(rec *Record, chErr error) {
 	}
 	if scanEvents(events).poweredOff() {
 		zero := 0
-		v = verdict{state: StateStopped, reason: &FailureReason{DetectedAt: now,
+		v = verdict{state: record.StateStopped, reason: &record.FailureReason{DetectedAt: now,
 			Summary: "the guest powered off while the agent was down",
-			Detail:  FailureDetail{Kind: KindProcessExit, Code: &zero}, Cause: CauseGuestShutdown}}
+			Detail:  record.FailureDetail{Kind: record.KindProcessExit, Code: &zero}, Cause: record.CauseGuestShutdown}}
 		if rec.ShuttingDown {
-			v.reason.Cause = CauseOperatorShutdown
+			v.reason.Cause = record.CauseOperatorShutdown
 		}
 	} else {
 		summary := fmt.Sprintf("cloud-hypervisor pid %d ended while the agent was down (%v)", pid, chErr)
-		v.reason = &FailureReason{DetectedAt: now, Summary: summary, Detail: FailureDetail{Kind: KindMissingPID}, Cause: CauseCHCrash}
+		v.reason = &record.FailureReason{DetectedAt: now, Summary: summary, Detail: record.FailureDetail{Kind: record.KindMissingPID}, Cause: record.CauseCHCrash}
 	}
-	s.recordEnd(id, v)
-	if q := rec.Runtime.qsd(); q != nil {
-		s.stopRecordedQSD(id, q)
+	e.recordEnd(id, v)
+	if q := rec.Runtime.StorageDaemon(); q != nil {
+		e.stopRecordedQSD(id, q)
 	}
-	s.clearRuntime(id, true, true)
+	e.clearRuntime(id, true, true)
 }
 
 // finishInterruptedStop records as stopped a running VM whose operator
 // stop had ended its processes and cleared their identity when the agent
 // died, and stops a storage daemon still recorded.
-func (s *Service) finishInterruptedStop(rec *Record) {
-	s.recordEnd(rec.ID, verdict{state: StateStopped, reason: &FailureReason{
-		DetectedAt: s.o.Now().UTC(),
+func (e *Engine) finishInterruptedStop(rec *record.Record) {
+	e.recordEnd(rec.ID, verdict{state: record.StateStopped, reason: &record.FailureReason{
+		DetectedAt: e.o.Now().UTC(),
 		Summary:    "stopped by the operator; the agent restarted before the stop was recorded",
-		Detail:     FailureDetail{Kind: KindProcessExit},
-		Cause:      CauseOperatorShutdown,
+		Detail:     record.FailureDetail{Kind: record.KindProcessExit},
+		Cause:      record.CauseOperatorShutdown,
 	}})
-	if q := rec.Runtime.qsd(); q != nil {
-		s.stopRecordedQSD(rec.ID, q)
-		s.clearRuntime(rec.ID, false, true)
+	if q := rec.Runtime.StorageDaemon(); q != nil {
+		e.stopRecordedQSD(rec.ID, q)
+		e.clearRuntime(rec.ID, false, true)
 	}
 }
 
 // failStorageRecovered records a running VM whose storage daemon is gone
 // (or unreachable) while CH runs, and stops CH.
-func (s *Service) failStorageRecovered(rec *Record, ch *chclient.Process, err error) {
+func (e *Engine) failStorageRecovered(rec *record.Record, ch *chclient.Process, err error) {
 	q := rec.Runtime.QSD
-	s.recordEnd(rec.ID, verdict{state: StateFailed, reason: &FailureReason{
-		DetectedAt: s.o.Now().UTC(),
+	e.recordEnd(rec.ID, verdict{state: record.StateFailed, reason: &record.FailureReason{
+		DetectedAt: e.o.Now().UTC(),
 		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d is gone or unreachable after the agent restarted (%v), so the VM lost its disks",
 			q.Pid, err),
-		Detail: FailureDetail{Kind: KindProcessExit},
-		Cause:  CauseUnknown,
+		Detail: record.FailureDetail{Kind: record.KindProcessExit},
+		Cause:  record.CauseUnknown,
 	}})
-	s.killRecorded(rec.ID, "qemu-storage-daemon", q.Pid, q.StartTime)
-	s.stopProcesses(rec.ID, ch, nil)
-	s.clearRuntime(rec.ID, true, true)
+	e.killRecorded(rec.ID, "qemu-storage-daemon", q.Pid, q.StartTime)
+	e.stopProcesses(rec.ID, ch, nil)
+	e.clearRuntime(rec.ID, true, true)
 }
 
 // recordEnd stores the end of a running VM.
-func (s *Service) recordEnd(id string, v verdict) {
-	_, err := s.reg.update(id, func(r *Record) {
+func (e *Engine) recordEnd(id string, v verdict) {
+	_, err := e.recs.Update(id, func(r *record.Record) {
 		r.State = v.state
 		r.DisplayState = string(v.state)
 		r.FailureReason = v.reason
@@ -318,19 +315,19 @@ func (s *Service) recordEnd(id string, v verdict) {
 		r.ShuttingDown = false
 	})
 	if err != nil {
-		s.log.Error("recording VM end", "id", id, "err", err)
+		e.log.Error("recording VM end", "id", id, "err", err)
 		return
 	}
-	lvl := s.log.Error
-	if v.state == StateStopped {
-		lvl = s.log.Info
+	lvl := e.log.Error
+	if v.state == record.StateStopped {
+		lvl = e.log.Info
 	}
 	lvl("VM ended while the agent was down", "id", id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
 }
 
 // clearRuntime forgets the recorded CH and/or QSD of id.
-func (s *Service) clearRuntime(id string, ch, qsd bool) {
-	_, err := s.reg.update(id, func(r *Record) {
+func (e *Engine) clearRuntime(id string, ch, qsd bool) {
+	_, err := e.recs.Update(id, func(r *record.Record) {
 		if rt := r.Runtime; rt != nil {
 			if ch {
 				rt.CH, r.PID = nil, 0
@@ -341,21 +338,21 @@ func (s *Service) clearRuntime(id string, ch, qsd bool) {
 		}
 	})
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.log.Error("clearing process identity", "id", id, "err", err)
+		e.log.Error("clearing process identity", "id", id, "err", err)
 	}
 }
 
 // killRecorded SIGKILLs a recorded process if pid and start time still
 // identify it.
-func (s *Service) killRecorded(id, what string, pid int, start uint64) {
+func (e *Engine) killRecorded(id, what string, pid int, start uint64) {
 	if err := killRecorded(pid, start); err != nil {
-		s.log.Error("killing leftover process", "id", id, "what", what, "pid", pid, "err", err)
+		e.log.Error("killing leftover process", "id", id, "what", what, "pid", pid, "err", err)
 	}
 }
 
 // stopRecordedQSD quits a recorded storage daemon over QMP (so it flushes
 // its images), or kills it when that fails.
-func (s *Service) stopRecordedQSD(id string, q *QSDRuntime) {
+func (e *Engine) stopRecordedQSD(id string, q *record.QSDRuntime) {
 	if !proc.Alive(q.Pid, q.StartTime) {
 		return
 	}
@@ -364,155 +361,150 @@ func (s *Service) stopRecordedQSD(id string, q *QSDRuntime) {
 	a, err := qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
 	if err == nil {
 		if err := a.Quit(ctx); err != nil {
-			s.log.Warn("stopping qemu-storage-daemon", "id", id, "pid", q.Pid, "err", err)
+			e.log.Warn("stopping qemu-storage-daemon", "id", id, "pid", q.Pid, "err", err)
 		}
 		return
 	}
-	s.killRecorded(id, "qemu-storage-daemon", q.Pid, q.StartTime)
-}
-
-// qsdHolder is a Host that keeps the storage daemon of a VM that is not
-// running (the Engine launches it at the end of provisioning).
-type qsdHolder interface {
-	holdQSD(id string, q *qmp.QSD)
-}
-
-func (e *Engine) holdQSD(id string, q *qmp.QSD) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if old := e.live[id]; old != nil {
-		old.Close()
-	}
-	e.live[id] = q
+	e.killRecorded(id, "qemu-storage-daemon", q.Pid, q.StartTime)
 }
 
 // holdQSD re-attaches to the live recorded storage daemon of a created VM
-// and hands it to the host. It returns nil when the daemon is gone or the
-// host does not keep one.
-func (s *Service) holdQSD(rec *Record) *qmp.QSD {
-	h, ok := s.o.Host.(qsdHolder)
+// and keeps it, as provisioning does. It returns nil when the daemon is
+// gone.
+func (e *Engine) holdQSD(rec *record.Record) *qmp.QSD {
 	q := rec.Runtime.QSD
-	if !ok || !proc.Alive(q.Pid, q.StartTime) {
+	if !proc.Alive(q.Pid, q.StartTime) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	a, err := qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
 	if err != nil {
-		s.log.Warn("re-attaching to the storage daemon of a created VM", "id", rec.ID, "pid", q.Pid, "err", err)
+		e.log.Warn("re-attaching to the storage daemon of a created VM", "id", rec.ID, "pid", q.Pid, "err", err)
 		return nil
 	}
-	h.holdQSD(rec.ID, a)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if old := e.live[rec.ID]; old != nil {
+		old.Close()
+	}
+	e.live[rec.ID] = a
 	return a
 }
 
 // rearmBootDeadline gives a VM adopted while booting the rest of its boot
 // timeout, counted from its CH's start.
-func (s *Service) rearmBootDeadline(id string, ch *chclient.Process) {
-	e, ok := s.o.Host.(*Engine)
-	if !ok {
-		return
-	}
-	timeout := time.Duration(s.o.Config.BootTimeoutSecs) * time.Second
+func (e *Engine) rearmBootDeadline(id string, ch *chclient.Process) {
+	timeout := time.Duration(e.o.Config.BootTimeoutSecs) * time.Second
 	left := timeout - time.Since(processStartWall(ch.StartTime))
 	time.AfterFunc(max(left, 0), func() { e.bootDeadline(id, ch, timeout) })
-}
-
-// appVMHooksWait bounds how long recovery waits for the AppVM service to
-// register its hooks (appvm.New runs right after vm.New).
-const appVMHooksWait = 10 * time.Second
-
-// afterAppVMHooks runs f in the background once the AppVM hooks are
-// registered, or with nil after appVMHooksWait.
-func (s *Service) afterAppVMHooks(f func(AppVMHooks)) {
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		deadline := time.Now().Add(appVMHooksWait)
-		for {
-			if h := s.AppVMHooks(); h != nil || time.Now().After(deadline) {
-				f(h)
-				return
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}()
 }
 
 // resumeProvision continues an interrupted provision in the background,
 // after removing the files of steps that were not recorded as done. It
 // reports whether the resume started.
-func (s *Service) resumeProvision(rec *Record) bool {
-	rec = s.reg.get(rec.ID)
+func (e *Engine) resumeProvision(rec *record.Record) bool {
+	rec = e.recs.Get(rec.ID)
 	if rec == nil || !rec.Provisioning() {
 		return false
 	}
-	s.removeUnrecordedFiles(rec)
+	e.removeUnrecordedFiles(rec)
 	// Only a create with an image provisions in the background (202);
 	// any other was synchronous, and its caller saw the request fail.
 	resume := rec.Spec.Image != nil
 	if resume {
-		s.log.Warn("resuming a provision interrupted by an agent restart", "id", rec.ID, "steps_done", rec.Runtime.steps())
+		e.log.Warn("resuming a provision interrupted by an agent restart", "id", rec.ID, "steps_done", steps(rec.Runtime))
 	} else {
-		s.log.Warn("rolling back a synchronous create interrupted by an agent restart", "id", rec.ID, "steps_done", rec.Runtime.steps())
+		e.log.Warn("rolling back a synchronous create interrupted by an agent restart", "id", rec.ID, "steps_done", steps(rec.Runtime))
 	}
-	run := func(AppVMHooks) {
-		cur := s.reg.get(rec.ID)
+	e.bg.Add(1)
+	go func() {
+		defer e.bg.Done()
+		cur := e.recs.Get(rec.ID)
 		switch {
 		case cur == nil:
 		case resume:
-			s.provisionInBackground(cur)
+			e.resumeInBackground(cur)
 		default:
-			s.rollBackInterrupted(cur)
+			e.rollBackInterrupted(cur)
 		}
-	}
-	if rec.Mode == ModeAppVM {
-		s.afterAppVMHooks(run) // its provisioning needs the AppVM hooks
-		return true
-	}
-	s.bg.Add(1)
-	go func() {
-		defer s.bg.Done()
-		run(nil)
 	}()
 	return true
+}
+
+// resumeInBackground finishes an interrupted background provision as the
+// create that started it would have: a failure rolls back and fails the
+// VM (provision_failed); success records display created and boots the
+// VM, under its action lock, if the create asked for it and nothing else
+// got to it first.
+func (e *Engine) resumeInBackground(rec *record.Record) {
+	ctx := context.Background()
+	if err := e.Provision(ctx, rec); err != nil {
+		e.log.Error("background provisioning failed", "id", rec.ID, "err", err)
+		if rerr := e.Rollback(ctx, rec); rerr != nil {
+			e.log.Error("rolling back failed provision", "id", rec.ID, "err", rerr)
+		}
+		e.failProvision(rec.ID, oneLine(err.Error()), false)
+		return
+	}
+	out, err := e.recs.Update(rec.ID, func(r *record.Record) { r.DisplayState = string(record.StateCreated) })
+	if err != nil {
+		e.log.Error("recording provisioned VM", "id", rec.ID, "err", err)
+		return
+	}
+	if !out.Spec.AutoBoot {
+		return
+	}
+	unlock := e.recs.Lock(rec.ID)
+	defer unlock()
+	if cur := e.recs.Get(rec.ID); cur != nil && cur.State == record.StateCreated {
+		if err := e.Boot(ctx, cur); err != nil {
+			e.log.Error("booting new VM failed; VM kept", "id", rec.ID, "err", err)
+		}
+	}
+}
+
+// failProvision records a failed provision (provision_failed); clearSteps
+// forgets the steps, which a rollback removed.
+func (e *Engine) failProvision(id, summary string, clearSteps bool) {
+	_, err := e.recs.Update(id, func(r *record.Record) {
+		r.State = record.StateFailed
+		r.DisplayState = record.DisplayProvisionFailed
+		r.FailureReason = &record.FailureReason{
+			DetectedAt: e.o.Now().UTC(),
+			Summary:    summary,
+			Detail:     record.FailureDetail{Kind: record.KindProvisionFailed},
+			Cause:      record.CauseProvisionFailed,
+		}
+		if clearSteps && r.Runtime != nil {
+			r.Runtime.Steps = nil
+		}
+	})
+	if err != nil {
+		e.log.Error("recording provision failure", "id", id, "err", err)
+	}
 }
 
 // rollBackInterrupted undoes what an interrupted synchronous create made
 // and fails the VM (provision_failed), as a create that fails does (DESIGN
 // §4), keeping the record so the caller can see why. Its taps are deleted
 // by name, since one may have been made without being recorded.
-func (s *Service) rollBackInterrupted(rec *Record) {
+func (e *Engine) rollBackInterrupted(rec *record.Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := s.o.Host.Rollback(ctx, rec)
-	if h := s.tapHandle(); h != nil {
+	err := e.Rollback(ctx, rec)
+	if h := e.o.Taps; h != nil {
 		for _, n := range rec.NICs {
 			err = errors.Join(err, h.Delete(ctx, n.Tap))
 		}
 	}
 	if err != nil {
-		s.log.Error("rolling back an interrupted create", "id", rec.ID, "err", err)
+		e.log.Error("rolling back an interrupted create", "id", rec.ID, "err", err)
 	}
-	_, uerr := s.reg.update(rec.ID, func(r *Record) {
-		r.State = StateFailed
-		r.DisplayState = DisplayProvisionFailed
-		r.FailureReason = &FailureReason{
-			DetectedAt: s.o.Now().UTC(),
-			Summary:    "the agent restarted during this synchronous create; what it had made was rolled back (delete the VM and create it again)",
-			Detail:     FailureDetail{Kind: KindProvisionFailed},
-			Cause:      CauseProvisionFailed,
-		}
-		if r.Runtime != nil {
-			r.Runtime.Steps = nil
-		}
-	})
-	if uerr != nil {
-		s.log.Error("recording the rollback of an interrupted create", "id", rec.ID, "err", uerr)
-	}
+	e.failProvision(rec.ID, "the agent restarted during this synchronous create; what it had made was rolled back (delete the VM and create it again)", true)
 }
 
-func (rt *Runtime) steps() []string {
+func steps(rt *record.Runtime) []string {
 	if rt == nil {
 		return nil
 	}
@@ -523,24 +515,24 @@ func (rt *Runtime) steps() []string {
 // provision, the targets of steps not recorded as done (a copy or a
 // volume may be partial, and their writers refuse to overwrite) and the
 // temp files of interrupted atomic writes (names starting with '.').
-func (s *Service) removeUnrecordedFiles(rec *Record) {
-	l, id, rt := s.layout, rec.ID, rec.Runtime
+func (e *Engine) removeUnrecordedFiles(rec *record.Record) {
+	l, id, rt := e.layout(), rec.ID, rec.Runtime
 	var targets []string
-	if !rt.Done(StepRootDisk) {
+	if !rt.Done(record.StepRootDisk) {
 		targets = append(targets, l.RootDisk(id))
 	}
 	for i := range rec.Spec.Volumes {
-		if !rt.Done(StepData(i)) {
+		if !rt.Done(record.StepData(i)) {
 			targets = append(targets, l.DataVolume(id, i))
 		}
 	}
-	if !rt.Done(StepSeed) {
+	if !rt.Done(record.StepSeed) {
 		targets = append(targets, l.Seed(id))
 	}
 	if ents, err := os.ReadDir(l.VMDir(id)); err == nil {
-		for _, e := range ents {
-			if strings.HasPrefix(e.Name(), ".") && e.Type().IsRegular() {
-				targets = append(targets, filepath.Join(l.VMDir(id), e.Name()))
+		for _, ent := range ents {
+			if strings.HasPrefix(ent.Name(), ".") && ent.Type().IsRegular() {
+				targets = append(targets, filepath.Join(l.VMDir(id), ent.Name()))
 			}
 		}
 	}
@@ -548,26 +540,26 @@ func (s *Service) removeUnrecordedFiles(rec *Record) {
 		err := os.Remove(p)
 		switch {
 		case err == nil:
-			s.log.Warn("removed a file of an unfinished provisioning step", "id", id, "file", p)
+			e.log.Warn("removed a file of an unfinished provisioning step", "id", id, "file", p)
 		case !errors.Is(err, fs.ErrNotExist):
-			s.log.Error("removing a file of an unfinished provisioning step", "id", id, "file", p, "err", err)
+			e.log.Error("removing a file of an unfinished provisioning step", "id", id, "file", p, "err", err)
 		}
 	}
 }
 
 // reapProcesses kills the CH and QSD processes of <run>/vms/ that are not
 // in keep, and returns them as "pid <n> (<vm id>)".
-func (s *Service) reapProcesses(keep map[int]bool) []string {
+func (e *Engine) reapProcesses(keep map[int]bool) []string {
 	ents, err := os.ReadDir("/proc")
 	if err != nil {
-		s.log.Warn("cannot list processes; orphan VM processes are not reaped", "err", err)
+		e.log.Warn("cannot list processes; orphan VM processes are not reaped", "err", err)
 		return nil
 	}
-	prefix := []byte("path=" + s.layout.RunDir + "/vms/")
+	prefix := []byte("path=" + e.layout().RunDir + "/vms/")
 	self := os.Getpid()
 	var killed []string
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
+	for _, ent := range ents {
+		pid, err := strconv.Atoi(ent.Name())
 		if err != nil || pid == self || keep[pid] {
 			continue
 		}
@@ -575,7 +567,7 @@ func (s *Service) reapProcesses(keep map[int]bool) []string {
 		if err != nil {
 			continue
 		}
-		cmd, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		cmd, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
 		if err != nil {
 			continue
 		}
@@ -584,10 +576,10 @@ func (s *Service) reapProcesses(keep map[int]bool) []string {
 			continue
 		}
 		if err := killRecorded(pid, start); err != nil {
-			s.log.Error("killing an orphan VM process", "pid", pid, "vm", id, "err", err)
+			e.log.Error("killing an orphan VM process", "pid", pid, "vm", id, "err", err)
 			continue
 		}
-		s.log.Warn("killed a VM process no record owns", "pid", pid, "vm", id)
+		e.log.Warn("killed a VM process no record owns", "pid", pid, "vm", id)
 		killed = append(killed, fmt.Sprintf("pid %d (%s)", pid, id))
 	}
 	return killed
@@ -617,8 +609,8 @@ func vmProcessOf(cmdline, prefix []byte) (string, bool) {
 
 // reapTaps deletes taps whose ifalias names a VM or interface no record
 // has.
-func (s *Service) reapTaps() []string {
-	h := s.tapHandle()
+func (e *Engine) reapTaps() []string {
+	h := e.o.Taps
 	if h == nil {
 		return nil
 	}
@@ -626,44 +618,44 @@ func (s *Service) reapTaps() []string {
 	defer cancel()
 	owned, err := h.ListOwned(ctx)
 	if err != nil {
-		s.log.Warn("cannot list taps; orphan taps are not reaped", "err", err)
+		e.log.Warn("cannot list taps; orphan taps are not reaped", "err", err)
 		return nil
 	}
 	var reaped []string
 	for _, t := range owned {
-		if r := s.reg.get(t.VMID); r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name {
+		if r := e.recs.Get(t.VMID); r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name {
 			continue
 		}
 		if err := h.Delete(ctx, t.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			s.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
+			e.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
 			continue
 		}
-		s.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
+		e.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
 		reaped = append(reaped, t.Name)
 	}
 	return reaped
 }
 
 // reapDirs removes run directories and VM directories without a record.
-func (s *Service) reapDirs() []string {
+func (e *Engine) reapDirs() []string {
 	var reaped []string
-	storeDir := s.layout.StateDir + "/vms"
-	for _, base := range []string{s.layout.RunDir + "/vms", storeDir} {
+	storeDir := e.layout().StateDir + "/vms"
+	for _, base := range []string{e.layout().RunDir + "/vms", storeDir} {
 		ents, err := os.ReadDir(base)
 		if err != nil {
 			continue
 		}
-		for _, e := range ents {
-			name := e.Name()
-			if !e.IsDir() || s.reg.get(name) != nil || hasRecordFile(storeDir, name) {
+		for _, ent := range ents {
+			name := ent.Name()
+			if !ent.IsDir() || e.recs.Get(name) != nil || hasRecordFile(storeDir, name) {
 				continue
 			}
 			p := filepath.Join(base, name)
 			if err := os.RemoveAll(p); err != nil {
-				s.log.Error("removing a directory no record owns", "dir", p, "err", err)
+				e.log.Error("removing a directory no record owns", "dir", p, "err", err)
 				continue
 			}
-			s.log.Warn("removed a directory no record owns", "dir", p)
+			e.log.Warn("removed a directory no record owns", "dir", p)
 			reaped = append(reaped, p)
 		}
 	}

@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"bytes"
@@ -10,28 +10,29 @@ import (
 
 	"vmhost/chclient/openapitest"
 	"vmhost/config"
+	"vmhost/vm/record"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 // everyFieldRecord is the record of the every-field create request
 // (testdata/every-field-request.json, the api package's full request).
-func everyFieldRecord(t *testing.T) (*Record, *config.Config, Layout) {
+func everyFieldRecord(t *testing.T) (*record.Record, *config.Config, record.Layout) {
 	t.Helper()
 	data, err := os.ReadFile("testdata/every-field-request.json")
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sp Spec
+	var sp record.Spec
 	if err := json.Unmarshal(data, &sp); err != nil {
 		t.Fatal(err)
 	}
 	cfg := config.Default()
 	cfg.Networks = append(cfg.Networks, config.Network{ID: "lab", Bridge: "br1", MTU: 9000}, config.Network{ID: "zero", Bridge: "br0"})
-	rec := &Record{ID: sp.VMID, Mode: ModeVM, State: StateCreated, Spec: sp,
-		NICs:    []NIC{{MAC: "02:aa:bb:cc:dd:01", Tap: TapName(sp.VMID, 0)}, {MAC: "02:9f:60:67:c4:ca", Tap: TapName(sp.VMID, 1)}},
-		Runtime: &Runtime{VsockCID: 3}}
-	return rec, cfg, Layout{StateDir: "/var/lib/vmhost", RunDir: "/run/vmhost"}
+	rec := &record.Record{ID: sp.VMID, Mode: record.ModeVM, State: record.StateCreated, Spec: sp,
+		NICs:    []record.NIC{{MAC: "02:aa:bb:cc:dd:01", Tap: record.TapName(sp.VMID, 0)}, {MAC: "02:9f:60:67:c4:ca", Tap: record.TapName(sp.VMID, 1)}},
+		Runtime: &record.Runtime{VsockCID: 3}}
+	return rec, cfg, record.Layout{StateDir: "/var/lib/vmhost", RunDir: "/run/vmhost"}
 }
 
 func TestCHConfigGolden(t *testing.T) {
@@ -73,7 +74,7 @@ func TestCHConfigGolden(t *testing.T) {
 func TestCHConfigVariants(t *testing.T) {
 	doc, v := openapitest.Load(t, openapitest.DefaultPath)
 	schema, _ := doc.RequestSchema(t, "PUT", "vm.create")
-	l := Layout{StateDir: "/s", RunDir: "/r"}
+	l := record.Layout{StateDir: "/s", RunDir: "/r"}
 	cfg := config.Default()
 	fw := "/usr/share/cloud-hypervisor/hypervisor-fw"
 	kernel := "/boot/vmlinux"
@@ -81,10 +82,10 @@ func TestCHConfigVariants(t *testing.T) {
 	no := false
 	tests := []struct {
 		name  string
-		rec   Record
+		rec   record.Record
 		check func(t *testing.T, c map[string]any)
 	}{
-		{"minimal kernel", Record{ID: "a", Mode: ModeVM, Spec: Spec{Vcpus: 2, MemoryMB: 100, KernelPath: &kernel}},
+		{"minimal kernel", record.Record{ID: "a", Mode: record.ModeVM, Spec: record.Spec{Vcpus: 2, MemoryMB: 100, KernelPath: &kernel}},
 			func(t *testing.T, c map[string]any) {
 				want(t, c, "payload.cmdline", config.DefaultKernelCmdline)
 				want(t, c, "cpus.max_vcpus", 8.0) // host CPUs
@@ -93,20 +94,20 @@ func TestCHConfigVariants(t *testing.T) {
 				want(t, c, "cpus.nested", nil)
 				want(t, c, "net", nil)
 			}},
-		{"firmware drops the cmdline", Record{ID: "b", Mode: ModeVM, Spec: Spec{Vcpus: 1, MemoryMB: 64, FirmwarePath: &fw, Nested: &no}},
+		{"firmware drops the cmdline", record.Record{ID: "b", Mode: record.ModeVM, Spec: record.Spec{Vcpus: 1, MemoryMB: 64, FirmwarePath: &fw, Nested: &no}},
 			func(t *testing.T, c map[string]any) {
 				want(t, c, "payload", map[string]any{"firmware": fw})
 				want(t, c, "cpus.nested", false)
 			}},
-		{"more vCPUs than the host keeps boot as max", Record{ID: "c", Mode: ModeVM, Spec: Spec{Vcpus: 12, MemoryMB: 64, KernelPath: &kernel}},
+		{"more vCPUs than the host keeps boot as max", record.Record{ID: "c", Mode: record.ModeVM, Spec: record.Spec{Vcpus: 12, MemoryMB: 64, KernelPath: &kernel}},
 			func(t *testing.T, c map[string]any) { want(t, c, "cpus.max_vcpus", 12.0) }},
-		{"1 Mbps", Record{ID: "d", Mode: ModeVM, Spec: Spec{Vcpus: 1, MemoryMB: 64, KernelPath: &kernel, Nets: []NetSpec{{RateLimitMbps: &mbps}}},
-			NICs: []NIC{{MAC: "02:00:00:00:00:01", Tap: "vmhx0"}}},
+		{"1 Mbps", record.Record{ID: "d", Mode: record.ModeVM, Spec: record.Spec{Vcpus: 1, MemoryMB: 64, KernelPath: &kernel, Nets: []record.NetSpec{{RateLimitMbps: &mbps}}},
+			NICs: []record.NIC{{MAC: "02:00:00:00:00:01", Tap: "vmhx0"}}},
 			func(t *testing.T, c map[string]any) {
 				want(t, c, "net", []any{map[string]any{"tap": "vmhx0", "mac": "02:00:00:00:00:01",
 					"rate_limiter_config": map[string]any{"bandwidth": map[string]any{"size": 12500.0, "refill_time": 100.0}}}})
 			}},
-		{"AppVM kernel", Record{ID: "e", Mode: ModeAppVM, Spec: Spec{Vcpus: 1, MemoryMB: 64}},
+		{"AppVM kernel", record.Record{ID: "e", Mode: record.ModeAppVM, Spec: record.Spec{Vcpus: 1, MemoryMB: 64}},
 			func(t *testing.T, c map[string]any) {
 				want(t, c, "payload", map[string]any{"kernel": "/k/appvm", "cmdline": config.DefaultAppVMCmdline})
 			}},
@@ -114,7 +115,7 @@ func TestCHConfigVariants(t *testing.T) {
 	cfg.AppVMKernel = "/k/appvm"
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			tt.rec.Runtime = &Runtime{VsockCID: 9}
+			tt.rec.Runtime = &record.Runtime{VsockCID: 9}
 			c, err := CHConfig(&tt.rec, cfg, l, CHConfigHost{CPUs: 8})
 			if err != nil {
 				t.Fatal(err)
@@ -128,7 +129,7 @@ func TestCHConfigVariants(t *testing.T) {
 			tt.check(t, m)
 		})
 	}
-	if _, err := CHConfig(&Record{ID: "x", Spec: Spec{KernelPath: &kernel}}, cfg, l, CHConfigHost{}); err == nil || !strings.Contains(err.Error(), "vsock CID") {
+	if _, err := CHConfig(&record.Record{ID: "x", Spec: record.Spec{KernelPath: &kernel}}, cfg, l, CHConfigHost{}); err == nil || !strings.Contains(err.Error(), "vsock CID") {
 		t.Errorf("CHConfig without a CID = %v, want an error", err)
 	}
 }

@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,11 +17,34 @@ import (
 	"vmhost/config"
 	"vmhost/qcow2"
 	"vmhost/store"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
-// engineService is a Service over an Engine whose CH and QSD are this test
-// binary running chsim and qsdsim (TestMain in monitor_test.go).
-func engineService(t *testing.T, edit func(*EngineOptions)) (*Service, *Engine, string) {
+// engineService is a vm.Service over an Engine whose CH and QSD are this
+// test binary running chsim and qsdsim (TestMain in monitor_test.go).
+func engineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, string) {
+	t.Helper()
+	s, e, root, _ := gatedEngineService(t, edit)
+	return s, e, root
+}
+
+// gatedRecords are the records as the engine sees them, each of its
+// writes waiting for gate: a test holds gate to slow the writes down.
+type gatedRecords struct {
+	vm.HostRecords
+	gate *sync.Mutex
+}
+
+func (g gatedRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
+	g.gate.Lock()
+	defer g.gate.Unlock()
+	return g.HostRecords.Update(id, f)
+}
+
+// gatedEngineService is engineService with the engine's record writes
+// behind the returned gate.
+func gatedEngineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, string, *sync.Mutex) {
 	t.Helper()
 	root, err := os.MkdirTemp("", "vme")
 	if err != nil {
@@ -28,36 +52,51 @@ func engineService(t *testing.T, edit func(*EngineOptions)) (*Service, *Engine, 
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
 	state, run := root+"/s", root+"/r"
-	st, err := store.Open(filepath.Join(state, "vms"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg := config.Default()
-	eo := EngineOptions{Config: cfg,
+	eo := Options{Config: cfg, StateDir: state, RunDir: run,
 		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
 		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}}
 	if edit != nil {
 		edit(&eo)
 	}
-	e, err := NewEngine(eo)
+	e, err := New(eo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{StateDir: state, RunDir: run, Config: cfg, Store: st, Host: e, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	gate := new(sync.Mutex)
+	s := startEngineService(t, e, func(r vm.HostRecords) Records { return gatedRecords{HostRecords: r, gate: gate} })
 	t.Cleanup(func() {
-		for _, r := range s.List(ModeVM) {
-			s.Delete(context.Background(), ModeVM, r.ID, true)
+		for _, r := range s.List(record.ModeVM) {
+			s.Delete(context.Background(), record.ModeVM, r.ID, true)
 		}
-		s.Close()
+		e.Close()
 	})
-	return s, e, root
+	return s, e, root, gate
+}
+
+// startEngineService opens the records of e's state directory in a
+// vm.Service with e as its host and starts e on them (through wrap, when
+// given), as the agent does.
+func startEngineService(t *testing.T, e *Engine, wrap func(vm.HostRecords) Records) *vm.Service {
+	t.Helper()
+	st, err := store.Open(filepath.Join(e.o.StateDir, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := vm.New(vm.Options{StateDir: e.o.StateDir, RunDir: e.o.RunDir, Config: e.o.Config, Store: st, Host: e, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs Records = s.HostRecords()
+	if wrap != nil {
+		recs = wrap(s.HostRecords())
+	}
+	e.Start(recs, nil)
+	return s
 }
 
 // baseSpec is a VM without interfaces on a fresh base image.
-func baseSpec(t *testing.T, root, id string) *Spec {
+func baseSpec(t *testing.T, root, id string) *record.Spec {
 	t.Helper()
 	kernel, base := root+"/vmlinux", root+"/base.qcow2"
 	if err := os.WriteFile(kernel, []byte("k"), 0o644); err != nil {
@@ -69,8 +108,8 @@ func baseSpec(t *testing.T, root, id string) *Spec {
 		}
 	}
 	size := uint32(2)
-	return &Spec{VMID: id, Vcpus: 1, MemoryMB: 128, KernelPath: &kernel,
-		Disk: &DiskSpec{BasePath: base, SizeGiB: &size}, Volumes: []VolumeSpec{{SizeGiB: 1}}}
+	return &record.Spec{VMID: id, Vcpus: 1, MemoryMB: 128, KernelPath: &kernel,
+		Disk: &record.DiskSpec{BasePath: base, SizeGiB: &size}, Volumes: []record.VolumeSpec{{SizeGiB: 1}}}
 }
 
 // TestEngineFailedCreateRollsBack: the storage daemon cannot start, after
@@ -78,7 +117,7 @@ func baseSpec(t *testing.T, root, id string) *Spec {
 // of the VM is left, while a neighbour's directory and the base image are
 // untouched.
 func TestEngineFailedCreateRollsBack(t *testing.T) {
-	s, _, root := engineService(t, func(o *EngineOptions) { o.QSD = Program{Binary: "/nonexistent/qemu-storage-daemon"} })
+	s, _, root := engineService(t, func(o *Options) { o.QSD = Program{Binary: "/nonexistent/qemu-storage-daemon"} })
 	l := s.Layout()
 	neighbour := l.VMDir("other") + "/keep.qcow2"
 	if err := os.MkdirAll(filepath.Dir(neighbour), 0o700); err != nil {
@@ -89,8 +128,8 @@ func TestEngineFailedCreateRollsBack(t *testing.T) {
 	}
 	sp := baseSpec(t, root, "doomed")
 	_, _, err := s.CreateVM(context.Background(), sp)
-	var he *HostError
-	if !errors.As(err, &he) || he.Kind != HostStorage {
+	var he *record.HostError
+	if !errors.As(err, &he) || he.Kind != record.HostStorage {
 		t.Fatalf("CreateVM = %v, want a storage HostError", err)
 	}
 	for _, p := range []string{l.VMDir("doomed"), l.RunVMDir("doomed"), l.StateDir + "/vms/doomed.json"} {
@@ -98,7 +137,7 @@ func TestEngineFailedCreateRollsBack(t *testing.T) {
 			t.Errorf("%s left behind", p)
 		}
 	}
-	if _, err := s.Get(ModeVM, "doomed"); err == nil {
+	if _, err := s.Get(record.ModeVM, "doomed"); err == nil {
 		t.Error("record left behind")
 	}
 	for _, p := range []string{neighbour, sp.Disk.BasePath} {
@@ -112,11 +151,11 @@ func TestEngineFailedCreateRollsBack(t *testing.T) {
 // steps are recorded and leaves others (here a data volume whose creation
 // was never recorded) and so the directory too.
 func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
-	s, e, root := engineService(t, nil)
-	l := s.Layout()
-	rec := &Record{ID: "half", Mode: ModeVM, State: StateCreated, Spec: *baseSpec(t, root, "half"),
-		Runtime: &Runtime{Steps: []string{StepRootDisk, StepRunDir}}}
-	if err := s.reg.put(rec); err != nil {
+	s := newTestService(t)
+	e, l := s.Engine, s.lay
+	rec := &record.Record{ID: "half", Mode: record.ModeVM, State: record.StateCreated, Spec: *baseSpec(t, t.TempDir(), "half"),
+		Runtime: &record.Runtime{Steps: []string{record.StepRootDisk, record.StepRunDir}}}
+	if err := s.recs.put(rec); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{l.RootDisk("half"), l.DataVolume("half", 0)} {
@@ -158,21 +197,21 @@ func TestEngineCreateBootDelete(t *testing.T) {
 			t.Fatalf("CreateVM(%s) = %v, async %t", id, err, async)
 		}
 		rt := rec.Runtime
-		if rt == nil || rt.QSD == nil || !rt.Done(StepRootDisk) || !rt.Done(StepData(0)) || !rt.Done(StepRunDir) || rt.Done(StepSeed) {
+		if rt == nil || rt.QSD == nil || !rt.Done(record.StepRootDisk) || !rt.Done(record.StepData(0)) || !rt.Done(record.StepRunDir) || rt.Done(record.StepSeed) {
 			t.Fatalf("runtime of %s = %+v", id, rt)
 		}
 		cids = append(cids, rt.VsockCID)
-		if id == "a" && (rec.State != StateRunning || rt.CH == nil || rec.PID != rt.CH.Pid) {
+		if id == "a" && (rec.State != record.StateRunning || rt.CH == nil || rec.PID != rt.CH.Pid) {
 			t.Errorf("booted record = %+v", rec)
 		}
 	}
 	if cids[0] < 3 || cids[0] == cids[1] {
 		t.Errorf("vsock CIDs = %v, want distinct and ≥ 3", cids)
 	}
-	if err := s.Delete(ctx, ModeVM, "a", false); err == nil {
+	if err := s.Delete(ctx, record.ModeVM, "a", false); err == nil {
 		t.Error("deleting a running VM without force succeeded")
 	}
-	if err := s.Delete(ctx, ModeVM, "a", true); err != nil {
+	if err := s.Delete(ctx, record.ModeVM, "a", true); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(s.Layout().VMDir("a")); err == nil {
@@ -193,18 +232,18 @@ func TestEngineCreateBootDelete(t *testing.T) {
 // without root) refuses a VM with interfaces before anything is stored,
 // naming the reason.
 func TestEngineWithoutTaps(t *testing.T) {
-	s, _, root := engineService(t, func(o *EngineOptions) { o.NoTapsReason = "creating taps needs root" })
+	s, _, root := engineService(t, func(o *Options) { o.NoTapsReason = "creating taps needs root" })
 	sp := baseSpec(t, root, "nic")
-	sp.Nets = []NetSpec{{}}
+	sp.Nets = []record.NetSpec{{}}
 	_, _, err := s.CreateVM(context.Background(), sp)
-	var he *HostError
-	if !errors.As(err, &he) || he.Kind != HostNetwork || !strings.Contains(err.Error(), "creating taps needs root") {
+	var he *record.HostError
+	if !errors.As(err, &he) || he.Kind != record.HostNetwork || !strings.Contains(err.Error(), "creating taps needs root") {
 		t.Fatalf("CreateVM with a NIC = %v, want a network HostError with the reason", err)
 	}
 	if _, err := os.Stat(s.Layout().VMDir("nic")); err == nil {
 		t.Error("files were made before the refusal")
 	}
-	if _, err := s.Get(ModeVM, "nic"); err == nil {
+	if _, err := s.Get(record.ModeVM, "nic"); err == nil {
 		t.Error("a record was stored")
 	}
 }
@@ -214,7 +253,7 @@ func TestEngineWithoutTaps(t *testing.T) {
 // failed boot still ends it (SIGKILL) instead of leaving it running with
 // its identity cleared from the record.
 func TestEngineFailedBootKillsHungVMM(t *testing.T) {
-	s, e, root := engineService(t, func(o *EngineOptions) { o.StopGrace = 100 * time.Millisecond })
+	s, e, root := engineService(t, func(o *Options) { o.StopGrace = 100 * time.Millisecond })
 	ctx := context.Background()
 	if _, _, err := s.CreateVM(ctx, baseSpec(t, root, "hung")); err != nil {
 		t.Fatal(err)
@@ -228,13 +267,13 @@ func TestEngineFailedBootKillsHungVMM(t *testing.T) {
 	})
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := s.Act(actx, ModeVM, "hung", ActionStart); err == nil {
+	if _, err := s.Act(actx, record.ModeVM, "hung", vm.ActionStart); err == nil {
 		t.Fatal("starting a VM whose VMM hangs succeeded")
 	}
 	if pids := processesNaming(sock); len(pids) > 0 {
 		t.Errorf("the hung VMM (pids %v) still runs after the failed boot", pids)
 	}
-	if r, _ := s.Get(ModeVM, "hung"); r.Runtime.CH != nil || r.State != StateCreated {
+	if r, _ := s.Get(record.ModeVM, "hung"); r.Runtime.CH != nil || r.State != record.StateCreated {
 		t.Errorf("record after the failed boot: state %s, CH %+v", r.State, r.Runtime.CH)
 	}
 }
@@ -263,39 +302,39 @@ func processesNaming(s string) []int {
 func TestEngineActionDuringVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
-		kill   func(*Record) int // the pid to SIGKILL
-		action Action
-		ok     func(*Record) bool // the record keeps the failure
+		kill   func(*record.Record) int // the pid to SIGKILL
+		action vm.Action
+		ok     func(*record.Record) bool // the record keeps the failure
 	}{
-		{name: "stop after a CH crash", action: ActionStop,
-			kill: func(r *Record) int { return r.Runtime.CH.Pid },
-			ok: func(r *Record) bool {
+		{name: "stop after a CH crash", action: vm.ActionStop,
+			kill: func(r *record.Record) int { return r.Runtime.CH.Pid },
+			ok: func(r *record.Record) bool {
 				f := r.FailureReason
-				return r.State == StateFailed && f != nil && f.Detail.Kind == KindProcessSignal && f.Cause == CauseCHCrash
+				return r.State == record.StateFailed && f != nil && f.Detail.Kind == record.KindProcessSignal && f.Cause == record.CauseCHCrash
 			}},
 		// vm.pause reaches CH, which still runs, while the storage failure
 		// is being recorded.
-		{name: "pause after a storage failure", action: ActionPause,
-			kill: func(r *Record) int { return r.Runtime.QSD.Pid },
-			ok: func(r *Record) bool {
+		{name: "pause after a storage failure", action: vm.ActionPause,
+			kill: func(r *record.Record) int { return r.Runtime.QSD.Pid },
+			ok: func(r *record.Record) bool {
 				f := r.FailureReason
-				return r.State == StateFailed && r.DisplayState == string(StateFailed) && f != nil && strings.Contains(f.Summary, "qemu-storage-daemon")
+				return r.State == record.StateFailed && r.DisplayState == string(record.StateFailed) && f != nil && strings.Contains(f.Summary, "qemu-storage-daemon")
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, _, root := engineService(t, nil)
+			s, _, root, gate := gatedEngineService(t, nil)
 			ctx := context.Background()
 			sp := baseSpec(t, root, "v")
 			sp.AutoBoot = true
 			rec, _, err := s.CreateVM(ctx, sp)
-			if err != nil || rec.State != StateRunning {
+			if err != nil || rec.State != record.StateRunning {
 				t.Fatalf("CreateVM = %v, %v", rec, err)
 			}
-			s.reg.wmu.Lock()
+			gate.Lock()
 			held := true
 			defer func() {
 				if held {
-					s.reg.wmu.Unlock()
+					gate.Unlock()
 				}
 			}()
 			if err := syscall.Kill(tc.kill(rec), syscall.SIGKILL); err != nil {
@@ -304,16 +343,16 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 			time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
 			acted := make(chan error, 1)
 			go func() {
-				_, err := s.Act(ctx, ModeVM, "v", tc.action)
+				_, err := s.Act(ctx, record.ModeVM, "v", tc.action)
 				acted <- err
 			}()
 			time.Sleep(300 * time.Millisecond) // the action decides what to do
-			s.reg.wmu.Unlock()
+			gate.Unlock()
 			held = false
-			if err := <-acted; !errors.As(err, new(*StateError)) {
+			if err := <-acted; !errors.As(err, new(*record.StateError)) {
 				t.Errorf("%s during the verdict = %v, want *StateError", tc.action, err)
 			}
-			r, err := s.Get(ModeVM, "v")
+			r, err := s.Get(record.ModeVM, "v")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -329,37 +368,35 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 // slow (held back here) still ends as an operator shutdown, not as a
 // guest shutdown: shutting_down is stored before the button is pressed.
 func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
-	s, _, root := engineService(t, nil)
+	s, _, root, gate := gatedEngineService(t, nil)
 	ctx := context.Background()
 	sp := baseSpec(t, root, "v")
 	sp.AutoBoot = true
 	rec, _, err := s.CreateVM(ctx, sp)
-	if err != nil || rec.State != StateRunning {
+	if err != nil || rec.State != record.StateRunning {
 		t.Fatalf("CreateVM = %v, %v", rec, err)
 	}
 	(&running{apiSocket: rec.Runtime.CH.APISocket}).sim(t, "activate", "") // a guest that reacts to the button
-	s.reg.wmu.Lock()
+	gate.Lock()
 	held := true
 	defer func() {
 		if held {
-			s.reg.wmu.Unlock()
+			gate.Unlock()
 		}
 	}()
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Act(ctx, ModeVM, "v", ActionShutdown)
+		_, err := s.Act(ctx, record.ModeVM, "v", vm.ActionShutdown)
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond) // time for the guest to power off, were the button pressed
-	s.reg.wmu.Unlock()
+	gate.Unlock()
 	held = false
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	var ts testService
-	ts.Service = s
-	r, _ := waitRecord(t, &ts, "v", 10*time.Second, "VM stopped", func(r *Record) bool { return r.State != StateRunning })
-	if f := r.FailureReason; r.State != StateStopped || f == nil || f.Cause != CauseOperatorShutdown || r.ShuttingDown {
+	r, _ := waitRecord(t, s.HostRecords(), "v", 10*time.Second, "VM stopped", func(r *record.Record) bool { return r.State != record.StateRunning })
+	if f := r.FailureReason; r.State != record.StateStopped || f == nil || f.Cause != record.CauseOperatorShutdown || r.ShuttingDown {
 		t.Errorf("record after an ACPI shutdown: %s", describe(r))
 	}
 }
@@ -377,34 +414,30 @@ func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
 	if _, _, err := s.CreateVM(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Act(ctx, ModeVM, "v", ActionStop); err != nil {
+	if _, err := s.Act(ctx, record.ModeVM, "v", vm.ActionStop); err != nil {
 		t.Fatal(err)
 	}
 	// The record as the stop left it between its two writes.
-	if _, err := s.reg.update("v", func(r *Record) {
-		r.State, r.DisplayState, r.FailureReason = StateRunning, string(StateRunning), nil
+	if _, err := s.HostRecords().Update("v", func(r *record.Record) {
+		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	s.Close()
-	e2, err := NewEngine(e.o)
+	e.Close()
+	e2, err := New(e.o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(Options{StateDir: root + "/s", RunDir: root + "/r", Config: s.o.Config, Store: s.o.Store, Host: e2,
-		Logger: slog.New(slog.DiscardHandler)})
+	b := startEngineService(t, e2, nil)
+	defer e2.Close()
+	r, err := b.Get(record.ModeVM, "v")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer b.Close()
-	r, err := b.Get(ModeVM, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := r.FailureReason; r.State != StateStopped || f == nil || f.Cause != CauseOperatorShutdown {
+	if f := r.FailureReason; r.State != record.StateStopped || f == nil || f.Cause != record.CauseOperatorShutdown {
 		t.Errorf("record after the restart: %s", describe(r))
 	}
-	if rep := b.Recovery(); !slices.Equal(rep.Ended, []string{"v"}) {
+	if rep := e2.Recovery(); !slices.Equal(rep.Ended, []string{"v"}) {
 		t.Errorf("recovery = %+v, want v ended", rep)
 	}
 }
@@ -420,18 +453,18 @@ func TestEngineFailedStartStopsStorage(t *testing.T) {
 	if _, _, err := s.CreateVM(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Act(ctx, ModeVM, "v", ActionStop); err != nil {
+	if _, err := s.Act(ctx, record.ModeVM, "v", vm.ActionStop); err != nil {
 		t.Fatal(err)
 	}
 	e.o.CH.Binary = "/nonexistent/cloud-hypervisor"
-	if _, err := s.Act(ctx, ModeVM, "v", ActionStart); err == nil {
+	if _, err := s.Act(ctx, record.ModeVM, "v", vm.ActionStart); err == nil {
 		t.Fatal("start without a hypervisor binary succeeded")
 	}
-	r, err := s.Get(ModeVM, "v")
+	r, err := s.Get(record.ModeVM, "v")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if r.State != StateStopped || r.Runtime.QSD != nil || r.Runtime.CH != nil {
+	if r.State != record.StateStopped || r.Runtime.QSD != nil || r.Runtime.CH != nil {
 		t.Errorf("record after the failed start: %s", describe(r))
 	}
 	if pids := processesNaming(s.Layout().QMPSocket("v")); len(pids) > 0 {
@@ -444,7 +477,7 @@ func TestEngineFailedStartStopsStorage(t *testing.T) {
 // down before the engine's state check, yet it did boot: the create
 // succeeds and the monitor records the guest's shutdown.
 func TestEngineGuestPowersOffAtBoot(t *testing.T) {
-	s, _, root := engineService(t, func(o *EngineOptions) { o.CH.PreArgs = []string{"--sim-poweroff-at-boot"} })
+	s, _, root := engineService(t, func(o *Options) { o.CH.PreArgs = []string{"--sim-poweroff-at-boot"} })
 	sp := baseSpec(t, root, "off")
 	sp.AutoBoot = true
 	if _, _, err := s.CreateVM(context.Background(), sp); err != nil {
@@ -452,11 +485,11 @@ func TestEngineGuestPowersOffAtBoot(t *testing.T) {
 	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		r, err := s.Get(ModeVM, "off")
+		r, err := s.Get(record.ModeVM, "off")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.State == StateStopped && r.FailureReason != nil && r.FailureReason.Cause == CauseGuestShutdown {
+		if r.State == record.StateStopped && r.FailureReason != nil && r.FailureReason.Cause == record.CauseGuestShutdown {
 			break
 		}
 		if time.Now().After(deadline) {

@@ -1,4 +1,4 @@
-package vm
+package record
 
 import (
 	"reflect"
@@ -39,7 +39,7 @@ func TestRuntimeRoundTrip(t *testing.T) {
 		Runtime: &Runtime{Steps: []string{StepRootDisk, StepData(0), StepTap(1)}, VsockCID: 7,
 			CH:  &CHRuntime{Pid: 10, StartTime: 20, APISocket: "/r/ch.sock", EventsPath: "/r/events"},
 			QSD: &QSDRuntime{Pid: 11, StartTime: 21, QMPSocket: "/r/qsd.qmp", DataSockets: []string{"/r/data0.vhost"}}}}
-	c := r.clone()
+	c := r.Clone()
 	if !reflect.DeepEqual(c, r) {
 		t.Errorf("clone = %+v, want %+v", c, r)
 	}

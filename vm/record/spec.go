@@ -1,4 +1,4 @@
-package vm
+package record
 
 import (
 	"encoding/json"

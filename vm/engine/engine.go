@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"vmhost/qmp"
 	"vmhost/seed"
 	"vmhost/tap"
+	"vmhost/vm/record"
 )
 
 // Program is an external program the engine runs: a binary and the
@@ -33,9 +34,12 @@ type Program struct {
 	Env []string
 }
 
-// EngineOptions configure an Engine. Config is required.
-type EngineOptions struct {
+// Options configure an Engine. Config, StateDir and RunDir are required.
+type Options struct {
 	Config *config.Config
+	// StateDir and RunDir are the agent's state and run directories (the
+	// record.Layout of every VM).
+	StateDir, RunDir string
 	// CH and QSD are Cloud Hypervisor and qemu-storage-daemon; an empty
 	// Binary means Config.Binaries.
 	CH, QSD Program
@@ -51,22 +55,48 @@ type EngineOptions struct {
 	// again after SIGTERM); 0 means 5 seconds.
 	StopGrace time.Duration
 	Logger    *slog.Logger
+	// Now gives the time of failure reasons; default time.Now.
+	Now func() time.Time
 }
 
-// Engine is the production Host: it provisions classic VMs (image
-// download, disk copy, data volumes, seed, taps, qemu-storage-daemon),
-// boots them in Cloud Hypervisor, watches them until the guest shows life
-// and carries out lifecycle actions. Each provisioning step is recorded in
-// the VM's record (Runtime.Steps) before the next starts, so Rollback
-// removes exactly what was made.
+// Records is how the engine sees the VM records (package vm implements it
+// with vm.HostRecords). Records are copy-on-write: a *record.Record is
+// never modified; Update stores a new version.
+type Records interface {
+	// Get returns the newest version of the record of id (a create still
+	// in flight included), or nil.
+	Get(id string) *record.Record
+	// List returns every record of both families.
+	List() []*record.Record
+	// Update stores f applied to a copy of the record of id and returns
+	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
+	Update(id string, f func(*record.Record)) (*record.Record, error)
+	// Lock takes the per-VM lock the lifecycle actions hold and returns
+	// its unlock.
+	Lock(id string) (unlock func())
+}
+
+// Engine is the production vm.Host: it provisions VMs (image download,
+// disk copy, data volumes, seed, taps, qemu-storage-daemon), boots them in
+// Cloud Hypervisor, supervises them (monitor.go), carries out lifecycle
+// actions and, at Start, reconciles the host with the records
+// (recover.go). Each provisioning step is recorded in the VM's record
+// (Runtime.Steps) before the next starts, so Rollback removes exactly what
+// was made.
 //
-// vm.New binds an Engine passed as Options.Host to its Service. Its
-// methods are safe for concurrent use; the Service serializes the actions
-// on one VM.
+// New makes it; Start gives it the records and the AppVM hooks and must
+// come before any other call. Its methods are safe for concurrent use; the
+// records' owner serializes the actions on one VM.
 type Engine struct {
-	o     EngineOptions
-	svc   *Service
-	cache *disk.Cache
+	o      Options
+	lay    record.Layout
+	log    *slog.Logger
+	cache  *disk.Cache
+	recs   Records
+	hooks  AppVMHooks // nil without AppVMs
+	bg     sync.WaitGroup
+	mon    watchers // the monitors of running VMs (monitor.go)
+	starts sync.Once
 
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
@@ -75,10 +105,10 @@ type Engine struct {
 	live map[string]*qmp.QSD
 }
 
-// NewEngine returns an engine; pass it to vm.New as Options.Host.
-func NewEngine(o EngineOptions) (*Engine, error) {
-	if o.Config == nil {
-		return nil, errors.New("vm.NewEngine: Config is required")
+// New returns an engine over the directories of o; Start it before use.
+func New(o Options) (*Engine, error) {
+	if o.Config == nil || o.StateDir == "" || o.RunDir == "" {
+		return nil, errors.New("engine.New: Config, StateDir and RunDir are required")
 	}
 	if o.CH.Binary == "" {
 		o.CH.Binary = o.Config.Binaries.CloudHypervisor
@@ -98,58 +128,67 @@ func NewEngine(o EngineOptions) (*Engine, error) {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	if o.NoTapsReason == "" {
 		o.NoTapsReason = "this agent cannot create taps"
 	}
-	return &Engine{o: o, live: map[string]*qmp.QSD{}}, nil
-}
-
-// bindService is called by vm.New: the engine stores records through s.
-func (e *Engine) bindService(s *Service) error {
-	if err := s.layout.CheckRunDir(); err != nil {
-		return err
+	lay := record.Layout{StateDir: filepath.Clean(o.StateDir), RunDir: filepath.Clean(o.RunDir)}
+	if err := lay.CheckRunDir(); err != nil {
+		return nil, err
 	}
-	c, err := disk.NewCache(filepath.Join(s.layout.StateDir, "images"), disk.CacheOptions{MaxBytes: e.o.Config.ImageMaxBytes})
+	c, err := disk.NewCache(filepath.Join(lay.StateDir, "images"), disk.CacheOptions{MaxBytes: o.Config.ImageMaxBytes})
 	if err != nil {
-		return fmt.Errorf("opening image cache: %w", err)
+		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e.svc, e.cache = s, c
-	return nil
+	return &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}}, nil
 }
 
-func (e *Engine) layout() Layout { return e.svc.layout }
+// Start hands the engine the records it works on and the AppVM hooks (nil
+// on a host without AppVMs), then reconciles the host with the records
+// (recover.go): running VMs are adopted and watched, dead ones ended,
+// interrupted provisions resumed or rolled back, and orphan processes,
+// taps and directories reaped; Recovery reports it. Close releases the
+// watched VMs without stopping them.
+func (e *Engine) Start(recs Records, hooks AppVMHooks) {
+	e.starts.Do(func() {
+		e.recs, e.hooks = recs, hooks
+		e.recoverHost()
+	})
+}
+
+// Wait blocks until the provisions Start resumed have finished.
+func (e *Engine) Wait() { e.bg.Wait() }
+
+func (e *Engine) layout() record.Layout { return e.lay }
 
 // current returns the newest version of the record of id (the Service
 // hands the Host the version it had), or rec itself when id is not
 // stored.
-func (e *Engine) current(rec *Record) *Record {
-	e.svc.reg.mu.RLock()
-	defer e.svc.reg.mu.RUnlock()
-	if r := e.svc.reg.recs[rec.ID]; r != nil {
-		return r
-	}
-	if r := e.svc.reg.pending[rec.ID]; r != nil {
+func (e *Engine) current(rec *record.Record) *record.Record {
+	if r := e.recs.Get(rec.ID); r != nil {
 		return r
 	}
 	return rec
 }
 
 // update stores f applied to the record of id.
-func (e *Engine) update(id string, f func(*Record)) (*Record, error) {
-	r, err := e.svc.reg.update(id, f)
+func (e *Engine) update(id string, f func(*record.Record)) (*record.Record, error) {
+	r, err := e.recs.Update(id, f)
 	if err != nil {
-		return nil, &HostError{Kind: HostStorage, Op: "recording VM " + id, Err: err}
+		return nil, &record.HostError{Kind: record.HostStorage, Op: "recording VM " + id, Err: err}
 	}
 	return r, nil
 }
 
 // step records a completed provisioning step.
-func (e *Engine) step(id, name string, f func(*Record)) (*Record, error) {
+func (e *Engine) step(id, name string, f func(*record.Record)) (*record.Record, error) {
 	testStopAt("pre:" + name) // crash tests (recover_hook.go): done, not recorded
 	defer testStopAt(name)    // crash tests: done and recorded
-	return e.update(id, func(r *Record) {
+	return e.update(id, func(r *record.Record) {
 		if r.Runtime == nil {
-			r.Runtime = &Runtime{}
+			r.Runtime = &record.Runtime{}
 		}
 		if !slices.Contains(r.Runtime.Steps, name) {
 			r.Runtime.Steps = append(r.Runtime.Steps, name)
@@ -164,12 +203,12 @@ func (e *Engine) step(id, name string, f func(*Record)) (*Record, error) {
 // Preflight checks what the engine can tell before anything is stored:
 // the VM's socket paths fit a unix socket address, and the host can create
 // taps if the VM has interfaces.
-func (e *Engine) Preflight(_ context.Context, rec *Record) error {
+func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
 	if err := e.layout().CheckSocketPaths(rec.ID); err != nil {
-		return &FieldError{Field: "vm_id", Msg: err.Error()}
+		return &record.FieldError{Field: "vm_id", Msg: err.Error()}
 	}
 	if len(rec.NICs) > 0 && e.o.Taps == nil {
-		return &HostError{Kind: HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
+		return &record.HostError{Kind: record.HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
 	}
 	return nil
 }
@@ -179,103 +218,103 @@ func (e *Engine) Preflight(_ context.Context, rec *Record) error {
 // data volumes, seed, run directory, taps, then launches
 // qemu-storage-daemon, which grows the root disk to disk.size_gib before
 // exporting it. On error the steps done so far stay recorded for Rollback.
-func (e *Engine) Provision(ctx context.Context, rec *Record) error {
+func (e *Engine) Provision(ctx context.Context, rec *record.Record) error {
 	id := rec.ID
 	l := e.layout()
 	rec = e.current(rec)
 	var err error
 	sp := &rec.Spec
 
-	if sp.Image != nil && !rec.Runtime.Done(StepImage) {
+	if sp.Image != nil && !rec.Runtime.Done(record.StepImage) {
 		path, err := e.cache.Fetch(ctx, sp.Image.FetchURL, sp.Image.ContentSHA256, nil)
 		if err != nil {
-			return &HostError{Kind: HostStorage, Op: "downloading image " + sp.Image.ImageID, Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "downloading image " + sp.Image.ImageID, Err: err}
 		}
 		h, err := qcow2.ReadHeaderFile(path)
 		if err != nil {
-			return &HostError{Kind: HostStorage, Op: "reading downloaded image " + sp.Image.ImageID, Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "reading downloaded image " + sp.Image.ImageID, Err: err}
 		}
-		if rec, err = e.step(id, StepImage, func(r *Record) {
-			r.Base = &BaseImage{Path: path, VirtualSizeBytes: h.Size}
-			r.DisplayState = DisplayCreating
+		if rec, err = e.step(id, record.StepImage, func(r *record.Record) {
+			r.Base = &record.BaseImage{Path: path, VirtualSizeBytes: h.Size}
+			r.DisplayState = record.DisplayCreating
 		}); err != nil {
 			return err
 		}
 	}
 	if rec.Base == nil {
-		return &HostError{Kind: HostInternal, Op: "provisioning VM " + id, Err: errors.New("no base image recorded")}
+		return &record.HostError{Kind: record.HostInternal, Op: "provisioning VM " + id, Err: errors.New("no base image recorded")}
 	}
 
-	if !rec.Runtime.Done(StepRootDisk) {
+	if !rec.Runtime.Done(record.StepRootDisk) {
 		if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
-			return &HostError{Kind: HostStorage, Op: "creating VM directory", Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "creating VM directory", Err: err}
 		}
 		if err := disk.Copy(ctx, rec.Base.Path, l.RootDisk(id)); err != nil {
-			return &HostError{Kind: HostStorage, Op: "copying base image " + rec.Base.Path, Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "copying base image " + rec.Base.Path, Err: err}
 		}
-		if rec, err = e.step(id, StepRootDisk, nil); err != nil {
+		if rec, err = e.step(id, record.StepRootDisk, nil); err != nil {
 			return err
 		}
 	}
 	for i, v := range sp.Volumes {
-		if rec.Runtime.Done(StepData(i)) {
+		if rec.Runtime.Done(record.StepData(i)) {
 			continue
 		}
 		if err := qcow2.Create(l.DataVolume(id, i), uint64(v.SizeGiB)<<30); err != nil {
-			return &HostError{Kind: HostStorage, Op: "creating data volume " + volumeID(i), Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
 		}
-		if rec, err = e.step(id, StepData(i), nil); err != nil {
+		if rec, err = e.step(id, record.StepData(i), nil); err != nil {
 			return err
 		}
 	}
-	if sp.CloudInit != nil && !rec.Runtime.Done(StepSeed) {
+	if sp.CloudInit != nil && !rec.Runtime.Done(record.StepSeed) {
 		files, err := seed.Render(e.seedConfig(rec))
 		if err != nil {
-			return &HostError{Kind: HostStorage, Op: "rendering cloud-init seed", Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "rendering cloud-init seed", Err: err}
 		}
 		if _, err := seed.WriteFile(l.Seed(id), files); err != nil {
-			return &HostError{Kind: HostStorage, Op: "writing cloud-init seed", Err: err}
+			return &record.HostError{Kind: record.HostStorage, Op: "writing cloud-init seed", Err: err}
 		}
-		if rec, err = e.step(id, StepSeed, nil); err != nil {
+		if rec, err = e.step(id, record.StepSeed, nil); err != nil {
 			return err
 		}
 	}
-	if !rec.Runtime.Done(StepRunDir) {
+	if !rec.Runtime.Done(record.StepRunDir) {
 		if err := os.MkdirAll(l.RunVMDir(id), 0o700); err != nil {
-			return &HostError{Kind: HostInternal, Op: "creating run directory", Err: err}
+			return &record.HostError{Kind: record.HostInternal, Op: "creating run directory", Err: err}
 		}
-		if rec, err = e.step(id, StepRunDir, nil); err != nil {
+		if rec, err = e.step(id, record.StepRunDir, nil); err != nil {
 			return err
 		}
 	}
 	for i := range rec.NICs {
-		if rec.Runtime.Done(StepTap(i)) {
+		if rec.Runtime.Done(record.StepTap(i)) {
 			continue
 		}
 		if err := e.createTap(ctx, rec, i); err != nil {
 			return err
 		}
-		if rec, err = e.step(id, StepTap(i), nil); err != nil {
+		if rec, err = e.step(id, record.StepTap(i), nil); err != nil {
 			return err
 		}
 	}
 	if rec.Runtime == nil || rec.Runtime.VsockCID == 0 { // every step was done before
-		if rec, err = e.update(id, func(r *Record) { e.ensureCID(r) }); err != nil {
+		if rec, err = e.update(id, func(r *record.Record) { e.ensureCID(r) }); err != nil {
 			return err
 		}
 	}
 	// AppVM specifics (ext4 data volumes) before QSD opens the volumes.
-	if rec, err = e.svc.appVMProvision(ctx, rec); err != nil {
-		return &HostError{Kind: HostStorage, Op: "provisioning AppVM " + id, Err: err}
+	if rec, err = e.appVMProvision(ctx, rec); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: "provisioning AppVM " + id, Err: err}
 	}
 	_, err = e.ensureQSD(ctx, rec)
 	return err
 }
 
 // ensureCID gives r a vsock CID unless it has one.
-func (e *Engine) ensureCID(r *Record) {
+func (e *Engine) ensureCID(r *record.Record) {
 	if r.Runtime == nil {
-		r.Runtime = &Runtime{}
+		r.Runtime = &record.Runtime{}
 	}
 	if r.Runtime.VsockCID == 0 {
 		r.Runtime.VsockCID = e.allocCID(r.ID)
@@ -286,11 +325,9 @@ func (e *Engine) ensureCID(r *Record) {
 // runs inside a record update, which serializes allocations.
 func (e *Engine) allocCID(id string) uint32 {
 	used := map[uint32]bool{}
-	for _, m := range []Mode{ModeVM, ModeAppVM} {
-		for _, r := range e.svc.reg.list(m) {
-			if r.ID != id && r.Runtime != nil {
-				used[r.Runtime.VsockCID] = true
-			}
+	for _, r := range e.recs.List() {
+		if r.ID != id && r.Runtime != nil {
+			used[r.Runtime.VsockCID] = true
 		}
 	}
 	cid := uint32(3)
@@ -302,7 +339,7 @@ func (e *Engine) allocCID(id string) uint32 {
 
 // seedConfig is the seed of a cloud-init VM: interface 0 takes
 // cloud_init.network, the others their own static addresses.
-func (e *Engine) seedConfig(rec *Record) seed.Config {
+func (e *Engine) seedConfig(rec *record.Record) seed.Config {
 	ci := rec.Spec.CloudInit
 	c := seed.Config{
 		VMID:              rec.ID,
@@ -310,7 +347,7 @@ func (e *Engine) seedConfig(rec *Record) seed.Config {
 		Password:          rec.Secrets.Password.Reveal(),
 		ConsoleAutologin:  ci.ConsoleAutologin,
 		Sudo:              ci.Sudo,
-		Hostname:          ClassicHostname(rec.ID),
+		Hostname:          record.ClassicHostname(rec.ID),
 		InstanceID:        rec.ID,
 	}
 	if ci.Hostname != nil {
@@ -350,14 +387,14 @@ func seedAddr(addr, gw string, dns []string) *seed.Address {
 // createTap creates interface i's tap, puts it on its bridge with the
 // network's policy (request overrides first) and guards it when spoof
 // guarding applies. A failure after the tap exists deletes it again.
-func (e *Engine) createTap(ctx context.Context, rec *Record, i int) error {
+func (e *Engine) createTap(ctx context.Context, rec *record.Record, i int) error {
 	nic := rec.NICs[i]
-	var np *NetSpec
+	var np *record.NetSpec
 	if i < len(rec.Spec.Nets) {
 		np = &rec.Spec.Nets[i]
 	}
 	cfg := e.o.Config
-	nv := ResolveNet(cfg, np, nic)
+	nv := record.ResolveNet(cfg, np, nic)
 	policy, _ := cfg.Network(nv.NetworkID)
 	isolated, guard := policy.Isolated, policy.SpoofGuard
 	if nv.Isolated != nil {
@@ -367,7 +404,7 @@ func (e *Engine) createTap(ctx context.Context, rec *Record, i int) error {
 		guard = *nv.SpoofGuard
 	}
 	fail := func(op string, err error) error {
-		return &HostError{Kind: HostNetwork, Op: op, Err: err}
+		return &record.HostError{Kind: record.HostNetwork, Op: op, Err: err}
 	}
 	if e.o.Taps == nil {
 		return fail("creating tap "+nic.Tap, errors.New(e.o.NoTapsReason))
@@ -406,7 +443,7 @@ func (e *Engine) createTap(ctx context.Context, rec *Record, i int) error {
 // guardRule is the anti-spoof rule of an interface: its MAC, its static
 // addresses (interface 0 of a cloud-init VM may take them from
 // cloud_init.network) and allowed_ips.
-func guardRule(nic NIC, nv NetView, i int, ci *CloudInitSpec) (tap.GuardRule, error) {
+func guardRule(nic record.NIC, nv record.NetView, i int, ci *record.CloudInitSpec) (tap.GuardRule, error) {
 	mac, err := net.ParseMAC(nic.MAC)
 	if err != nil {
 		return tap.GuardRule{}, err
@@ -415,10 +452,10 @@ func guardRule(nic NIC, nv NetView, i int, ci *CloudInitSpec) (tap.GuardRule, er
 	v4, v6 := nv.IPv4, nv.IPv6
 	if i == 0 && ci != nil && ci.Network != nil {
 		if v4 == nil && ci.Network.IPv4 != nil {
-			v4 = &NetIPSpec{Address: ci.Network.IPv4.Address}
+			v4 = &record.NetIPSpec{Address: ci.Network.IPv4.Address}
 		}
 		if v6 == nil && ci.Network.IPv6 != nil {
-			v6 = &NetIPSpec{Address: ci.Network.IPv6.Address}
+			v6 = &record.NetIPSpec{Address: ci.Network.IPv6.Address}
 		}
 	}
 	if v4 != nil {
@@ -452,7 +489,7 @@ func guardRule(nic NIC, nv NetView, i int, ci *CloudInitSpec) (tap.GuardRule, er
 // qsdConfig is how the VM's qemu-storage-daemon runs: the root disk grown
 // to disk.size_gib (never below the base) with the root-disk limits, and
 // every data volume.
-func (e *Engine) qsdConfig(rec *Record) qmp.QSDConfig {
+func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 	l, id, sp := e.layout(), rec.ID, &rec.Spec
 	var size uint64
 	if sp.Disk != nil && sp.Disk.SizeGiB != nil {
@@ -472,14 +509,14 @@ func (e *Engine) qsdConfig(rec *Record) qmp.QSDConfig {
 		LogFile:   l.QSDLog(id),
 	}
 	for i := range sp.Volumes {
-		c.Data = append(c.Data, qmp.DataDisk{ID: volumeID(i), Path: l.DataVolume(id, i), Socket: l.DataSocket(id, i)})
+		c.Data = append(c.Data, qmp.DataDisk{ID: record.VolumeID(i), Path: l.DataVolume(id, i), Socket: l.DataSocket(id, i)})
 	}
 	return c
 }
 
 // ensureQSD launches the VM's qemu-storage-daemon unless the engine holds
 // a running one, and records its identity.
-func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
+func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Record, error) {
 	e.mu.Lock()
 	q := e.live[rec.ID]
 	e.mu.Unlock()
@@ -495,27 +532,27 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
 		// Recorded but not held (an agent restart that did not adopt it):
 		// its sockets and pid file would clash with a new one.
 		if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
-			return nil, &HostError{Kind: HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
+			return nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
 		}
 	}
 	cfg := e.qsdConfig(rec)
 	q, err := qmp.LaunchQSD(ctx, cfg)
 	if err != nil {
-		return nil, &HostError{Kind: HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
+		return nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
 	}
 	e.mu.Lock()
 	e.live[rec.ID] = q
 	e.mu.Unlock()
 	testStopAt("pre:" + HookQSD) // crash tests (recover_hook.go): running, not recorded
 	defer testStopAt(HookQSD)    // crash tests: running and recorded
-	rt := &QSDRuntime{Pid: q.Pid, StartTime: q.StartTime, QMPSocket: cfg.QMPSocket, RootSocket: cfg.Root.Socket,
+	rt := &record.QSDRuntime{Pid: q.Pid, StartTime: q.StartTime, QMPSocket: cfg.QMPSocket, RootSocket: cfg.Root.Socket,
 		PidFile: cfg.PidFile, LogFile: cfg.LogFile}
 	for _, d := range cfg.Data {
 		rt.DataSockets = append(rt.DataSockets, d.Socket)
 	}
-	return e.update(rec.ID, func(r *Record) {
+	return e.update(rec.ID, func(r *record.Record) {
 		if r.Runtime == nil {
-			r.Runtime = &Runtime{}
+			r.Runtime = &record.Runtime{}
 		}
 		r.Runtime.QSD = rt
 	})
@@ -525,23 +562,23 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *Record) (*Record, error) {
 // processes, deletes the recorded taps, the recorded files and the VM's run
 // directory. The image cache and the base image are never touched. Every
 // step runs; the errors are joined.
-func (e *Engine) Rollback(ctx context.Context, rec *Record) error {
+func (e *Engine) Rollback(ctx context.Context, rec *record.Record) error {
 	rec = e.current(rec)
-	herr := e.svc.appVMRollback(ctx, rec)
+	herr := e.appVMRollback(ctx, rec)
 	return errors.Join(herr, e.teardown(ctx, rec, false))
 }
 
 // teardown stops the VM's processes and removes what it owns. all (delete)
 // also removes the whole VM directory, whatever is in it; otherwise only
 // the recorded files are removed, and the directory if then empty.
-func (e *Engine) teardown(ctx context.Context, rec *Record, all bool) error {
+func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) error {
 	id, l := rec.ID, e.layout()
 	var errs []error
 	if err := e.stopAll(ctx, rec); err != nil {
 		errs = append(errs, err)
 	}
 	for i, nic := range rec.NICs {
-		if !rec.Runtime.Done(StepTap(i)) || e.o.Taps == nil {
+		if !rec.Runtime.Done(record.StepTap(i)) || e.o.Taps == nil {
 			continue
 		}
 		if err := e.o.Taps.Delete(ctx, nic.Tap); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -561,15 +598,15 @@ func (e *Engine) teardown(ctx context.Context, rec *Record, all bool) error {
 			errs = append(errs, err)
 		}
 	} else {
-		if rec.Runtime.Done(StepRootDisk) {
+		if rec.Runtime.Done(record.StepRootDisk) {
 			remove(l.RootDisk(id))
 		}
 		for i := range rec.Spec.Volumes {
-			if rec.Runtime.Done(StepData(i)) {
+			if rec.Runtime.Done(record.StepData(i)) {
 				remove(l.DataVolume(id, i))
 			}
 		}
-		if rec.Runtime.Done(StepSeed) {
+		if rec.Runtime.Done(record.StepSeed) {
 			remove(l.Seed(id))
 		}
 		if err := os.Remove(l.VMDir(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -584,9 +621,9 @@ func (e *Engine) teardown(ctx context.Context, rec *Record, all bool) error {
 // the engine holds (a VM that is not running), and any only recorded (not
 // adopted after an agent restart), which are killed if pid and start time
 // still match. The record's process identities are cleared.
-func (e *Engine) stopAll(ctx context.Context, rec *Record) error {
+func (e *Engine) stopAll(ctx context.Context, rec *record.Record) error {
 	id := rec.ID
-	ch, qsd := e.svc.unwatch(id)
+	ch, qsd := e.unwatch(id)
 	if ch != nil {
 		e.shutdownVMM(ch)
 	}
@@ -600,7 +637,7 @@ func (e *Engine) stopAll(ctx context.Context, rec *Record) error {
 		delete(e.live, id)
 	}
 	e.mu.Unlock()
-	e.svc.stopProcesses(id, ch, qsd)
+	e.stopProcesses(id, ch, qsd)
 	var errs []error
 	rec = e.current(rec)
 	if rt := rec.Runtime; rt != nil {
@@ -615,7 +652,7 @@ func (e *Engine) stopAll(ctx context.Context, rec *Record) error {
 			}
 		}
 		if rt.CH != nil || rt.QSD != nil {
-			if _, err := e.svc.reg.update(id, func(r *Record) {
+			if _, err := e.recs.Update(id, func(r *record.Record) {
 				r.Runtime.CH, r.Runtime.QSD, r.PID = nil, nil, 0
 			}); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				errs = append(errs, err)

@@ -1,5 +1,5 @@
 //go:build !race
 
-package vm
+package engine
 
 const raceEnabled = false

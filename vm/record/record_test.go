@@ -1,4 +1,4 @@
-package vm
+package record
 
 import (
 	"bytes"
@@ -17,18 +17,18 @@ func TestRecordRoundTripKeepsSecrets(t *testing.T) {
 		AppVM:     &AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no", SecretEnvKeys: []string{"K"}},
 		Secrets:   Secrets{Password: "pw-x", SecretEnv: []SecretEnv{{Key: "K", Value: "sv-y"}}},
 	}
-	b, err := encodeRecord(r)
+	b, err := Encode(r)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Contains(b, []byte("pw-x")) || !bytes.Contains(b, []byte("sv-y")) {
 		t.Fatalf("record file lacks its secrets:\n%s", b)
 	}
-	got, err := decodeRecord(b)
+	got, err := Decode(b)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b2, _ := encodeRecord(got)
+	b2, _ := Encode(got)
 	if !bytes.Equal(b, b2) {
 		t.Errorf("round trip differs:\n%s\n%s", b, b2)
 	}
@@ -47,19 +47,19 @@ func FuzzDecodeRecord(f *testing.F) {
 	f.Add([]byte(`{"id":"a","mode":"appvm","appvm":{"image_id":"i","network_mode":"dhcp","restart_policy":"no","booted":true,"image":{}}}`))
 	f.Add([]byte(`{"mode":"x"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		r, err := decodeRecord(data)
+		r, err := Decode(data)
 		if err != nil {
 			return
 		}
-		b, err := encodeRecord(r)
+		b, err := Encode(r)
 		if err != nil {
 			t.Fatalf("decoded record does not encode: %v", err)
 		}
-		r2, err := decodeRecord(b)
+		r2, err := Decode(b)
 		if err != nil {
 			t.Fatalf("re-decoding %s: %v", b, err)
 		}
-		if b2, _ := encodeRecord(r2); !bytes.Equal(b, b2) {
+		if b2, _ := Encode(r2); !bytes.Equal(b, b2) {
 			t.Fatalf("not stable:\n%s\n%s", b, b2)
 		}
 	})

@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"vmhost/chclient"
 	"vmhost/proc"
+	"vmhost/vm/record"
 )
 
 // Boot starts the VM: qemu-storage-daemon unless it runs, then Cloud
@@ -20,10 +21,10 @@ import (
 // the boot timeout. On error CH is stopped and the VM keeps its state; a
 // stopped or failed VM runs nothing, so its storage daemon is stopped too
 // (a created VM keeps the one provisioning started).
-func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
+func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	rec = e.current(rec)
 	id, l := rec.ID, e.layout()
-	if rec.State != StateCreated {
+	if rec.State != record.StateCreated {
 		defer func() {
 			if err != nil {
 				e.stopHeldQSD(id)
@@ -38,7 +39,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 		return err
 	}
 	fail := func(op string, err error) error {
-		return &HostError{Kind: HostHypervisor, Op: op + " of VM " + id, Err: err}
+		return &record.HostError{Kind: record.HostHypervisor, Op: op + " of VM " + id, Err: err}
 	}
 	// A stale event stream would replay the previous boot's activation.
 	if err := os.Remove(l.Events(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -46,12 +47,12 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 	}
 	cfg, err := CHConfig(rec, e.o.Config, l, CHConfigHost{CPUs: e.o.HostCPUs})
 	if err != nil {
-		return &HostError{Kind: HostInternal, Op: "booting VM " + id, Err: err}
+		return &record.HostError{Kind: record.HostInternal, Op: "booting VM " + id, Err: err}
 	}
-	if err := e.svc.appVMPrepareBoot(ctx, rec, cfg); err != nil {
-		return &HostError{Kind: HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
+	if err := e.appVMPrepareBoot(ctx, rec, cfg); err != nil {
+		return &record.HostError{Kind: record.HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
 	}
-	rt := &CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
+	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
 		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
 	p, err := chclient.Launch(ctx, chclient.LaunchConfig{
 		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
@@ -59,7 +60,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
 	})
 	if err != nil {
-		e.svc.appVMForget(rec)
+		e.appVMForget(rec)
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
@@ -73,12 +74,12 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 		}
 		p.Close()
 		e.clearCH(id, p)
-		e.svc.appVMForget(rec)
+		e.appVMForget(rec)
 		return err
 	}
 	testStopAt("pre:" + HookCH) // crash tests (recover_hook.go): running, not recorded
 	// Recorded at once, so the process of an agent that dies now is known.
-	if _, err := e.update(id, func(r *Record) { r.Runtime.CH, r.PID = rt, rt.Pid }); err != nil {
+	if _, err := e.update(id, func(r *record.Record) { r.Runtime.CH, r.PID = rt, rt.Pid }); err != nil {
 		return undo(err)
 	}
 	testStopAt(HookCH) // crash tests (recover_hook.go)
@@ -96,9 +97,9 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 		return undo(fail("vm.boot", err))
 	}
 	testStopAt(HookBooted) // crash tests (recover_hook.go)
-	if _, err := e.update(id, func(r *Record) {
-		r.State = StateRunning
-		r.DisplayState = DisplayBooting
+	if _, err := e.update(id, func(r *record.Record) {
+		r.State = record.StateRunning
+		r.DisplayState = record.DisplayBooting
 		r.FailureReason = nil
 		r.ShuttingDown = false
 	}); err != nil {
@@ -108,7 +109,7 @@ func (e *Engine) Boot(ctx context.Context, rec *Record) (err error) {
 	q := e.live[id]
 	delete(e.live, id) // the monitor owns both processes from here
 	e.mu.Unlock()
-	e.svc.watch(id, p, q)
+	e.watch(id, p, q)
 	e.o.Logger.Info("VM booted", "id", id, "ch_pid", p.Pid)
 	timeout := time.Duration(e.o.Config.BootTimeoutSecs) * time.Second
 	time.AfterFunc(timeout, func() { e.bootDeadline(id, p, timeout) })
@@ -123,14 +124,14 @@ func (e *Engine) stopHeldQSD(id string) {
 	delete(e.live, id)
 	e.mu.Unlock()
 	if q != nil {
-		e.svc.stopProcesses(id, nil, q)
+		e.stopProcesses(id, nil, q)
 	}
 }
 
 // clearCH forgets CH process p in the record of id, if it is still the
 // recorded one.
 func (e *Engine) clearCH(id string, p *chclient.Process) {
-	_, err := e.svc.reg.update(id, func(r *Record) {
+	_, err := e.recs.Update(id, func(r *record.Record) {
 		if r.Runtime != nil && r.Runtime.CH != nil && r.Runtime.CH.Pid == p.Pid && r.Runtime.CH.StartTime == p.StartTime {
 			r.Runtime.CH, r.PID = nil, 0
 		}
@@ -144,20 +145,20 @@ func (e *Engine) clearCH(id string, p *chclient.Process) {
 // gone: a host reboot removes every tap while the records keep them, and a
 // VM started afterwards needs them back on their bridges, with their
 // isolation, VLAN and anti-spoof rules.
-func (e *Engine) ensureTaps(ctx context.Context, rec *Record) error {
+func (e *Engine) ensureTaps(ctx context.Context, rec *record.Record) error {
 	if e.o.Taps == nil || len(rec.NICs) == 0 {
 		return nil
 	}
 	owned, err := e.o.Taps.ListOwned(ctx)
 	if err != nil {
-		return &HostError{Kind: HostNetwork, Op: "listing taps of VM " + rec.ID, Err: err}
+		return &record.HostError{Kind: record.HostNetwork, Op: "listing taps of VM " + rec.ID, Err: err}
 	}
 	have := make(map[string]bool, len(owned))
 	for _, o := range owned {
 		have[o.Name] = true
 	}
 	for i, nic := range rec.NICs {
-		if have[nic.Tap] || !rec.Runtime.Done(StepTap(i)) {
+		if have[nic.Tap] || !rec.Runtime.Done(record.StepTap(i)) {
 			continue
 		}
 		e.o.Logger.Info("recreating a missing tap before boot", "id", rec.ID, "tap", nic.Tap)
@@ -169,8 +170,8 @@ func (e *Engine) ensureTaps(ctx context.Context, rec *Record) error {
 }
 
 // lifeSign names what counts as a guest's first sign of life (DESIGN §5).
-func lifeSign(m Mode) string {
-	if m == ModeAppVM {
+func lifeSign(m record.Mode) string {
+	if m == record.ModeAppVM {
 		return "guest agent heartbeat"
 	}
 	return "root disk activation"
@@ -181,35 +182,35 @@ func lifeSign(m Mode) string {
 // boot_timeout. A VM that came alive, stopped, or booted again meanwhile
 // is left alone.
 func (e *Engine) bootDeadline(id string, p *chclient.Process, timeout time.Duration) {
-	unlock := e.svc.lockVM(id)
+	unlock := e.recs.Lock(id)
 	defer unlock()
-	r := e.svc.reg.get(id)
-	if r == nil || r.State != StateRunning || r.DisplayState != DisplayBooting ||
+	r := e.recs.Get(id)
+	if r == nil || r.State != record.StateRunning || r.DisplayState != record.DisplayBooting ||
 		r.Runtime == nil || r.Runtime.CH == nil || r.Runtime.CH.Pid != p.Pid || r.Runtime.CH.StartTime != p.StartTime {
 		return
 	}
-	ch, qsd := e.svc.unwatch(id)
+	ch, qsd := e.unwatch(id)
 	if ch == nil {
 		return // the monitor concluded first
 	}
 	secs := int(timeout / time.Second)
 	e.o.Logger.Error("VM showed no sign of life; shutting the VMM down", "id", id, "boot_timeout_secs", secs)
-	if _, err := e.svc.reg.update(id, func(r *Record) {
-		r.State = StateFailed
-		r.DisplayState = string(StateFailed)
+	if _, err := e.recs.Update(id, func(r *record.Record) {
+		r.State = record.StateFailed
+		r.DisplayState = string(record.StateFailed)
 		r.ShuttingDown = false
 		r.PID = 0
-		r.FailureReason = &FailureReason{
-			DetectedAt: e.svc.Now().UTC(),
+		r.FailureReason = &record.FailureReason{
+			DetectedAt: e.o.Now().UTC(),
 			Summary:    fmt.Sprintf("the guest showed no sign of life (%s) within the boot timeout of %d s; the VMM was shut down", lifeSign(r.Mode), secs),
-			Detail:     FailureDetail{Kind: KindBootTimeout, Seconds: &secs},
-			Cause:      CauseBootTimeout,
+			Detail:     record.FailureDetail{Kind: record.KindBootTimeout, Seconds: &secs},
+			Cause:      record.CauseBootTimeout,
 		}
 	}); err != nil {
 		e.o.Logger.Error("recording boot timeout", "id", id, "err", err)
 	}
 	e.shutdownVMM(ch)
-	e.svc.stopProcesses(id, ch, qsd)
+	e.stopProcesses(id, ch, qsd)
 }
 
 // shutdownVMM asks CH to exit cleanly (vmm.shutdown) and waits up to the

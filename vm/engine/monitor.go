@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"vmhost/chclient"
 	"vmhost/proc"
 	"vmhost/qmp"
+	"vmhost/vm/record"
 )
 
 // Supervision of running VMs (DESIGN §5).
@@ -64,28 +66,6 @@ const (
 	stopGrace = 2 * time.Second
 )
 
-// Failure kinds and causes of contract §2.2.
-const (
-	KindSocketGone      = "socket_gone"
-	KindSocketDead      = "socket_dead"
-	KindPingTimeout     = "ping_timeout"
-	KindProcessExit     = "process_exit"
-	KindProcessSignal   = "process_signal"
-	KindMissingPID      = "missing_pid"
-	KindDiskMissing     = "disk_missing"
-	KindBootTimeout     = "boot_timeout"
-	KindProvisionFailed = "provision_failed"
-
-	CauseOperatorShutdown = "operator_shutdown"
-	CauseGuestShutdown    = "guest_shutdown"
-	CauseCHCrash          = "ch_crash"
-	CauseVMMHang          = "vmm_hang"
-	CauseDiskMissing      = "disk_missing"
-	CauseBootTimeout      = "boot_timeout"
-	CauseProvisionFailed  = "provision_failed"
-	CauseUnknown          = "unknown"
-)
-
 // watchers is the set of monitors, one per watched VM.
 type watchers struct {
 	mu sync.Mutex
@@ -99,7 +79,7 @@ type watchers struct {
 
 // monitor supervises one running VM.
 type monitor struct {
-	s   *Service
+	e   *Engine
 	id  string
 	ch  *chclient.Process
 	qsd *qmp.QSD // nil when the VM has no storage daemon
@@ -131,28 +111,28 @@ type finding struct {
 // monitor owns them until it concludes or unwatch returns them. A VM
 // already watched keeps its monitor, and ch and qsd are released (not
 // stopped). A guest panic recorded for an earlier boot is cleared.
-func (s *Service) watch(id string, ch *chclient.Process, qsd *qmp.QSD) {
-	if r := s.reg.get(id); r != nil && r.GuestPanickedAt != nil {
-		if _, err := s.reg.update(id, func(r *Record) { r.GuestPanickedAt = nil }); err != nil {
-			s.log.Error("clearing the guest panic of an earlier boot", "id", id, "err", err)
+func (e *Engine) watch(id string, ch *chclient.Process, qsd *qmp.QSD) {
+	if r := e.recs.Get(id); r != nil && r.GuestPanickedAt != nil {
+		if _, err := e.recs.Update(id, func(r *record.Record) { r.GuestPanickedAt = nil }); err != nil {
+			e.log.Error("clearing the guest panic of an earlier boot", "id", id, "err", err)
 		}
 	}
-	s.supervise(id, ch, qsd, nil)
+	e.supervise(id, ch, qsd, nil)
 }
 
 // supervise starts the monitor of a running VM (watch after a boot; the
 // recovery after adopting the processes, where qsdProc may stand in for a
 // storage daemon whose monitor did not answer).
-func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdProc *proc.Adopted) {
-	rec := s.reg.get(id)
+func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdProc *proc.Adopted) {
+	rec := e.recs.Get(id)
 	if rec == nil {
-		s.log.Error("watch: no record; processes left running unwatched", "id", id)
+		e.log.Error("watch: no record; processes left running unwatched", "id", id)
 		return
 	}
 	m := &monitor{
-		s: s, id: id, ch: ch, qsd: qsd, qsdProc: qsdProc,
+		e: e, id: id, ch: ch, qsd: qsd, qsdProc: qsdProc,
 		apiSocket: ch.APISocket,
-		events:    s.layout.Events(id),
+		events:    e.layout().Events(id),
 		chStart:   processStartWall(ch.StartTime),
 		found:     make(chan finding, 4),
 		ended:     make(chan struct{}),
@@ -160,19 +140,19 @@ func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdPr
 	if rt := rec.Runtime; rt != nil && rt.CH != nil && rt.CH.EventsPath != "" {
 		m.events = rt.CH.EventsPath
 	}
-	if p := s.layout.RootDisk(id); fileExists(p) {
+	if p := e.layout().RootDisk(id); fileExists(p) {
 		m.rootDisk = p
 	}
 	m.sockIno = inode(m.apiSocket)
 	m.ctx, m.cancel = context.WithCancel(context.Background())
-	w := &s.mon
+	w := &e.mon
 	w.mu.Lock()
 	if w.m == nil {
 		w.m = map[string]*monitor{}
 	}
 	if _, dup := w.m[id]; dup {
 		w.mu.Unlock()
-		s.log.Error("watch: VM already watched; new handles released", "id", id)
+		e.log.Error("watch: VM already watched; new handles released", "id", id)
 		ch.Close()
 		if qsd != nil {
 			qsd.Close()
@@ -194,8 +174,8 @@ func (s *Service) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdPr
 // unwatch stops supervising id and hands its processes back (a planned
 // stop, or a delete): the caller stops or releases them. It returns nils
 // when id is not watched, e.g. because its monitor already concluded.
-func (s *Service) unwatch(id string) (*chclient.Process, *qmp.QSD) {
-	w := &s.mon
+func (e *Engine) unwatch(id string) (*chclient.Process, *qmp.QSD) {
+	w := &e.mon
 	w.mu.Lock()
 	m := w.m[id]
 	delete(w.m, id)
@@ -215,21 +195,21 @@ func (s *Service) unwatch(id string) (*chclient.Process, *qmp.QSD) {
 // watched, and reports whether it was. A monitor records its verdict under
 // the same lock (conclude), so an action's write never lands on a VM whose
 // end is already recorded.
-func (s *Service) updateWatched(id string, f func(*Record)) (bool, error) {
-	s.mon.mu.Lock()
-	defer s.mon.mu.Unlock()
-	if s.mon.m[id] == nil {
+func (e *Engine) updateWatched(id string, f func(*record.Record)) (bool, error) {
+	e.mon.mu.Lock()
+	defer e.mon.mu.Unlock()
+	if e.mon.m[id] == nil {
 		return false, nil
 	}
-	_, err := s.reg.update(id, f)
+	_, err := e.recs.Update(id, f)
 	return true, err
 }
 
 // watched reports whether id has a monitor.
-func (s *Service) watched(id string) bool {
-	s.mon.mu.Lock()
-	defer s.mon.mu.Unlock()
-	return s.mon.m[id] != nil
+func (e *Engine) watched(id string) bool {
+	e.mon.mu.Lock()
+	defer e.mon.mu.Unlock()
+	return e.mon.m[id] != nil
 }
 
 // Close stops supervising every VM and releases the process handles and
@@ -237,8 +217,8 @@ func (s *Service) watched(id string) bool {
 // when the agent exits (KillMode=process), and the next New adopts them.
 // Monitors that are concluding (stopping processes of a failed VM) finish
 // first.
-func (s *Service) Close() error {
-	w := &s.mon
+func (e *Engine) Close() error {
+	w := &e.mon
 	w.mu.Lock()
 	ms := w.m
 	w.m = nil
@@ -308,13 +288,13 @@ func (m *monitor) run() {
 func (m *monitor) checkFiles() (finding, bool) {
 	fi, err := os.Lstat(m.apiSocket)
 	if errors.Is(err, fs.ErrNotExist) {
-		return finding{kind: KindSocketGone, err: err}, true
+		return finding{kind: record.KindSocketGone, err: err}, true
 	}
 	if st, ok := statT(fi); ok && st.Ino != m.sockIno {
 		// Replaced: a new file nobody may listen on.
 		c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			return finding{kind: KindSocketDead, err: err}, true
+			return finding{kind: record.KindSocketDead, err: err}, true
 		}
 		if err == nil {
 			c.Close()
@@ -323,7 +303,7 @@ func (m *monitor) checkFiles() (finding, bool) {
 	}
 	if m.rootDisk != "" {
 		if _, err := os.Stat(m.rootDisk); errors.Is(err, fs.ErrNotExist) {
-			return finding{kind: KindDiskMissing, err: err}, true
+			return finding{kind: record.KindDiskMissing, err: err}, true
 		}
 	}
 	return finding{}, false
@@ -333,7 +313,7 @@ func (m *monitor) checkFiles() (finding, bool) {
 // exitGrace for the process to exit, since exiting is the likelier cause
 // and says more; a disk problem stands on its own.
 func (m *monitor) confirm(f finding) (verdict, bool) {
-	if f.kind != KindDiskMissing {
+	if f.kind != record.KindDiskMissing {
 		t := time.NewTimer(exitGrace)
 		defer t.Stop()
 		select {
@@ -344,51 +324,51 @@ func (m *monitor) confirm(f finding) (verdict, bool) {
 		case <-t.C:
 		}
 	}
-	now := m.s.o.Now().UTC()
-	fail := func(summary, cause string, d FailureDetail) (verdict, bool) {
-		return verdict{state: StateFailed, reason: &FailureReason{DetectedAt: now, Summary: summary, Detail: d, Cause: cause}}, true
+	now := m.e.o.Now().UTC()
+	fail := func(summary, cause string, d record.FailureDetail) (verdict, bool) {
+		return verdict{state: record.StateFailed, reason: &record.FailureReason{DetectedAt: now, Summary: summary, Detail: d, Cause: cause}}, true
 	}
 	pid := m.ch.Pid
 	switch f.kind {
-	case KindSocketGone:
+	case record.KindSocketGone:
 		return fail(fmt.Sprintf("cloud-hypervisor pid %d is running but its API socket %s is gone", pid, m.apiSocket),
-			CauseCHCrash, FailureDetail{Kind: KindSocketGone})
-	case KindSocketDead:
+			record.CauseCHCrash, record.FailureDetail{Kind: record.KindSocketGone})
+	case record.KindSocketDead:
 		return fail(fmt.Sprintf("cloud-hypervisor pid %d is running but its API socket %s refuses connections", pid, m.apiSocket),
-			CauseCHCrash, FailureDetail{Kind: KindSocketDead})
-	case KindPingTimeout:
-		return fail(fmt.Sprintf("cloud-hypervisor pid %d did not answer vmm.ping within %ds", pid, m.s.pingTimeoutSecs()),
-			CauseVMMHang, FailureDetail{Kind: KindPingTimeout})
-	case KindDiskMissing:
+			record.CauseCHCrash, record.FailureDetail{Kind: record.KindSocketDead})
+	case record.KindPingTimeout:
+		return fail(fmt.Sprintf("cloud-hypervisor pid %d did not answer vmm.ping within %ds", pid, m.e.pingTimeoutSecs()),
+			record.CauseVMMHang, record.FailureDetail{Kind: record.KindPingTimeout})
+	case record.KindDiskMissing:
 		return fail(fmt.Sprintf("root disk %s is gone", m.rootDisk),
-			CauseDiskMissing, FailureDetail{Kind: KindDiskMissing, Path: m.rootDisk})
+			record.CauseDiskMissing, record.FailureDetail{Kind: record.KindDiskMissing, Path: m.rootDisk})
 	}
 	return verdict{}, false
 }
 
 // verdict is what a monitor concludes: the state to record and why.
 type verdict struct {
-	state  State
-	reason *FailureReason
+	state  record.State
+	reason *record.FailureReason
 }
 
 // exitVerdict explains an exited CH; call it only after ch.Done.
 func (m *monitor) exitVerdict() verdict {
-	now := m.s.o.Now().UTC()
+	now := m.e.o.Now().UTC()
 	ev := scanEvents(m.events)
 	pid := m.ch.Pid
 	stopped := func(code *int) verdict {
-		rec := m.s.reg.get(m.id)
-		v := verdict{state: StateStopped, reason: &FailureReason{DetectedAt: now,
-			Summary: "the guest powered off", Detail: FailureDetail{Kind: KindProcessExit, Code: code}, Cause: CauseGuestShutdown}}
+		rec := m.e.recs.Get(m.id)
+		v := verdict{state: record.StateStopped, reason: &record.FailureReason{DetectedAt: now,
+			Summary: "the guest powered off", Detail: record.FailureDetail{Kind: record.KindProcessExit, Code: code}, Cause: record.CauseGuestShutdown}}
 		if rec != nil && rec.ShuttingDown {
 			v.reason.Summary = "the guest powered off after an ACPI shutdown request"
-			v.reason.Cause = CauseOperatorShutdown
+			v.reason.Cause = record.CauseOperatorShutdown
 		}
 		return v
 	}
-	failed := func(summary, cause string, d FailureDetail) verdict {
-		return verdict{state: StateFailed, reason: &FailureReason{DetectedAt: now, Summary: summary, Detail: d, Cause: cause}}
+	failed := func(summary, cause string, d record.FailureDetail) verdict {
+		return verdict{state: record.StateFailed, reason: &record.FailureReason{DetectedAt: now, Summary: summary, Detail: d, Cause: cause}}
 	}
 	st, known := m.ch.Exit()
 	switch {
@@ -397,22 +377,22 @@ func (m *monitor) exitVerdict() verdict {
 		return stopped(&zero)
 	case !known:
 		return failed(fmt.Sprintf("cloud-hypervisor pid %d (adopted after an agent restart) exited without a clean shutdown in its event stream; its exit status cannot be read", pid),
-			CauseCHCrash, FailureDetail{Kind: KindProcessExit})
+			record.CauseCHCrash, record.FailureDetail{Kind: record.KindProcessExit})
 	case st.Signaled():
 		sig := int(st.Signal)
 		return failed(fmt.Sprintf("cloud-hypervisor pid %d was killed by signal %d (%v)", pid, sig, st.Signal),
-			CauseCHCrash, FailureDetail{Kind: KindProcessSignal, Signum: &sig})
+			record.CauseCHCrash, record.FailureDetail{Kind: record.KindProcessSignal, Signum: &sig})
 	case st.Code != 0:
 		code := st.Code
-		return failed(fmt.Sprintf("cloud-hypervisor pid %d exited with code %d%s", pid, code, logHint(m.s.layout.CHLog(m.id))),
-			CauseCHCrash, FailureDetail{Kind: KindProcessExit, Code: &code})
+		return failed(fmt.Sprintf("cloud-hypervisor pid %d exited with code %d%s", pid, code, logHint(m.e.lay.CHLog(m.id))),
+			record.CauseCHCrash, record.FailureDetail{Kind: record.KindProcessExit, Code: &code})
 	case ev.vmShutdown:
 		zero := 0
 		return stopped(&zero)
 	default:
 		zero := 0
 		return failed(fmt.Sprintf("cloud-hypervisor pid %d exited with code 0 although the VM had not shut down", pid),
-			CauseUnknown, FailureDetail{Kind: KindProcessExit, Code: &zero})
+			record.CauseUnknown, record.FailureDetail{Kind: record.KindProcessExit, Code: &zero})
 	}
 }
 
@@ -424,12 +404,12 @@ func (m *monitor) qsdVerdict() verdict {
 	} else if m.qsdProc != nil {
 		pid = m.qsdProc.Pid
 	}
-	return verdict{state: StateFailed, reason: &FailureReason{
-		DetectedAt: m.s.o.Now().UTC(),
+	return verdict{state: record.StateFailed, reason: &record.FailureReason{
+		DetectedAt: m.e.o.Now().UTC(),
 		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d exited, so the VM lost its root disk and volumes%s",
-			pid, logHint(m.s.layout.QSDLog(m.id))),
-		Detail: FailureDetail{Kind: KindProcessExit},
-		Cause:  CauseUnknown,
+			pid, logHint(m.e.lay.QSDLog(m.id))),
+		Detail: record.FailureDetail{Kind: record.KindProcessExit},
+		Cause:  record.CauseUnknown,
 	}}
 }
 
@@ -458,7 +438,7 @@ func logHint(path string) string {
 // the watched set is still locked, so an action that finds the VM
 // unwatched (Stop) also finds it ended, never still running.
 func (m *monitor) conclude(v verdict) {
-	w, s := &m.s.mon, m.s
+	w, e := &m.e.mon, m.e
 	w.mu.Lock()
 	if w.m[m.id] != m {
 		w.mu.Unlock()
@@ -466,7 +446,7 @@ func (m *monitor) conclude(v verdict) {
 	}
 	delete(w.m, m.id)
 	m.cancel()
-	_, err := s.reg.update(m.id, func(r *Record) {
+	_, err := e.recs.Update(m.id, func(r *record.Record) {
 		r.State = v.state
 		r.DisplayState = string(v.state)
 		r.FailureReason = v.reason
@@ -475,27 +455,27 @@ func (m *monitor) conclude(v verdict) {
 	})
 	w.mu.Unlock()
 	if err != nil {
-		s.log.Error("recording VM end", "id", m.id, "state", v.state, "err", err)
+		e.log.Error("recording VM end", "id", m.id, "state", v.state, "err", err)
 	}
-	lvl := s.log.Error
-	if v.state == StateStopped {
-		lvl = s.log.Info
+	lvl := e.log.Error
+	if v.state == record.StateStopped {
+		lvl = e.log.Info
 	}
 	lvl("VM ended", "id", m.id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
 	if m.qsdProc != nil {
 		m.qsdProc.Close() // stopProcesses stops the recorded daemon
 	}
-	s.stopProcesses(m.id, m.ch, m.qsd)
+	e.stopProcesses(m.id, m.ch, m.qsd)
 }
 
 // stopProcesses ends ch and qsd (either may be nil or already gone),
 // releases them, and clears their identity from the record. Without qsd,
 // a storage daemon the record names is stopped if it still runs (one
 // adopted by pid only, whose monitor did not answer).
-func (s *Service) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
+func (e *Engine) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
 	if ch != nil {
 		if err := terminate(ch.Done(), ch.Signal); err != nil {
-			s.log.Error("stopping cloud-hypervisor", "id", id, "pid", ch.Pid, "err", err)
+			e.log.Error("stopping cloud-hypervisor", "id", id, "pid", ch.Pid, "err", err)
 		}
 		ch.Close()
 	}
@@ -506,19 +486,19 @@ func (s *Service) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
 		default:
 			ctx, cancel := context.WithTimeout(context.Background(), 2*stopGrace)
 			if err := qsd.Quit(ctx); err != nil {
-				s.log.Warn("stopping qemu-storage-daemon", "id", id, "pid", qsd.Pid, "err", err)
+				e.log.Warn("stopping qemu-storage-daemon", "id", id, "pid", qsd.Pid, "err", err)
 			}
 			cancel()
 		}
 	}
-	var recorded *QSDRuntime
+	var recorded *record.QSDRuntime
 	if qsd == nil {
-		if r := s.reg.get(id); r != nil && r.Runtime.qsd() != nil {
+		if r := e.recs.Get(id); r != nil && r.Runtime.StorageDaemon() != nil {
 			recorded = r.Runtime.QSD
-			s.stopRecordedQSD(id, recorded)
+			e.stopRecordedQSD(id, recorded)
 		}
 	}
-	_, err := s.reg.update(id, func(r *Record) {
+	_, err := e.recs.Update(id, func(r *record.Record) {
 		if rt := r.Runtime; rt != nil {
 			if ch != nil && rt.CH != nil && rt.CH.Pid == ch.Pid {
 				rt.CH = nil
@@ -532,7 +512,7 @@ func (s *Service) stopProcesses(id string, ch *chclient.Process, qsd *qmp.QSD) {
 		}
 	})
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		s.log.Error("clearing process identity", "id", id, "err", err)
+		e.log.Error("clearing process identity", "id", id, "err", err)
 	}
 }
 
@@ -578,11 +558,11 @@ func (m *monitor) report(f finding) {
 func (m *monitor) ping() {
 	c := chclient.New(m.apiSocket)
 	defer c.Close()
-	interval := time.Duration(m.s.o.Config.PingIntervalSecs) * time.Second
+	interval := time.Duration(m.e.o.Config.PingIntervalSecs) * time.Second
 	if interval <= 0 {
 		interval = time.Second
 	}
-	timeout := time.Duration(m.s.pingTimeoutSecs()) * time.Second
+	timeout := time.Duration(m.e.pingTimeoutSecs()) * time.Second
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -598,17 +578,17 @@ func (m *monitor) ping() {
 		switch {
 		case err == nil, m.ctx.Err() != nil:
 		case errors.Is(err, syscall.ENOENT):
-			m.report(finding{kind: KindSocketGone, err: err})
+			m.report(finding{kind: record.KindSocketGone, err: err})
 		case errors.Is(err, syscall.ECONNREFUSED):
-			m.report(finding{kind: KindSocketDead, err: err})
+			m.report(finding{kind: record.KindSocketDead, err: err})
 		case errors.Is(err, context.DeadlineExceeded):
-			m.report(finding{kind: KindPingTimeout, err: err})
+			m.report(finding{kind: record.KindPingTimeout, err: err})
 		}
 	}
 }
 
-func (s *Service) pingTimeoutSecs() int {
-	if t := s.o.Config.PingTimeoutSecs; t > 0 {
+func (e *Engine) pingTimeoutSecs() int {
+	if t := e.o.Config.PingTimeoutSecs; t > 0 {
 		return t
 	}
 	return 10
@@ -640,7 +620,7 @@ func (m *monitor) follow() {
 				er = chclient.NewEventReader(f)
 			} else if !warned {
 				warned = true
-				m.s.log.Warn("cannot open the CH event stream yet", "id", m.id, "err", err)
+				m.e.log.Warn("cannot open the CH event stream yet", "id", m.id, "err", err)
 			}
 		}
 		for er != nil {
@@ -650,11 +630,11 @@ func (m *monitor) follow() {
 				continue
 			}
 			if errors.As(err, new(*chclient.MalformedEventError)) {
-				m.s.log.Warn("malformed CH event", "id", m.id, "err", err)
+				m.e.log.Warn("malformed CH event", "id", m.id, "err", err)
 				continue
 			}
 			if !errors.Is(err, io.EOF) {
-				m.s.log.Warn("reading the CH event stream", "id", m.id, "err", err)
+				m.e.log.Warn("reading the CH event stream", "id", m.id, "err", err)
 			}
 			break // the end of what CH wrote so far
 		}
@@ -669,39 +649,39 @@ func (m *monitor) follow() {
 func (m *monitor) onEvent(ev chclient.Event) {
 	switch {
 	case ev.Source == "virtio-device" && ev.Event == "activated" && ev.Properties["id"] == "_disk0":
-		m.update(func(r *Record) bool {
+		m.update(func(r *record.Record) bool {
 			// An AppVM's sign of life is its guest agent's first
 			// heartbeat (DESIGN §5), which package appvm records; its
 			// root disk activating only means the kernel found it.
-			if r.Mode == ModeAppVM || r.State != StateRunning || r.DisplayState != DisplayBooting {
+			if r.Mode == record.ModeAppVM || r.State != record.StateRunning || r.DisplayState != record.DisplayBooting {
 				return false
 			}
-			r.DisplayState = string(StateRunning)
+			r.DisplayState = string(record.StateRunning)
 			return true
 		})
 	case ev.Source == "guest" && ev.Event == "panic":
 		// The event's time, not the time it was read, so replaying the
 		// stream after a restart gives the same value.
 		at := m.chStart.Add(ev.Timestamp).UTC().Truncate(time.Millisecond)
-		m.update(func(r *Record) bool {
+		m.update(func(r *record.Record) bool {
 			if r.GuestPanickedAt != nil && !at.After(*r.GuestPanickedAt) {
 				return false
 			}
 			r.GuestPanickedAt = &at
 			return true
 		})
-		m.s.log.Warn("guest panicked", "id", m.id, "event", ev.Properties["event"])
+		m.e.log.Warn("guest panicked", "id", m.id, "event", ev.Properties["event"])
 	}
 }
 
 // update applies f to the VM's record and stores it if f reports a
 // change; nothing is written otherwise.
-func (m *monitor) update(f func(*Record) bool) {
-	if cur := m.s.reg.get(m.id); cur == nil || !f(cur.clone()) {
+func (m *monitor) update(f func(*record.Record) bool) {
+	if cur := m.e.recs.Get(m.id); cur == nil || !f(cur.Clone()) {
 		return
 	}
-	if _, err := m.s.reg.update(m.id, func(r *Record) { f(r) }); err != nil {
-		m.s.log.Error("recording VM event", "id", m.id, "err", err)
+	if _, err := m.e.recs.Update(m.id, func(r *record.Record) { f(r) }); err != nil {
+		m.e.log.Error("recording VM event", "id", m.id, "err", err)
 	}
 }
 
@@ -796,3 +776,5 @@ func fileExists(path string) bool {
 	_, err := os.Stat(path)
 	return err == nil
 }
+
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

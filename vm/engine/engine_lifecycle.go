@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"context"
@@ -8,46 +8,44 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/vm/record"
 )
 
-// The Engine's lifecycle actions (Lifecycle). The Service has checked the
-// state and holds the VM's action lock.
-
-// Start boots a created, stopped or failed VM (Boot).
-func (e *Engine) Start(ctx context.Context, rec *Record) error { return e.Boot(ctx, rec) }
+// The Engine's lifecycle actions (vm.Host); start is Boot. The Service has
+// checked the state and holds the VM's action lock.
 
 // client is the API client of the VM's recorded CH process.
-func (e *Engine) client(rec *Record) (*chclient.Client, error) {
+func (e *Engine) client(rec *record.Record) (*chclient.Client, error) {
 	rec = e.current(rec)
 	if rec.Runtime == nil || rec.Runtime.CH == nil {
-		return nil, &StateError{ID: rec.ID, Action: "reach the VMM of", State: "without a running VMM"}
+		return nil, &record.StateError{ID: rec.ID, Action: "reach the VMM of", State: "without a running VMM"}
 	}
 	return chclient.New(rec.Runtime.CH.APISocket), nil
 }
 
 // chAction runs one CH call and records f on success, unless the VM's
 // monitor recorded its end meanwhile (then *StateError).
-func (e *Engine) chAction(ctx context.Context, rec *Record, op string, call func(*chclient.Client, context.Context) error, f func(*Record)) error {
+func (e *Engine) chAction(ctx context.Context, rec *record.Record, op string, call func(*chclient.Client, context.Context) error, f func(*record.Record)) error {
 	c, err := e.client(rec)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	if err := call(c, ctx); err != nil {
-		return &HostError{Kind: HostHypervisor, Op: op + " of VM " + rec.ID, Err: err}
+		return &record.HostError{Kind: record.HostHypervisor, Op: op + " of VM " + rec.ID, Err: err}
 	}
 	return e.updateRunning(rec, strings.TrimPrefix(op, "vm."), f)
 }
 
 // updateRunning records f for an action on a running or paused VM, or
 // answers *StateError when its monitor has recorded its end.
-func (e *Engine) updateRunning(rec *Record, action string, f func(*Record)) error {
-	ok, err := e.svc.updateWatched(rec.ID, f)
+func (e *Engine) updateRunning(rec *record.Record, action string, f func(*record.Record)) error {
+	ok, err := e.updateWatched(rec.ID, f)
 	if err != nil {
-		return &HostError{Kind: HostStorage, Op: "recording VM " + rec.ID, Err: err}
+		return &record.HostError{Kind: record.HostStorage, Op: "recording VM " + rec.ID, Err: err}
 	}
 	if !ok {
-		return &StateError{ID: rec.ID, Action: action, State: e.current(rec).DisplayState}
+		return &record.StateError{ID: rec.ID, Action: action, State: e.current(rec).DisplayState}
 	}
 	return nil
 }
@@ -58,15 +56,15 @@ func (e *Engine) updateRunning(rec *Record, action string, f func(*Record)) erro
 // button is pressed, since a guest may power off before a record written
 // afterwards is stored, and its monitor would then call the exit a guest
 // shutdown; a press that fails puts the previous value back.
-func (e *Engine) Shutdown(ctx context.Context, rec *Record) error {
+func (e *Engine) Shutdown(ctx context.Context, rec *record.Record) error {
 	was := e.current(rec).ShuttingDown
-	if err := e.updateRunning(rec, "shutdown", func(r *Record) { r.ShuttingDown = true }); err != nil {
+	if err := e.updateRunning(rec, "shutdown", func(r *record.Record) { r.ShuttingDown = true }); err != nil {
 		return err
 	}
 	err := e.pressPowerButton(ctx, rec)
 	if err != nil {
-		if _, uerr := e.update(rec.ID, func(r *Record) {
-			r.ShuttingDown = was && r.State == StateRunning
+		if _, uerr := e.update(rec.ID, func(r *record.Record) {
+			r.ShuttingDown = was && r.State == record.StateRunning
 		}); uerr != nil {
 			e.o.Logger.Error("clearing shutting_down after a failed shutdown", "id", rec.ID, "err", uerr)
 		}
@@ -76,10 +74,10 @@ func (e *Engine) Shutdown(ctx context.Context, rec *Record) error {
 
 // pressPowerButton asks the guest to power off: an AppVM's guest agent
 // stops the workload and powers off; a classic VM gets CH's power button.
-func (e *Engine) pressPowerButton(ctx context.Context, rec *Record) error {
-	if handled, err := e.svc.appVMShutdown(ctx, rec); handled {
+func (e *Engine) pressPowerButton(ctx context.Context, rec *record.Record) error {
+	if handled, err := e.appVMShutdown(ctx, rec); handled {
 		if err != nil {
-			return &HostError{Kind: HostHypervisor, Op: "shutting down AppVM " + rec.ID, Err: err}
+			return &record.HostError{Kind: record.HostHypervisor, Op: "shutting down AppVM " + rec.ID, Err: err}
 		}
 		return nil
 	}
@@ -89,30 +87,30 @@ func (e *Engine) pressPowerButton(ctx context.Context, rec *Record) error {
 	}
 	defer c.Close()
 	if err := c.PowerButton(ctx); err != nil {
-		return &HostError{Kind: HostHypervisor, Op: "vm.power-button of VM " + rec.ID, Err: err}
+		return &record.HostError{Kind: record.HostHypervisor, Op: "vm.power-button of VM " + rec.ID, Err: err}
 	}
 	return nil
 }
 
 // Pause pauses the vCPUs: state paused.
-func (e *Engine) Pause(ctx context.Context, rec *Record) error {
-	return e.chAction(ctx, rec, "vm.pause", (*chclient.Client).PauseVM, func(r *Record) {
-		r.State, r.DisplayState = StatePaused, string(StatePaused)
+func (e *Engine) Pause(ctx context.Context, rec *record.Record) error {
+	return e.chAction(ctx, rec, "vm.pause", (*chclient.Client).PauseVM, func(r *record.Record) {
+		r.State, r.DisplayState = record.StatePaused, string(record.StatePaused)
 	})
 }
 
 // Resume continues a paused VM: state and display running.
-func (e *Engine) Resume(ctx context.Context, rec *Record) error {
-	return e.chAction(ctx, rec, "vm.resume", (*chclient.Client).ResumeVM, func(r *Record) {
-		r.State, r.DisplayState = StateRunning, string(StateRunning)
+func (e *Engine) Resume(ctx context.Context, rec *record.Record) error {
+	return e.chAction(ctx, rec, "vm.resume", (*chclient.Client).ResumeVM, func(r *record.Record) {
+		r.State, r.DisplayState = record.StateRunning, string(record.StateRunning)
 	})
 }
 
 // Reboot resets the guest: display booting until the root disk is
 // activated again (the monitor follows the events).
-func (e *Engine) Reboot(ctx context.Context, rec *Record) error {
-	return e.chAction(ctx, rec, "vm.reboot", (*chclient.Client).RebootVM, func(r *Record) {
-		r.DisplayState = DisplayBooting
+func (e *Engine) Reboot(ctx context.Context, rec *record.Record) error {
+	return e.chAction(ctx, rec, "vm.reboot", (*chclient.Client).RebootVM, func(r *record.Record) {
+		r.DisplayState = record.DisplayBooting
 		r.ShuttingDown = false
 	})
 }
@@ -121,18 +119,18 @@ func (e *Engine) Reboot(ctx context.Context, rec *Record) error {
 // its qemu-storage-daemon: state stopped, cause operator_shutdown. If the
 // VM ended by itself meanwhile, the monitor's verdict stands and Stop
 // answers *StateError.
-func (e *Engine) Stop(ctx context.Context, rec *Record) error {
+func (e *Engine) Stop(ctx context.Context, rec *record.Record) error {
 	id := rec.ID
-	ch, qsd := e.svc.unwatch(id)
+	ch, qsd := e.unwatch(id)
 	if ch == nil {
 		cur := e.current(rec)
-		if cur.State != StateRunning && cur.State != StatePaused {
-			return &StateError{ID: id, Action: "stop", State: cur.DisplayState}
+		if cur.State != record.StateRunning && cur.State != record.StatePaused {
+			return &record.StateError{ID: id, Action: "stop", State: cur.DisplayState}
 		}
 		// Running but not watched (a process recorded by an agent that
 		// did not adopt it): stopAll kills it by its recorded identity.
 		if err := e.stopAll(ctx, cur); err != nil {
-			return &HostError{Kind: HostHypervisor, Op: "stopping VM " + id, Err: err}
+			return &record.HostError{Kind: record.HostHypervisor, Op: "stopping VM " + id, Err: err}
 		}
 		return e.recordStopped(id, nil)
 	}
@@ -140,26 +138,26 @@ func (e *Engine) Stop(ctx context.Context, rec *Record) error {
 	ch.Client().ShutdownVM(sctx) // best effort: CH releases its devices before exiting
 	cancel()
 	e.shutdownVMM(ch)
-	e.svc.stopProcesses(id, ch, qsd)
+	e.stopProcesses(id, ch, qsd)
 	e.mu.Lock()
 	if q := e.live[id]; q != nil { // never both, but never leak one either
 		q.Close()
 		delete(e.live, id)
 	}
 	e.mu.Unlock()
-	e.svc.appVMForget(rec)
+	e.appVMForget(rec)
 	return e.recordStopped(id, ch)
 }
 
 // recordStopped records an operator stop; ch, when known, gives the exit.
 func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
-	d := FailureDetail{Kind: KindProcessExit}
+	d := record.FailureDetail{Kind: record.KindProcessExit}
 	summary := "stopped by the operator"
 	if ch != nil {
 		if st, ok := ch.Exit(); ok {
 			if st.Signaled() {
 				sig := int(st.Signal)
-				d = FailureDetail{Kind: KindProcessSignal, Signum: &sig}
+				d = record.FailureDetail{Kind: record.KindProcessSignal, Signum: &sig}
 				summary = fmt.Sprintf("stopped by the operator; cloud hypervisor did not exit in time and was killed by signal %d", sig)
 			} else {
 				code := st.Code
@@ -167,11 +165,11 @@ func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
 			}
 		}
 	}
-	_, err := e.update(id, func(r *Record) {
-		r.State, r.DisplayState = StateStopped, string(StateStopped)
+	_, err := e.update(id, func(r *record.Record) {
+		r.State, r.DisplayState = record.StateStopped, string(record.StateStopped)
 		r.PID = 0
 		r.ShuttingDown = false
-		r.FailureReason = &FailureReason{DetectedAt: e.svc.Now().UTC(), Summary: summary, Detail: d, Cause: CauseOperatorShutdown}
+		r.FailureReason = &record.FailureReason{DetectedAt: e.o.Now().UTC(), Summary: summary, Detail: d, Cause: record.CauseOperatorShutdown}
 	})
 	return err
 }
@@ -179,11 +177,11 @@ func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
 // Delete stops every process of the VM and removes its taps, run
 // directory and VM directory (root disk, data volumes, seed). The image
 // cache and base images are never touched.
-func (e *Engine) Delete(ctx context.Context, rec *Record) error {
+func (e *Engine) Delete(ctx context.Context, rec *record.Record) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	rec = e.current(rec)
-	e.svc.appVMForget(rec)
+	e.appVMForget(rec)
 	err := e.teardown(ctx, rec, true)
 	if err != nil {
 		return errors.Join(fmt.Errorf("deleting VM %s", rec.ID), err)

@@ -1,15 +1,17 @@
-package vm
+package engine
 
 import (
 	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -23,6 +25,8 @@ import (
 	"vmhost/qmp"
 	"vmhost/qmp/qsdsim"
 	"vmhost/store"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
 // testExecEnv makes the test binary run as a simulator instead of the
@@ -75,10 +79,14 @@ func simEnv(which string) []string {
 		"GORACE="+strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 }
 
-// testService is a Service over short temp dirs (socket paths must fit
-// 107 bytes) with ping knobs of one second.
+// testService is an Engine over short temp dirs (socket paths must fit
+// 107 bytes) with ping knobs of one second, started on testRecords. Its
+// CH and QSD are the configured defaults: tests launch the simulators
+// themselves (launchVM) and hand them to the engine.
 type testService struct {
-	*Service
+	*Engine
+	recs       *testRecords
+	views      *vm.Service // renders views of the records
 	state, run string
 	logs       *syncBuffer
 }
@@ -100,7 +108,117 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
+// testRecords are the records of the engine tests: in memory and in a
+// store, so an engine started again on the same directories finds them.
+type testRecords struct {
+	st  *store.Store
+	wmu sync.Mutex // serializes writes
+	mu  sync.Mutex
+	m   map[string]*record.Record
+	lmu sync.Mutex
+	l   map[string]*sync.Mutex
+}
+
+func loadTestRecords(t testing.TB, st *store.Store) *testRecords {
+	t.Helper()
+	l, err := st.Load()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &testRecords{st: st, m: map[string]*record.Record{}, l: map[string]*sync.Mutex{}}
+	for _, f := range l.Records {
+		rec, err := record.Decode(f.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.m[rec.ID] = rec
+	}
+	return r
+}
+
+func (r *testRecords) Get(id string) *record.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.m[id]
+}
+
+func (r *testRecords) List() []*record.Record {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]*record.Record, 0, len(r.m))
+	for _, rec := range r.m {
+		out = append(out, rec)
+	}
+	slices.SortFunc(out, func(a, b *record.Record) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func (r *testRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	old := r.Get(id)
+	if old == nil {
+		return nil, fmt.Errorf("updating record %q: %w", id, fs.ErrNotExist)
+	}
+	rec := old.Clone()
+	f(rec)
+	return rec, r.store(rec)
+}
+
+func (r *testRecords) Lock(id string) func() {
+	r.lmu.Lock()
+	m := r.l[id]
+	if m == nil {
+		m = new(sync.Mutex)
+		r.l[id] = m
+	}
+	r.lmu.Unlock()
+	m.Lock()
+	return m.Unlock
+}
+
+// put stores rec as it is.
+func (r *testRecords) put(rec *record.Record) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	return r.store(rec)
+}
+
+func (r *testRecords) store(rec *record.Record) error {
+	data, err := record.Encode(rec)
+	if err != nil {
+		return err
+	}
+	if err := r.st.Put(rec.ID, data); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.m[rec.ID] = rec
+	r.mu.Unlock()
+	return nil
+}
+
+func (r *testRecords) remove(id string) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if err := r.st.Delete(id); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	delete(r.m, id)
+	r.mu.Unlock()
+	return nil
+}
+
+// newTestService starts an engine on fresh directories, or on dirs
+// (state, run) as an agent restart does. edit, when given, changes the
+// engine's options and the AppVM hooks before Start.
 func newTestService(t testing.TB, dirs ...string) *testService {
+	t.Helper()
+	return newTestServiceWith(t, nil, dirs...)
+}
+
+func newTestServiceWith(t testing.TB, edit func(*Options, *AppVMHooks), dirs ...string) *testService {
 	t.Helper()
 	var state, run string
 	if len(dirs) == 2 {
@@ -120,13 +238,33 @@ func newTestService(t testing.TB, dirs ...string) *testService {
 	cfg := config.Default()
 	cfg.PingIntervalSecs, cfg.PingTimeoutSecs = 1, 1
 	logs := new(syncBuffer)
-	s, err := New(Options{StateDir: state, RunDir: run, Config: cfg, Store: st, Host: NoHost{},
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	o := Options{Config: cfg, StateDir: state, RunDir: run, Logger: log}
+	var hooks AppVMHooks
+	if edit != nil {
+		edit(&o, &hooks)
+	}
+	e, err := New(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
-	return &testService{Service: s, state: state, run: run, logs: logs}
+	vst, err := store.Open(filepath.Join(state, "views"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := vm.New(vm.Options{StateDir: state, RunDir: run, Config: cfg, Store: vst, Host: vm.NoHost{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := loadTestRecords(t, st)
+	e.Start(recs, hooks)
+	t.Cleanup(func() { e.Close() })
+	return &testService{Engine: e, recs: recs, views: views, state: state, run: run, logs: logs}
+}
+
+// View is the record's VM view.
+func (s *testService) View(rec *record.Record, o vm.ViewOptions) *vm.View {
+	return s.views.View(rec, o)
 }
 
 // running is a VM started by startVM: its processes and paths.
@@ -151,9 +289,9 @@ func startVM(t testing.TB, s *testService, id string, chArgs ...string) *running
 // vmOpts are startVM's extras.
 type vmOpts struct {
 	chArgs []string
-	chEnv  []string // added to chsim's environment
-	nics   []NIC    // interfaces (taps must exist where chsim runs)
-	mode   Mode     // the record's family; empty means ModeVM
+	chEnv  []string     // added to chsim's environment
+	nics   []record.NIC // interfaces (taps must exist where chsim runs)
+	mode   record.Mode  // the record's family; empty means ModeVM
 	// launch runs CH's launch, e.g. on a thread inside a network
 	// namespace; nil runs it directly.
 	launch func(f func() error) error
@@ -175,7 +313,7 @@ func startVMWith(t testing.TB, s *testService, id string, o vmOpts) *running {
 // function that kills what it started (nil when nothing was).
 func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err error) {
 	chArgs := o.chArgs
-	l := s.layout
+	l := s.lay
 	if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
 		return nil, nil, err
 	}
@@ -237,10 +375,10 @@ func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err
 		Console: &chclient.ConsoleConfig{Mode: chclient.ConsoleOff},
 		Pvpanic: true,
 	}
-	var nets []NetSpec
+	var nets []record.NetSpec
 	for _, n := range o.nics {
 		cfg.Net = append(cfg.Net, chclient.NetConfig{Tap: n.Tap, Mac: n.MAC, Mtu: 1500})
-		nets = append(nets, NetSpec{Bridge: "br-test"})
+		nets = append(nets, record.NetSpec{Bridge: "br-test"})
 	}
 	if err := ch.Client().CreateVM(ctx, cfg); err != nil {
 		return nil, stop, err
@@ -250,22 +388,22 @@ func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err
 	}
 	mode := o.mode
 	if mode == "" {
-		mode = ModeVM
+		mode = record.ModeVM
 	}
-	var app *AppVMSpec
-	if mode == ModeAppVM {
-		app = &AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+	var app *record.AppVMSpec
+	if mode == record.ModeAppVM {
+		app = &record.AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
 	}
-	rec := &Record{ID: id, Mode: mode, AppVM: app, State: StateRunning, DisplayState: DisplayBooting,
+	rec := &record.Record{ID: id, Mode: mode, AppVM: app, State: record.StateRunning, DisplayState: record.DisplayBooting,
 		CreatedAt: time.Now().UTC().Truncate(time.Second), PID: ch.Pid,
-		Spec: Spec{VMID: id, Vcpus: 1, MemoryMB: 256, Nets: nets}, NICs: o.nics,
-		Runtime: &Runtime{
-			CH: &CHRuntime{Pid: ch.Pid, StartTime: ch.StartTime, APISocket: l.APISocket(id), EventsPath: l.Events(id),
+		Spec: record.Spec{VMID: id, Vcpus: 1, MemoryMB: 256, Nets: nets}, NICs: o.nics,
+		Runtime: &record.Runtime{
+			CH: &record.CHRuntime{Pid: ch.Pid, StartTime: ch.StartTime, APISocket: l.APISocket(id), EventsPath: l.Events(id),
 				SerialSocket: l.ConsoleSocket(id), LogFile: l.CHLog(id)},
-			QSD: &QSDRuntime{Pid: qsd.Pid, StartTime: qsd.StartTime, QMPSocket: l.QMPSocket(id), RootSocket: l.RootSocket(id),
+			QSD: &record.QSDRuntime{Pid: qsd.Pid, StartTime: qsd.StartTime, QMPSocket: l.QMPSocket(id), RootSocket: l.RootSocket(id),
 				PidFile: l.QSDPidFile(id), LogFile: l.QSDLog(id)},
 		}}
-	if err := s.reg.put(rec); err != nil {
+	if err := s.recs.put(rec); err != nil {
 		return nil, stop, err
 	}
 	return &running{id: id, ch: ch, qsd: qsd, apiSocket: l.APISocket(id), events: l.Events(id), rootDisk: root}, stop, nil
@@ -294,22 +432,37 @@ func (r *running) sim(t testing.TB, action, body string) {
 
 // waitRecord polls the record of id until cond holds, failing after
 // within. It returns the record and how long it took.
-func waitRecord(t testing.TB, s *testService, id string, within time.Duration, what string, cond func(*Record) bool) (*Record, time.Duration) {
+// recordGetter is testService or vm.HostRecords.
+type recordGetter interface {
+	Get(id string) *record.Record
+}
+
+// Get returns the record of id, or nil.
+func (s *testService) Get(id string) *record.Record { return s.recs.Get(id) }
+
+func logsOf(g recordGetter) string {
+	if s, ok := g.(*testService); ok {
+		return s.logs.String()
+	}
+	return ""
+}
+
+func waitRecord(t testing.TB, s recordGetter, id string, within time.Duration, what string, cond func(*record.Record) bool) (*record.Record, time.Duration) {
 	t.Helper()
 	start := time.Now()
 	for {
-		r := s.reg.get(id)
+		r := s.Get(id)
 		if r != nil && cond(r) {
 			return r, time.Since(start)
 		}
 		if time.Since(start) > within {
-			t.Fatalf("after %v: %s not reached; record: %s\nlogs:\n%s", within, what, describe(r), s.logs)
+			t.Fatalf("after %v: %s not reached; record: %s\nlogs:\n%s", within, what, describe(r), logsOf(s))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
 }
 
-func describe(r *Record) string {
+func describe(r *record.Record) string {
 	if r == nil {
 		return "<none>"
 	}
@@ -345,7 +498,7 @@ func TestMonitorFailures(t *testing.T) {
 		name       string
 		inject     func(t *testing.T, r *running)
 		within     time.Duration
-		state      State
+		state      record.State
 		kind       string
 		cause      string
 		code       string // detail.code, "nil" when absent
@@ -355,26 +508,26 @@ func TestMonitorFailures(t *testing.T) {
 		alsoBefore func(t *testing.T, s *testService, r *running)
 	}{
 		{name: "crash by signal", inject: func(t *testing.T, r *running) { r.sim(t, "crash", `{"signal":11}`) },
-			within: 2 * time.Second, state: StateFailed, kind: KindProcessSignal, cause: CauseCHCrash, code: "nil", signum: "11", inSummary: "signal 11"},
+			within: 2 * time.Second, state: record.StateFailed, kind: record.KindProcessSignal, cause: record.CauseCHCrash, code: "nil", signum: "11", inSummary: "signal 11"},
 		{name: "killed", inject: func(t *testing.T, r *running) { r.ch.Signal(syscall.SIGKILL) },
-			within: 2 * time.Second, state: StateFailed, kind: KindProcessSignal, cause: CauseCHCrash, code: "nil", signum: "9"},
+			within: 2 * time.Second, state: record.StateFailed, kind: record.KindProcessSignal, cause: record.CauseCHCrash, code: "nil", signum: "9"},
 		{name: "exit code", inject: func(t *testing.T, r *running) {
 			os.WriteFile(filepath.Join(filepath.Dir(r.apiSocket), "exit-now"), nil, 0o600)
-		}, within: 2 * time.Second, state: StateFailed, kind: KindProcessExit, cause: CauseCHCrash, code: "3", signum: "nil", inSummary: "code 3"},
+		}, within: 2 * time.Second, state: record.StateFailed, kind: record.KindProcessExit, cause: record.CauseCHCrash, code: "3", signum: "nil", inSummary: "code 3"},
 		{name: "guest poweroff", inject: func(t *testing.T, r *running) { r.sim(t, "poweroff", "") },
-			within: 2 * time.Second, state: StateStopped, kind: KindProcessExit, cause: CauseGuestShutdown, code: "0", signum: "nil"},
+			within: 2 * time.Second, state: record.StateStopped, kind: record.KindProcessExit, cause: record.CauseGuestShutdown, code: "0", signum: "nil"},
 		{name: "acpi shutdown pending", inject: func(t *testing.T, r *running) { r.sim(t, "poweroff", "") },
 			alsoBefore: func(t *testing.T, s *testService, r *running) {
-				if _, err := s.reg.update(r.id, func(rec *Record) { rec.ShuttingDown = true }); err != nil {
+				if _, err := s.recs.Update(r.id, func(rec *record.Record) { rec.ShuttingDown = true }); err != nil {
 					t.Fatal(err)
 				}
 			},
-			within: 2 * time.Second, state: StateStopped, kind: KindProcessExit, cause: CauseOperatorShutdown, code: "0", signum: "nil"},
+			within: 2 * time.Second, state: record.StateStopped, kind: record.KindProcessExit, cause: record.CauseOperatorShutdown, code: "0", signum: "nil"},
 		{name: "socket removed", inject: func(t *testing.T, r *running) {
 			if err := os.Remove(r.apiSocket); err != nil {
 				t.Fatal(err)
 			}
-		}, within: 2 * time.Second, state: StateFailed, kind: KindSocketGone, cause: CauseCHCrash, code: "nil", signum: "nil", inSummary: "is gone"},
+		}, within: 2 * time.Second, state: record.StateFailed, kind: record.KindSocketGone, cause: record.CauseCHCrash, code: "nil", signum: "nil", inSummary: "is gone"},
 		{name: "socket refuses", inject: func(t *testing.T, r *running) {
 			// A socket file nobody listens on takes the API socket's place.
 			if err := os.Remove(r.apiSocket); err != nil {
@@ -386,30 +539,30 @@ func TestMonitorFailures(t *testing.T) {
 			}
 			ln.(*net.UnixListener).SetUnlinkOnClose(false)
 			ln.Close()
-		}, within: 2 * time.Second, state: StateFailed, kind: KindSocketDead, cause: CauseCHCrash, code: "nil", signum: "nil", inSummary: "refuses"},
+		}, within: 2 * time.Second, state: record.StateFailed, kind: record.KindSocketDead, cause: record.CauseCHCrash, code: "nil", signum: "nil", inSummary: "refuses"},
 		{name: "hang", inject: func(t *testing.T, r *running) { r.sim(t, "hang", "") },
-			within: 3 * time.Second, state: StateFailed, kind: KindPingTimeout, cause: CauseVMMHang, code: "nil", signum: "nil", inSummary: "vmm.ping"},
+			within: 3 * time.Second, state: record.StateFailed, kind: record.KindPingTimeout, cause: record.CauseVMMHang, code: "nil", signum: "nil", inSummary: "vmm.ping"},
 		{name: "root disk deleted", inject: func(t *testing.T, r *running) {
 			if err := os.Remove(r.rootDisk); err != nil {
 				t.Fatal(err)
 			}
-		}, within: 2 * time.Second, state: StateFailed, kind: KindDiskMissing, cause: CauseDiskMissing, code: "nil", signum: "nil", path: true},
+		}, within: 2 * time.Second, state: record.StateFailed, kind: record.KindDiskMissing, cause: record.CauseDiskMissing, code: "nil", signum: "nil", path: true},
 		{name: "qsd killed", inject: func(t *testing.T, r *running) { syscall.Kill(r.qsd.Pid, syscall.SIGKILL) },
-			within: 2 * time.Second, state: StateFailed, kind: KindProcessExit, cause: CauseUnknown, code: "nil", signum: "nil", inSummary: "qemu-storage-daemon"},
+			within: 2 * time.Second, state: record.StateFailed, kind: record.KindProcessExit, cause: record.CauseUnknown, code: "nil", signum: "nil", inSummary: "qemu-storage-daemon"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			s := newTestService(t)
-			r := startVMWith(t, s, "vm1", vmOpts{chEnv: []string{exitOnEnv + "=" + s.layout.RunVMDir("vm1") + "/exit-now"}})
+			r := startVMWith(t, s, "vm1", vmOpts{chEnv: []string{exitOnEnv + "=" + s.lay.RunVMDir("vm1") + "/exit-now"}})
 			if tc.alsoBefore != nil {
 				tc.alsoBefore(t, s, r)
 			}
 			s.watch(r.id, r.ch, r.qsd)
 			// Let the monitor see the VM healthy first.
-			waitRecord(t, s, r.id, 5*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+			waitRecord(t, s, r.id, 5*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 			tc.inject(t, r)
-			rec, took := waitRecord(t, s, r.id, 10*time.Second, "VM ended", func(r *Record) bool { return r.State != StateRunning })
+			rec, took := waitRecord(t, s, r.id, 10*time.Second, "VM ended", func(r *record.Record) bool { return r.State != record.StateRunning })
 			t.Logf("%s detected in %v: %s", tc.name, took, rec.FailureReason.Summary)
 			if took > tc.within {
 				t.Errorf("detected after %v, want within %v", took, tc.within)
@@ -430,7 +583,7 @@ func TestMonitorFailures(t *testing.T) {
 			}
 			gone(t, "cloud-hypervisor", r.ch.Done())
 			gone(t, "qemu-storage-daemon", r.qsd.Done())
-			rec, _ = waitRecord(t, s, r.id, 10*time.Second, "runtime cleared", func(r *Record) bool {
+			rec, _ = waitRecord(t, s, r.id, 10*time.Second, "runtime cleared", func(r *record.Record) bool {
 				return r.Runtime == nil || (r.Runtime.CH == nil && r.Runtime.QSD == nil)
 			})
 			if s.watched(r.id) {
@@ -444,14 +597,14 @@ func TestMonitorFailures(t *testing.T) {
 // sign of life (its guest agent's heartbeat is), so it stays booting.
 func TestMonitorAppVMDiskActivation(t *testing.T) {
 	s := newTestService(t)
-	r := startVMWith(t, s, "app1", vmOpts{chArgs: []string{"--sim-no-activate"}, mode: ModeAppVM})
+	r := startVMWith(t, s, "app1", vmOpts{chArgs: []string{"--sim-no-activate"}, mode: record.ModeAppVM})
 	s.watch(r.id, r.ch, r.qsd)
 	r.sim(t, "activate", "")
 	// The panic event follows the activation in the same stream, so once
 	// it is recorded the activation has been read too.
 	r.sim(t, "panic", `{"event":"panic"}`)
-	got, _ := waitRecord(t, s, r.id, 2*time.Second, "guest_panicked_at", func(r *Record) bool { return r.GuestPanickedAt != nil })
-	if got.DisplayState != DisplayBooting {
+	got, _ := waitRecord(t, s, r.id, 2*time.Second, "guest_panicked_at", func(r *record.Record) bool { return r.GuestPanickedAt != nil })
+	if got.DisplayState != record.DisplayBooting {
 		t.Errorf("AppVM display %s after its root disk activated, want booting until a heartbeat", got.DisplayState)
 	}
 }
@@ -461,19 +614,19 @@ func TestMonitorGuestEvents(t *testing.T) {
 	r := startVM(t, s, "vm1", "--sim-no-activate")
 	s.watch(r.id, r.ch, r.qsd)
 	time.Sleep(300 * time.Millisecond)
-	if got := s.reg.get(r.id); got.DisplayState != DisplayBooting {
+	if got := s.recs.Get(r.id); got.DisplayState != record.DisplayBooting {
 		t.Fatalf("display %s before the guest activated its disk, want booting", got.DisplayState)
 	}
 	r.sim(t, "activate", "")
-	waitRecord(t, s, r.id, 2*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+	waitRecord(t, s, r.id, 2*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 
 	before := time.Now().Add(-2 * time.Second) // btime has whole seconds
 	r.sim(t, "panic", `{"event":"panic"}`)
-	rec, _ := waitRecord(t, s, r.id, 2*time.Second, "guest_panicked_at", func(r *Record) bool { return r.GuestPanickedAt != nil })
+	rec, _ := waitRecord(t, s, r.id, 2*time.Second, "guest_panicked_at", func(r *record.Record) bool { return r.GuestPanickedAt != nil })
 	if at := *rec.GuestPanickedAt; at.Before(before) || at.After(time.Now().Add(2*time.Second)) {
 		t.Errorf("guest_panicked_at %v is not about now", at)
 	}
-	if rec.State != StateRunning || rec.FailureReason != nil {
+	if rec.State != record.StateRunning || rec.FailureReason != nil {
 		t.Errorf("after a panic: %s, want running without failure", describe(rec))
 	}
 	// A planned stop takes the processes back; the monitor records nothing.
@@ -485,7 +638,7 @@ func TestMonitorGuestEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond)
-	if got := s.reg.get(r.id); got.State != StateRunning || got.FailureReason != nil {
+	if got := s.recs.Get(r.id); got.State != record.StateRunning || got.FailureReason != nil {
 		t.Errorf("after unwatch and stop: %s, want the record untouched", describe(got))
 	}
 }

@@ -1,4 +1,4 @@
-package vm
+package record
 
 import (
 	"encoding/json"
@@ -69,7 +69,7 @@ type Record struct {
 	ShuttingDown bool `json:"shutting_down,omitempty"`
 	// GuestPanickedAt is when CH reported a guest panic (pvpanic).
 	GuestPanickedAt *time.Time `json:"guest_panicked_at,omitempty"`
-	// Secrets never reaches a view; encodeRecord writes it to the file.
+	// Secrets never reaches a view; Encode writes it to the file.
 	Secrets Secrets `json:"-"`
 }
 
@@ -176,7 +176,7 @@ type Healthcheck struct {
 }
 
 // recordFile is the on-disk form of a Record: the record plus its secrets
-// revealed. Only encodeRecord and decodeRecord use it.
+// revealed. Only Encode and Decode use it.
 type recordFile struct {
 	*Record
 	Secrets *secretsFile `json:"secrets,omitempty"`
@@ -192,8 +192,8 @@ type secretEnvFile struct {
 	Value string `json:"value"`
 }
 
-// encodeRecord gives the record file contents, secrets included.
-func encodeRecord(r *Record) ([]byte, error) {
+// Encode gives the record file contents, secrets included.
+func Encode(r *Record) ([]byte, error) {
 	f := recordFile{Record: r}
 	if r.Secrets.Password != "" || len(r.Secrets.SecretEnv) > 0 {
 		s := &secretsFile{Password: r.Secrets.Password.Reveal()}
@@ -209,8 +209,8 @@ func encodeRecord(r *Record) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-// decodeRecord parses a record file.
-func decodeRecord(data []byte) (*Record, error) {
+// Decode parses a record file.
+func Decode(data []byte) (*Record, error) {
 	f := recordFile{Record: new(Record)}
 	if err := json.Unmarshal(data, &f); err != nil {
 		return nil, err
@@ -231,13 +231,13 @@ func decodeRecord(data []byte) (*Record, error) {
 	return r, nil
 }
 
-// clone returns a deep copy of r, for copy-on-write updates.
-func (r *Record) clone() *Record {
-	b, err := encodeRecord(r)
+// Clone returns a deep copy of r, for copy-on-write updates.
+func (r *Record) Clone() *Record {
+	b, err := Encode(r)
 	if err != nil {
 		panic(err) // every Record encodes
 	}
-	c, err := decodeRecord(b)
+	c, err := Decode(b)
 	if err != nil {
 		panic(err)
 	}
@@ -283,4 +283,42 @@ func (l Layout) ConsoleSocket(id string) string { return l.RunDir + "/vms/" + id
 // ImageCache is the verified download of a registry image.
 func (l Layout) ImageCache(sha256hex string) string {
 	return filepath.Join(l.StateDir, "images", "sha256-"+sha256hex+".qcow2")
+}
+
+// AppVMGuest is what the host learned from an AppVM's guest agent and did
+// about its workload, kept in the record (AppVMSpec.Guest) so it survives
+// an agent restart. Contract §2.3 names the view fields.
+type AppVMGuest struct {
+	// BootID is the guest agent's boot id of the current boot.
+	BootID string `json:"boot_id,omitempty"`
+	// HeartbeatSecs is the heartbeat interval sent in the Spec.
+	HeartbeatSecs int `json:"heartbeat_secs,omitempty"`
+	// LastHeartbeatAt is persisted at the first heartbeat of a boot and
+	// then at most every HeartbeatPersistEvery; the live value is kept in
+	// memory by package appvm.
+	LastHeartbeatAt *time.Time  `json:"last_heartbeat_at,omitempty"`
+	Lease           *GuestLease `json:"lease,omitempty"`
+	ExitCode        *int        `json:"workload_exit_code,omitempty"`
+	ExitSignal      int         `json:"workload_exit_signal,omitempty"`
+	Fatal           string      `json:"workload_fatal,omitempty"`
+	Health          string      `json:"health,omitempty"`
+	HealthStreak    uint32      `json:"health_failing_streak,omitempty"`
+	// LogStreamDetached is set when the agent restarted while the AppVM ran
+	// and cleared when the guest agent reconnects (Hello with resume).
+	LogStreamDetached bool `json:"log_stream_detached,omitempty"`
+	// RestartCount counts consecutive automatic restarts.
+	RestartCount  uint32     `json:"restart_count,omitempty"`
+	LastRestartAt *time.Time `json:"last_restart_at,omitempty"`
+}
+
+// GuestLease is the DHCP lease a guest agent reported.
+type GuestLease struct {
+	IP         string    `json:"ip"`
+	Prefix     int       `json:"prefix"`
+	Gateway    string    `json:"gateway,omitempty"`
+	DNS        []string  `json:"dns,omitempty"`
+	Search     []string  `json:"search,omitempty"`
+	LeaseSecs  uint32    `json:"lease_secs,omitempty"`
+	Hostname   string    `json:"hostname,omitempty"`
+	ReportedAt time.Time `json:"reported_at"`
 }

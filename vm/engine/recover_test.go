@@ -1,4 +1,4 @@
-package vm
+package engine
 
 import (
 	"context"
@@ -17,6 +17,8 @@ import (
 	"vmhost/chclient"
 	"vmhost/proc"
 	"vmhost/tap"
+	"vmhost/vm"
+	"vmhost/vm/record"
 )
 
 // startVMs launches n VMs in parallel (a few at a time) and watches them.
@@ -53,7 +55,7 @@ func startVMs(t *testing.T, s *testService, n int) []*running {
 }
 
 func viewJSON(s *testService, id string) string {
-	return string(s.View(s.reg.get(id), ViewOptions{DiskBytes: true}).AppendJSON(nil))
+	return string(s.views.ViewJSON(s.recs.Get(id), vm.ViewOptions{DiskBytes: true}))
 }
 
 // TestRecoverAdoptsRunningVMs restarts the agent (Close, then New on the
@@ -68,12 +70,12 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	a := newTestService(t)
 	rs := startVMs(t, a, n)
 	for _, r := range rs {
-		waitRecord(t, a, r.id, 10*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+		waitRecord(t, a, r.id, 10*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 	}
 	// A guest panic is replayed from the event stream after the restart:
 	// its time must come out the same.
 	rs[3].sim(t, "panic", `{"event":"panic"}`)
-	waitRecord(t, a, rs[3].id, 2*time.Second, "guest_panicked_at", func(r *Record) bool { return r.GuestPanickedAt != nil })
+	waitRecord(t, a, rs[3].id, 2*time.Second, "guest_panicked_at", func(r *record.Record) bool { return r.GuestPanickedAt != nil })
 	before := map[string]string{}
 	for _, r := range rs {
 		before[r.id] = viewJSON(a, r.id)
@@ -116,13 +118,13 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	// Adopted processes are watched: a crash has no readable status; a
 	// poweroff is told apart by the event stream.
 	rs[1].ch.Signal(syscall.SIGKILL)
-	rec, took1 := waitRecord(t, b, rs[1].id, 2*time.Second, "adopted crash noticed", func(r *Record) bool { return r.State != StateRunning })
-	if f := rec.FailureReason; rec.State != StateFailed || f.Detail.Kind != KindProcessExit || f.Detail.Code != nil || f.Cause != CauseCHCrash {
+	rec, took1 := waitRecord(t, b, rs[1].id, 2*time.Second, "adopted crash noticed", func(r *record.Record) bool { return r.State != record.StateRunning })
+	if f := rec.FailureReason; rec.State != record.StateFailed || f.Detail.Kind != record.KindProcessExit || f.Detail.Code != nil || f.Cause != record.CauseCHCrash {
 		t.Errorf("adopted CH killed: %s", describe(rec))
 	}
 	rs[2].sim(t, "poweroff", "")
-	rec, took2 := waitRecord(t, b, rs[2].id, 2*time.Second, "adopted poweroff noticed", func(r *Record) bool { return r.State != StateRunning })
-	if f := rec.FailureReason; rec.State != StateStopped || f.Cause != CauseGuestShutdown || intp(f.Detail.Code) != "0" {
+	rec, took2 := waitRecord(t, b, rs[2].id, 2*time.Second, "adopted poweroff noticed", func(r *record.Record) bool { return r.State != record.StateRunning })
+	if f := rec.FailureReason; rec.State != record.StateStopped || f.Cause != record.CauseGuestShutdown || intp(f.Detail.Code) != "0" {
 		t.Errorf("adopted guest poweroff: %s", describe(rec))
 	}
 	t.Logf("after the restart: crash noticed in %v, poweroff in %v", took1, took2)
@@ -136,7 +138,7 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 	a := newTestService(t)
 	rs := startVMs(t, a, 3)
 	for _, r := range rs {
-		waitRecord(t, a, r.id, 10*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+		waitRecord(t, a, r.id, 10*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 	}
 	a.Close()
 	crashed, poweredOff, noStorage := rs[0], rs[1], rs[2]
@@ -153,9 +155,9 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 	if !slices.Equal(rep.Ended, []string{"vm00", "vm01", "vm02"}) || len(rep.Adopted) != 0 {
 		t.Errorf("recovery = %+v, want vm00-vm02 ended", rep)
 	}
-	check := func(r *running, state State, kind, cause string) {
+	check := func(r *running, state record.State, kind, cause string) {
 		t.Helper()
-		rec := b.reg.get(r.id)
+		rec := b.recs.Get(r.id)
 		f := rec.FailureReason
 		if rec.State != state || rec.DisplayState != string(state) || f == nil || f.Detail.Kind != kind || f.Cause != cause {
 			t.Errorf("%s: %s; want %s %s %s", r.id, describe(rec), state, kind, cause)
@@ -167,9 +169,9 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 			t.Errorf("%s is watched", r.id)
 		}
 	}
-	check(crashed, StateFailed, KindMissingPID, CauseCHCrash)
-	check(poweredOff, StateStopped, KindProcessExit, CauseGuestShutdown)
-	check(noStorage, StateFailed, KindProcessExit, CauseUnknown)
+	check(crashed, record.StateFailed, record.KindMissingPID, record.CauseCHCrash)
+	check(poweredOff, record.StateStopped, record.KindProcessExit, record.CauseGuestShutdown)
+	check(noStorage, record.StateFailed, record.KindProcessExit, record.CauseUnknown)
 	gone(t, "qemu-storage-daemon of the crashed VM", crashed.qsd.Done())
 	gone(t, "cloud-hypervisor of the VM without storage", noStorage.ch.Done())
 }
@@ -185,12 +187,12 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	ghost := startVM(t, a, "ghost") // its record is removed below
 	kept := startVM(t, a, "kept")   // a running VM whose record stays
 	a.watch(kept.id, kept.ch, kept.qsd)
-	waitRecord(t, a, kept.id, 10*time.Second, "display running", func(r *Record) bool { return r.DisplayState == "running" })
+	waitRecord(t, a, kept.id, 10*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 	a.Close()
-	if err := a.reg.remove(ghost.id); err != nil {
+	if err := a.recs.remove(ghost.id); err != nil {
 		t.Fatal(err)
 	}
-	l := a.layout
+	l := a.lay
 	// A CH whose run directory has no record (an agent killed between
 	// launching it and storing the record).
 	os.MkdirAll(l.RunVMDir("strayvm"), 0o700)
@@ -216,9 +218,9 @@ func TestRecoverReapsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An interrupted provision: the root disk copy was not recorded done.
-	prov := &Record{ID: "prov", Mode: ModeVM, State: StateCreated, DisplayState: DisplayCreating,
-		Spec: Spec{VMID: "prov", Vcpus: 1, MemoryMB: 256}, Runtime: &Runtime{Steps: []string{StepRunDir}}}
-	if err := a.reg.put(prov); err != nil {
+	prov := &record.Record{ID: "prov", Mode: record.ModeVM, State: record.StateCreated, DisplayState: record.DisplayCreating,
+		Spec: record.Spec{VMID: "prov", Vcpus: 1, MemoryMB: 256}, Runtime: &record.Runtime{Steps: []string{record.StepRunDir}}}
+	if err := a.recs.put(prov); err != nil {
 		t.Fatal(err)
 	}
 	os.MkdirAll(l.VMDir("prov"), 0o700)
@@ -265,7 +267,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 			t.Errorf("file of an unfinished step %s survived: %v", f, err)
 		}
 	}
-	if r := b.reg.get("prov"); r.State != StateFailed || r.DisplayState != DisplayProvisionFailed {
+	if r := b.recs.Get("prov"); r.State != record.StateFailed || r.DisplayState != record.DisplayProvisionFailed {
 		t.Errorf("resumed provision on a host that cannot provision: %s, want failed/provision_failed", describe(r))
 	}
 }
@@ -277,16 +279,16 @@ func TestIntegrationRecoverReapsTaps(t *testing.T) {
 	h := tap.New(&tap.Config{NetNS: fd})
 	ctx := context.Background()
 	a := newTestService(t)
-	rec := &Record{ID: "vm1", Mode: ModeVM, State: StateStopped, DisplayState: "stopped",
-		Spec: Spec{VMID: "vm1", Vcpus: 1, MemoryMB: 256}, NICs: []NIC{{MAC: "02:00:00:00:00:01", Tap: TapName("vm1", 0)}}}
-	if err := a.reg.put(rec); err != nil {
+	rec := &record.Record{ID: "vm1", Mode: record.ModeVM, State: record.StateStopped, DisplayState: "stopped",
+		Spec: record.Spec{VMID: "vm1", Vcpus: 1, MemoryMB: 256}, NICs: []record.NIC{{MAC: "02:00:00:00:00:01", Tap: record.TapName("vm1", 0)}}}
+	if err := a.recs.put(rec); err != nil {
 		t.Fatal(err)
 	}
 	taps := []tap.TapConfig{
-		{Name: TapName("vm1", 0), VMID: "vm1", Index: 0},   // owned
-		{Name: TapName("vm1", 1), VMID: "vm1", Index: 1},   // index beyond the record's NICs
-		{Name: TapName("gone", 0), VMID: "gone", Index: 0}, // no record
-		{Name: "vmhother0", VMID: "vm1", Index: 0},         // not the recorded tap name
+		{Name: record.TapName("vm1", 0), VMID: "vm1", Index: 0},   // owned
+		{Name: record.TapName("vm1", 1), VMID: "vm1", Index: 1},   // index beyond the record's NICs
+		{Name: record.TapName("gone", 0), VMID: "gone", Index: 0}, // no record
+		{Name: "vmhother0", VMID: "vm1", Index: 0},                // not the recorded tap name
 	}
 	for _, c := range taps {
 		if err := h.Create(ctx, c); err != nil {
@@ -294,11 +296,7 @@ func TestIntegrationRecoverReapsTaps(t *testing.T) {
 		}
 	}
 	a.Close()
-	b, err := New(Options{StateDir: a.state, RunDir: a.run, Config: a.o.Config, Store: a.o.Store, Host: tapsTestHost{h: h}, Logger: a.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := newTestServiceWith(t, func(o *Options, _ *AppVMHooks) { o.Taps = h }, a.state, a.run)
 	owned, err := h.ListOwned(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -307,12 +305,12 @@ func TestIntegrationRecoverReapsTaps(t *testing.T) {
 	for _, o := range owned {
 		names = append(names, o.Name)
 	}
-	if !slices.Equal(names, []string{TapName("vm1", 0)}) {
-		t.Errorf("taps after recovery = %v, want only %s", names, TapName("vm1", 0))
+	if !slices.Equal(names, []string{record.TapName("vm1", 0)}) {
+		t.Errorf("taps after recovery = %v, want only %s", names, record.TapName("vm1", 0))
 	}
 	rep := b.Recovery()
 	slices.Sort(rep.Taps)
-	want := []string{TapName("gone", 0), TapName("vm1", 1), "vmhother0"}
+	want := []string{record.TapName("gone", 0), record.TapName("vm1", 1), "vmhother0"}
 	slices.Sort(want)
 	if !slices.Equal(rep.Taps, want) {
 		t.Errorf("reaped taps %v, want %v", rep.Taps, want)
@@ -375,10 +373,7 @@ func BenchmarkRecoverAdopt50(b *testing.B) {
 	}
 	s.Close()
 	for b.Loop() {
-		n, err := New(Options{StateDir: s.state, RunDir: s.run, Config: s.o.Config, Store: s.o.Store, Host: NoHost{}, Logger: s.log})
-		if err != nil {
-			b.Fatal(err)
-		}
+		n := newTestService(b, s.state, s.run)
 		if got := len(n.Recovery().Adopted); got != 50 {
 			b.Fatalf("adopted %d: %+v\n%s", got, n.Recovery(), s.logs)
 		}
@@ -397,14 +392,14 @@ func TestRecoverBusyQMP(t *testing.T) {
 	if rep := b.Recovery(); !slices.Equal(rep.Adopted, []string{"busy"}) {
 		t.Fatalf("recovery = %+v, want busy adopted; logs:\n%s", rep, b.logs)
 	}
-	if rec := b.reg.get("busy"); rec.State != StateRunning || rec.Runtime.QSD == nil || rec.Runtime.QSD.Pid != r.qsd.Pid {
+	if rec := b.recs.Get("busy"); rec.State != record.StateRunning || rec.Runtime.QSD == nil || rec.Runtime.QSD.Pid != r.qsd.Pid {
 		t.Fatalf("after adoption: %s", describe(rec))
 	}
 	syscall.Kill(r.qsd.Pid, syscall.SIGKILL)
-	rec, took := waitRecord(t, b, "busy", 2*time.Second, "storage failure", func(r *Record) bool { return r.State == StateFailed })
+	rec, took := waitRecord(t, b, "busy", 2*time.Second, "storage failure", func(r *record.Record) bool { return r.State == record.StateFailed })
 	t.Logf("death of a pid-watched QSD noticed in %v: %s", took, rec.FailureReason.Summary)
 	gone(t, "cloud-hypervisor", r.ch.Done())
-	waitRecord(t, b, "busy", 5*time.Second, "runtime cleared", func(r *Record) bool { return r.Runtime.CH == nil && r.Runtime.QSD == nil })
+	waitRecord(t, b, "busy", 5*time.Second, "runtime cleared", func(r *record.Record) bool { return r.Runtime.CH == nil && r.Runtime.QSD == nil })
 }
 
 // TestRecoverRearmsBootTimeout: a VM still booting when the agent
@@ -414,23 +409,16 @@ func TestRecoverRearmsBootTimeout(t *testing.T) {
 	r := startVM(t, a, "slow", "--sim-no-activate")
 	r.qsd.Close() // let the next agent attach
 	a.Close()
-	cfg := *a.o.Config
-	cfg.BootTimeoutSecs = 2
-	e, err := NewEngine(EngineOptions{Config: &cfg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(Options{StateDir: a.state, RunDir: a.run, Config: &cfg, Store: a.o.Store, Host: e, Logger: a.log})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := newTestServiceWith(t, func(o *Options, _ *AppVMHooks) {
+		cfg := *o.Config
+		cfg.BootTimeoutSecs = 2
+		o.Config = &cfg
+	}, a.state, a.run)
 	if rep := b.Recovery(); !slices.Equal(rep.Adopted, []string{"slow"}) {
 		t.Fatalf("recovery = %+v", rep)
 	}
-	ts := &testService{Service: b, state: a.state, run: a.run, logs: a.logs}
-	rec, took := waitRecord(t, ts, "slow", 5*time.Second, "boot timeout", func(r *Record) bool { return r.State == StateFailed })
-	if f := rec.FailureReason; f.Detail.Kind != KindBootTimeout || f.Cause != CauseBootTimeout {
+	rec, took := waitRecord(t, b, "slow", 5*time.Second, "boot timeout", func(r *record.Record) bool { return r.State == record.StateFailed })
+	if f := rec.FailureReason; f.Detail.Kind != record.KindBootTimeout || f.Cause != record.CauseBootTimeout {
 		t.Errorf("after the re-armed boot timeout: %s", describe(rec))
 	}
 	t.Logf("boot timeout fired %v after the restart", took)
@@ -443,28 +431,27 @@ type recordingHooks struct {
 	adopted    chan string
 }
 
-func (h recordingHooks) Adopt(_ context.Context, rec *Record) error {
+func (h recordingHooks) Adopt(_ context.Context, rec *record.Record) error {
 	h.adopted <- rec.ID
 	return nil
 }
 
 // TestRecoverAdoptsAppVMGuestSession: an adopted AppVM is handed to the
-// AppVM hooks (registered by appvm.New after vm.New), so its guest agent's
-// reconnection is accepted.
+// AppVM hooks (given to Start), so its guest agent's reconnection is
+// accepted.
 func TestRecoverAdoptsAppVMGuestSession(t *testing.T) {
 	a := newTestService(t)
 	r := startVM(t, a, "app")
-	if _, err := a.reg.update("app", func(rec *Record) {
-		rec.Mode = ModeAppVM
-		rec.AppVM = &AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+	if _, err := a.recs.Update("app", func(rec *record.Record) {
+		rec.Mode = record.ModeAppVM
+		rec.AppVM = &record.AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
 	}); err != nil {
 		t.Fatal(err)
 	}
 	r.qsd.Close()
 	a.Close()
-	b := newTestService(t, a.state, a.run)
 	h := recordingHooks{adopted: make(chan string, 1)}
-	b.SetAppVMHooks(h) // as appvm.New does, right after vm.New
+	b := newTestServiceWith(t, func(_ *Options, hooks *AppVMHooks) { *hooks = h }, a.state, a.run)
 	select {
 	case id := <-h.adopted:
 		if id != "app" {

@@ -1,10 +1,11 @@
-package vm
+package engine
 
 import (
 	"fmt"
 
 	"vmhost/chclient"
 	"vmhost/config"
+	"vmhost/vm/record"
 )
 
 // CHConfigHost holds the host facts CHConfig needs beyond the record.
@@ -50,7 +51,7 @@ const netRefillMillis = 100
 //     mbps × 125 × 100 bytes (mbps × 10^6 / 8 bytes per second).
 //   - serial on console.sock, console off, pvpanic, platform serial_number,
 //     devices for pci_devices (/sys/bus/pci/devices/<bdf>/), vsock.
-func CHConfig(rec *Record, cfg *config.Config, l Layout, host CHConfigHost) (*chclient.VmConfig, error) {
+func CHConfig(rec *record.Record, cfg *config.Config, l record.Layout, host CHConfigHost) (*chclient.VmConfig, error) {
 	sp := &rec.Spec
 	if rec.Runtime == nil || rec.Runtime.VsockCID < 3 {
 		return nil, fmt.Errorf("building CH config of VM %q: no vsock CID allocated", rec.ID)
@@ -68,7 +69,7 @@ func CHConfig(rec *Record, cfg *config.Config, l Layout, host CHConfigHost) (*ch
 		c.Payload.Firmware = *sp.FirmwarePath
 	case sp.KernelPath != nil:
 		c.Payload.Kernel = *sp.KernelPath
-	case rec.Mode == ModeAppVM:
+	case rec.Mode == record.ModeAppVM:
 		c.Payload.Kernel = cfg.AppVMKernel
 	default:
 		return nil, fmt.Errorf("building CH config of VM %q: neither kernel nor firmware", rec.ID)
@@ -86,7 +87,7 @@ func CHConfig(rec *Record, cfg *config.Config, l Layout, host CHConfigHost) (*ch
 		cpus.MaxVcpus = max(boot, min(host.CPUs, maxVcpus))
 	}
 	if sp.CPUAffinity != nil {
-		set, err := ParseCPUSet(*sp.CPUAffinity)
+		set, err := record.ParseCPUSet(*sp.CPUAffinity)
 		if err != nil {
 			return nil, fmt.Errorf("building CH config of VM %q: cpu_affinity: %w", rec.ID, err)
 		}
@@ -111,11 +112,11 @@ func CHConfig(rec *Record, cfg *config.Config, l Layout, host CHConfigHost) (*ch
 	}
 
 	for i, nic := range rec.NICs {
-		var np *NetSpec
+		var np *record.NetSpec
 		if i < len(sp.Nets) {
 			np = &sp.Nets[i]
 		}
-		nv := ResolveNet(cfg, np, nic)
+		nv := record.ResolveNet(cfg, np, nic)
 		n := chclient.NetConfig{Tap: nic.Tap, Mac: nic.MAC, Mtu: int(nv.MTU)}
 		if nv.RateLimitMbps != nil && *nv.RateLimitMbps > 0 {
 			n.RateLimiterConfig = &chclient.RateLimiterConfig{Bandwidth: &chclient.TokenBucket{
@@ -135,11 +136,11 @@ func CHConfig(rec *Record, cfg *config.Config, l Layout, host CHConfigHost) (*ch
 
 // EffectiveCmdline is the kernel command line rec boots with: its own, or
 // the host default of its family.
-func EffectiveCmdline(rec *Record, cfg *config.Config) string {
+func EffectiveCmdline(rec *record.Record, cfg *config.Config) string {
 	switch {
 	case rec.Spec.Cmdline != nil:
 		return *rec.Spec.Cmdline
-	case rec.Mode == ModeAppVM:
+	case rec.Mode == record.ModeAppVM:
 		return cfg.AppVMCmdline
 	default:
 		return cfg.DefaultCmdline

@@ -1,0 +1,31 @@
+// Package engine is the VM supervisor: the production vm.Host. It
+// provisions VMs (image download, root disk copy, data volumes, the seed,
+// taps, qemu-storage-daemon), builds the Cloud Hypervisor config
+// (chconfig.go), boots and carries out the lifecycle actions
+// (engine*.go), watches every running VM (monitor.go) and learns guest
+// addresses (facts.go), and at Start reconciles the host with the records
+// after an agent restart (recover.go).
+//
+// The engine does not import package vm: it sees the records through
+// Records (vm.HostRecords implements it) and the AppVM specifics through
+// AppVMHooks (appvm.Service.Hooks); both are given to Start. The record
+// types are package vm/record's.
+//
+// # Provisioning
+//
+// Each step is recorded in Record.Runtime.Steps before the next starts,
+// so Rollback removes exactly what was made and a provision cut short by
+// an agent restart resumes where it stopped.
+//
+// # Supervision and recovery
+//
+// Every running or paused VM has one monitor: the CH child's exit (or, for
+// a process adopted after an agent restart, its pidfd), the event stream
+// (root disk activated, guest panic, shutdown), the API socket's presence
+// and answers, pings, the root disk file, and QSD's death; each ends the
+// VM with the failure_reason DESIGN §5 maps it to. At Start, live
+// processes whose pid and start time match are adopted, dead ones end
+// their VM, cut-short provisions are resumed or rolled back, and taps,
+// run dirs and processes that no record owns are reaped. Close releases
+// the watched VMs without stopping them.
+package engine

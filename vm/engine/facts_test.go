@@ -1,0 +1,116 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"vmhost/tap"
+	"vmhost/vm"
+	"vmhost/vm/record"
+)
+
+// testNetNS creates a network namespace on a locked thread and returns its
+// fd and a function that runs f on that thread (so processes it starts
+// live in the namespace). The thread ends with the test.
+func testNetNS(t *testing.T) (int, func(f func() error) error) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace, taps and packet sockets; run the tests as root")
+	}
+	if _, err := os.Stat("/dev/net/tun"); err != nil {
+		t.Skipf("no /dev/net/tun: %v (try: modprobe tun)", err)
+	}
+	step := make(chan func() error)
+	errc := make(chan error)
+	var fd int
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- err
+			return
+		}
+		var err error
+		fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		errc <- err
+		for f := range step {
+			errc <- f()
+		}
+	}()
+	if err := <-errc; err != nil {
+		t.Skipf("cannot create a network namespace: %v", err)
+	}
+	t.Cleanup(func() { close(step); unix.Close(fd) })
+	return fd, func(f func() error) error { step <- f; return <-errc }
+}
+
+// TestIntegrationGuestFacts snoops a DHCP ACK that chsim injects on a real
+// tap, reads a neighbour entry, and keeps the observed address after the
+// entry is gone.
+func TestIntegrationGuestFacts(t *testing.T) {
+	fd, inNS := testNetNS(t)
+	h := tap.New(&tap.Config{NetNS: fd})
+	ctx := context.Background()
+	nic := record.NIC{MAC: "02:00:00:00:00:01", Tap: record.TapName("vm1", 0)}
+	if err := h.Create(ctx, tap.TapConfig{Name: nic.Tap, VMID: "vm1", Index: 0}); err != nil {
+		t.Fatal(err)
+	}
+	s := newTestService(t)
+	s.o.Taps = h
+	s.mon.factsEvery = 100 * time.Millisecond
+	r := startVMWith(t, s, "vm1", vmOpts{nics: []record.NIC{nic}, launch: inNS})
+	s.watch(r.id, r.ch, r.qsd)
+
+	// A DHCP server on the host side answers the guest: the ACK leaves the
+	// host through the tap. The snooper starts with the monitor,
+	// asynchronously; a guest's DHCP client retries, and so does this test.
+	var rec *record.Record
+	for i := 0; ; i++ {
+		// The simulator sends the ACK out of the tap toward the guest, as a
+		// DHCP server behind the bridge would.
+		r.sim(t, "dhcp-ack", `{"ip":"10.9.0.23","server":"10.9.0.1"}`)
+		time.Sleep(200 * time.Millisecond)
+		if rec = s.recs.Get(r.id); rec.NICs[0].DHCPSnoopedIPv4 == "10.9.0.23" {
+			break
+		}
+		if i == 25 {
+			t.Fatalf("dhcp_snooped_ipv4 = %q after 5s of ACKs; logs:\n%s", rec.NICs[0].DHCPSnoopedIPv4, s.logs)
+		}
+	}
+	if v := s.View(rec, vm.ViewOptions{}); v.DiscoveredIPv4 != "10.9.0.23" || v.Nets[0].DHCPSnoopedIPv4 != "10.9.0.23" {
+		t.Errorf("view: discovered %q, nets[0] snooped %q", v.DiscoveredIPv4, v.Nets[0].DHCPSnoopedIPv4)
+	}
+
+	ipCmd := func(args ...string) error {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+		}
+		return nil
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("ip (iproute2) not installed: cannot add a neighbour entry")
+	}
+	if err := inNS(func() error {
+		return ipCmd("neigh", "replace", "10.9.0.50", "lladdr", nic.MAC, "dev", nic.Tap, "nud", "stale")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = waitRecord(t, s, r.id, 2*time.Second, "last_observed_ipv4", func(r *record.Record) bool { return r.NICs[0].LastObservedIPv4 == "10.9.0.50" })
+	if v := s.View(rec, vm.ViewOptions{}); v.DiscoveredIPv4 != "10.9.0.23" || v.Nets[0].LastObservedIPv4 != "10.9.0.50" {
+		t.Errorf("view: discovered %q (want the snooped address first), nets[0] observed %q", v.DiscoveredIPv4, v.Nets[0].LastObservedIPv4)
+	}
+	if err := inNS(func() error { return ipCmd("neigh", "del", "10.9.0.50", "dev", nic.Tap) }); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // several polls
+	if got := s.recs.Get(r.id).NICs[0].LastObservedIPv4; got != "10.9.0.50" {
+		t.Errorf("last_observed_ipv4 after the neighbour entry expired = %q, want it kept", got)
+	}
+}

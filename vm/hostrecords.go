@@ -1,0 +1,38 @@
+package vm
+
+// HostRecords is the records as the host sees them (engine.Records): every
+// family, creates still in flight included, and the per-VM action lock the
+// Service's actions take.
+type HostRecords struct{ s *Service }
+
+// HostRecords returns the records for the host (engine.Engine.Start).
+func (s *Service) HostRecords() HostRecords { return HostRecords{s} }
+
+// Get returns the newest version of the record of id, stored or still
+// being created, or nil.
+func (h HostRecords) Get(id string) *Record {
+	g := h.s.reg
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if r := g.recs[id]; r != nil {
+		return r
+	}
+	return g.pending[id]
+}
+
+// List returns every stored record: the classic VMs, then the AppVMs,
+// each sorted by id.
+func (h HostRecords) List() []*Record {
+	return append(h.s.reg.list(ModeVM), h.s.reg.list(ModeAppVM)...)
+}
+
+// Update stores f applied to a copy of the record of id (stored or still
+// being created) and returns it; errors.Is(err, fs.ErrNotExist) when there
+// is none.
+func (h HostRecords) Update(id string, f func(*Record)) (*Record, error) {
+	return h.s.reg.update(id, f)
+}
+
+// Lock takes the action lock of VM id (the one Act and Delete hold) and
+// returns its unlock.
+func (h HostRecords) Lock(id string) (unlock func()) { return h.s.lockVM(id) }

@@ -1,0 +1,75 @@
+package record
+
+import "fmt"
+
+// HostErrorKind says which part of the host failed.
+type HostErrorKind int
+
+// Kinds of HostError; the API maps them to STORAGE_ERROR, NETWORK_ERROR,
+// CH_ERROR and INTERNAL.
+const (
+	HostInternal HostErrorKind = iota
+	HostStorage
+	HostNetwork
+	HostHypervisor
+)
+
+// HostError is a failure of host work.
+type HostError struct {
+	Kind HostErrorKind
+	Op   string // what was being done, such as "copying base image"
+	Err  error
+}
+
+// Error gives the operation and the cause.
+func (e *HostError) Error() string { return e.Op + ": " + e.Err.Error() }
+
+// Unwrap returns the cause.
+func (e *HostError) Unwrap() error { return e.Err }
+
+// StateError is an action the VM's state does not allow (409
+// INVALID_STATE).
+type StateError struct {
+	ID     string
+	Action string
+	State  string // the display state
+}
+
+// Error names the action and the state.
+func (e *StateError) Error() string {
+	return fmt.Sprintf("cannot %s VM %q while it is %s", e.Action, e.ID, e.State)
+}
+
+// FieldError is a request that decoded but breaks a field rule, a
+// combination rule or a host precondition (400 BAD_REQUEST). Field is the
+// request path of the offending field, such as "nets[1].ipv4.gateway". The
+// message never contains a secret value.
+type FieldError struct {
+	Field string
+	Msg   string
+}
+
+// Error gives "field: reason".
+func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// Failure kinds and causes of contract §2.2.
+const (
+	KindSocketGone      = "socket_gone"
+	KindSocketDead      = "socket_dead"
+	KindPingTimeout     = "ping_timeout"
+	KindProcessExit     = "process_exit"
+	KindProcessSignal   = "process_signal"
+	KindMissingPID      = "missing_pid"
+	KindDiskMissing     = "disk_missing"
+	KindBootTimeout     = "boot_timeout"
+	KindProvisionFailed = "provision_failed"
+
+	CauseOperatorShutdown = "operator_shutdown"
+	CauseGuestShutdown    = "guest_shutdown"
+	CauseCHCrash          = "ch_crash"
+	CauseVMMHang          = "vmm_hang"
+	CauseDiskMissing      = "disk_missing"
+	CauseBootTimeout      = "boot_timeout"
+	CauseProvisionFailed  = "provision_failed"
+	CauseUnknown          = "unknown"
+)
