@@ -242,6 +242,14 @@ func TestBootTimeout(t *testing.T) {
 	if fr := v.FailureReason; fr == nil || fr.Detail.Kind != "boot_timeout" || fr.Cause != "boot_timeout" || fr.Detail.Seconds == nil || *fr.Detail.Seconds != 1 {
 		t.Fatalf("failure_reason = %+v", v.FailureReason)
 	}
+	// The console the agent kept names what the guest printed last.
+	if want := "last console lines: chsim: Linux version 6.1.0-chsim booting"; !strings.Contains(v.FailureReason.Summary, want) {
+		t.Errorf("summary = %q, want it to contain %q", v.FailureReason.Summary, want)
+	}
+	fi, err := os.Stat(s.runDir + "/vms/slow/console.log")
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("console.log: %v, %v; want a 0600 file", fi, err)
+	}
 	s.waitFor("slow", "processes gone", func(view) bool { return len(s.children()) == 0 })
 }
 

@@ -98,6 +98,11 @@ type Engine struct {
 	mon    watchers // the monitors of running VMs (monitor.go)
 	starts sync.Once
 
+	// consoleCtx ends the console keepers (console.go) at Close.
+	consoleCtx  context.Context
+	consoleStop context.CancelFunc
+	consoles    sync.WaitGroup
+
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
 	// processes).
@@ -138,11 +143,17 @@ func New(o Options) (*Engine, error) {
 	if err := lay.CheckRunDir(); err != nil {
 		return nil, err
 	}
-	c, err := disk.NewCache(filepath.Join(lay.StateDir, "images"), disk.CacheOptions{MaxBytes: o.Config.ImageMaxBytes})
+	c, err := disk.NewCache(filepath.Join(lay.StateDir, "images"), disk.CacheOptions{
+		MaxBytes:    o.Config.ImageMaxBytes,
+		IdleTimeout: time.Duration(o.Config.DownloadIdleSecs) * time.Second,
+		Deny:        o.Config.FetchDenyPrefixes(),
+	})
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	return &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}}, nil
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}}
+	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
+	return e, nil
 }
 
 // Start hands the engine the records it works on and the AppVM hooks (nil

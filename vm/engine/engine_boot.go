@@ -64,6 +64,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
+	e.keepConsole(id, rt.SerialSocket, p)
 	undo := func(err error) error {
 		// As Stop does: vmm.shutdown, then signals up to SIGKILL with no
 		// deadline that could end the wait before SIGKILL is sent (the
@@ -195,6 +196,10 @@ func (e *Engine) bootDeadline(id string, p *chclient.Process, timeout time.Durat
 	}
 	secs := int(timeout / time.Second)
 	e.o.Logger.Error("VM showed no sign of life; shutting the VMM down", "id", id, "boot_timeout_secs", secs)
+	summary := fmt.Sprintf("the guest showed no sign of life (%s) within the boot timeout of %d s; the VMM was shut down", lifeSign(r.Mode), secs)
+	if tail := e.consoleTail(id); tail != "" {
+		summary += "; last console lines: " + tail
+	}
 	if _, err := e.recs.Update(id, func(r *record.Record) {
 		r.State = record.StateFailed
 		r.DisplayState = string(record.StateFailed)
@@ -202,7 +207,7 @@ func (e *Engine) bootDeadline(id string, p *chclient.Process, timeout time.Durat
 		r.PID = 0
 		r.FailureReason = &record.FailureReason{
 			DetectedAt: e.o.Now().UTC(),
-			Summary:    fmt.Sprintf("the guest showed no sign of life (%s) within the boot timeout of %d s; the VMM was shut down", lifeSign(r.Mode), secs),
+			Summary:    summary,
 			Detail:     record.FailureDetail{Kind: record.KindBootTimeout, Seconds: &secs},
 			Cause:      record.CauseBootTimeout,
 		}

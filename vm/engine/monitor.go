@@ -237,6 +237,8 @@ func (e *Engine) Close() error {
 		}
 	}
 	w.wg.Wait()
+	e.consoleStop()
+	e.consoles.Wait()
 	return nil
 }
 

@@ -219,6 +219,9 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 		}
 		keep = append(keep, q.Pid)
 	}
+	if rt.CH.SerialSocket != "" {
+		e.keepConsole(id, rt.CH.SerialSocket, ch)
+	}
 	e.supervise(id, ch, qsd, qsdProc)
 	if rec.DisplayState == record.DisplayBooting {
 		e.rearmBootDeadline(id, ch)

@@ -98,6 +98,10 @@ func (l Layout) DataSocket(id string, n int) string {
 func (l Layout) QSDPidFile(id string) string { return l.RunVMDir(id) + "/qsd.pid" }
 
 // CHLog is Cloud Hypervisor's log file (its stdout and stderr go to
+// ConsoleLog is the file keeping the VM's serial console output (rotated
+// to ConsoleLog + ".1").
+func (l Layout) ConsoleLog(id string) string { return l.RunVMDir(id) + "/console.log" }
+
 // CHLog+".out").
 func (l Layout) CHLog(id string) string { return l.RunVMDir(id) + "/ch.log" }
 

@@ -1,0 +1,42 @@
+package engine
+
+import (
+	"vmhost/chclient"
+	"vmhost/console"
+)
+
+// consoleTailLines is how many of the console's last lines a boot_timeout
+// summary quotes.
+const consoleTailLines = 5
+
+// keepConsole keeps the serial console of the VM id, whose Cloud Hypervisor
+// is p, in <run>/vms/<id>/console.log until p exits or the engine closes.
+// It must start before vm.boot: what the guest prints while nobody reads
+// the socket is not kept. A console that cannot be kept is logged and the
+// VM runs without it.
+func (e *Engine) keepConsole(id, socket string, p *chclient.Process) {
+	k, err := console.Start(e.consoleCtx, console.Config{Socket: socket, Path: e.layout().ConsoleLog(id)})
+	if err != nil {
+		e.log.Warn("keeping the serial console", "id", id, "err", err)
+		return
+	}
+	e.consoles.Add(1)
+	go func() {
+		defer e.consoles.Done()
+		select {
+		case <-p.Done():
+		case <-k.Done(): // the engine closed
+		}
+		k.Stop()
+	}()
+}
+
+// consoleTail returns the last lines of the VM's console log of this boot,
+// "" when it has none.
+func (e *Engine) consoleTail(id string) string {
+	s, err := console.Tail(e.layout().ConsoleLog(id), consoleTailLines)
+	if err != nil {
+		e.log.Warn("reading the console log", "id", id, "err", err)
+	}
+	return s
+}
