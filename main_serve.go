@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -13,13 +15,13 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"vmhost/auth"
 	"vmhost/config"
+	"vmhost/internal/dirlock"
 	"vmhost/store"
 	"vmhost/vm"
 )
@@ -121,7 +123,7 @@ func setUpDev(o *serveOptions, stdout io.Writer, log *slog.Logger) error {
 		// Socket paths are limited to 107 bytes: under a deep working
 		// directory, the run dir moves to a short per-user temp path.
 		if abs, err := filepath.Abs(devRunDir); err == nil && (vm.Layout{RunDir: abs}).CheckRunDir() != nil {
-			o.runDir = filepath.Join(os.TempDir(), "vmhost-dev-"+strconv.Itoa(os.Getuid()))
+			o.runDir = devFallbackRunDir(o.stateDir)
 			log.Info("working directory too deep for VM sockets; dev run dir moved", "run_dir", o.runDir)
 		}
 	}
@@ -148,6 +150,18 @@ func setUpDev(o *serveOptions, stdout io.Writer, log *slog.Logger) error {
 	log.Info("created dev API key", "name", devKeyName, "scope", auth.ScopeReadWrite, "keys", path)
 	fmt.Fprintf(stdout, "vmhost dev mode: API key %q (readwrite), shown only this once:\n%s\n", devKeyName, token)
 	return nil
+}
+
+// devFallbackRunDir is the short run directory --dev uses when the working
+// directory is too deep for socket paths: per user and per state directory
+// (a hash of its absolute path), so two dev agents never share one.
+func devFallbackRunDir(stateDir string) string {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		abs = stateDir
+	}
+	sum := sha256.Sum256([]byte(abs))
+	return filepath.Join(os.TempDir(), fmt.Sprintf("vmhost-dev-%d-%s", os.Getuid(), hex.EncodeToString(sum[:4])))
 }
 
 // writeIfAbsent writes cfg to path, creating its directory, unless the file
@@ -177,15 +191,6 @@ func writeIfAbsent(path string, cfg *config.Config) error {
 // runServer serves until SIGTERM or SIGINT, then shuts down gracefully.
 // SIGHUP rereads keys.json.
 func runServer(o serveOptions, log *slog.Logger) error {
-	cfg := config.Default()
-	if o.configPath != "" {
-		var err error
-		if cfg, err = config.Load(o.configPath); err != nil {
-			return err
-		}
-	} else {
-		log.Info("no --config given; using the built-in defaults")
-	}
 	for _, dir := range []string{o.stateDir, o.runDir} {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("creating %s: %w", dir, err)
@@ -198,6 +203,29 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	runDir, err := filepath.Abs(o.runDir)
 	if err != nil {
 		return err
+	}
+	// One agent per state and run directory, locked before anything in
+	// them is read (recovery included): a second agent would adopt, or
+	// reap as orphans, the first one's VMs.
+	stateLock, err := dirlock.Acquire(stateDir, "state directory")
+	if err != nil {
+		return err
+	}
+	defer stateLock.Close()
+	if runDir != stateDir {
+		runLock, err := dirlock.Acquire(runDir, "run directory")
+		if err != nil {
+			return err
+		}
+		defer runLock.Close()
+	}
+	cfg := config.Default()
+	if o.configPath != "" {
+		if cfg, err = config.Load(o.configPath); err != nil {
+			return err
+		}
+	} else {
+		log.Info("no --config given; using the built-in defaults")
 	}
 	keys, err := auth.Open(keysFile(stateDir))
 	if err != nil {

@@ -398,8 +398,10 @@ func TestServeUnixSocket(t *testing.T) {
 	if code, _ := s.get(t, "/api/vms/x", ""); code != http.StatusUnauthorized {
 		t.Errorf("GET over the unix socket = %d, want 401", code)
 	}
-	// A second server on the same socket refuses rather than steal it.
-	_, errOut, code := vmhost(t, cwd, "serve", "--dev", "--listen", "unix:"+sock)
+	// A second server (on other directories) on the same socket refuses
+	// rather than steal it.
+	other := t.TempDir()
+	_, errOut, code := vmhost(t, cwd, "serve", "--listen", "unix:"+sock, "--state-dir", other+"/state", "--run-dir", other+"/run", "--simulate", "ch,qsd")
 	if code != 1 || !strings.Contains(errOut, "another server is answering") {
 		t.Errorf("second serve on a live socket = %d, %s", code, errOut)
 	}
@@ -419,6 +421,45 @@ func TestServeUnixSocket(t *testing.T) {
 		t.Errorf("GET after replacing a stale socket = %d, want 401", code)
 	}
 	s.stop(t, syscall.SIGTERM)
+}
+
+// TestServeOneAgentPerDirectory: a second agent on the state or the run
+// directory of a running one exits 1 naming the first one's pid, before it
+// touches anything (it would adopt or reap the first one's VMs).
+func TestServeOneAgentPerDirectory(t *testing.T) {
+	cwd, err := os.MkdirTemp("", "vh") // short: the run dir holds sockets
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(cwd) })
+	s := startServer(t, cwd, "--listen", "127.0.0.1:0", "--state-dir", "state", "--run-dir", "run", "--simulate", "ch,qsd")
+	want := fmt.Sprintf("(pid %d)", s.cmd.Process.Pid)
+	for _, dirs := range [][]string{
+		{"--state-dir", "state", "--run-dir", "run2"},
+		{"--state-dir", "state2", "--run-dir", "run"},
+	} {
+		args := append([]string{"serve", "--listen", "127.0.0.1:0", "--simulate", "ch,qsd"}, dirs...)
+		_, errOut, code := vmhost(t, cwd, args...)
+		if code != 1 || !strings.Contains(errOut, "in use by another vmhost "+want) {
+			t.Errorf("serve %v beside a running agent = %d, %s; want exit 1 naming %s", dirs, code, errOut, want)
+		}
+	}
+	if code := s.stop(t, syscall.SIGTERM); code != 0 {
+		t.Errorf("exit code = %d", code)
+	}
+	// Released with the agent: the next one starts.
+	s = startServer(t, cwd, "--listen", "127.0.0.1:0", "--state-dir", "state", "--run-dir", "run", "--simulate", "ch,qsd")
+	s.stop(t, syscall.SIGTERM)
+}
+
+func TestDevFallbackRunDirPerStateDir(t *testing.T) {
+	a, b := devFallbackRunDir("/x/state"), devFallbackRunDir("/y/state")
+	if a == b {
+		t.Errorf("two state directories share the fallback run dir %s", a)
+	}
+	if a != devFallbackRunDir("/x/state") {
+		t.Error("the fallback run dir is not stable for one state directory")
+	}
 }
 
 func TestServeFlags(t *testing.T) {

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"vmhost/chclient"
 	"vmhost/initramfs"
@@ -282,6 +283,9 @@ func (h hooks) Adopt(ctx context.Context, rec *vm.Record) error { return h.s.gue
 
 // Forget closes the AppVM's session (VM deleted).
 func (h hooks) Forget(rec *vm.Record) { h.s.guests.forget(rec.ID) }
+
+// Settle waits (at most a second) for the guest agent's connection to end.
+func (h hooks) Settle(rec *vm.Record) { h.s.guests.settle(rec.ID, time.Second) }
 
 // Rollback closes the session and removes the workload logs; the engine
 // removes the disks.

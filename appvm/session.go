@@ -86,6 +86,8 @@ type session struct {
 
 	mu sync.Mutex
 	nc net.Conn
+	// served is closed when the serve of nc has returned.
+	served chan struct{}
 	// lastHB is the receipt time of the latest heartbeat (wall clock of
 	// the service, for the view; mono for staleness).
 	lastHB, lastHBMono time.Time
@@ -177,12 +179,16 @@ func (ss *session) accept() {
 		}
 		// One connection per guest: a new one (a redial) replaces the old.
 		old := ss.nc
-		ss.nc = c
+		served := make(chan struct{})
+		ss.nc, ss.served = c, served
 		ss.mu.Unlock()
 		if old != nil {
 			old.Close()
 		}
-		go ss.serve(c)
+		go func() {
+			defer close(served)
+			ss.serve(c)
+		}()
 	}
 }
 
@@ -399,6 +405,28 @@ func (g *guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
 		return *gst.LastHeartbeatAt, g.s.vms.Now().Sub(*gst.LastHeartbeatAt) > limit
 	}
 	return time.Time{}, false
+}
+
+// settle waits, at most max, until the guest agent's connection of VM id
+// has ended: a guest that powers off right after its last messages (the
+// workload's exit) has them recorded before the host records its end.
+func (g *guests) settle(id string, max time.Duration) {
+	ss := g.get(id)
+	if ss == nil {
+		return
+	}
+	ss.mu.Lock()
+	nc, served := ss.nc, ss.served
+	ss.mu.Unlock()
+	if nc == nil {
+		return
+	}
+	t := time.NewTimer(max)
+	defer t.Stop()
+	select {
+	case <-served:
+	case <-t.C:
+	}
 }
 
 // stop asks the guest agent to stop the workload and power off.

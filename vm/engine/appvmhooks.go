@@ -30,6 +30,10 @@ type AppVMHooks interface {
 	Shutdown(ctx context.Context, rec *record.Record) error
 	Adopt(ctx context.Context, rec *record.Record) error
 	Forget(rec *record.Record)
+	// Settle waits, bounded, until the guest agent's connection has ended,
+	// so what the guest sent before it powered off (the workload's exit)
+	// is recorded before the VM's end.
+	Settle(rec *record.Record)
 	Rollback(ctx context.Context, rec *record.Record) error
 }
 
@@ -77,6 +81,16 @@ func (e *Engine) appVMShutdown(ctx context.Context, rec *record.Record) (handled
 func (e *Engine) appVMForget(rec *record.Record) {
 	if h := e.hooks; rec.Mode == record.ModeAppVM && h != nil {
 		h.Forget(rec)
+	}
+}
+
+// appVMSettle lets an AppVM's guest session read what the guest sent
+// before it ended (monitor.go, before the end is recorded).
+func (e *Engine) appVMSettle(id string) {
+	if h := e.hooks; h != nil {
+		if rec := e.recs.Get(id); rec != nil && rec.Mode == record.ModeAppVM {
+			h.Settle(rec)
+		}
 	}
 }
 

@@ -441,6 +441,7 @@ func logHint(path string) string {
 // unwatched (Stop) also finds it ended, never still running.
 func (m *monitor) conclude(v verdict) {
 	w, e := &m.e.mon, m.e
+	e.appVMSettle(m.id)
 	w.mu.Lock()
 	if w.m[m.id] != m {
 		w.mu.Unlock()
