@@ -3,52 +3,24 @@ package engine
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"vmhost/internal/netnstest"
 	"vmhost/tap"
 	"vmhost/vm"
 	"vmhost/vm/record"
 )
 
-// testNetNS creates a network namespace on a locked thread and returns its
-// fd and a function that runs f on that thread (so processes it starts
-// live in the namespace). The thread ends with the test.
+// testNetNS returns a fresh network namespace's fd and a function that
+// runs f on its thread (so processes f starts live in the namespace).
 func testNetNS(t *testing.T) (int, func(f func() error) error) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for a network namespace, taps and packet sockets; run the tests as root")
-	}
-	if _, err := os.Stat("/dev/net/tun"); err != nil {
-		t.Skipf("no /dev/net/tun: %v (try: modprobe tun)", err)
-	}
-	step := make(chan func() error)
-	errc := make(chan error)
-	var fd int
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with the goroutine
-		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		var err error
-		fd, err = unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-		errc <- err
-		for f := range step {
-			errc <- f()
-		}
-	}()
-	if err := <-errc; err != nil {
-		t.Skipf("cannot create a network namespace: %v", err)
-	}
-	t.Cleanup(func() { close(step); unix.Close(fd) })
-	return fd, func(f func() error) error { step <- f; return <-errc }
+	netnstest.RequireTun(t)
+	ns := netnstest.New(t)
+	return ns.FD, ns.Run
 }
 
 // TestIntegrationGuestFacts snoops a DHCP ACK that chsim injects on a real
