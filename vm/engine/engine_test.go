@@ -376,7 +376,9 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 	if err != nil || rec.State != record.StateRunning {
 		t.Fatalf("CreateVM = %v, %v", rec, err)
 	}
-	(&running{apiSocket: rec.Runtime.CH.APISocket}).sim(t, "activate", "") // a guest that reacts to the button
+	// A guest that reacts to the button has activated its devices (chsim
+	// does so on its own shortly after boot).
+	waitRecord(t, s.HostRecords(), "v", 10*time.Second, "guest up", func(r *record.Record) bool { return r.DisplayState == string(record.StateRunning) })
 	gate.Lock()
 	held := true
 	defer func() {
