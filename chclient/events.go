@@ -119,6 +119,11 @@ func (er *EventReader) parse() (Event, bool, error) {
 	if err != nil {
 		var te *json.UnmarshalTypeError
 		skip := int(dec.InputOffset())
+		if errors.As(err, &te) && skip == len(er.buf) && isDigit(er.buf[skip-1]) {
+			// A number that ends the data so far may go on ("0" then
+			// ".5"): wait for more, as for any unfinished record.
+			return Event{}, false, nil
+		}
 		if !errors.As(err, &te) {
 			// A syntax error: resynchronise on the blank line that ends every event.
 			i := bytes.Index(er.buf, []byte("\n\n"))
@@ -133,6 +138,8 @@ func (er *EventReader) parse() (Event, bool, error) {
 	er.consume(int(dec.InputOffset()))
 	return raw.event(start)
 }
+
+func isDigit(b byte) bool { return '0' <= b && b <= '9' }
 
 func (raw *rawEvent) event(offset int64) (Event, bool, error) {
 	if raw.Timestamp == nil || raw.Source == nil || raw.Event == nil {
