@@ -151,7 +151,7 @@ func (e *Engine) Stop(ctx context.Context, rec *record.Record) error {
 
 // recordStopped records an operator stop; ch, when known, gives the exit.
 func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
-	d := record.FailureDetail{Kind: record.KindProcessExit}
+	d := record.FailureDetail{Kind: record.KindMissingPID}
 	summary := "stopped by the operator"
 	if ch != nil {
 		if st, ok := ch.Exit(); ok {

@@ -283,7 +283,7 @@ func (e *Engine) finishInterruptedStop(rec *record.Record) {
 	e.recordEnd(rec.ID, verdict{state: record.StateStopped, reason: &record.FailureReason{
 		DetectedAt: e.o.Now().UTC(),
 		Summary:    "stopped by the operator; the agent restarted before the stop was recorded",
-		Detail:     record.FailureDetail{Kind: record.KindProcessExit},
+		Detail:     record.FailureDetail{Kind: record.KindMissingPID},
 		Cause:      record.CauseOperatorShutdown,
 	}})
 	if q := rec.Runtime.StorageDaemon(); q != nil {
@@ -300,7 +300,7 @@ func (e *Engine) failStorageRecovered(rec *record.Record, ch *chclient.Process, 
 		DetectedAt: e.o.Now().UTC(),
 		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d is gone or unreachable after the agent restarted (%v), so the VM lost its disks",
 			q.Pid, err),
-		Detail: record.FailureDetail{Kind: record.KindProcessExit},
+		Detail: record.FailureDetail{Kind: record.KindMissingPID},
 		Cause:  record.CauseUnknown,
 	}})
 	e.killRecorded(rec.ID, "qemu-storage-daemon", q.Pid, q.StartTime)

@@ -119,7 +119,7 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	// poweroff is told apart by the event stream.
 	rs[1].ch.Signal(syscall.SIGKILL)
 	rec, took1 := waitRecord(t, b, rs[1].id, 2*time.Second, "adopted crash noticed", func(r *record.Record) bool { return r.State != record.StateRunning })
-	if f := rec.FailureReason; rec.State != record.StateFailed || f.Detail.Kind != record.KindProcessExit || f.Detail.Code != nil || f.Cause != record.CauseCHCrash {
+	if f := rec.FailureReason; rec.State != record.StateFailed || f.Detail.Kind != record.KindMissingPID || f.Detail.Check() != nil || f.Cause != record.CauseCHCrash {
 		t.Errorf("adopted CH killed: %s", describe(rec))
 	}
 	rs[2].sim(t, "poweroff", "")
@@ -159,7 +159,7 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 		t.Helper()
 		rec := b.recs.Get(r.id)
 		f := rec.FailureReason
-		if rec.State != state || rec.DisplayState != string(state) || f == nil || f.Detail.Kind != kind || f.Cause != cause {
+		if rec.State != state || rec.DisplayState != string(state) || f == nil || f.Detail.Kind != kind || f.Cause != cause || f.Detail.Check() != nil {
 			t.Errorf("%s: %s; want %s %s %s", r.id, describe(rec), state, kind, cause)
 		}
 		if rec.PID != 0 || (rec.Runtime != nil && (rec.Runtime.CH != nil || rec.Runtime.QSD != nil)) {
@@ -171,7 +171,7 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 	}
 	check(crashed, record.StateFailed, record.KindMissingPID, record.CauseCHCrash)
 	check(poweredOff, record.StateStopped, record.KindProcessExit, record.CauseGuestShutdown)
-	check(noStorage, record.StateFailed, record.KindProcessExit, record.CauseUnknown)
+	check(noStorage, record.StateFailed, record.KindMissingPID, record.CauseUnknown)
 	gone(t, "qemu-storage-daemon of the crashed VM", crashed.qsd.Done())
 	gone(t, "cloud-hypervisor of the VM without storage", noStorage.ch.Done())
 }

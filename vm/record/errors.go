@@ -73,3 +73,28 @@ const (
 	CauseProvisionFailed  = "provision_failed"
 	CauseUnknown          = "unknown"
 )
+
+// Check reports a detail that lacks a field contract §2.2 makes
+// conditional on its kind: code for process_exit, signum for
+// process_signal, path for disk_missing, id for invalid_vm_id, seconds for
+// boot_timeout. A process whose exit status cannot be read has no code, so
+// its end is missing_pid, never process_exit.
+func (d FailureDetail) Check() error {
+	var missing string
+	switch {
+	case d.Kind == KindProcessExit && d.Code == nil:
+		missing = "code"
+	case d.Kind == KindProcessSignal && d.Signum == nil:
+		missing = "signum"
+	case d.Kind == KindDiskMissing && d.Path == "":
+		missing = "path"
+	case d.Kind == "invalid_vm_id" && d.ID == "":
+		missing = "id"
+	case d.Kind == KindBootTimeout && d.Seconds == nil:
+		missing = "seconds"
+	}
+	if missing != "" {
+		return fmt.Errorf("failure detail of kind %s lacks its %s", d.Kind, missing)
+	}
+	return nil
+}
