@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/internal/atomicfile"
 	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/store"
@@ -69,6 +70,7 @@ type RecoveryReport struct {
 	Killed   []string // processes no record owned, "pid <n> (<vm id>)"
 	Taps     []string // taps no record owned, deleted
 	Dirs     []string // directories no record owned, removed
+	Temps    []string // temp files of interrupted writes in the run directory, removed
 	Duration time.Duration
 }
 
@@ -126,6 +128,7 @@ func (e *Engine) recoverHost() {
 	}
 	rep.Taps = e.reapTaps()
 	rep.Dirs = e.reapDirs()
+	rep.Temps = e.reapRunTemps() // before resumed provisions may write there
 	for _, rec := range resume {
 		if e.resumeProvision(rec) {
 			rep.Resumed = append(rep.Resumed, rec.ID)
@@ -135,7 +138,7 @@ func (e *Engine) recoverHost() {
 	e.mon.mu.Lock()
 	e.mon.recovery = rep
 	e.mon.mu.Unlock()
-	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs) > 0 {
+	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs)+len(rep.Temps) > 0 {
 		e.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
 			"ended", len(rep.Ended), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
 			"taps_reaped", len(rep.Taps), "dirs_reaped", len(rep.Dirs), "took", rep.Duration)
@@ -661,6 +664,31 @@ func (e *Engine) reapDirs() []string {
 			e.log.Warn("removed a directory no record owns", "dir", p)
 			reaped = append(reaped, p)
 		}
+	}
+	return reaped
+}
+
+// reapRunTemps removes the temp files interrupted atomic writes left at
+// the top of the run directory (an AppVM initramfs being written when the
+// agent was killed): with the run directory locked by this agent, no write
+// is in flight yet.
+func (e *Engine) reapRunTemps() []string {
+	ents, err := os.ReadDir(e.layout().RunDir)
+	if err != nil {
+		return nil
+	}
+	var reaped []string
+	for _, ent := range ents {
+		if !ent.Type().IsRegular() || !atomicfile.IsTemp(ent.Name()) {
+			continue
+		}
+		p := filepath.Join(e.layout().RunDir, ent.Name())
+		if err := os.Remove(p); err != nil {
+			e.log.Error("removing a temp file of an interrupted write", "file", p, "err", err)
+			continue
+		}
+		e.log.Warn("removed a temp file of an interrupted write", "file", p)
+		reaped = append(reaped, p)
 	}
 	return reaped
 }

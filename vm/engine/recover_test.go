@@ -230,9 +230,26 @@ func TestRecoverReapsOrphans(t *testing.T) {
 		}
 	}
 
+	// A temp of an interrupted write in the run directory (an AppVM
+	// initramfs being written when the agent was killed) and the file
+	// such a write publishes, which stays.
+	initrdTemp := filepath.Join(l.RunDir, ".appvm-initramfs-0123.cpio.tmp-89ab")
+	initrd := filepath.Join(l.RunDir, "appvm-initramfs-0123.cpio")
+	for _, f := range []string{initrdTemp, initrd} {
+		if err := os.WriteFile(f, []byte("cpio"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	b := newTestService(t, a.state, a.run)
 	b.Wait() // the interrupted synchronous create is rolled back and failed
 	rep := b.Recovery()
+	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, []string{initrdTemp}) {
+		t.Errorf("temp %s of an interrupted write: %v; reaped temps %v", initrdTemp, err, rep.Temps)
+	}
+	if _, err := os.Stat(initrd); err != nil {
+		t.Errorf("a finished initramfs was removed: %v", err)
+	}
 	t.Logf("recovery: %+v", rep)
 	if !slices.Equal(rep.Adopted, []string{"kept"}) || !slices.Equal(rep.Resumed, []string{"prov"}) {
 		t.Errorf("adopted %v, resumed %v; want [kept], [prov]", rep.Adopted, rep.Resumed)
