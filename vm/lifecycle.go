@@ -27,6 +27,9 @@ var Actions = []Action{ActionStart, ActionShutdown, ActionStop, ActionPause, Act
 // provision or with an invalid record); shutdown, pause and reboot while
 // running; stop while running or paused; resume while paused.
 func allowed(a Action, rec *Record) bool {
+	if rec.Deleting { // a delete that failed part-way: only a delete again
+		return false
+	}
 	switch a {
 	case ActionStart:
 		if rec.Provisioning() || rec.DisplayState == DisplayProvisionFailed {
@@ -138,6 +141,12 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	}
 	if rec.Provisioning() || (!force && (rec.State == StateRunning || rec.State == StatePaused)) {
 		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
+	}
+	// The intent is stored first: an agent killed during the teardown
+	// finishes the delete at restart rather than keep a VM that looks
+	// healthy without its disks.
+	if rec, err = s.reg.update(id, func(r *Record) { r.Deleting = true }); err != nil {
+		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
 	}
 	if err := s.o.Host.Delete(ctx, rec); err != nil {
 		return &HostError{Kind: HostInternal, Op: "deleting VM " + id, Err: err}

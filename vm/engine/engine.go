@@ -71,6 +71,8 @@ type Records interface {
 	// Update stores f applied to a copy of the record of id and returns
 	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
 	Update(id string, f func(*record.Record)) (*record.Record, error)
+	// Remove deletes the record of id.
+	Remove(id string) error
 	// Lock takes the per-VM lock the lifecycle actions hold and returns
 	// its unlock.
 	Lock(id string) (unlock func())

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"vmhost/config"
+	"vmhost/proc"
 	"vmhost/qcow2"
 	"vmhost/store"
 	"vmhost/vm"
@@ -496,5 +497,71 @@ func TestEngineGuestPowersOffAtBoot(t *testing.T) {
 			t.Fatalf("record %+v (failure %+v), want stopped by the guest", r, r.FailureReason)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEngineRecoverFinishesInterruptedDelete: the agent died during a
+// delete, after the intent was recorded and part of the VM torn down (its
+// root disk gone, its processes still running). The next agent finishes
+// the delete: processes, directories and record gone. A VM that is not
+// running and whose root disk is gone (what an unrecorded interrupted
+// delete used to leave) is failed with disk_missing rather than shown
+// healthy; an intact neighbour is untouched.
+func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
+	s, e, root := engineService(t, nil)
+	ctx := context.Background()
+	for _, id := range []string{"del", "nodisk", "keep"} {
+		sp := baseSpec(t, root, id)
+		sp.AutoBoot = id == "del"
+		if _, _, err := s.CreateVM(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	l := s.Layout()
+	del, _ := s.Get(record.ModeVM, "del")
+	ch, qsd := del.Runtime.CH, del.Runtime.QSD
+	if _, err := s.HostRecords().Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{l.RootDisk("del"), l.RootDisk("nodisk")} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Close()
+	e2, err := New(e.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startEngineService(t, e2, nil)
+	defer e2.Close()
+	rep := e2.Recovery()
+	if !slices.Equal(rep.Deleted, []string{"del"}) || !slices.Equal(rep.NoDisk, []string{"nodisk"}) {
+		t.Errorf("recovery deleted %v, no disk %v; want [del], [nodisk]", rep.Deleted, rep.NoDisk)
+	}
+	if _, err := b.Get(record.ModeVM, "del"); err == nil {
+		t.Error("the interrupted delete's record is still there")
+	}
+	for _, p := range []string{l.VMDir("del"), l.RunVMDir("del"), l.StateDir + "/vms/del.json"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s left behind", p)
+		}
+	}
+	if proc.Alive(ch.Pid, ch.StartTime) || proc.Alive(qsd.Pid, qsd.StartTime) {
+		t.Error("the interrupted delete's processes still run")
+	}
+	r, err := b.Get(record.ModeVM, "nodisk")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := r.FailureReason; r.State != record.StateFailed || f == nil || f.Detail.Kind != record.KindDiskMissing ||
+		f.Cause != record.CauseDiskMissing || f.Detail.Path != l.RootDisk("nodisk") {
+		t.Errorf("VM without its root disk after the restart: %s", describe(r))
+	}
+	if r, _ := b.Get(record.ModeVM, "keep"); r == nil || r.State != record.StateCreated || r.FailureReason != nil {
+		t.Errorf("intact VM after the restart: %s", describe(r))
+	}
+	if _, err := b.Act(ctx, record.ModeVM, "keep", vm.ActionStart); err != nil {
+		t.Errorf("start of the intact VM: %v", err)
 	}
 }

@@ -198,7 +198,7 @@ func (r *testRecords) store(rec *record.Record) error {
 	return nil
 }
 
-func (r *testRecords) remove(id string) error {
+func (r *testRecords) Remove(id string) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	if err := r.st.Delete(id); err != nil {

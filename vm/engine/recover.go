@@ -66,6 +66,8 @@ import (
 type RecoveryReport struct {
 	Adopted  []string // running VMs adopted and watched again
 	Ended    []string // running VMs whose processes had gone
+	Deleted  []string // deletes cut short by the agent's death, finished
+	NoDisk   []string // VMs not running whose root disk is gone: failed, disk_missing
 	Resumed  []string // interrupted provisions resumed (image creates) or rolled back (synchronous ones)
 	Killed   []string // processes no record owned, "pid <n> (<vm id>)"
 	Taps     []string // taps no record owned, deleted
@@ -116,6 +118,10 @@ func (e *Engine) recoverHost() {
 				rep.Adopted = append(rep.Adopted, rec.ID)
 			case "ended":
 				rep.Ended = append(rep.Ended, rec.ID)
+			case "deleted":
+				rep.Deleted = append(rep.Deleted, rec.ID)
+			case "no_disk":
+				rep.NoDisk = append(rep.NoDisk, rec.ID)
 			case "resume":
 				resume = append(resume, rec)
 			}
@@ -140,18 +146,21 @@ func (e *Engine) recoverHost() {
 	e.mon.mu.Unlock()
 	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs)+len(rep.Temps) > 0 {
 		e.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
-			"ended", len(rep.Ended), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
+			"ended", len(rep.Ended), "deleted", len(rep.Deleted), "no_disk", len(rep.NoDisk), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
 			"taps_reaped", len(rep.Taps), "dirs_reaped", len(rep.Dirs), "took", rep.Duration)
 	}
 }
 
 // recovered is the outcome of one record's reconciliation.
 type recovered struct {
-	what string // "adopted", "ended", "resume" or ""
+	what string // "adopted", "ended", "deleted", "no_disk", "resume" or ""
 	keep []int  // pids that belong to the record and stay
 }
 
 func (e *Engine) recoverRecord(rec *record.Record) recovered {
+	if rec.Deleting {
+		return e.finishDelete(rec)
+	}
 	rt := rec.Runtime
 	running := rec.State == record.StateRunning || rec.State == record.StatePaused
 	switch {
@@ -183,6 +192,9 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 			e.clearRuntime(rec.ID, false, true)
 		}
 	}
+	if e.failMissingDisk(rec) {
+		return recovered{what: "no_disk"}
+	}
 	return recovered{what: whatResume(rec)}
 }
 
@@ -191,6 +203,57 @@ func whatResume(rec *record.Record) string {
 		return "resume"
 	}
 	return ""
+}
+
+// finishDelete completes a delete the agent died during: the record says
+// the delete was asked for, and part of the VM may be gone already. What
+// is left (processes by their recorded identity, taps, directories) is
+// removed, then the record. A teardown that fails keeps the record, still
+// deleting, for a DELETE or the next start to finish.
+func (e *Engine) finishDelete(rec *record.Record) recovered {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.teardown(ctx, rec, true); err != nil {
+		e.log.Error("finishing a delete interrupted by an agent restart", "id", rec.ID, "err", err)
+		return recovered{}
+	}
+	if err := e.recs.Remove(rec.ID); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.log.Error("removing the record of a delete interrupted by an agent restart", "id", rec.ID, "err", err)
+		return recovered{}
+	}
+	e.log.Warn("finished a delete interrupted by an agent restart", "id", rec.ID)
+	return recovered{what: "deleted"}
+}
+
+// failMissingDisk fails (disk_missing) a provisioned VM that is not
+// running and whose root disk is gone, so it never looks healthy without
+// it. It reports whether it did.
+func (e *Engine) failMissingDisk(rec *record.Record) bool {
+	if rec.Provisioning() || rec.DisplayState == record.DisplayProvisionFailed || !rec.Runtime.Done(record.StepRootDisk) {
+		return false
+	}
+	if fr := rec.FailureReason; rec.State == record.StateFailed && fr != nil && fr.Detail.Kind == record.KindDiskMissing {
+		return false // already said
+	}
+	p := e.layout().RootDisk(rec.ID)
+	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	_, err := e.recs.Update(rec.ID, func(r *record.Record) {
+		r.State, r.DisplayState = record.StateFailed, string(record.StateFailed)
+		r.FailureReason = &record.FailureReason{
+			DetectedAt: e.o.Now().UTC(),
+			Summary:    fmt.Sprintf("root disk %s is gone (found at agent start)", p),
+			Detail:     record.FailureDetail{Kind: record.KindDiskMissing, Path: p},
+			Cause:      record.CauseDiskMissing,
+		}
+	})
+	if err != nil {
+		e.log.Error("recording a missing root disk", "id", rec.ID, "err", err)
+		return false
+	}
+	e.log.Error("VM's root disk is gone; VM failed", "id", rec.ID, "disk", p)
+	return true
 }
 
 // recoverRunning adopts the processes of a running VM, or ends it.

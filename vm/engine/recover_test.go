@@ -189,7 +189,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	a.watch(kept.id, kept.ch, kept.qsd)
 	waitRecord(t, a, kept.id, 10*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 	a.Close()
-	if err := a.recs.remove(ghost.id); err != nil {
+	if err := a.recs.Remove(ghost.id); err != nil {
 		t.Fatal(err)
 	}
 	l := a.lay
