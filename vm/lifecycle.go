@@ -131,7 +131,8 @@ func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Rec
 
 // Delete removes the VM id of family mode: everything it owns on the host,
 // then its record. A running or paused VM is refused (*StateError) unless
-// force is set, and so is one whose provisioning is still in progress.
+// force is set, and so is one whose provisioning is still in progress:
+// with force, the host cancels the provision (a download, a copy) first.
 func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) error {
 	unlock := s.lockVM(id)
 	defer unlock()
@@ -139,7 +140,7 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	if err != nil {
 		return err
 	}
-	if rec.Provisioning() || (!force && (rec.State == StateRunning || rec.State == StatePaused)) {
+	if !force && (rec.Provisioning() || rec.State == StateRunning || rec.State == StatePaused) {
 		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
 	}
 	// The intent is stored first: an agent killed during the teardown

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -563,5 +565,73 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	}
 	if _, err := b.Act(ctx, record.ModeVM, "keep", vm.ActionStart); err != nil {
 		t.Errorf("start of the intact VM: %v", err)
+	}
+}
+
+// stalledImageServer answers every request with headers and then nothing,
+// until the test ends.
+func stalledImageServer(t *testing.T) string {
+	t.Helper()
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "1048576")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(stop); srv.Close() })
+	return srv.URL + "/image.qcow2"
+}
+
+// TestEngineDeleteCancelsProvision: a VM whose image download stalls
+// (headers, then nothing) stays downloading; a delete without force is
+// refused, a forced delete cancels the download and removes the VM, its
+// directories and the download's temp file, and the cancelled background
+// provision records nothing afterwards.
+func TestEngineDeleteCancelsProvision(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "stall")
+	sp.Disk.BasePath = ""
+	sp.Image = &record.ImageSpec{ImageID: "img", ContentSHA256: strings.Repeat("ab", 32), FetchURL: stalledImageServer(t)}
+	if _, async, err := s.CreateVM(ctx, sp); err != nil || !async {
+		t.Fatalf("CreateVM = %v, async %v", err, async)
+	}
+	l := s.Layout()
+	// Wait until the download has begun (its temp file exists).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, _ := os.ReadDir(l.StateDir + "/images")
+		if len(ents) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the download never began")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var se *record.StateError
+	if err := s.Delete(ctx, record.ModeVM, "stall", false); !errors.As(err, &se) {
+		t.Fatalf("delete without force while downloading = %v, want a StateError", err)
+	}
+	start := time.Now()
+	if err := s.Delete(ctx, record.ModeVM, "stall", true); err != nil {
+		t.Fatalf("forced delete while downloading: %v", err)
+	}
+	t.Logf("forced delete of a stalled download took %v", time.Since(start))
+	s.Wait() // the background provision has returned
+	if _, err := s.Get(record.ModeVM, "stall"); err == nil {
+		t.Error("the record survived the delete")
+	}
+	for _, p := range []string{l.VMDir("stall"), l.RunVMDir("stall"), l.StateDir + "/vms/stall.json"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s left behind", p)
+		}
+	}
+	if ents, _ := os.ReadDir(l.StateDir + "/images"); len(ents) != 0 {
+		t.Errorf("image cache holds %v after the cancelled download", ents)
 	}
 }

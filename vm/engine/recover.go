@@ -509,6 +509,10 @@ func (e *Engine) resumeProvision(rec *record.Record) bool {
 func (e *Engine) resumeInBackground(rec *record.Record) {
 	ctx := context.Background()
 	if err := e.Provision(ctx, rec); err != nil {
+		if errors.Is(err, record.ErrDeleted) { // the delete removes what it made
+			e.log.Info("provisioning cancelled by a delete", "id", rec.ID)
+			return
+		}
 		e.log.Error("background provisioning failed", "id", rec.ID, "err", err)
 		if rerr := e.Rollback(ctx, rec); rerr != nil {
 			e.log.Error("rolling back failed provision", "id", rec.ID, "err", rerr)

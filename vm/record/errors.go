@@ -1,6 +1,9 @@
 package record
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // HostErrorKind says which part of the host failed.
 type HostErrorKind int
@@ -51,6 +54,12 @@ type FieldError struct {
 
 // Error gives "field: reason".
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
+
+// ErrDeleted is wrapped by the error of a provision that a forced delete
+// cancelled (or that began after the delete was recorded): the delete
+// removes what the provision made and the record, so its caller neither
+// rolls back nor records a failure.
+var ErrDeleted = errors.New("the VM was deleted while it was being provisioned")
 
 // Failure kinds and causes of contract §2.2.
 const (
