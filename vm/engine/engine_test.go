@@ -508,16 +508,27 @@ func TestEngineGuestPowersOffAtBoot(t *testing.T) {
 // the delete: processes, directories and record gone. A VM that is not
 // running and whose root disk is gone (what an unrecorded interrupted
 // delete used to leave) is failed with disk_missing rather than shown
-// healthy; an intact neighbour is untouched.
+// healthy, and so is one whose end recovery records (here an interrupted
+// stop); an intact neighbour is untouched.
 func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	s, e, root := engineService(t, nil)
 	ctx := context.Background()
-	for _, id := range []string{"del", "nodisk", "keep"} {
+	for _, id := range []string{"del", "nodisk", "keep", "stopcut"} {
 		sp := baseSpec(t, root, id)
-		sp.AutoBoot = id == "del"
+		sp.AutoBoot = id == "del" || id == "stopcut"
 		if _, _, err := s.CreateVM(ctx, sp); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// stopcut: an operator stop cut short (processes ended, not recorded)
+	// by a delete's teardown that removed its disk.
+	if _, err := s.Act(ctx, record.ModeVM, "stopcut", vm.ActionStop); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.HostRecords().Update("stopcut", func(r *record.Record) {
+		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	l := s.Layout()
 	del, _ := s.Get(record.ModeVM, "del")
@@ -525,7 +536,7 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	if _, err := s.HostRecords().Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{l.RootDisk("del"), l.RootDisk("nodisk")} {
+	for _, p := range []string{l.RootDisk("del"), l.RootDisk("nodisk"), l.RootDisk("stopcut")} {
 		if err := os.Remove(p); err != nil {
 			t.Fatal(err)
 		}
@@ -552,13 +563,15 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	if proc.Alive(ch.Pid, ch.StartTime) || proc.Alive(qsd.Pid, qsd.StartTime) {
 		t.Error("the interrupted delete's processes still run")
 	}
-	r, err := b.Get(record.ModeVM, "nodisk")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := r.FailureReason; r.State != record.StateFailed || f == nil || f.Detail.Kind != record.KindDiskMissing ||
-		f.Cause != record.CauseDiskMissing || f.Detail.Path != l.RootDisk("nodisk") {
-		t.Errorf("VM without its root disk after the restart: %s", describe(r))
+	for _, id := range []string{"nodisk", "stopcut"} {
+		r, err := b.Get(record.ModeVM, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := r.FailureReason; r.State != record.StateFailed || f == nil || f.Detail.Kind != record.KindDiskMissing ||
+			f.Cause != record.CauseDiskMissing || f.Detail.Path != l.RootDisk(id) {
+			t.Errorf("VM without its root disk after the restart: %s", describe(r))
+		}
 	}
 	if r, _ := b.Get(record.ModeVM, "keep"); r == nil || r.State != record.StateCreated || r.FailureReason != nil {
 		t.Errorf("intact VM after the restart: %s", describe(r))

@@ -172,9 +172,14 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 		// end. So this is such a stop cut short by the agent's death:
 		// finish it.
 		e.finishInterruptedStop(rec)
+		e.failMissingDisk(e.recs.Get(rec.ID))
 		return recovered{what: "ended"}
 	case running:
-		return e.recoverRunning(rec)
+		out := e.recoverRunning(rec)
+		if out.what == "ended" {
+			e.failMissingDisk(e.recs.Get(rec.ID))
+		}
+		return out
 	case rt == nil:
 	default:
 		if rt.CH != nil {
@@ -229,7 +234,7 @@ func (e *Engine) finishDelete(rec *record.Record) recovered {
 // running and whose root disk is gone, so it never looks healthy without
 // it. It reports whether it did.
 func (e *Engine) failMissingDisk(rec *record.Record) bool {
-	if rec.Provisioning() || rec.DisplayState == record.DisplayProvisionFailed || !rec.Runtime.Done(record.StepRootDisk) {
+	if rec == nil || rec.State == record.StateRunning || rec.State == record.StatePaused || rec.Provisioning() || rec.DisplayState == record.DisplayProvisionFailed || !rec.Runtime.Done(record.StepRootDisk) {
 		return false
 	}
 	if fr := rec.FailureReason; rec.State == record.StateFailed && fr != nil && fr.Detail.Kind == record.KindDiskMissing {
