@@ -37,9 +37,14 @@ import (
 //     stopped, since a failed VM runs nothing. A storage daemon that runs
 //     but whose QMP monitor does not answer (it serves one client at a
 //     time) is watched by pid only, rather than failing a running VM.
+//   - A record whose delete was asked for (Deleting, stored before the
+//     teardown began) is deleted: its processes by recorded identity, taps,
+//     directories, then the record.
 //   - A VM that is not running keeps no CH (the leftover of a boot or stop
 //     the agent did not finish is killed); a created VM's live storage
-//     daemon is handed back to the engine, otherwise killed.
+//     daemon is handed back to the engine, otherwise killed. A provisioned
+//     VM that is not running (or whose end recovery records) and whose
+//     root disk is gone is failed (disk_missing), never shown healthy.
 //   - A provision that was cut short is resumed when it ran in the
 //     background (a create with an image, answered 202, whose caller polls):
 //     every provisioning step is recorded when done, and files of steps not
@@ -55,7 +60,8 @@ import (
 //     taps whose ifalias names a VM (or an interface index) no record has;
 //     directories in <run>/vms/ and <state>/vms/ without a record (a
 //     directory whose record file exists in any form, damaged included, is
-//     kept). Processes are only ever matched by those socket paths, so no
+//     kept); temp files of interrupted writes at the top of <run>.
+//     Processes are only ever matched by those socket paths, so no
 //     unrelated process is touched, and they are signalled through a pidfd
 //     opened after checking their start time.
 //
