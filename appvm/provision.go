@@ -261,10 +261,12 @@ func (h hooks) PrepareBoot(ctx context.Context, rec *vm.Record, cfg *chclient.Vm
 	if _, err := h.s.guests.listen(rec.ID); err != nil {
 		return &vm.HostError{Kind: vm.HostHypervisor, Op: "booting AppVM " + rec.ID, Err: err}
 	}
-	// A new boot: the live facts of the previous one no longer hold.
+	// A new boot: the live facts of the previous one, and its workload's
+	// end, no longer hold.
 	_, err := h.s.vms.Update(rec.ID, func(r *vm.Record) {
 		if g := r.AppVM.Guest; g != nil {
 			g.BootID, g.LastHeartbeatAt, g.Lease, g.Health, g.HealthStreak, g.LogStreamDetached = "", nil, nil, "", 0, false
+			g.ExitCode, g.ExitSignal, g.Fatal = nil, 0, ""
 		}
 	})
 	if err != nil {

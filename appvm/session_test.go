@@ -34,6 +34,7 @@ func TestSessionProtocol(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer hooks.Forget(rec)
+	running(t, vms, "p1") // as the engine records the boot
 	if err := hooks.Shutdown(context.Background(), rec); err == nil {
 		t.Error("Shutdown without a guest agent connection succeeded")
 	}
@@ -146,5 +147,102 @@ func TestSessionProtocol(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("no stop arrived")
+	}
+}
+
+// running records AppVM id as running, as the engine does once it booted.
+func running(t *testing.T, vms *vm.Service, id string) {
+	t.Helper()
+	if _, err := vms.Update(id, func(r *vm.Record) { r.State, r.DisplayState = vm.StateRunning, string(vm.StateRunning) }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// appvmView waits until the view of AppVM id satisfies cond.
+func appvmView(t *testing.T, vms *vm.Service, apps *appvm.Service, id, what string, cond func(*appvm.AppvmView) bool) *appvm.AppvmView {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rec, err := vms.Get(vm.ModeAppVM, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v := apps.View(rec, vm.ViewOptions{}).AppVM
+		if cond(&v) {
+			return &v
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %s did not happen; view %+v", id, what, v)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestSessionPerRunFields: a DHCP AppVM whose guest has its spec and no
+// lease yet shows waiting_for dhcp_lease until the lease comes; health
+// shows only while the AppVM runs; a new boot clears the previous run's
+// workload end (exit code, signal, fatal) and health.
+func TestSessionPerRunFields(t *testing.T) {
+	_, vms, apps := newEnv(t)
+	req := baseReq()
+	req.VMID = "r1"
+	req.AutoBoot = ptr(false)
+	if _, err := apps.Create(context.Background(), &req); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := vms.Get(vm.ModeAppVM, "r1")
+	hooks := apps.Hooks()
+	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
+	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
+		t.Fatal(err)
+	}
+	defer hooks.Forget(rec)
+	running(t, vms, "r1")
+	if v := appvmView(t, vms, apps, "r1", "booted", func(*appvm.AppvmView) bool { return true }); v.WaitingFor != "" {
+		t.Errorf("waiting_for %q before the guest agent said hello", v.WaitingFor)
+	}
+	sock := chclient.VsockListenPath(vms.Layout().VsockSocket("r1"), proto.Port)
+	c, err := net.Dial("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	conn := proto.NewConn(c)
+	if err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: "t", BootID: "b1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	appvmView(t, vms, apps, "r1", "waiting_for dhcp_lease", func(v *appvm.AppvmView) bool { return v.WaitingFor == appvm.WaitingForLease })
+	send := func(ms ...proto.Message) {
+		t.Helper()
+		for _, m := range ms {
+			if err := conn.Send(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	send(&proto.Lease{IP: "10.0.0.9", Prefix: 24})
+	appvmView(t, vms, apps, "r1", "lease shown, waiting over", func(v *appvm.AppvmView) bool { return v.Lease != nil && v.WaitingFor == "" })
+	send(&proto.Health{Status: proto.HealthStarting}, &proto.Exit{Signal: 9})
+	appvmView(t, vms, apps, "r1", "exit by signal 9", func(v *appvm.AppvmView) bool { return v.WorkloadExitSignal == 9 && v.Health == proto.HealthStarting })
+	if _, err := vms.Update("r1", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
+		t.Fatal(err)
+	}
+	if v := appvmView(t, vms, apps, "r1", "stopped", func(*appvm.AppvmView) bool { return true }); v.Health != "" || v.WorkloadExitSignal != 9 {
+		t.Errorf("stopped AppVM: health %q, workload_exit_signal %d; want no health, the last run's signal 9", v.Health, v.WorkloadExitSignal)
+	}
+	c.Close()
+	hooks.Forget(rec)
+	rec, _ = vms.Get(vm.ModeAppVM, "r1")
+	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
+		t.Fatal(err)
+	}
+	running(t, vms, "r1")
+	if v := appvmView(t, vms, apps, "r1", "booted again", func(*appvm.AppvmView) bool { return true }); v.WorkloadExitSignal != 0 || v.WorkloadExitCode != nil ||
+		v.WorkloadFatal != "" || v.Health != "" || v.Lease != nil {
+		t.Errorf("a new boot shows the previous run's facts: %+v", v)
 	}
 }

@@ -31,6 +31,7 @@ type AppvmView struct {
 	Gateway             string          `json:"gateway,omitempty"`
 	DNS                 []string        `json:"dns,omitempty"`
 	Lease               *LeaseView      `json:"lease,omitempty"`
+	WaitingFor          string          `json:"waiting_for,omitempty"`
 	Args                []string        `json:"args,omitempty"`
 	Cwd                 string          `json:"cwd,omitempty"`
 	User                string          `json:"user,omitempty"`

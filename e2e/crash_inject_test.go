@@ -63,7 +63,7 @@ func TestCrashInjection(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, 2 * time.Second, "failed", "disk_missing", "disk_missing", "-"},
-		{"noqsd", func(t *testing.T, v view) { syscall.Kill(v.Disk.QSDPid, syscall.SIGKILL) }, 2 * time.Second, "failed", "process_exit", "unknown", "-"},
+		{"noqsd", func(t *testing.T, v view) { syscall.Kill(v.Disk.QSDPid, syscall.SIGKILL) }, 2 * time.Second, "failed", "missing_pid", "unknown", "-"},
 	}
 	for _, tc := range cases {
 		s.create(f.body(tc.id, true, ""), http.StatusCreated)

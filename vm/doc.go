@@ -33,9 +33,12 @@
 // # Actions
 //
 // Act and Delete check the state (*StateError, 409), take the VM's action
-// lock (freed once released) and call the Host. HostRecords is the
-// records as the host sees them (engine.Records): get, list, update, and
-// the same per-VM lock.
+// lock (freed once released) and call the Host. Delete stores its intent
+// (Record.Deleting) before the Host tears anything down, so that an agent
+// killed meanwhile finishes the delete at restart; a forced delete of a VM
+// still provisioning has the Host cancel the provision. HostRecords is the
+// records as the host sees them (engine.Records): get, list, update,
+// remove, and the same per-VM lock.
 //
 // # Views
 //

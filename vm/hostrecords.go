@@ -33,6 +33,16 @@ func (h HostRecords) Update(id string, f func(*Record)) (*Record, error) {
 	return h.s.reg.update(id, f)
 }
 
+// Remove deletes the record of id (recovery finishing a delete the agent
+// did not finish).
+func (h HostRecords) Remove(id string) error {
+	if err := h.s.reg.remove(id); err != nil {
+		return err
+	}
+	h.s.forgetView(id)
+	return nil
+}
+
 // Lock takes the action lock of VM id (the one Act and Delete hold) and
 // returns its unlock.
 func (h HostRecords) Lock(id string) (unlock func()) { return h.s.lockVM(id) }

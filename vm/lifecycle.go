@@ -27,6 +27,9 @@ var Actions = []Action{ActionStart, ActionShutdown, ActionStop, ActionPause, Act
 // provision or with an invalid record); shutdown, pause and reboot while
 // running; stop while running or paused; resume while paused.
 func allowed(a Action, rec *Record) bool {
+	if rec.Deleting { // a delete that failed part-way: only a delete again
+		return false
+	}
 	switch a {
 	case ActionStart:
 		if rec.Provisioning() || rec.DisplayState == DisplayProvisionFailed {
@@ -128,7 +131,8 @@ func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Rec
 
 // Delete removes the VM id of family mode: everything it owns on the host,
 // then its record. A running or paused VM is refused (*StateError) unless
-// force is set, and so is one whose provisioning is still in progress.
+// force is set, and so is one whose provisioning is still in progress:
+// with force, the host cancels the provision (a download, a copy) first.
 func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) error {
 	unlock := s.lockVM(id)
 	defer unlock()
@@ -136,8 +140,14 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	if err != nil {
 		return err
 	}
-	if rec.Provisioning() || (!force && (rec.State == StateRunning || rec.State == StatePaused)) {
+	if !force && (rec.Provisioning() || rec.State == StateRunning || rec.State == StatePaused) {
 		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
+	}
+	// The intent is stored first: an agent killed during the teardown
+	// finishes the delete at restart rather than keep a VM that looks
+	// healthy without its disks.
+	if rec, err = s.reg.update(id, func(r *Record) { r.Deleting = true }); err != nil {
+		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
 	}
 	if err := s.o.Host.Delete(ctx, rec); err != nil {
 		return &HostError{Kind: HostInternal, Op: "deleting VM " + id, Err: err}

@@ -328,6 +328,9 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 		return rec, true, nil
 	}
 	if err := s.o.Host.Provision(ctx, rec); err != nil {
+		if errors.Is(err, record.ErrDeleted) { // a forced delete removes what it made
+			return nil, false, &StateError{ID: rec.ID, Action: "create", State: "deleted"}
+		}
 		s.rollback(rec)
 		return nil, false, err
 	}
@@ -383,6 +386,10 @@ func (s *Service) rollback(rec *Record) {
 func (s *Service) provisionInBackground(rec *Record) {
 	ctx := context.Background()
 	if err := s.o.Host.Provision(ctx, rec); err != nil {
+		if errors.Is(err, record.ErrDeleted) { // a forced delete removes what it made
+			s.log.Info("provisioning cancelled by a delete", "id", rec.ID)
+			return
+		}
 		s.log.Error("background provisioning failed", "id", rec.ID, "err", err)
 		if rerr := s.o.Host.Rollback(ctx, rec); rerr != nil {
 			s.log.Error("rolling back failed provision", "id", rec.ID, "err", rerr)

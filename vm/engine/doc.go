@@ -25,7 +25,8 @@
 // and answers, pings, the root disk file, and QSD's death; each ends the
 // VM with the failure_reason DESIGN §5 maps it to. At Start, live
 // processes whose pid and start time match are adopted, dead ones end
-// their VM, cut-short provisions are resumed or rolled back, and taps,
+// their VM, cut-short provisions are resumed or rolled back, cut-short
+// deletes finished, VMs that lost their root disk failed, and taps,
 // run dirs and processes that no record owns are reaped. Close releases
 // the watched VMs without stopping them.
 package engine

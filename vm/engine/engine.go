@@ -71,6 +71,8 @@ type Records interface {
 	// Update stores f applied to a copy of the record of id and returns
 	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
 	Update(id string, f func(*record.Record)) (*record.Record, error)
+	// Remove deletes the record of id.
+	Remove(id string) error
 	// Lock takes the per-VM lock the lifecycle actions hold and returns
 	// its unlock.
 	Lock(id string) (unlock func())
@@ -102,6 +104,11 @@ type Engine struct {
 	consoleCtx  context.Context
 	consoleStop context.CancelFunc
 	consoles    sync.WaitGroup
+
+	// pmu guards provs: the provisions in progress, so that a forced
+	// delete can cancel one (a stalled download, a long copy).
+	pmu   sync.Mutex
+	provs map[string]*provisionJob
 
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
@@ -151,7 +158,7 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}}
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -229,7 +236,73 @@ func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
 // data volumes, seed, run directory, taps, then launches
 // qemu-storage-daemon, which grows the root disk to disk.size_gib before
 // exporting it. On error the steps done so far stay recorded for Rollback.
+// A forced delete cancels it (Delete): the error then wraps
+// record.ErrDeleted.
 func (e *Engine) Provision(ctx context.Context, rec *record.Record) error {
+	ctx, job, err := e.beginProvision(ctx, rec.ID)
+	if err != nil {
+		return err
+	}
+	return e.endProvision(rec.ID, job, e.provision(ctx, rec))
+}
+
+// provisionJob is a provision in progress.
+type provisionJob struct {
+	cancel    context.CancelFunc
+	done      chan struct{} // closed when the provision returned
+	cancelled bool          // by a delete
+}
+
+// beginProvision registers the provision of id, unless a delete of id is
+// recorded: a delete that comes later cancels it.
+func (e *Engine) beginProvision(ctx context.Context, id string) (context.Context, *provisionJob, error) {
+	e.pmu.Lock()
+	defer e.pmu.Unlock()
+	if r := e.recs.Get(id); r != nil && r.Deleting {
+		return nil, nil, fmt.Errorf("provisioning VM %s: %w", id, record.ErrDeleted)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	j := &provisionJob{cancel: cancel, done: make(chan struct{})}
+	e.provs[id] = j
+	return ctx, j, nil
+}
+
+// endProvision ends the provision job of id; a provision a delete
+// cancelled fails with record.ErrDeleted.
+func (e *Engine) endProvision(id string, j *provisionJob, err error) error {
+	e.pmu.Lock()
+	if e.provs[id] == j {
+		delete(e.provs, id)
+	}
+	cancelled := j.cancelled
+	e.pmu.Unlock()
+	j.cancel()
+	close(j.done)
+	if cancelled && err != nil {
+		return fmt.Errorf("provisioning VM %s: %w (%w)", id, record.ErrDeleted, err)
+	}
+	return err
+}
+
+// cancelProvision cancels the provision of id in progress, if any, and
+// waits until it returned (the download or copy stopped and removed its
+// temp file). It reports whether there was one.
+func (e *Engine) cancelProvision(id string) bool {
+	e.pmu.Lock()
+	j := e.provs[id]
+	if j != nil {
+		j.cancelled = true
+		j.cancel()
+	}
+	e.pmu.Unlock()
+	if j == nil {
+		return false
+	}
+	<-j.done
+	return true
+}
+
+func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 	id := rec.ID
 	l := e.layout()
 	rec = e.current(rec)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"strings"
 	"time"
 
@@ -151,7 +152,7 @@ func (e *Engine) Stop(ctx context.Context, rec *record.Record) error {
 
 // recordStopped records an operator stop; ch, when known, gives the exit.
 func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
-	d := record.FailureDetail{Kind: record.KindProcessExit}
+	d := record.FailureDetail{Kind: record.KindMissingPID}
 	summary := "stopped by the operator"
 	if ch != nil {
 		if st, ok := ch.Exit(); ok {
@@ -176,13 +177,24 @@ func (e *Engine) recordStopped(id string, ch *chclient.Process) error {
 
 // Delete stops every process of the VM and removes its taps, run
 // directory and VM directory (root disk, data volumes, seed). The image
-// cache and base images are never touched.
+// cache and base images are never touched. A provision in progress is
+// cancelled first (a download or copy stops and removes its temp file);
+// its taps are then deleted by name, since one may have been made without
+// being recorded.
 func (e *Engine) Delete(ctx context.Context, rec *record.Record) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	cancelled := e.cancelProvision(rec.ID)
 	rec = e.current(rec)
 	e.appVMForget(rec)
 	err := e.teardown(ctx, rec, true)
+	if cancelled && e.o.Taps != nil {
+		for _, n := range rec.NICs {
+			if derr := e.o.Taps.Delete(ctx, n.Tap); derr != nil && !errors.Is(derr, fs.ErrNotExist) {
+				err = errors.Join(err, fmt.Errorf("deleting tap %s: %w", n.Tap, derr))
+			}
+		}
+	}
 	if err != nil {
 		return errors.Join(fmt.Errorf("deleting VM %s", rec.ID), err)
 	}

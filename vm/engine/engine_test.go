@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"vmhost/config"
+	"vmhost/proc"
 	"vmhost/qcow2"
 	"vmhost/store"
 	"vmhost/vm"
@@ -498,5 +501,152 @@ func TestEngineGuestPowersOffAtBoot(t *testing.T) {
 			t.Fatalf("record %+v (failure %+v), want stopped by the guest", r, r.FailureReason)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestEngineRecoverFinishesInterruptedDelete: the agent died during a
+// delete, after the intent was recorded and part of the VM torn down (its
+// root disk gone, its processes still running). The next agent finishes
+// the delete: processes, directories and record gone. A VM that is not
+// running and whose root disk is gone (what an unrecorded interrupted
+// delete used to leave) is failed with disk_missing rather than shown
+// healthy, and so is one whose end recovery records (here an interrupted
+// stop); an intact neighbour is untouched.
+func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
+	s, e, root := engineService(t, nil)
+	ctx := context.Background()
+	for _, id := range []string{"del", "nodisk", "keep", "stopcut"} {
+		sp := baseSpec(t, root, id)
+		sp.AutoBoot = id == "del" || id == "stopcut"
+		if _, _, err := s.CreateVM(ctx, sp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// stopcut: an operator stop cut short (processes ended, not recorded)
+	// by a delete's teardown that removed its disk.
+	if _, err := s.Act(ctx, record.ModeVM, "stopcut", vm.ActionStop); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.HostRecords().Update("stopcut", func(r *record.Record) {
+		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	l := s.Layout()
+	del, _ := s.Get(record.ModeVM, "del")
+	ch, qsd := del.Runtime.CH, del.Runtime.QSD
+	if _, err := s.HostRecords().Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{l.RootDisk("del"), l.RootDisk("nodisk"), l.RootDisk("stopcut")} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Close()
+	e2, err := New(e.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startEngineService(t, e2, nil)
+	defer e2.Close()
+	rep := e2.Recovery()
+	if !slices.Equal(rep.Deleted, []string{"del"}) || !slices.Equal(rep.NoDisk, []string{"nodisk"}) {
+		t.Errorf("recovery deleted %v, no disk %v; want [del], [nodisk]", rep.Deleted, rep.NoDisk)
+	}
+	if _, err := b.Get(record.ModeVM, "del"); err == nil {
+		t.Error("the interrupted delete's record is still there")
+	}
+	for _, p := range []string{l.VMDir("del"), l.RunVMDir("del"), l.StateDir + "/vms/del.json"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s left behind", p)
+		}
+	}
+	if proc.Alive(ch.Pid, ch.StartTime) || proc.Alive(qsd.Pid, qsd.StartTime) {
+		t.Error("the interrupted delete's processes still run")
+	}
+	for _, id := range []string{"nodisk", "stopcut"} {
+		r, err := b.Get(record.ModeVM, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := r.FailureReason; r.State != record.StateFailed || f == nil || f.Detail.Kind != record.KindDiskMissing ||
+			f.Cause != record.CauseDiskMissing || f.Detail.Path != l.RootDisk(id) {
+			t.Errorf("VM without its root disk after the restart: %s", describe(r))
+		}
+	}
+	if r, _ := b.Get(record.ModeVM, "keep"); r == nil || r.State != record.StateCreated || r.FailureReason != nil {
+		t.Errorf("intact VM after the restart: %s", describe(r))
+	}
+	if _, err := b.Act(ctx, record.ModeVM, "keep", vm.ActionStart); err != nil {
+		t.Errorf("start of the intact VM: %v", err)
+	}
+}
+
+// stalledImageServer answers every request with headers and then nothing,
+// until the test ends.
+func stalledImageServer(t *testing.T) string {
+	t.Helper()
+	stop := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "1048576")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(stop); srv.Close() })
+	return srv.URL + "/image.qcow2"
+}
+
+// TestEngineDeleteCancelsProvision: a VM whose image download stalls
+// (headers, then nothing) stays downloading; a delete without force is
+// refused, a forced delete cancels the download and removes the VM, its
+// directories and the download's temp file, and the cancelled background
+// provision records nothing afterwards.
+func TestEngineDeleteCancelsProvision(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "stall")
+	sp.Disk.BasePath = ""
+	sp.Image = &record.ImageSpec{ImageID: "img", ContentSHA256: strings.Repeat("ab", 32), FetchURL: stalledImageServer(t)}
+	if _, async, err := s.CreateVM(ctx, sp); err != nil || !async {
+		t.Fatalf("CreateVM = %v, async %v", err, async)
+	}
+	l := s.Layout()
+	// Wait until the download has begun (its temp file exists).
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ents, _ := os.ReadDir(l.StateDir + "/images")
+		if len(ents) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the download never began")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	var se *record.StateError
+	if err := s.Delete(ctx, record.ModeVM, "stall", false); !errors.As(err, &se) {
+		t.Fatalf("delete without force while downloading = %v, want a StateError", err)
+	}
+	start := time.Now()
+	if err := s.Delete(ctx, record.ModeVM, "stall", true); err != nil {
+		t.Fatalf("forced delete while downloading: %v", err)
+	}
+	t.Logf("forced delete of a stalled download took %v", time.Since(start))
+	s.Wait() // the background provision has returned
+	if _, err := s.Get(record.ModeVM, "stall"); err == nil {
+		t.Error("the record survived the delete")
+	}
+	for _, p := range []string{l.VMDir("stall"), l.RunVMDir("stall"), l.StateDir + "/vms/stall.json"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s left behind", p)
+		}
+	}
+	if ents, _ := os.ReadDir(l.StateDir + "/images"); len(ents) != 0 {
+		t.Errorf("image cache holds %v after the cancelled download", ents)
 	}
 }

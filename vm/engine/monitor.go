@@ -35,13 +35,14 @@ import (
 //     ACPI shutdown was pending); with code 0 without that (failed,
 //     process_exit, unknown). An adopted CH's exit status cannot be read, so
 //     its event stream decides: `vm shutdown` then `vmm shutdown` is a clean
-//     poweroff; anything else is process_exit without a code, ch_crash.
+//     poweroff; anything else is missing_pid (the contract's process_exit
+//     needs a code), ch_crash.
 //   - the API socket gone (socket_gone) or refusing connections
 //     (socket_dead), both ch_crash; pings unanswered for ping_timeout_secs
 //     while the process lives (ping_timeout, vmm_hang);
 //   - the root disk file gone (disk_missing, detail.path);
-//   - qemu-storage-daemon exiting (failed, process_exit without a code, since
-//     qmp does not expose QSD's status; cause unknown; the summary names
+//   - qemu-storage-daemon exiting (failed, missing_pid, since qmp does not
+//     expose QSD's exit status; cause unknown; the summary names
 //     qemu-storage-daemon and the lost disks);
 //   - events: the root disk's first `virtio-device activated` turns display
 //     booting into running; `guest panic` sets guest_panicked_at (the state
@@ -379,7 +380,7 @@ func (m *monitor) exitVerdict() verdict {
 		return stopped(&zero)
 	case !known:
 		return failed(fmt.Sprintf("cloud-hypervisor pid %d (adopted after an agent restart) exited without a clean shutdown in its event stream; its exit status cannot be read", pid),
-			record.CauseCHCrash, record.FailureDetail{Kind: record.KindProcessExit})
+			record.CauseCHCrash, record.FailureDetail{Kind: record.KindMissingPID})
 	case st.Signaled():
 		sig := int(st.Signal)
 		return failed(fmt.Sprintf("cloud-hypervisor pid %d was killed by signal %d (%v)", pid, sig, st.Signal),
@@ -410,7 +411,7 @@ func (m *monitor) qsdVerdict() verdict {
 		DetectedAt: m.e.o.Now().UTC(),
 		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d exited, so the VM lost its root disk and volumes%s",
 			pid, logHint(m.e.lay.QSDLog(m.id))),
-		Detail: record.FailureDetail{Kind: record.KindProcessExit},
+		Detail: record.FailureDetail{Kind: record.KindMissingPID},
 		Cause:  record.CauseUnknown,
 	}}
 }

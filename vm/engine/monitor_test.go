@@ -198,7 +198,7 @@ func (r *testRecords) store(rec *record.Record) error {
 	return nil
 }
 
-func (r *testRecords) remove(id string) error {
+func (r *testRecords) Remove(id string) error {
 	r.wmu.Lock()
 	defer r.wmu.Unlock()
 	if err := r.st.Delete(id); err != nil {
@@ -548,7 +548,7 @@ func TestMonitorFailures(t *testing.T) {
 			}
 		}, within: 2 * time.Second, state: record.StateFailed, kind: record.KindDiskMissing, cause: record.CauseDiskMissing, code: "nil", signum: "nil", path: true},
 		{name: "qsd killed", inject: func(t *testing.T, r *running) { syscall.Kill(r.qsd.Pid, syscall.SIGKILL) },
-			within: 2 * time.Second, state: record.StateFailed, kind: record.KindProcessExit, cause: record.CauseUnknown, code: "nil", signum: "nil", inSummary: "qemu-storage-daemon"},
+			within: 2 * time.Second, state: record.StateFailed, kind: record.KindMissingPID, cause: record.CauseUnknown, code: "nil", signum: "nil", inSummary: "qemu-storage-daemon"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -574,6 +574,9 @@ func TestMonitorFailures(t *testing.T) {
 			}
 			if tc.path != (f.Detail.Path == r.rootDisk) {
 				t.Errorf("detail.path = %q", f.Detail.Path)
+			}
+			if err := f.Detail.Check(); err != nil {
+				t.Errorf("contract §2.2: %v", err)
 			}
 			if !strings.Contains(f.Summary, tc.inSummary) {
 				t.Errorf("summary %q lacks %q", f.Summary, tc.inSummary)

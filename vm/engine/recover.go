@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/internal/atomicfile"
 	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/store"
@@ -36,9 +37,14 @@ import (
 //     stopped, since a failed VM runs nothing. A storage daemon that runs
 //     but whose QMP monitor does not answer (it serves one client at a
 //     time) is watched by pid only, rather than failing a running VM.
+//   - A record whose delete was asked for (Deleting, stored before the
+//     teardown began) is deleted: its processes by recorded identity, taps,
+//     directories, then the record.
 //   - A VM that is not running keeps no CH (the leftover of a boot or stop
 //     the agent did not finish is killed); a created VM's live storage
-//     daemon is handed back to the engine, otherwise killed.
+//     daemon is handed back to the engine, otherwise killed. A provisioned
+//     VM that is not running (or whose end recovery records) and whose
+//     root disk is gone is failed (disk_missing), never shown healthy.
 //   - A provision that was cut short is resumed when it ran in the
 //     background (a create with an image, answered 202, whose caller polls):
 //     every provisioning step is recorded when done, and files of steps not
@@ -54,7 +60,8 @@ import (
 //     taps whose ifalias names a VM (or an interface index) no record has;
 //     directories in <run>/vms/ and <state>/vms/ without a record (a
 //     directory whose record file exists in any form, damaged included, is
-//     kept). Processes are only ever matched by those socket paths, so no
+//     kept); temp files of interrupted writes at the top of <run>.
+//     Processes are only ever matched by those socket paths, so no
 //     unrelated process is touched, and they are signalled through a pidfd
 //     opened after checking their start time.
 //
@@ -65,10 +72,13 @@ import (
 type RecoveryReport struct {
 	Adopted  []string // running VMs adopted and watched again
 	Ended    []string // running VMs whose processes had gone
+	Deleted  []string // deletes cut short by the agent's death, finished
+	NoDisk   []string // VMs not running whose root disk is gone: failed, disk_missing
 	Resumed  []string // interrupted provisions resumed (image creates) or rolled back (synchronous ones)
 	Killed   []string // processes no record owned, "pid <n> (<vm id>)"
 	Taps     []string // taps no record owned, deleted
 	Dirs     []string // directories no record owned, removed
+	Temps    []string // temp files of interrupted writes in the run directory, removed
 	Duration time.Duration
 }
 
@@ -114,6 +124,10 @@ func (e *Engine) recoverHost() {
 				rep.Adopted = append(rep.Adopted, rec.ID)
 			case "ended":
 				rep.Ended = append(rep.Ended, rec.ID)
+			case "deleted":
+				rep.Deleted = append(rep.Deleted, rec.ID)
+			case "no_disk":
+				rep.NoDisk = append(rep.NoDisk, rec.ID)
 			case "resume":
 				resume = append(resume, rec)
 			}
@@ -126,6 +140,7 @@ func (e *Engine) recoverHost() {
 	}
 	rep.Taps = e.reapTaps()
 	rep.Dirs = e.reapDirs()
+	rep.Temps = e.reapRunTemps() // before resumed provisions may write there
 	for _, rec := range resume {
 		if e.resumeProvision(rec) {
 			rep.Resumed = append(rep.Resumed, rec.ID)
@@ -135,20 +150,23 @@ func (e *Engine) recoverHost() {
 	e.mon.mu.Lock()
 	e.mon.recovery = rep
 	e.mon.mu.Unlock()
-	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs) > 0 {
+	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs)+len(rep.Temps) > 0 {
 		e.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
-			"ended", len(rep.Ended), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
+			"ended", len(rep.Ended), "deleted", len(rep.Deleted), "no_disk", len(rep.NoDisk), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
 			"taps_reaped", len(rep.Taps), "dirs_reaped", len(rep.Dirs), "took", rep.Duration)
 	}
 }
 
 // recovered is the outcome of one record's reconciliation.
 type recovered struct {
-	what string // "adopted", "ended", "resume" or ""
+	what string // "adopted", "ended", "deleted", "no_disk", "resume" or ""
 	keep []int  // pids that belong to the record and stay
 }
 
 func (e *Engine) recoverRecord(rec *record.Record) recovered {
+	if rec.Deleting {
+		return e.finishDelete(rec)
+	}
 	rt := rec.Runtime
 	running := rec.State == record.StateRunning || rec.State == record.StatePaused
 	switch {
@@ -160,9 +178,14 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 		// end. So this is such a stop cut short by the agent's death:
 		// finish it.
 		e.finishInterruptedStop(rec)
+		e.failMissingDisk(e.recs.Get(rec.ID))
 		return recovered{what: "ended"}
 	case running:
-		return e.recoverRunning(rec)
+		out := e.recoverRunning(rec)
+		if out.what == "ended" {
+			e.failMissingDisk(e.recs.Get(rec.ID))
+		}
+		return out
 	case rt == nil:
 	default:
 		if rt.CH != nil {
@@ -180,6 +203,9 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 			e.clearRuntime(rec.ID, false, true)
 		}
 	}
+	if e.failMissingDisk(rec) {
+		return recovered{what: "no_disk"}
+	}
 	return recovered{what: whatResume(rec)}
 }
 
@@ -188,6 +214,57 @@ func whatResume(rec *record.Record) string {
 		return "resume"
 	}
 	return ""
+}
+
+// finishDelete completes a delete the agent died during: the record says
+// the delete was asked for, and part of the VM may be gone already. What
+// is left (processes by their recorded identity, taps, directories) is
+// removed, then the record. A teardown that fails keeps the record, still
+// deleting, for a DELETE or the next start to finish.
+func (e *Engine) finishDelete(rec *record.Record) recovered {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := e.teardown(ctx, rec, true); err != nil {
+		e.log.Error("finishing a delete interrupted by an agent restart", "id", rec.ID, "err", err)
+		return recovered{}
+	}
+	if err := e.recs.Remove(rec.ID); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		e.log.Error("removing the record of a delete interrupted by an agent restart", "id", rec.ID, "err", err)
+		return recovered{}
+	}
+	e.log.Warn("finished a delete interrupted by an agent restart", "id", rec.ID)
+	return recovered{what: "deleted"}
+}
+
+// failMissingDisk fails (disk_missing) a provisioned VM that is not
+// running and whose root disk is gone, so it never looks healthy without
+// it. It reports whether it did.
+func (e *Engine) failMissingDisk(rec *record.Record) bool {
+	if rec == nil || rec.State == record.StateRunning || rec.State == record.StatePaused || rec.Provisioning() || rec.DisplayState == record.DisplayProvisionFailed || !rec.Runtime.Done(record.StepRootDisk) {
+		return false
+	}
+	if fr := rec.FailureReason; rec.State == record.StateFailed && fr != nil && fr.Detail.Kind == record.KindDiskMissing {
+		return false // already said
+	}
+	p := e.layout().RootDisk(rec.ID)
+	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+		return false
+	}
+	_, err := e.recs.Update(rec.ID, func(r *record.Record) {
+		r.State, r.DisplayState = record.StateFailed, string(record.StateFailed)
+		r.FailureReason = &record.FailureReason{
+			DetectedAt: e.o.Now().UTC(),
+			Summary:    fmt.Sprintf("root disk %s is gone (found at agent start)", p),
+			Detail:     record.FailureDetail{Kind: record.KindDiskMissing, Path: p},
+			Cause:      record.CauseDiskMissing,
+		}
+	})
+	if err != nil {
+		e.log.Error("recording a missing root disk", "id", rec.ID, "err", err)
+		return false
+	}
+	e.log.Error("VM's root disk is gone; VM failed", "id", rec.ID, "disk", p)
+	return true
 }
 
 // recoverRunning adopts the processes of a running VM, or ends it.
@@ -283,7 +360,7 @@ func (e *Engine) finishInterruptedStop(rec *record.Record) {
 	e.recordEnd(rec.ID, verdict{state: record.StateStopped, reason: &record.FailureReason{
 		DetectedAt: e.o.Now().UTC(),
 		Summary:    "stopped by the operator; the agent restarted before the stop was recorded",
-		Detail:     record.FailureDetail{Kind: record.KindProcessExit},
+		Detail:     record.FailureDetail{Kind: record.KindMissingPID},
 		Cause:      record.CauseOperatorShutdown,
 	}})
 	if q := rec.Runtime.StorageDaemon(); q != nil {
@@ -300,7 +377,7 @@ func (e *Engine) failStorageRecovered(rec *record.Record, ch *chclient.Process, 
 		DetectedAt: e.o.Now().UTC(),
 		Summary: fmt.Sprintf("storage failed: qemu-storage-daemon pid %d is gone or unreachable after the agent restarted (%v), so the VM lost its disks",
 			q.Pid, err),
-		Detail: record.FailureDetail{Kind: record.KindProcessExit},
+		Detail: record.FailureDetail{Kind: record.KindMissingPID},
 		Cause:  record.CauseUnknown,
 	}})
 	e.killRecorded(rec.ID, "qemu-storage-daemon", q.Pid, q.StartTime)
@@ -443,6 +520,10 @@ func (e *Engine) resumeProvision(rec *record.Record) bool {
 func (e *Engine) resumeInBackground(rec *record.Record) {
 	ctx := context.Background()
 	if err := e.Provision(ctx, rec); err != nil {
+		if errors.Is(err, record.ErrDeleted) { // the delete removes what it made
+			e.log.Info("provisioning cancelled by a delete", "id", rec.ID)
+			return
+		}
 		e.log.Error("background provisioning failed", "id", rec.ID, "err", err)
 		if rerr := e.Rollback(ctx, rec); rerr != nil {
 			e.log.Error("rolling back failed provision", "id", rec.ID, "err", rerr)
@@ -661,6 +742,31 @@ func (e *Engine) reapDirs() []string {
 			e.log.Warn("removed a directory no record owns", "dir", p)
 			reaped = append(reaped, p)
 		}
+	}
+	return reaped
+}
+
+// reapRunTemps removes the temp files interrupted atomic writes left at
+// the top of the run directory (an AppVM initramfs being written when the
+// agent was killed): with the run directory locked by this agent, no write
+// is in flight yet.
+func (e *Engine) reapRunTemps() []string {
+	ents, err := os.ReadDir(e.layout().RunDir)
+	if err != nil {
+		return nil
+	}
+	var reaped []string
+	for _, ent := range ents {
+		if !ent.Type().IsRegular() || !atomicfile.IsTemp(ent.Name()) {
+			continue
+		}
+		p := filepath.Join(e.layout().RunDir, ent.Name())
+		if err := os.Remove(p); err != nil {
+			e.log.Error("removing a temp file of an interrupted write", "file", p, "err", err)
+			continue
+		}
+		e.log.Warn("removed a temp file of an interrupted write", "file", p)
+		reaped = append(reaped, p)
 	}
 	return reaped
 }

@@ -119,7 +119,7 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	// poweroff is told apart by the event stream.
 	rs[1].ch.Signal(syscall.SIGKILL)
 	rec, took1 := waitRecord(t, b, rs[1].id, 2*time.Second, "adopted crash noticed", func(r *record.Record) bool { return r.State != record.StateRunning })
-	if f := rec.FailureReason; rec.State != record.StateFailed || f.Detail.Kind != record.KindProcessExit || f.Detail.Code != nil || f.Cause != record.CauseCHCrash {
+	if f := rec.FailureReason; rec.State != record.StateFailed || f.Detail.Kind != record.KindMissingPID || f.Detail.Check() != nil || f.Cause != record.CauseCHCrash {
 		t.Errorf("adopted CH killed: %s", describe(rec))
 	}
 	rs[2].sim(t, "poweroff", "")
@@ -159,7 +159,7 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 		t.Helper()
 		rec := b.recs.Get(r.id)
 		f := rec.FailureReason
-		if rec.State != state || rec.DisplayState != string(state) || f == nil || f.Detail.Kind != kind || f.Cause != cause {
+		if rec.State != state || rec.DisplayState != string(state) || f == nil || f.Detail.Kind != kind || f.Cause != cause || f.Detail.Check() != nil {
 			t.Errorf("%s: %s; want %s %s %s", r.id, describe(rec), state, kind, cause)
 		}
 		if rec.PID != 0 || (rec.Runtime != nil && (rec.Runtime.CH != nil || rec.Runtime.QSD != nil)) {
@@ -171,7 +171,7 @@ func TestRecoverEndsWhatDiedWhileDown(t *testing.T) {
 	}
 	check(crashed, record.StateFailed, record.KindMissingPID, record.CauseCHCrash)
 	check(poweredOff, record.StateStopped, record.KindProcessExit, record.CauseGuestShutdown)
-	check(noStorage, record.StateFailed, record.KindProcessExit, record.CauseUnknown)
+	check(noStorage, record.StateFailed, record.KindMissingPID, record.CauseUnknown)
 	gone(t, "qemu-storage-daemon of the crashed VM", crashed.qsd.Done())
 	gone(t, "cloud-hypervisor of the VM without storage", noStorage.ch.Done())
 }
@@ -189,7 +189,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	a.watch(kept.id, kept.ch, kept.qsd)
 	waitRecord(t, a, kept.id, 10*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
 	a.Close()
-	if err := a.recs.remove(ghost.id); err != nil {
+	if err := a.recs.Remove(ghost.id); err != nil {
 		t.Fatal(err)
 	}
 	l := a.lay
@@ -230,9 +230,26 @@ func TestRecoverReapsOrphans(t *testing.T) {
 		}
 	}
 
+	// A temp of an interrupted write in the run directory (an AppVM
+	// initramfs being written when the agent was killed) and the file
+	// such a write publishes, which stays.
+	initrdTemp := filepath.Join(l.RunDir, ".appvm-initramfs-0123.cpio.tmp-89ab")
+	initrd := filepath.Join(l.RunDir, "appvm-initramfs-0123.cpio")
+	for _, f := range []string{initrdTemp, initrd} {
+		if err := os.WriteFile(f, []byte("cpio"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	b := newTestService(t, a.state, a.run)
 	b.Wait() // the interrupted synchronous create is rolled back and failed
 	rep := b.Recovery()
+	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, []string{initrdTemp}) {
+		t.Errorf("temp %s of an interrupted write: %v; reaped temps %v", initrdTemp, err, rep.Temps)
+	}
+	if _, err := os.Stat(initrd); err != nil {
+		t.Errorf("a finished initramfs was removed: %v", err)
+	}
 	t.Logf("recovery: %+v", rep)
 	if !slices.Equal(rep.Adopted, []string{"kept"}) || !slices.Equal(rep.Resumed, []string{"prov"}) {
 		t.Errorf("adopted %v, resumed %v; want [kept], [prov]", rep.Adopted, rep.Resumed)

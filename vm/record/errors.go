@@ -1,6 +1,9 @@
 package record
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // HostErrorKind says which part of the host failed.
 type HostErrorKind int
@@ -52,6 +55,12 @@ type FieldError struct {
 // Error gives "field: reason".
 func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 
+// ErrDeleted is wrapped by the error of a provision that a forced delete
+// cancelled (or that began after the delete was recorded): the delete
+// removes what the provision made and the record, so its caller neither
+// rolls back nor records a failure.
+var ErrDeleted = errors.New("the VM was deleted while it was being provisioned")
+
 // Failure kinds and causes of contract §2.2.
 const (
 	KindSocketGone      = "socket_gone"
@@ -73,3 +82,28 @@ const (
 	CauseProvisionFailed  = "provision_failed"
 	CauseUnknown          = "unknown"
 )
+
+// Check reports a detail that lacks a field contract §2.2 makes
+// conditional on its kind: code for process_exit, signum for
+// process_signal, path for disk_missing, id for invalid_vm_id, seconds for
+// boot_timeout. A process whose exit status cannot be read has no code, so
+// its end is missing_pid, never process_exit.
+func (d FailureDetail) Check() error {
+	var missing string
+	switch {
+	case d.Kind == KindProcessExit && d.Code == nil:
+		missing = "code"
+	case d.Kind == KindProcessSignal && d.Signum == nil:
+		missing = "signum"
+	case d.Kind == KindDiskMissing && d.Path == "":
+		missing = "path"
+	case d.Kind == "invalid_vm_id" && d.ID == "":
+		missing = "id"
+	case d.Kind == KindBootTimeout && d.Seconds == nil:
+		missing = "seconds"
+	}
+	if missing != "" {
+		return fmt.Errorf("failure detail of kind %s lacks its %s", d.Kind, missing)
+	}
+	return nil
+}

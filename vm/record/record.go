@@ -65,6 +65,10 @@ type Record struct {
 	// Runtime is the identity of the VM's processes and provisioning
 	// progress (engine_record.go); nil before any host work.
 	Runtime *Runtime `json:"runtime,omitempty"`
+	// Deleting is stored before a delete tears anything down, so that an
+	// agent killed during the delete finishes it at restart (recover.go)
+	// instead of keeping a record whose disks and taps are gone.
+	Deleting bool `json:"deleting,omitempty"`
 	// ShuttingDown is set while an ACPI shutdown is pending.
 	ShuttingDown bool `json:"shutting_down,omitempty"`
 	// GuestPanickedAt is when CH reported a guest panic (pvpanic).

@@ -64,3 +64,23 @@ func FuzzDecodeRecord(f *testing.F) {
 		}
 	})
 }
+
+func TestFailureDetailCheck(t *testing.T) {
+	code := 0
+	for _, tc := range []struct {
+		d  FailureDetail
+		ok bool
+	}{
+		{FailureDetail{Kind: KindProcessExit, Code: &code}, true},
+		{FailureDetail{Kind: KindProcessExit}, false},
+		{FailureDetail{Kind: KindProcessSignal}, false},
+		{FailureDetail{Kind: KindDiskMissing}, false},
+		{FailureDetail{Kind: KindDiskMissing, Path: "/x"}, true},
+		{FailureDetail{Kind: KindBootTimeout}, false},
+		{FailureDetail{Kind: KindMissingPID}, true},
+	} {
+		if err := tc.d.Check(); (err == nil) != tc.ok {
+			t.Errorf("%+v: Check() = %v", tc.d, err)
+		}
+	}
+}
