@@ -74,7 +74,9 @@
 // on the host (the real guest runs its own from its initramfs).
 //
 // The CH config maps to qemu (qemu_args.go; testdata/qemu-argv-*.golden are transcripts):
-// payload kernel/initramfs/cmdline → -kernel/-initrd/-append (a bzImage, as CH boots it);
+// payload kernel/initramfs/cmdline → -kernel/-initrd/-append (a bzImage, as CH boots it),
+// or payload firmware → -bios (e.g. OVMF: the guest's own boot loader and kernel; an
+// initramfs then is refused and the cmdline is the firmware's business, as under CH);
 // cpus → -smp (topology too); memory → a memfd backend, shared as memory.shared says
 // (vhost-user needs it), on q35; every device at the PCI slot CH would give it, so the
 // device_tree of vm.info is true and disks keep CH's order (vda, vdb, …); vhost-user disks →
@@ -88,8 +90,9 @@
 // `vhost-device-vsock --guest-cid cid --socket <socket>.vhost-user --uds-path socket` and
 // vhost-user-vsock-pci: it follows CH's hybrid convention (CONNECT <port> on socket; the
 // guest's connections to port P reach socket_P), so vmhost's host side is unchanged.
-// What qemu cannot honour fails vm.boot with 500 rather than boot a different VM: firmware
-// payloads, VFIO devices, watchdog, iommu, rate limits (disk and net), memory zones, nets
+// Virtio devices are modern-only (disable-legacy=on), as CH's are: a firmware driving
+// vhost-user-blk in legacy mode would make qemu-storage-daemon abort.
+// What qemu cannot honour fails vm.boot with 500 rather than boot a different VM: VFIO devices, watchdog, iommu, rate limits (disk and net), memory zones, nets
 // without a tap or with ip/mask or vhost-user, console modes other than Off/Null, serial
 // Pty/Tty, fs/pmem/vdpa/numa and the other sections the simulator only echoes. Ignored on
 // purpose: memory hotplug_size (no hot-add), cpu affinity, nested, max_phys_bits.
@@ -106,8 +109,9 @@
 // Events come from what qemu reports, never from a timer:
 //   - virtio-device activated/reset: x-query-virtio-status is polled every 100 ms for every
 //     virtio device; DRIVER_OK appearing is activated, disappearing is reset. -boot
-//     strict=on keeps SeaBIOS off the virtio disks, so the first DRIVER_OK is the guest
-//     kernel's, as under CH, which has no firmware in between. A reset and re-activation
+//     strict=on keeps SeaBIOS off the virtio disks, so with a kernel payload the first
+//     DRIVER_OK is the guest kernel's, as under CH, which has no firmware in between; with a
+//     firmware payload it is the firmware's (it reads the disk to boot), as under CH too. A reset and re-activation
 //     between two polls is not seen. Devices without a driver in the guest never activate.
 //   - guest poweroff: qemu's SHUTDOWN (guest) under -action shutdown=pause; then, as CH:
 //     vm shutdown, vm deleted, vmm shutdown and exit 0 (with --no-shutdown: vm shutdown and

@@ -50,8 +50,8 @@ func qemuOpt(v string) string { return strings.ReplaceAll(v, ",", ",,") }
 // then continues it. Anything of the config qemu cannot honour is an error, so a boot never
 // silently differs from what was asked (see doc.go for what is ignored on purpose).
 func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qemuDevice, error) {
-	if c.Payload == nil || c.Payload.Kernel == nil {
-		return nil, nil, fmt.Errorf("the qemu backend boots a kernel payload only (no firmware)")
+	if c.Payload == nil || (c.Payload.Kernel == nil && c.Payload.Firmware == nil) {
+		return nil, nil, fmt.Errorf("the VM has no payload: neither kernel nor firmware")
 	}
 	if len(c.Devices) > 0 {
 		return nil, nil, fmt.Errorf("the qemu backend has no VFIO passthrough")
@@ -108,11 +108,18 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 	}
 	a = append(a, "-m", fmt.Sprintf("%dB", c.Memory.Size), "-object", mem, "-machine", "q35,memory-backend=mem")
 
-	a = append(a, "-kernel", *c.Payload.Kernel)
+	if c.Payload.Firmware != nil {
+		a = append(a, "-bios", *c.Payload.Firmware)
+	} else {
+		a = append(a, "-kernel", *c.Payload.Kernel)
+	}
 	if p := c.Payload.Initramfs; p != nil {
+		if c.Payload.Kernel == nil {
+			return nil, nil, fmt.Errorf("an initramfs needs a kernel payload (firmware loads its own)")
+		}
 		a = append(a, "-initrd", *p)
 	}
-	if p := c.Payload.Cmdline; p != nil {
+	if p := c.Payload.Cmdline; p != nil && c.Payload.Kernel != nil {
 		a = append(a, "-append", *p)
 	}
 
@@ -173,6 +180,9 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 			return err
 		}
 		d := qemuDevice{chID: chID, qemuID: qemuID(chID), virtio: strings.HasPrefix(driver, "v")}
+		if d.virtio {
+			props = append(props, "disable-legacy=on")
+		}
 		a = append(a, "-device", strings.Join(append([]string{driver, "id=" + d.qemuID, "addr=" + slot}, props...), ","))
 		devs = append(devs, d)
 		return nil

@@ -73,6 +73,13 @@ func TestQemuArgsGolden(t *testing.T) {
 		{"classic", classicConfig, qemuLaunch{Accel: "tcg", QMPFD: 3, SerialFD: 4,
 			VsockBackend: "/run/vmhost/vms/web1/vsock.sock.vhost-user"},
 			"_disk0=ch_disk0 _disk1=ch_disk1 _disk2=ch_disk2 _net3=ch_net3 __rng=ch__rng _vsock4=ch_vsock4"},
+		// A classic VM booted by its firmware (OVMF loads the guest's own
+		// boot loader): -bios, no -kernel, no -append.
+		{"classic-firmware", strings.Replace(classicConfig,
+			`"kernel": "/var/lib/vmhost/kernels/vmlinuz", "initramfs": "/var/lib/vmhost/kernels/initrd.img",`,
+			`"firmware": "/usr/share/OVMF/OVMF_CODE.fd",`, 1),
+			qemuLaunch{Accel: "tcg", QMPFD: 3, SerialFD: 4, VsockBackend: "/run/vmhost/vms/web1/vsock.sock.vhost-user"},
+			"_disk0=ch_disk0 _disk1=ch_disk1 _disk2=ch_disk2 _net3=ch_net3 __rng=ch__rng _vsock4=ch_vsock4"},
 		{"appvm", appVMConfig, qemuLaunch{Accel: "kvm", QMPFD: 3, SerialFD: 4,
 			VsockBackend: "/run/vmhost/vms/app1/vsock.sock.vhost-user"},
 			"_disk0=ch_disk0 _disk1=ch_disk1 _net2=ch_net2 __rng=ch__rng _vsock3=ch_vsock3"},
@@ -140,7 +147,7 @@ func TestQemuArgsRefuses(t *testing.T) {
 		return strings.Replace(body, old, new, 1)
 	}
 	for _, tc := range []struct{ name, body, want string }{
-		{"firmware", edit(appVMConfig, `"kernel":`, `"firmware": "/fw", "x":`), "kernel payload only"},
+		{"firmware and initramfs", edit(appVMConfig, `"kernel":`, `"firmware": "/fw", "x":`), "needs a kernel payload"},
 		{"console tty", edit(appVMConfig, `"console": {"mode": "Off"}`, `"console": {"mode": "Tty"}`), "no console mode Tty"},
 		{"serial pty", edit(appVMConfig, `"serial": {"mode": "Socket", "socket": "/run/vmhost/vms/app1/console.sock"}`, `"serial": {"mode": "Pty"}`), "no serial mode Pty"},
 		{"tap-less net", edit(appVMConfig, `"tap": "vmt-app1-0", `, ``), "existing taps only"},
