@@ -38,15 +38,21 @@
 // every interface uses DHCP no network-config is written at all, and
 // cloud-init's fallback applies (DHCP on the first connected NIC).
 //
-// Default routes: IPv4 uses "routes: [{to: 0.0.0.0/0, via: GW}]", which
-// every release renders. IPv6 uses "gateway6: GW". Reason: cloud-init 22.4
-// (Debian 12) renders "to: ::/0" as ::/64 with its eni and networkd
-// renderers (checked with `cloud-init devel net-convert`, see
-// testdata/README.md), so the guest gets no IPv6 default route, while
-// gateway6 renders correctly with eni, networkd and netplan on 22.4 and on
-// current releases. Current releases log it as deprecated (removal is
-// scheduled for 27.4); when guests older than 23.1 no longer matter, switch
-// to "to: ::/0".
+// Default routes are written as the interface's gateway4 / gateway6, for
+// both families, because that is the one form every cloud-init renderer
+// (eni, netplan, networkd, sysconfig, network-manager) turns into a default
+// route (checked with `cloud-init devel net-convert` by
+// TestNetConvertDefaultRoute). The route form fails silently: for
+// "routes: [{to: 0.0.0.0/0, via: GW}]" cloud-init 22.4 (Debian 12) writes
+// "post-up route add default gw GW || true" with eni, which does nothing on
+// a guest without net-tools (Debian's default), and it renders "to: ::/0"
+// as ::/64 with eni, networkd, sysconfig and network-manager; "to: default"
+// is an error there. Upstream logs gateway4/gateway6 as deprecated
+// (removal scheduled for 27.4); the replacement that keeps working on every
+// renderer is a network-config v1 static subnet's "gateway", which renders
+// the same way (checked on 22.4). cloud-init's sysconfig renderer for the
+// SUSE flavour writes no default route in any form (routes go to ifroute-*
+// files it does not write, lp#1812117).
 //
 // # Quoting
 //

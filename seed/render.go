@@ -374,13 +374,12 @@ func renderNetworkConfig(c *Config) []byte {
 				fmt.Fprintf(&b, "      - %s\n", quote(a))
 			}
 		}
+		// The subnet-gateway form, not a route to 0.0.0.0/0 or ::/0: it is
+		// the one every renderer turns into a default route (package doc).
 		if ifc.IPv4 != nil && ifc.IPv4.Gateway != "" {
-			b.WriteString("    routes:\n")
-			b.WriteString("      - to: \"0.0.0.0/0\"\n")
-			fmt.Fprintf(&b, "        via: %s\n", quote(netip.MustParseAddr(ifc.IPv4.Gateway).String()))
+			fmt.Fprintf(&b, "    gateway4: %s\n", quote(netip.MustParseAddr(ifc.IPv4.Gateway).String()))
 		}
 		if ifc.IPv6 != nil && ifc.IPv6.Gateway != "" {
-			// Not "to: ::/0": cloud-init 22.4 renders it as ::/64 (package doc).
 			fmt.Fprintf(&b, "    gateway6: %s\n", quote(netip.MustParseAddr(ifc.IPv6.Gateway).String()))
 		}
 		if len(dns) > 0 {

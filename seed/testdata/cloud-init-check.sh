@@ -30,7 +30,7 @@ for d in testdata/render/*/; do
 			case $r in
 			networkd) grep -h -E '^(Name|Address|Destination|Gateway|DHCP|DNS)=' "$out"/etc/systemd/network/*.network ;;
 			eni) grep -h -E '^(iface|auto)|address |gateway |route add|dns-nameservers' "$out"/etc/network/interfaces.d/50-cloud-init ;;
-			netplan) grep -h -E 'to:|via:|gateway6:|addresses:|- |set-name' "$out"/etc/netplan/50-cloud-init.yaml ;;
+			netplan) grep -h -E 'to:|via:|gateway[46]:|addresses:|- |set-name' "$out"/etc/netplan/50-cloud-init.yaml ;;
 			esac | sed 's/^/    /'
 		done
 		rm -f "$out.err"
@@ -44,7 +44,7 @@ done
 # with gateway6 replaced by the route form "to: ::/0".
 echo
 echo "## contrast: static-dual-stack-multi-nic with routes: [{to: \"::/0\"}] instead of gateway6"
-sed -e '/^    gateway6: /d' -e 's/^        via: "192.0.2.1"$/&\n      - to: "::\/0"\n        via: "2001:db8:10::1"/' \
+sed -e 's/^    gateway6: "2001:db8:10::1"$/    routes:\n      - to: "::\/0"\n        via: "2001:db8:10::1"/' \
 	testdata/render/static-dual-stack-multi-nic/network-config >"$imgs/v6-route.yaml"
 grep -n -B3 -A1 '::/0' "$imgs/v6-route.yaml" | sed 's/^/    /'
 for r in networkd eni; do
