@@ -39,7 +39,7 @@ type guestAgent struct {
 // the guest agent for: it has a vsock device and boots a kernel with an initramfs (the
 // vmhost initramfs holds the agent as /init).
 func (s *sim) wantsGuestAgentLocked() bool {
-	return !s.cfg.NoGuestAgent && s.vm != nil && s.vm.Vsock != nil && s.vm.Payload != nil &&
+	return !s.cfg.NoGuestAgent && !s.qemuMode() && s.vm != nil && s.vm.Vsock != nil && s.vm.Payload != nil &&
 		s.vm.Payload.Initramfs != nil
 }
 

@@ -2,7 +2,6 @@ package chsim
 
 import (
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -18,6 +17,7 @@ type serialPort struct {
 	mu     sync.Mutex
 	client net.Conn
 	buf    []byte
+	input  func([]byte) // where client input goes; nil: echoed, as the simulated guest's tty
 }
 
 func openSerial(path string) (*serialPort, error) {
@@ -53,21 +53,32 @@ func (p *serialPort) accept() {
 	}
 }
 
-// readInput echoes what the client types, as a guest's tty would.
+// readInput passes what the client types to the guest: to qemu's serial port, or echoed as
+// the simulated guest's tty would.
 func (p *serialPort) readInput(c net.Conn) {
 	b := make([]byte, 512)
 	for {
 		n, err := c.Read(b)
 		if n > 0 {
-			p.write(b[:n])
+			p.mu.Lock()
+			input := p.input
+			p.mu.Unlock()
+			if input != nil {
+				input(b[:n])
+			} else {
+				p.write(b[:n])
+			}
 		}
 		if err != nil {
-			if err != io.EOF {
-				return
-			}
 			return
 		}
 	}
+}
+
+func (p *serialPort) setInput(fn func([]byte)) {
+	p.mu.Lock()
+	p.input = fn
+	p.mu.Unlock()
 }
 
 func (p *serialPort) write(b []byte) {

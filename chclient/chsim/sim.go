@@ -56,6 +56,17 @@ type Config struct {
 	// GuestHeartbeat (--sim-guest-heartbeat) is the agent's heartbeat interval;
 	// default DefaultGuestHeartbeat.
 	GuestHeartbeat time.Duration
+
+	// Backend (--sim-backend) is BackendSim (the default: a simulated guest) or
+	// BackendQemu: vm.boot runs the guest in qemu-system-x86_64 (see doc.go).
+	Backend string
+	// Qemu (--sim-qemu) is the qemu binary; default qemu-system-x86_64 from PATH.
+	Qemu string
+	// Accel (--sim-accel) is auto (default), kvm or tcg.
+	Accel string
+	// VsockBackend (--sim-vsock-backend) is the vhost-device-vsock binary; default from
+	// PATH, else DefaultVsockBackend.
+	VsockBackend string
 }
 
 // DefaultActivateDelay is how long after boot the simulated guest's drivers activate its
@@ -66,6 +77,7 @@ const usage = `usage: sim-ch --api-socket path=<p>|fd=<n> [--event-monitor path=
        [--no-shutdown] [--sim-activate-delay <duration>] [--sim-no-activate] [--sim-guest-ports <p,p,…>]
        [--sim-no-guest-agent] [--sim-no-guest-network] [--sim-guest-heartbeat <duration>]
        [--sim-poweroff-at-boot]
+       [--sim-backend sim|qemu] [--sim-qemu <path>] [--sim-accel auto|kvm|tcg] [--sim-vsock-backend <path>]
 `
 
 // Main runs the simulator with Cloud Hypervisor's own flags (args excludes the program
@@ -81,10 +93,11 @@ func Main(args []string) int {
 }
 
 func parseArgs(args []string) (Config, error) {
-	cfg := Config{APISocketFD: -1, EventFD: -1, ActivateDelay: DefaultActivateDelay}
+	cfg := Config{APISocketFD: -1, EventFD: -1, ActivateDelay: DefaultActivateDelay, Backend: BackendSim}
 	if len(args) == 0 {
 		return cfg, errors.New("no arguments")
 	}
+	var simOnly, qemuOnly []string // flags that apply to one backend only
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		name, value, hasValue := strings.Cut(a, "=")
@@ -132,10 +145,13 @@ func parseArgs(args []string) (Config, error) {
 		case name == "--no-shutdown":
 			cfg.NoShutdown = true
 		case name == "--sim-no-guest-agent":
+			simOnly = append(simOnly, name)
 			cfg.NoGuestAgent = true
 		case name == "--sim-no-guest-network":
+			simOnly = append(simOnly, name)
 			cfg.NoGuestNetwork = true
 		case name == "--sim-guest-heartbeat":
+			simOnly = append(simOnly, name)
 			v, err := next()
 			if err != nil {
 				return cfg, err
@@ -146,10 +162,13 @@ func parseArgs(args []string) (Config, error) {
 			}
 			cfg.GuestHeartbeat = d
 		case name == "--sim-no-activate":
+			simOnly = append(simOnly, name)
 			cfg.NoActivate = true
 		case name == "--sim-poweroff-at-boot":
+			simOnly = append(simOnly, name)
 			cfg.PoweroffAtBoot = true
 		case name == "--sim-activate-delay":
+			simOnly = append(simOnly, name)
 			v, err := next()
 			if err != nil {
 				return cfg, err
@@ -160,6 +179,7 @@ func parseArgs(args []string) (Config, error) {
 			}
 			cfg.ActivateDelay = d
 		case name == "--sim-guest-ports":
+			simOnly = append(simOnly, name)
 			v, err := next()
 			if err != nil {
 				return cfg, err
@@ -171,6 +191,32 @@ func parseArgs(args []string) (Config, error) {
 				}
 				cfg.GuestPorts = append(cfg.GuestPorts, uint32(p))
 			}
+		case name == "--sim-backend":
+			v, err := next()
+			if err != nil {
+				return cfg, err
+			}
+			if v != BackendSim && v != BackendQemu {
+				return cfg, fmt.Errorf("--sim-backend %q: want sim or qemu", v)
+			}
+			cfg.Backend = v
+		case name == "--sim-qemu", name == "--sim-accel", name == "--sim-vsock-backend":
+			v, err := next()
+			if err != nil {
+				return cfg, err
+			}
+			qemuOnly = append(qemuOnly, name)
+			switch name {
+			case "--sim-qemu":
+				cfg.Qemu = v
+			case "--sim-accel":
+				if v != "auto" && v != "kvm" && v != "tcg" {
+					return cfg, fmt.Errorf("--sim-accel %q: want auto, kvm or tcg", v)
+				}
+				cfg.Accel = v
+			case "--sim-vsock-backend":
+				cfg.VsockBackend = v
+			}
 		case len(a) >= 2 && a[0] == '-' && a[1] == 'v' && strings.Trim(a[1:], "v") == "":
 			cfg.Verbosity += len(a) - 1
 		default:
@@ -179,6 +225,12 @@ func parseArgs(args []string) (Config, error) {
 	}
 	if cfg.APISocket == "" && cfg.APISocketFD < 0 {
 		return cfg, errors.New("--api-socket is required")
+	}
+	if cfg.Backend == BackendQemu && len(simOnly) > 0 {
+		return cfg, fmt.Errorf("%s drives the simulated guest; the qemu backend runs a real one", strings.Join(simOnly, ", "))
+	}
+	if cfg.Backend != BackendQemu && len(qemuOnly) > 0 {
+		return cfg, fmt.Errorf("%s needs --sim-backend qemu", strings.Join(qemuOnly, ", "))
 	}
 	return cfg, nil
 }
@@ -259,6 +311,11 @@ type sim struct {
 	taps       []*os.File
 	vhost      map[string]net.Conn // disk id → vhost-user connection
 	counters   map[string]map[string]uint64
+
+	// The qemu backend (Config.Backend == BackendQemu).
+	accel   string   // "kvm" or "tcg", resolved at start
+	qemuLog *os.File // qemu's and vhost-device-vsock's output
+	qemu    *qemuVM  // the running VM's qemu, nil when none
 }
 
 // Run starts the simulator and blocks until it exits, returning the exit code.
@@ -286,6 +343,21 @@ func Run(cfg Config) int {
 	if err := s.openEvents(); err != nil {
 		s.logf(0, "Error: %v", err)
 		return 1
+	}
+	if s.qemuMode() {
+		accel, why, err := resolveAccel(cfg.Accel)
+		if err == nil {
+			err = s.openQemuLog()
+		}
+		if err != nil {
+			s.logf(0, "Error: %v", err)
+			return 1
+		}
+		if s.qemuLog != os.Stderr {
+			defer s.qemuLog.Close()
+		}
+		s.accel = accel
+		s.logf(1, "qemu backend: accelerator %s (%s)", accel, why)
 	}
 	l, unlock, err := s.listen()
 	if err != nil {

@@ -55,6 +55,10 @@ func unsupported(s *sim, r *request) (response, func()) {
 // (process exit, guest actions).
 func (s *sim) route(r *request) (response, func()) {
 	if strings.HasPrefix(r.path, "/sim/v1/") {
+		if s.qemuMode() {
+			// A real guest does what it does; nothing drives it from outside.
+			return controlError(http.StatusNotFound, "the qemu backend runs a real guest: /sim/v1/ is not available"), nil
+		}
 		return s.control(r)
 	}
 	if s.hung.Load() {
@@ -93,7 +97,7 @@ func noContent() response { return response{status: http.StatusNoContent} }
 
 func (s *sim) ping(*request) (response, func()) {
 	return jsonResponse(http.StatusOK, map[string]any{
-		"build_version": "v53.0-chsim",
+		"build_version": s.buildVersion(),
 		"version":       "53.0.0",
 		"pid":           os.Getpid(),
 		"features":      []string{"io_uring", "kvm"},
@@ -190,6 +194,12 @@ func (s *sim) bootLocked() []string {
 	}
 	if err := s.openConsolesLocked(); err != nil {
 		return fail("Error creating console devices", err.Error())
+	}
+	if s.qemuMode() {
+		// qemu opens the disks, vhost-user sockets and taps itself; the simulator
+		// holding them would take them from it.
+		s.assignDevicesLocked()
+		return s.bootQemuLocked()
 	}
 	var taps []*os.File
 	var vhost []net.Conn
@@ -528,6 +538,10 @@ func (s *sim) releaseLocked() {
 		c.Close()
 	}
 	s.taps, s.vhost = nil, nil
+	if s.qemu != nil {
+		s.qemu.stop()
+		s.qemu = nil
+	}
 	s.stopGuestAgentLocked()
 	if s.vsock != nil {
 		s.vsock.close()
@@ -595,6 +609,13 @@ func (s *sim) powerButton(*request) (response, func()) {
 	if s.state != stateRunning && s.state != statePaused {
 		return s.notRunning("Error triggering power button"), nil
 	}
+	if s.qemuMode() {
+		// The ACPI button press; what follows is up to the guest.
+		if err := s.qmpLocked("system_powerdown"); err != nil {
+			return apiError(http.StatusInternalServerError, "Error triggering power button", err.Error()), nil
+		}
+		return noContent(), nil
+	}
 	if !s.activated {
 		s.logf(1, "power button pressed; the guest is not up and ignores it")
 		return noContent(), nil
@@ -638,6 +659,9 @@ func (s *sim) reboot(*request) (response, func()) {
 // rebootLocked re-creates the VM in the same process: the vsock socket is unlinked and
 // bound again (open connections drop) and the guest comes up again.
 func (s *sim) rebootLocked() []string {
+	if s.qemuMode() {
+		return s.rebootQemuLocked()
+	}
 	s.emit("vm", "rebooting", nil)
 	s.bootGen++
 	s.activated = false
@@ -667,6 +691,11 @@ func (s *sim) pause(*request) (response, func()) {
 	switch s.state {
 	case stateRunning:
 		s.emit("vm", "pausing", nil)
+		if s.qemuMode() {
+			if err := s.qmpLocked("stop"); err != nil {
+				return apiError(http.StatusInternalServerError, "The VM could not be paused", "Cannot pause VM", err.Error()), nil
+			}
+		}
 		s.state = statePaused
 		s.pauseGuestAgentLocked(true)
 		s.emit("vm", "paused", nil)
@@ -684,6 +713,11 @@ func (s *sim) resume(*request) (response, func()) {
 	switch s.state {
 	case statePaused:
 		s.emit("vm", "resuming", nil)
+		if s.qemuMode() {
+			if err := s.qmpLocked("cont"); err != nil {
+				return apiError(http.StatusInternalServerError, "The VM could not resume", "Cannot resume VM", err.Error()), nil
+			}
+		}
 		s.state = stateRunning
 		s.pauseGuestAgentLocked(false)
 		s.emit("vm", "resumed", nil)
@@ -713,6 +747,9 @@ func (s *sim) countersHandler(*request) (response, func()) {
 	if s.state != stateRunning && s.state != statePaused {
 		return s.notRunning("The VM info is not available"), nil
 	}
+	if s.qemuMode() {
+		return notInQemu("The VM info is not available", "vm.counters"), nil
+	}
 	return jsonResponse(http.StatusOK, s.counters), nil
 }
 
@@ -738,6 +775,9 @@ func (s *sim) resize(r *request) (response, func()) {
 			s.vm.Balloon.Size = *req.DesiredBalloon
 		}
 		return noContent(), nil
+	}
+	if s.qemuMode() {
+		return notInQemu(op, "resizing a booted VM"), nil
 	}
 	if req.DesiredVcpus != nil && (*req.DesiredVcpus == 0 || *req.DesiredVcpus > s.vm.Cpus.MaxVcpus) {
 		return apiError(http.StatusInternalServerError, op, "Error resizing VM", "Cannot resize vCPUs",
@@ -791,6 +831,9 @@ func (s *sim) addDisk(r *request) (response, func()) {
 		s.vm.Disks = append(s.vm.Disks, d)
 		return noContent(), nil
 	}
+	if s.qemuMode() {
+		return notInQemu(op, "hotplug"), nil
+	}
 	var vhostConn net.Conn
 	if d.VhostUser {
 		c, err := net.Dial("unix", deref(d.VhostSocket))
@@ -834,6 +877,9 @@ func (s *sim) removeDevice(r *request) (response, func()) {
 	const op = "The device could not be removed from the VM"
 	if s.state == stateNone {
 		return apiError(http.StatusNotFound, op, "VM is not created"), nil
+	}
+	if s.state != stateCreated && s.qemuMode() {
+		return notInQemu(op, "hot-unplug"), nil
 	}
 	if !s.removeFromConfigLocked(req.ID, s.state == stateCreated) {
 		return apiError(http.StatusInternalServerError, op, fmt.Sprintf("No device with id %s to remove", req.ID)), nil

@@ -1,0 +1,557 @@
+package chsim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"vmhost/qmp"
+)
+
+// The qemu backend (--sim-backend qemu) runs the booted VM as a real guest in
+// qemu-system-x86_64 behind the same API and event stream; see doc.go.
+
+// Backend names for --sim-backend.
+const (
+	BackendSim  = "sim"
+	BackendQemu = "qemu"
+)
+
+// DefaultVsockBackend is where e2e/realguest/fetch-vhost-device-vsock.sh unpacks
+// vhost-device-vsock; used when --sim-vsock-backend is not given and none is on PATH.
+const DefaultVsockBackend = "/var/cache/vmhost-lane/vhost-device-vsock/usr/bin/vhost-device-vsock"
+
+// activationPoll is how often the backend asks qemu for the status of each virtio device.
+const activationPoll = 100 * time.Millisecond
+
+// qemuVM is one qemu process (and its vhost-device-vsock) running the booted VM. It lives
+// from vm.boot to the VM's stop; guest reboots happen inside it.
+type qemuVM struct {
+	s       *sim
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once qemu has been waited for
+	stderr  *tailBuffer   // the end of qemu's output, for boot errors
+	client  *qmp.Client
+	devices []qemuDevice
+	serial  net.Conn // the backend's end of the serial relay; nil without a Socket serial
+
+	vsock       *exec.Cmd
+	vsockExited chan struct{}
+	vsockFiles  []string // sockets to remove when the VM stops
+
+	stopping atomic.Bool   // set before the backend ends qemu itself
+	stopPoll chan struct{} // closed by stop
+
+	pollMu sync.Mutex
+	active map[string]bool // CH id → DRIVER_OK last seen
+}
+
+// tailBuffer keeps the last bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	buf []byte
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = append(t.buf, p...)
+	if len(t.buf) > 4096 {
+		t.buf = t.buf[len(t.buf)-4096:]
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.buf))
+}
+
+// resolveAccel turns --sim-accel into the accelerator qemu gets, with the reason.
+func resolveAccel(want string) (string, string, error) {
+	switch want {
+	case "kvm":
+		return "kvm", "--sim-accel kvm", nil
+	case "tcg":
+		return "tcg", "--sim-accel tcg", nil
+	case "", "auto":
+		if ok, why := kvmBootsStockKernels(); !ok {
+			return "tcg", why, nil
+		}
+		return "kvm", "/dev/kvm is usable", nil
+	}
+	return "", "", fmt.Errorf("--sim-accel %q: want auto, kvm or tcg", want)
+}
+
+// qemuOutput is where qemu and vhost-device-vsock write: <log file without .log>.qemu.log
+// beside the log file, or the process's stderr without one.
+func (s *sim) openQemuLog() error {
+	if s.cfg.LogFile == "" {
+		s.qemuLog = os.Stderr
+		return nil
+	}
+	path := strings.TrimSuffix(s.cfg.LogFile, ".log") + ".qemu.log"
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening qemu log %s: %w", path, err)
+	}
+	s.qemuLog = f
+	return nil
+}
+
+func (s *sim) qemuMode() bool { return s.cfg.Backend == BackendQemu }
+
+// bootQemuLocked starts qemu for the validated config whose devices have ids and PCI
+// addresses. It returns CH's error chain below "The VM could not boot", or nil once the
+// guest runs.
+func (s *sim) bootQemuLocked() []string {
+	q, err := s.startQemu()
+	if err != nil {
+		s.logf(0, "Error: booting in qemu: %v", err)
+		return []string{"Error starting the VM in qemu", err.Error()}
+	}
+	s.qemu = q
+	s.state = stateRunning
+	s.bootGen++
+	return nil
+}
+
+func (s *sim) startQemu() (_ *qemuVM, err error) {
+	bin := s.cfg.Qemu
+	if bin == "" {
+		bin = "qemu-system-x86_64"
+	}
+	path, err := exec.LookPath(bin)
+	if err != nil {
+		return nil, fmt.Errorf("finding qemu: %w", err)
+	}
+	q := &qemuVM{s: s, exited: make(chan struct{}), stderr: &tailBuffer{}, stopPoll: make(chan struct{}),
+		active: map[string]bool{}}
+	defer func() {
+		if err != nil {
+			q.stop()
+		}
+	}()
+
+	l := qemuLaunch{Accel: s.accel, SerialFD: -1}
+	if v := s.vm.Vsock; v != nil {
+		vu, err := q.startVsockBackend(v)
+		if err != nil {
+			return nil, err
+		}
+		l.VsockBackend = vu
+	}
+
+	// QMP and the serial port reach qemu through socketpairs: no paths to race for or
+	// leave behind, and the backend is the monitor's only client from the start.
+	qmpParent, qmpChild, err := socketpair("qmp")
+	if err != nil {
+		return nil, err
+	}
+	defer qmpChild.Close()
+	extra := []*os.File{qmpChild}
+	l.QMPFD = 3
+	var serialParent *os.File
+	if s.vm.Serial.Mode == "Socket" {
+		var serialChild *os.File
+		serialParent, serialChild, err = socketpair("serial")
+		if err != nil {
+			qmpParent.Close()
+			return nil, err
+		}
+		defer serialChild.Close()
+		extra = append(extra, serialChild)
+		l.SerialFD = 4
+	}
+	args, devs, err := qemuArgs(s.vm, s.bdfs, l)
+	if err != nil {
+		qmpParent.Close()
+		if serialParent != nil {
+			serialParent.Close()
+		}
+		return nil, err
+	}
+	q.devices = devs
+	s.logf(1, "starting %s %s", path, strings.Join(args, " "))
+	cmd := exec.Command(path, args...)
+	cmd.ExtraFiles = extra
+	cmd.Stdout = s.qemuLog
+	cmd.Stderr = io.MultiWriter(s.qemuLog, q.stderr)
+	cmd.SysProcAttr = childProcAttr()
+	if err := cmd.Start(); err != nil {
+		qmpParent.Close()
+		if serialParent != nil {
+			serialParent.Close()
+		}
+		return nil, fmt.Errorf("starting qemu: %w", err)
+	}
+	q.cmd = cmd
+	go func() {
+		cmd.Wait()
+		close(q.exited)
+		if !q.stopping.Load() {
+			s.qemuDied(q)
+		}
+	}()
+	s.logf(1, "qemu started, pid %d, accelerator %s", cmd.Process.Pid, s.accel)
+
+	if serialParent != nil {
+		conn, err := fileConn(serialParent)
+		if err != nil {
+			qmpParent.Close()
+			return nil, err
+		}
+		q.serial = conn
+		q.relaySerial(s.serial)
+	}
+	conn, err := fileConn(qmpParent)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client, err := qmp.New(ctx, conn)
+	if err != nil {
+		return nil, q.failure(fmt.Errorf("connecting to qemu's monitor: %w", err))
+	}
+	q.client = client
+	go q.watchEvents()
+	if err := client.Execute(ctx, "cont", nil, nil); err != nil {
+		return nil, q.failure(err)
+	}
+	go q.pollActivation()
+	return q, nil
+}
+
+// failure adds what qemu said to err once qemu has exited (or after a moment).
+func (q *qemuVM) failure(err error) error {
+	select {
+	case <-q.exited:
+	case <-time.After(time.Second):
+	}
+	if out := q.stderr.String(); out != "" {
+		return fmt.Errorf("%w: qemu: %s", err, out)
+	}
+	return err
+}
+
+func socketpair(name string) (parent, child *os.File, err error) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, fmt.Errorf("creating the %s socketpair: %w", name, err)
+	}
+	return os.NewFile(uintptr(fds[0]), name), os.NewFile(uintptr(fds[1]), name+"-qemu"), nil
+}
+
+func fileConn(f *os.File) (net.Conn, error) {
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		return nil, fmt.Errorf("using socket %s: %w", f.Name(), err)
+	}
+	return c, nil
+}
+
+// startVsockBackend runs vhost-device-vsock for CH's hybrid vsock and returns its
+// vhost-user socket once it listens.
+func (q *qemuVM) startVsockBackend(v *vsockConfig) (string, error) {
+	bin := q.s.cfg.VsockBackend
+	if bin == "" {
+		if p, err := exec.LookPath("vhost-device-vsock"); err == nil {
+			bin = p
+		} else {
+			bin = DefaultVsockBackend
+		}
+	}
+	if _, err := os.Stat(bin); err != nil {
+		return "", fmt.Errorf("vsock needs vhost-device-vsock (--sim-vsock-backend; e2e/realguest/fetch-vhost-device-vsock.sh fetches it): %w", err)
+	}
+	vu := v.Socket + ".vhost-user"
+	os.Remove(vu) // ours: a stale one would fail the bind
+	cmd := exec.Command(bin, vsockBackendArgs(v.Cid, vu, v.Socket)...)
+	out := &tailBuffer{}
+	cmd.Stdout = q.s.qemuLog
+	cmd.Stderr = io.MultiWriter(q.s.qemuLog, out)
+	cmd.SysProcAttr = childProcAttr()
+	q.s.logf(1, "starting %s %s", bin, strings.Join(cmd.Args[1:], " "))
+	if err := cmd.Start(); err != nil {
+		return "", fmt.Errorf("starting vhost-device-vsock: %w", err)
+	}
+	q.vsock = cmd
+	q.vsockExited = make(chan struct{})
+	q.vsockFiles = []string{vu, v.Socket}
+	go func() {
+		err := cmd.Wait()
+		close(q.vsockExited)
+		if !q.stopping.Load() {
+			q.s.logf(0, "vhost-device-vsock exited (%v): the guest's vsock is gone", err)
+		}
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if fi, err := os.Stat(vu); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			return vu, nil
+		}
+		select {
+		case <-q.vsockExited:
+			return "", fmt.Errorf("vhost-device-vsock exited at start: %s", out.String())
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return "", fmt.Errorf("vhost-device-vsock did not create %s", vu)
+		}
+	}
+}
+
+// relaySerial copies the guest's serial output to the CH serial socket (which buffers
+// until a client connects, as v53 does) and the client's input to the guest.
+func (q *qemuVM) relaySerial(p *serialPort) {
+	conn := q.serial
+	p.setInput(func(b []byte) { conn.Write(b) })
+	go func() {
+		b := make([]byte, 4096)
+		for {
+			n, err := conn.Read(b)
+			if n > 0 {
+				p.write(b[:n])
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+}
+
+// stop ends qemu and its vsock backend and removes what they leave behind. It is
+// idempotent and may be called with s.mu held: nothing it waits for takes s.mu.
+func (q *qemuVM) stop() {
+	if q.stopping.Swap(true) {
+		return
+	}
+	close(q.stopPoll)
+	if q.cmd != nil {
+		if q.client != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			q.client.Execute(ctx, "quit", nil, nil)
+			cancel()
+		}
+		select {
+		case <-q.exited:
+		case <-time.After(5 * time.Second):
+			q.s.logf(0, "qemu did not quit; killing it")
+			q.cmd.Process.Kill()
+			<-q.exited
+		}
+	}
+	if q.client != nil {
+		q.client.Close()
+	}
+	if q.serial != nil {
+		q.serial.Close()
+	}
+	if q.vsock != nil {
+		q.vsock.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-q.vsockExited:
+		case <-time.After(2 * time.Second):
+			q.vsock.Process.Kill()
+			<-q.vsockExited
+		}
+	}
+	// CH unlinks the vsock socket when the device goes away.
+	for _, f := range q.vsockFiles {
+		os.Remove(f)
+	}
+}
+
+// qemuDied handles qemu exiting when the backend did not end it: the VMM has crashed.
+// Like a crashed cloud-hypervisor, the process goes away without further events (exit 1).
+func (s *sim) qemuDied(q *qemuVM) {
+	s.mu.Lock()
+	if s.qemu != q {
+		s.mu.Unlock()
+		return
+	}
+	s.logf(0, "Error: qemu exited unexpectedly (%v): %s", q.cmd.ProcessState, q.stderr.String())
+	s.releaseLocked()
+	s.mu.Unlock()
+	s.exitOnce.Do(func() { s.exitCode <- 1 })
+}
+
+// watchEvents turns qemu's QMP events into CH's events.
+func (q *qemuVM) watchEvents() {
+	for ev := range q.client.Events() {
+		var data struct {
+			Guest  bool   `json:"guest"`
+			Reason string `json:"reason"`
+		}
+		json.Unmarshal(ev.Data, &data)
+		switch ev.Name {
+		case "SHUTDOWN":
+			// -action shutdown=pause: qemu stops and waits for the backend's decision.
+			if data.Guest {
+				q.s.logf(1, "qemu: guest shutdown (%s)", data.Reason)
+				q.pollOnce()
+				q.s.qemuGuestPoweroff(q)
+			}
+		case "RESET":
+			if data.Guest {
+				q.s.logf(1, "qemu: guest reset (%s)", data.Reason)
+				q.s.mu.Lock()
+				if q.s.qemu == q && (q.s.state == stateRunning || q.s.state == statePaused) {
+					q.s.emit("vm", "rebooting", nil)
+					q.s.emit("vm", "rebooted", nil)
+				}
+				q.s.mu.Unlock()
+			}
+		case "GUEST_PANICKED", "GUEST_CRASHLOADED":
+			event := "panic"
+			if ev.Name == "GUEST_CRASHLOADED" {
+				event = "crash_loaded"
+			}
+			q.s.mu.Lock()
+			if q.s.qemu == q {
+				q.s.emit("guest", "panic", map[string]string{"event": event})
+			}
+			q.s.mu.Unlock()
+		}
+	}
+}
+
+// qemuGuestPoweroff is the guest's ACPI poweroff, which qemu reported and paused on.
+func (s *sim) qemuGuestPoweroff(q *qemuVM) {
+	s.mu.Lock()
+	if s.qemu != q || s.state != stateRunning && s.state != statePaused {
+		s.mu.Unlock()
+		return
+	}
+	if s.cfg.NoShutdown {
+		s.stopLocked()
+		s.mu.Unlock()
+		return
+	}
+	s.mu.Unlock()
+	s.terminate(0)
+}
+
+// pollActivation reports the guest's drivers taking up (DRIVER_OK) and resetting the
+// virtio devices, as qemu sees them, until the VM stops.
+func (q *qemuVM) pollActivation() {
+	t := time.NewTicker(activationPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-q.stopPoll:
+			return
+		case <-q.client.Done():
+			return
+		case <-t.C:
+			q.pollOnce()
+		}
+	}
+}
+
+// pollOnce asks qemu for each virtio device's status and emits activated for a
+// device whose driver has set DRIVER_OK since the last poll, reset for one whose
+// status went back. A change undone between two polls is not seen.
+func (q *qemuVM) pollOnce() {
+	q.pollMu.Lock()
+	defer q.pollMu.Unlock()
+	for _, d := range q.devices {
+		if !d.virtio {
+			continue
+		}
+		ok, err := q.driverOK(d)
+		if err != nil {
+			if !q.stopping.Load() && !errors.Is(err, qmp.ErrClosed) {
+				q.s.logf(0, "querying the status of %s: %v", d.chID, err)
+			}
+			return
+		}
+		if ok == q.active[d.chID] {
+			continue
+		}
+		q.active[d.chID] = ok
+		event := "reset"
+		if ok {
+			event = "activated"
+		}
+		q.s.mu.Lock()
+		if q.s.qemu == q {
+			q.s.emit("virtio-device", event, map[string]string{"id": d.chID})
+		}
+		q.s.mu.Unlock()
+	}
+}
+
+func (q *qemuVM) driverOK(d qemuDevice) (bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var st struct {
+		Status struct {
+			Statuses []string `json:"statuses"`
+		} `json:"status"`
+	}
+	if err := q.client.Execute(ctx, "x-query-virtio-status", map[string]string{"path": d.qomPath()}, &st); err != nil {
+		return false, err
+	}
+	for _, s := range st.Status.Statuses {
+		if strings.HasPrefix(s, "VIRTIO_CONFIG_S_DRIVER_OK") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// qmpLocked runs one QMP command on the running VM's qemu.
+func (s *sim) qmpLocked(cmd string) error {
+	if s.qemu == nil || s.qemu.client == nil {
+		return errors.New("qemu is not running")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return s.qemu.client.Execute(ctx, cmd, nil, nil)
+}
+
+// notInQemu answers a call the qemu backend does not support on a booted VM.
+func notInQemu(op, what string) response {
+	return apiError(http.StatusInternalServerError, op, "the qemu backend does not support "+what)
+}
+
+// rebootQemuLocked is vm.reboot: a system reset in the same qemu, as CH re-creates the VM
+// in the same process. A paused VM runs again.
+func (s *sim) rebootQemuLocked() []string {
+	s.emit("vm", "rebooting", nil)
+	if err := s.qmpLocked("system_reset"); err != nil {
+		return []string{"Error rebooting the VM in qemu", err.Error()}
+	}
+	if s.state == statePaused {
+		if err := s.qmpLocked("cont"); err != nil {
+			return []string{"Error rebooting the VM in qemu", err.Error()}
+		}
+	}
+	s.state = stateRunning
+	s.emit("vm", "rebooted", nil)
+	return nil
+}
+
+func (s *sim) buildVersion() string {
+	if s.qemuMode() {
+		return "v53.0-chsim-qemu"
+	}
+	return "v53.0-chsim"
+}
