@@ -97,9 +97,13 @@ cat >"$root/etc/fstab" <<'EOF'
 /dev/vda1 / ext4 rw,errors=remount-ro 0 1
 EOF
 # NoCloud only: no time lost probing other clouds' metadata services.
+# Host keys: ed25519 only (RSA generation takes tens of seconds under TCG).
 cat >"$root/etc/cloud/cloud.cfg.d/90-vmhost-lane.cfg" <<'EOF'
 datasource_list: [NoCloud, None]
+ssh_genkeytypes: [ed25519]
 EOF
+# e2scrub_reap only cleans up e2scrub snapshots (LVM): none here.
+ln -sf /dev/null "$root/etc/systemd/system/e2scrub_reap.service"
 grep -q 'interfaces.d' "$root/etc/network/interfaces" 2>/dev/null ||
 	printf 'auto lo\niface lo inet loopback\nsource /etc/network/interfaces.d/*\n' >"$root/etc/network/interfaces"
 # Identity comes from the first boot: machine id, ssh host keys.
@@ -122,7 +126,7 @@ phase image
 # systemd-boot as the removable-media loader, kernel and initrd, no timeout.
 root_mib=2048
 esp_mib=64
-mkfs.ext4 -q -F -L root -d "$root" "$work/root.img" "${root_mib}M"
+mkfs.ext4 -q -F -L root -d "$root" "$work/root.img" "${root_mib}M" >/dev/null
 mkfs.vfat -n ESP -C "$work/esp.img" $((esp_mib * 1024)) >/dev/null
 export MTOOLS_SKIP_CHECK=1
 mmd -i "$work/esp.img" ::/EFI ::/EFI/BOOT ::/loader ::/loader/entries
