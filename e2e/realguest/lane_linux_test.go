@@ -166,7 +166,7 @@ func setUp(t *testing.T, a artifacts) *lane {
 	l.inNS(t, "ip", "link", "set", bridge, "up")
 	dnsmasq := exec.Command("ip", "netns", "exec", l.ns, "dnsmasq", "--keep-in-foreground", "--port=0",
 		"--interface="+bridge, "--bind-interfaces", "--dhcp-range="+dhcpFirst+","+dhcpLast+",255.255.255.0,1h",
-		"--dhcp-option=option:router,"+hostIP, "--dhcp-leasefile="+l.leases, "--pid-file=", "--log-dhcp",
+		"--dhcp-option=option:router,"+hostIP, "--dhcp-leasefile="+l.leases, "--pid-file="+dir+"/dnsmasq.pid", "--user=root", "--log-dhcp",
 		"--conf-file=/dev/null")
 	dnsmasq.Stderr = os.Stderr
 	if err := dnsmasq.Start(); err != nil {
