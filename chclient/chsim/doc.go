@@ -52,7 +52,84 @@
 // from the VM's tap (as virtio-net would): the agent's static or DHCP configuration and
 // the workload's traffic then really cross the host's bridge.
 //
-// # Limits and deviations
+// # The qemu backend
+//
+// With --sim-backend qemu the API, the state table, the serial socket and the event stream
+// stay the simulator's, but vm.boot runs the guest for real in qemu-system-x86_64 (7.2), so
+// vmhost can drive real guests through its normal configuration (the real-guest lane):
+//
+//	--sim-backend sim|qemu       sim (default) or qemu
+//	--sim-qemu PATH              the qemu binary (default qemu-system-x86_64 from PATH)
+//	--sim-accel auto|kvm|tcg     auto: KVM if /dev/kvm opens and is kvm_intel or kvm_amd;
+//	                             TCG (-accel tcg,thread=multi -cpu max) otherwise, including
+//	                             on a PVM host (kvm_pvm), where -cpu host aborts and the
+//	                             default CPU hangs; a module check, not a probe boot
+//	--sim-vsock-backend PATH     vhost-device-vsock (default from PATH, else
+//	                             /var/cache/vmhost-lane/..., where
+//	                             e2e/realguest/fetch-vhost-device-vsock.sh puts it)
+//
+// The simulated-guest flags (--sim-activate-delay, --sim-no-activate, --sim-guest-ports,
+// --sim-poweroff-at-boot, --sim-no-guest-agent, --sim-no-guest-network,
+// --sim-guest-heartbeat) are refused with it; /sim/v1/ answers 404 and no guest agent runs
+// on the host (the real guest runs its own from its initramfs).
+//
+// The CH config maps to qemu (qemu_args.go; testdata/qemu-argv-*.golden are transcripts):
+// payload kernel/initramfs/cmdline → -kernel/-initrd/-append (a bzImage, as CH boots it);
+// cpus → -smp (topology too); memory → a memfd backend, shared as memory.shared says
+// (vhost-user needs it), on q35; every device at the PCI slot CH would give it, so the
+// device_tree of vm.info is true and disks keep CH's order (vda, vdb, …); vhost-user disks →
+// vhost-user-blk-pci on the socket (qemu-storage-daemon's export), path disks →
+// virtio-blk-pci (raw, or qcow2 for image_type Qcow2; readonly, direct, serial, queues);
+// taps by name → -netdev tap (vhost=off) + virtio-net-pci with the MAC, host_mtu, queue
+// pairs and offloads; rng → virtio-rng-pci; balloon → virtio-balloon-pci; pvpanic →
+// pvpanic-pci (CH's 1b36:0011; the guest needs CONFIG_PVPANIC_PCI); platform serial/uuid/
+// manufacturer/product and OEM strings → -smbios; console Off (or Null); serial Socket →
+// relayed (below), File → -serial file:, Null, Off. vsock {cid, socket} →
+// `vhost-device-vsock --guest-cid cid --socket <socket>.vhost-user --uds-path socket` and
+// vhost-user-vsock-pci: it follows CH's hybrid convention (CONNECT <port> on socket; the
+// guest's connections to port P reach socket_P), so vmhost's host side is unchanged.
+// What qemu cannot honour fails vm.boot with 500 rather than boot a different VM: firmware
+// payloads, VFIO devices, watchdog, iommu, rate limits (disk and net), memory zones, nets
+// without a tap or with ip/mask or vhost-user, console modes other than Off/Null, serial
+// Pty/Tty, fs/pmem/vdpa/numa and the other sections the simulator only echoes. Ignored on
+// purpose: memory hotplug_size (no hot-add), cpu affinity, nested, max_phys_bits.
+//
+// qemu starts stopped (-S) with its monitor and serial port on socketpairs (fds 3 and 4):
+// no socket paths to race for or leave behind, and the backend is the monitor's only client
+// from the start; it continues the guest once connected, and vm.boot answers then. The CH
+// serial socket is the simulator's as before (bound at vm.create, one client at a time,
+// output buffered until a client connects, unlinked at stop); it relays to and from qemu's
+// serial port. qemu's and vhost-device-vsock's output go to <log file minus .log>.qemu.log
+// (stderr without --log-file). Both children get Pdeathsig SIGKILL and are ended (QMP quit,
+// then SIGKILL after 5 s) on every stop, delete and exit; the vsock sockets are removed.
+//
+// Events come from what qemu reports, never from a timer:
+//   - virtio-device activated/reset: x-query-virtio-status is polled every 100 ms for every
+//     virtio device; DRIVER_OK appearing is activated, disappearing is reset. -boot
+//     strict=on keeps SeaBIOS off the virtio disks, so the first DRIVER_OK is the guest
+//     kernel's, as under CH, which has no firmware in between. A reset and re-activation
+//     between two polls is not seen. Devices without a driver in the guest never activate.
+//   - guest poweroff: qemu's SHUTDOWN (guest) under -action shutdown=pause; then, as CH:
+//     vm shutdown, vm deleted, vmm shutdown and exit 0 (with --no-shutdown: vm shutdown and
+//     Created).
+//   - guest reset: RESET (guest) → vm rebooting, vm rebooted, in the same qemu and process.
+//   - pvpanic: GUEST_PANICKED → guest panic {event: panic}, GUEST_CRASHLOADED → crash_loaded
+//     (-action panic=none: the VM stays Running, as in CH).
+//   - API calls: vm.power-button → system_powerdown (what follows is the guest's choice);
+//     vm.shutdown/vm.delete/vmm.shutdown → qemu quits; vm.pause/resume → stop/cont;
+//     vm.reboot → system_reset (and cont when paused).
+//
+// Not observed or not supported with qemu: vm.counters answers 500 (qemu has no counters
+// for vhost-user disks or taps; zeros would be a lie); vm.add-disk, vm.remove-device and
+// vm.resize on a booted VM answer 500 "the qemu backend does not support …" (on a created
+// VM they edit the config as in CH); vm device-removed never happens. A triple fault resets
+// the guest (qemu) where CH would exit. qemu dying on its own is a VMM crash: the process
+// exits 1 without further events. vhost-device-vsock answers CONNECT with "OK <port>" of its
+// own numbering, not CH's ≥ 2^30 host ports, keeps running across a guest reset (CH re-binds
+// the vsock socket and drops connections), and its death leaves the guest without vsock
+// (logged). A Null console is a virtio-console whose output goes nowhere.
+//
+// # Limits and deviations (simulated guest)
 //
 // Nothing runs: counters stay zero, memory is not allocated, PTY console modes get no
 // device. Unlike CH running as root, it never creates a tap that does not exist (so tap

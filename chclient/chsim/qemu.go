@@ -55,8 +55,9 @@ type qemuVM struct {
 	stopping atomic.Bool   // set before the backend ends qemu itself
 	stopPoll chan struct{} // closed by stop
 
-	pollMu sync.Mutex
-	active map[string]bool // CH id → DRIVER_OK last seen
+	pollMu     sync.Mutex
+	active     map[string]bool // CH id → DRIVER_OK last seen
+	pollFailed bool            // a status query failed (logged once)
 }
 
 // tailBuffer keeps the last bytes written to it.
@@ -230,6 +231,9 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 	}
 	q.client = client
 	go q.watchEvents()
+	if err := q.checkVirtioPaths(ctx); err != nil {
+		return nil, err
+	}
 	if err := client.Execute(ctx, "cont", nil, nil); err != nil {
 		return nil, q.failure(err)
 	}
@@ -477,7 +481,8 @@ func (q *qemuVM) pollOnce() {
 		}
 		ok, err := q.driverOK(d)
 		if err != nil {
-			if !q.stopping.Load() && !errors.Is(err, qmp.ErrClosed) {
+			if !q.stopping.Load() && !errors.Is(err, qmp.ErrClosed) && !q.pollFailed {
+				q.pollFailed = true // once: it would repeat every poll
 				q.s.logf(0, "querying the status of %s: %v", d.chID, err)
 			}
 			return
@@ -496,6 +501,28 @@ func (q *qemuVM) pollOnce() {
 		}
 		q.s.mu.Unlock()
 	}
+}
+
+// checkVirtioPaths makes sure qemu can report the status of every virtio device the
+// backend watches (x-query-virtio is new in qemu 7.2), so that activation events cannot be
+// missing silently.
+func (q *qemuVM) checkVirtioPaths(ctx context.Context) error {
+	var list []struct {
+		Path string `json:"path"`
+	}
+	if err := q.client.Execute(ctx, "x-query-virtio", nil, &list); err != nil {
+		return fmt.Errorf("asking qemu for its virtio devices (qemu 7.2 or later is needed): %w", err)
+	}
+	known := map[string]bool{}
+	for _, d := range list {
+		known[d.Path] = true
+	}
+	for _, d := range q.devices {
+		if d.virtio && !known[d.qomPath()] {
+			return fmt.Errorf("qemu lists no virtio device %s at %s", d.chID, d.qomPath())
+		}
+	}
+	return nil
 }
 
 func (q *qemuVM) driverOK(d qemuDevice) (bool, error) {

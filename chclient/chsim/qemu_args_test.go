@@ -175,3 +175,68 @@ func TestQemuID(t *testing.T) {
 		}
 	}
 }
+
+func TestParseBackendFlags(t *testing.T) {
+	cfg, err := parseArgs([]string{"--api-socket", "/x", "--sim-backend", "qemu", "--sim-accel", "tcg",
+		"--sim-qemu", "/opt/qemu", "--sim-vsock-backend=/opt/vdv"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Backend != BackendQemu || cfg.Accel != "tcg" || cfg.Qemu != "/opt/qemu" || cfg.VsockBackend != "/opt/vdv" {
+		t.Errorf("parsed %+v", cfg)
+	}
+	if cfg, err := parseArgs([]string{"--api-socket", "/x"}); err != nil || cfg.Backend != BackendSim {
+		t.Errorf("default backend = %q, %v", cfg.Backend, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--sim-backend", "xen"}, "want sim or qemu"},
+		{[]string{"--sim-backend", "qemu", "--sim-accel", "hvf"}, "want auto, kvm or tcg"},
+		{[]string{"--sim-accel", "tcg"}, "needs --sim-backend qemu"},
+		{[]string{"--sim-backend", "qemu", "--sim-poweroff-at-boot"}, "drives the simulated guest"},
+		{[]string{"--sim-backend", "qemu", "--sim-activate-delay", "1s"}, "drives the simulated guest"},
+	} {
+		_, err := parseArgs(append([]string{"--api-socket", "/x"}, tc.args...))
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("parseArgs(%v) error = %v, want %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+func TestKVMDetection(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		files   []string
+		want    bool
+		because string
+	}{
+		{"no /dev/kvm", []string{"sys/module/kvm_intel/x"}, false, "no usable /dev/kvm"},
+		{"PVM", []string{"dev/kvm", "sys/module/kvm_pvm/x", "sys/module/kvm_intel/x"}, false, "PVM"},
+		{"intel", []string{"dev/kvm", "sys/module/kvm_intel/x"}, true, "kvm_intel"},
+		{"amd", []string{"dev/kvm", "sys/module/kvm_amd/x"}, true, "kvm_amd"},
+		{"unknown", []string{"dev/kvm"}, false, "neither"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			for _, f := range tc.files {
+				p := filepath.Join(root, f)
+				os.MkdirAll(filepath.Dir(p), 0o755)
+				if err := os.WriteFile(p, nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ok, why := kvmBootsStockKernelsAt(root)
+			if ok != tc.want || !strings.Contains(why, tc.because) {
+				t.Errorf("= %v (%s), want %v (%s)", ok, why, tc.want, tc.because)
+			}
+		})
+	}
+	if got, _, err := resolveAccel("tcg"); err != nil || got != "tcg" {
+		t.Errorf("resolveAccel(tcg) = %s, %v", got, err)
+	}
+	if _, _, err := resolveAccel("hvf"); err == nil {
+		t.Error("resolveAccel(hvf) accepted")
+	}
+}

@@ -2,6 +2,7 @@ package chsim
 
 import (
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -16,17 +17,20 @@ func childProcAttr() *syscall.SysProcAttr {
 // kvm_intel or kvm_amd. A PVM host (kvm_pvm) is refused: there `-cpu host` aborts ("failed
 // to set MSR 0x10a") and the default CPU model hangs after "Probing EDD", so a stock kernel
 // never boots.
-func kvmBootsStockKernels() (bool, string) {
-	f, err := os.OpenFile("/dev/kvm", os.O_RDWR, 0)
+func kvmBootsStockKernels() (bool, string) { return kvmBootsStockKernelsAt("/") }
+
+// kvmBootsStockKernelsAt is kvmBootsStockKernels on the tree under root (for tests).
+func kvmBootsStockKernelsAt(root string) (bool, string) {
+	f, err := os.OpenFile(filepath.Join(root, "dev/kvm"), os.O_RDWR, 0)
 	if err != nil {
 		return false, "no usable /dev/kvm (" + err.Error() + "): TCG"
 	}
 	f.Close()
-	if _, err := os.Stat("/sys/module/kvm_pvm"); err == nil {
+	if _, err := os.Stat(filepath.Join(root, "sys/module/kvm_pvm")); err == nil {
 		return false, "/dev/kvm is PVM (kvm_pvm), which boots no stock kernel: TCG"
 	}
 	for _, m := range []string{"kvm_intel", "kvm_amd"} {
-		if _, err := os.Stat("/sys/module/" + m); err == nil {
+		if _, err := os.Stat(filepath.Join(root, "sys/module", m)); err == nil {
 			return true, "/dev/kvm is " + m
 		}
 	}
