@@ -57,6 +57,12 @@ type Config struct {
 	// AppVMKernel is the absolute path of the host kernel AppVMs boot;
 	// empty means AppVMs cannot be booted on this host.
 	AppVMKernel string `json:"appvm_kernel"`
+	// AppVMModules is the absolute path of the AppVM kernel's module tree:
+	// its lib/modules/<release> directory, or the root of an extracted
+	// kernel package holding exactly one. The AppVM initramfs then carries
+	// the modules the guest agent needs (virtio, ext4, vsock) that the
+	// kernel does not build in. Empty: the kernel must build them in.
+	AppVMModules string `json:"appvm_modules,omitempty"`
 	// Nested, when set, overrides what
 	// /sys/module/kvm_{intel,amd}/parameters/nested says about nested
 	// virtualization support.
@@ -232,6 +238,12 @@ func (c *Config) Validate() error {
 	}
 	if c.AppVMKernel != "" && !filepath.IsAbs(c.AppVMKernel) {
 		bad("appvm_kernel: %q must be an absolute path (or empty)", c.AppVMKernel)
+	}
+	if c.AppVMModules != "" && !filepath.IsAbs(c.AppVMModules) {
+		bad("appvm_modules: %q must be an absolute path (or empty)", c.AppVMModules)
+	}
+	if c.AppVMModules != "" && c.AppVMKernel == "" {
+		bad("appvm_modules: set without appvm_kernel, the kernel the modules are for")
 	}
 	if !(c.Overcommit.CPU > 0) || math.IsInf(c.Overcommit.CPU, 0) {
 		bad("overcommit.cpu: %v must be a positive number", c.Overcommit.CPU)

@@ -130,6 +130,8 @@ func TestParseErrors(t *testing.T) {
 		{"host memory", `{"host_memory_mb": -2}`, []string{"host_memory_mb"}},
 		{"sysfs relative", `{"sysfs_root": "sys"}`, []string{"sysfs_root"}},
 		{"appvm kernel relative", `{"appvm_kernel": "vmlinux"}`, []string{"appvm_kernel"}},
+		{"appvm modules relative", `{"appvm_kernel": "/boot/vmlinuz", "appvm_modules": "lib/modules/6.1.0"}`, []string{"appvm_modules: \"lib/modules/6.1.0\" must be an absolute path"}},
+		{"appvm modules without kernel", `{"appvm_modules": "/lib/modules/6.1.0"}`, []string{"appvm_modules: set without appvm_kernel"}},
 		{"cmdline newline", `{"default_cmdline": "a\nb"}`, []string{"default_cmdline"}},
 		{"appvm cmdline NUL", `{"appvm_cmdline": "a\u0000"}`, []string{"appvm_cmdline"}},
 		{"binary relative path", `{"binaries": {"cloud_hypervisor": "bin/ch"}}`, []string{"binaries.cloud_hypervisor"}},
@@ -157,6 +159,7 @@ func TestValidateAcceptsBareAndAbsoluteBinaries(t *testing.T) {
 	c := Default()
 	c.Binaries = Binaries{CloudHypervisor: "/usr/local/bin/cloud-hypervisor", QemuStorageDaemon: "qemu-storage-daemon"}
 	c.AppVMKernel = "/var/lib/vmhost/vmlinux"
+	c.AppVMModules = "/lib/modules/6.1.0-56-cloud-amd64"
 	c.HostCPUs, c.HostMemoryMB = 8, 16384
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate() = %v", err)

@@ -9,7 +9,8 @@
 //
 // [ForGuestAgent] builds the AppVM initramfs: the static vmhost binary as
 // /init plus the few directories and nodes the guest agent needs before it
-// mounts devtmpfs.
+// mounts devtmpfs, and the kernel modules it loads first (for a distro
+// kernel whose virtio, ext4 and vsock drivers are modules).
 package initramfs
 
 import (
@@ -93,12 +94,30 @@ func Write(w io.Writer, entries []Entry) error {
 	return nil
 }
 
+// ModuleDir is the archive directory holding the kernel modules of
+// ForGuestAgent, one <name>.ko each.
+const ModuleDir = "lib/modules"
+
+// ModuleList is the archive file naming the modules in ModuleDir, one name a
+// line, in the order the guest agent loads them (dependencies first).
+// Without it the agent loads nothing.
+const ModuleList = "etc/vmhost-modules"
+
+// Module is a kernel module for the guest agent to load.
+type Module struct {
+	// Name is the module name ("virtio_blk"); the file is <Name>.ko.
+	Name string
+	// Data is the uncompressed module.
+	Data []byte
+}
+
 // ForGuestAgent writes the AppVM initramfs: binaryPath (the static vmhost
 // binary) as /init, mode 0755, and /dev (with /dev/console, which the kernel
 // opens for init's stdio before any devtmpfs exists), /proc, /sys, /run, /tmp,
-// /etc, /mnt/root.
-func ForGuestAgent(w io.Writer, binaryPath string) error {
-	return Write(w, []Entry{
+// /etc, /mnt/root. modules, in load order, go to ModuleDir with their
+// names in ModuleList; with none, neither exists.
+func ForGuestAgent(w io.Writer, binaryPath string, modules []Module) error {
+	entries := []Entry{
 		Dir("dev", 0o755),
 		CharDev("dev/console", 0o600, 5, 1),
 		CharDev("dev/null", 0o666, 1, 3),
@@ -110,7 +129,20 @@ func ForGuestAgent(w io.Writer, binaryPath string) error {
 		Dir("mnt", 0o755),
 		Dir("mnt/root", 0o755),
 		FileFrom("init", 0o755, binaryPath),
-	})
+	}
+	if len(modules) > 0 {
+		var list strings.Builder
+		entries = append(entries, Dir("lib", 0o755), Dir(ModuleDir, 0o755))
+		for _, m := range modules {
+			if m.Name == "" || strings.ContainsAny(m.Name, "/\n\x00") {
+				return fmt.Errorf("invalid module name %q", m.Name)
+			}
+			entries = append(entries, File(path.Join(ModuleDir, m.Name+".ko"), 0o644, m.Data))
+			list.WriteString(m.Name + "\n")
+		}
+		entries = append(entries, File(ModuleList, 0o644, []byte(list.String())))
+	}
+	return Write(w, entries)
 }
 
 // header is one newc header's variable fields.

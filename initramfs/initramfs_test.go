@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -99,10 +100,10 @@ func TestDeterministic(t *testing.T) {
 		t.Fatal(err)
 	}
 	var a, b bytes.Buffer
-	if err := ForGuestAgent(&a, exe); err != nil {
+	if err := ForGuestAgent(&a, exe, nil); err != nil {
 		t.Fatal(err)
 	}
-	if err := ForGuestAgent(&b, exe); err != nil {
+	if err := ForGuestAgent(&b, exe, nil); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(a.Bytes(), b.Bytes()) {
@@ -126,7 +127,7 @@ func TestCpioReadsGuestAgent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ForGuestAgent(f, exe); err != nil {
+	if err := ForGuestAgent(f, exe, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := f.Close(); err != nil {
@@ -185,7 +186,7 @@ func BenchmarkForGuestAgent(b *testing.B) {
 	}
 	b.SetBytes(st.Size())
 	for b.Loop() {
-		if err := ForGuestAgent(discard{}, exe); err != nil {
+		if err := ForGuestAgent(discard{}, exe, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -228,5 +229,48 @@ func BenchmarkCpioCreate(b *testing.B) {
 		if err := cmd.Run(); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestCpioReadsGuestAgentModules checks the module layout: each module as
+// lib/modules/<name>.ko and the load order in etc/vmhost-modules.
+func TestCpioReadsGuestAgentModules(t *testing.T) {
+	cpio, err := exec.LookPath("cpio")
+	if err != nil {
+		t.Skip("cpio not installed (apt-get install cpio)")
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods := []Module{{Name: "virtio", Data: []byte("first")}, {Name: "virtio_blk", Data: []byte("second module")}}
+	var buf bytes.Buffer
+	if err := ForGuestAgent(&buf, exe, mods); err != nil {
+		t.Fatal(err)
+	}
+	extract := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(cpio, args...)
+		cmd.Stdin = bytes.NewReader(buf.Bytes())
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("cpio %v: %v", args, err)
+		}
+		return string(out)
+	}
+	list := strings.Fields(extract("-t", "--quiet"))
+	for _, want := range []string{"lib", "lib/modules", "lib/modules/virtio.ko", "lib/modules/virtio_blk.ko", "etc/vmhost-modules"} {
+		if !slices.Contains(list, want) {
+			t.Errorf("archive lacks %s: %q", want, list)
+		}
+	}
+	if got := extract("-i", "--quiet", "--to-stdout", ModuleList); got != "virtio\nvirtio_blk\n" {
+		t.Errorf("%s = %q, want the names in load order", ModuleList, got)
+	}
+	if got := extract("-i", "--quiet", "--to-stdout", "lib/modules/virtio_blk.ko"); got != "second module" {
+		t.Errorf("virtio_blk.ko = %q", got)
+	}
+	if err := ForGuestAgent(&bytes.Buffer{}, exe, []Module{{Name: "../x"}}); err == nil {
+		t.Error("a module name with a slash was accepted")
 	}
 }

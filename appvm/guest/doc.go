@@ -11,15 +11,21 @@
 //
 // # Modes
 //
-// VM mode (PID 1): mounts /proc, /sys, /dev, mounts the root disk
+// VM mode (PID 1): mounts /proc, /sys, /dev, loads the kernel modules the
+// initramfs lists (initramfs.ModuleList, dependencies first; see the
+// appvm_modules setting), waits up to 10 s for the root disk, mounts it
 // at /mnt/root, configures the network over netlink (static) or its own DHCP
 // client, and runs the workload chrooted into /mnt/root; poweroff is
 // reboot(2). Kernel command-line knobs: vmhost.root= (root device, default
 // /dev/vda), vmhost.rootfstype= (default ext4), vmhost.port= (vsock port,
 // default proto.Port). No secret is ever read from the command line. The
-// flags --transport, --root, --root-device and --root-fstype also apply, for
-// tests that run VM mode as PID 1 of a PID namespace; init's other
-// arguments are ignored.
+// flags --transport, --root, --root-device, --root-fstype and --device-wait
+// also apply, for tests that run VM mode as PID 1 of a PID namespace; init's
+// other arguments are ignored. A disk or NIC that never appears, and a
+// kernel without AF_VSOCK, are reported with their likely cause (a driver
+// neither built in nor in appvm_modules); that is never retried. A guest
+// that cannot reach its host writes the cause on /dev/console (the serial
+// console) before it powers off.
 //
 // Process mode (the simulator and tests): the agent is an ordinary process:
 //

@@ -57,6 +57,7 @@ type options struct {
 	dialWait  time.Duration
 
 	rootDevice, rootFSType string
+	deviceWait             time.Duration
 }
 
 // Main runs the agent with args (without the program name and subcommand)
@@ -77,6 +78,7 @@ func Main(args []string) int {
 	fl.DurationVar(&o.dialWait, "dial-timeout", 30*time.Second, "how long to keep dialing the host")
 	fl.StringVar(&o.rootDevice, "root-device", "", "VM mode: root disk device, over vmhost.root= (tests)")
 	fl.StringVar(&o.rootFSType, "root-fstype", "", "VM mode: root disk filesystem, over vmhost.rootfstype= (tests)")
+	fl.DurationVar(&o.deviceWait, "device-wait", defaultDeviceWait, "VM mode: how long to wait for each disk and the network interface to appear")
 	if pid1 {
 		fl.SetOutput(io.Discard)
 	}
@@ -92,7 +94,7 @@ func Main(args []string) int {
 		if o.root == "" {
 			o.root = vmRoot
 		}
-		vs.root, vs.flagDev, vs.flagFSType = o.root, o.rootDevice, o.rootFSType
+		vs.root, vs.flagDev, vs.flagFSType, vs.deviceWait = o.root, o.rootDevice, o.rootFSType, o.deviceWait
 		sys = vs
 	} else {
 		if o.root == "" {
@@ -105,6 +107,11 @@ func Main(args []string) int {
 	err := a.run()
 	if err != nil {
 		log.Error("agent failed", "err", err)
+		if o.vm {
+			// The serial console is the only witness of a guest that
+			// never reached its host: say the cause there plainly.
+			reportOnConsole("/dev/console", err)
+		}
 	}
 	code := ExitPoweroff
 	if err != nil {
@@ -112,6 +119,18 @@ func Main(args []string) int {
 	}
 	sys.poweroff(code)
 	return code
+}
+
+// reportOnConsole writes the agent's failure as one plain line to the
+// console device (the serial port) before the guest powers off.
+func reportOnConsole(console string, err error) {
+	f, openErr := os.OpenFile(console, os.O_WRONLY|syscall.O_NOCTTY, 0)
+	if openErr != nil {
+		fmt.Fprintf(os.Stderr, "vmhost guest agent failed: %v\n", err)
+		return
+	}
+	defer f.Close()
+	fmt.Fprintf(f, "vmhost guest agent failed: %v\n", err)
 }
 
 // agent is one run of the guest agent.
@@ -136,7 +155,9 @@ type agent struct {
 	// done ends reconnect attempts when the agent finishes.
 	done  chan struct{}
 	stops chan *proto.Stop
-	state struct {
+	// dialVsock replaces the AF_VSOCK dial in tests; nil dials for real.
+	dialVsock func(port uint32) (net.Conn, error)
+	state     struct {
 		lease   *proto.Lease
 		started *proto.Started
 		exit    *proto.Exit
@@ -262,6 +283,11 @@ func (a *agent) run() error {
 
 	nc, err := a.dial()
 	if err != nil {
+		// Without a host to report to, the preparation failure is the
+		// likelier cause (no virtio_pci: neither disk nor vsock).
+		if prepErr != nil {
+			return fmt.Errorf("%w; then %w", prepErr, err)
+		}
 		return err
 	}
 	a.nc, a.conn = nc, proto.NewConn(nc)
@@ -317,7 +343,8 @@ func (a *agent) run() error {
 	return a.supervise(spec, w, sigs, a.stops)
 }
 
-// dial connects to the host, retrying until opts.dialWait passes.
+// dial connects to the host, retrying until opts.dialWait passes. An error
+// no retry can cure (no AF_VSOCK, no vsock transport) ends it at once.
 func (a *agent) dial() (net.Conn, error) {
 	deadline := time.Now().Add(a.opts.dialWait)
 	delay := 50 * time.Millisecond
@@ -326,12 +353,27 @@ func (a *agent) dial() (net.Conn, error) {
 		if err == nil {
 			return c, nil
 		}
+		if cause := permanentDialError(err); cause != "" {
+			return nil, fmt.Errorf("%w: %s", err, cause)
+		}
 		if time.Now().After(deadline) {
-			return nil, err
+			return nil, fmt.Errorf("%w (no answer from the host in %s)", err, a.opts.dialWait)
 		}
 		time.Sleep(delay)
 		delay = min(2*delay, time.Second)
 	}
+}
+
+// permanentDialError explains a dial error that retrying cannot cure, or
+// returns "" for one that may pass (the host not listening yet).
+func permanentDialError(err error) string {
+	switch {
+	case errors.Is(err, syscall.EAFNOSUPPORT):
+		return "the kernel has no AF_VSOCK (CONFIG_VSOCKETS, CONFIG_VIRTIO_VSOCKETS; or vsock and vmw_vsock_virtio_transport listed in appvm_modules)"
+	case errors.Is(err, syscall.ENODEV):
+		return "no vsock transport: the VM has no virtio vsock device, or the kernel lacks vmw_vsock_virtio_transport (CONFIG_VIRTIO_VSOCKETS, or the module in appvm_modules)"
+	}
+	return ""
 }
 
 func (a *agent) dialOnce() (net.Conn, error) {
@@ -340,7 +382,11 @@ func (a *agent) dialOnce() (net.Conn, error) {
 	if p, ok := strings.CutPrefix(a.opts.transport, "unix:"); ok {
 		c, err = net.Dial("unix", p)
 	} else if a.opts.transport == "vsock" {
-		c, err = dialVsock(a.sys.vsockPort())
+		dial := a.dialVsock
+		if dial == nil {
+			dial = dialVsock
+		}
+		c, err = dial(a.sys.vsockPort())
 	} else {
 		return nil, fmt.Errorf("unknown transport %q", a.opts.transport)
 	}

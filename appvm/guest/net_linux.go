@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"time"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -66,6 +67,23 @@ func guestInterface(name string) (*net.Interface, error) {
 		}
 	}
 	return nil, errors.New("no network interface besides loopback")
+}
+
+// waitForInterface waits for the named interface, or any besides loopback,
+// which the kernel adds once virtio_net has probed the NIC.
+func waitForInterface(name string, timeout time.Duration) error {
+	ok := waitFor(timeout, func() bool {
+		_, err := guestInterface(name)
+		return err == nil
+	})
+	if ok {
+		return nil
+	}
+	what := "no network interface besides loopback appeared"
+	if name != "" {
+		what = "network interface " + name + " did not appear"
+	}
+	return fmt.Errorf("%s in %s (is virtio_net built in or listed in appvm_modules?)", what, timeout)
 }
 
 // rtnl dials rtnetlink with extended acks, best effort.

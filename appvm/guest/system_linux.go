@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"vmhost/appvm/guest/proto"
+	"vmhost/initramfs"
 )
 
 // vmRoot is where VM mode mounts the root disk.
@@ -159,12 +160,14 @@ type vmSystem struct {
 	// flagDev and flagFSType, when set, win over the kernel command line.
 	flagDev, flagFSType string
 	port                uint32
+	// deviceWait bounds the wait for each disk and the NIC.
+	deviceWait time.Duration
 	// mounted lists mountpoints to detach at poweroff, innermost last.
 	mounted []string
 }
 
 func newVMSystem(log *slog.Logger) *vmSystem {
-	return &vmSystem{log: log, root: vmRoot, rootDev: "/dev/vda", rootFSType: "ext4", port: proto.Port}
+	return &vmSystem{log: log, root: vmRoot, rootDev: "/dev/vda", rootFSType: "ext4", port: proto.Port, deviceWait: defaultDeviceWait}
 }
 
 // parseCmdline reads the vmhost.* knobs from the kernel command line.
@@ -223,23 +226,50 @@ func (s *vmSystem) prepare() error {
 	if s.flagFSType != "" {
 		s.rootFSType = s.flagFSType
 	}
-	// The root disk may show up a moment after init starts.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(s.rootDev); err == nil || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	// Drivers first: on a distro kernel the disks, the NIC and vsock only
+	// exist once their modules are in.
+	start := time.Now()
+	n, modErr := loadModules("/"+initramfs.ModuleList, "/"+initramfs.ModuleDir, finitModule)
+	if n > 0 {
+		s.log.Info("loaded kernel modules", "count", n, "took", time.Since(start).Round(time.Millisecond))
+	}
+	if modErr != nil {
+		s.log.Error("kernel modules", "err", modErr)
+	}
+	if err := waitForDisk(s.rootDev, s.deviceWait); err != nil {
+		return joinCauses(modErr, err)
 	}
 	if err := s.mount(s.rootDev, s.root, s.rootFSType, 0, ""); err != nil {
-		return err
+		return joinCauses(modErr, err)
 	}
-	return linkUp("lo")
+	return joinCauses(modErr, linkUp("lo"))
+}
+
+// defaultDeviceWait is how long the agent waits for a disk or a network
+// interface to appear (virtio devices probe a moment after their driver
+// loads).
+const defaultDeviceWait = 10 * time.Second
+
+// joinCauses joins the non-nil errors into one line, first cause first.
+func joinCauses(errs ...error) error {
+	var msgs []string
+	for _, err := range errs {
+		if err != nil {
+			msgs = append(msgs, err.Error())
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(msgs, "; "))
 }
 
 func (s *vmSystem) vsockPort() uint32 { return s.port }
 
 func (s *vmSystem) configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+	if err := waitForInterface(n.Interface, s.deviceWait); err != nil {
+		return nil, err
+	}
 	return applyNetwork(n, hostname, report)
 }
 
@@ -254,6 +284,9 @@ func (s *vmSystem) mountTmpfs(target string, t proto.TmpfsMount) error {
 }
 
 func (s *vmSystem) mountData(device, target string, readOnly bool) error {
+	if err := waitForDisk(device, s.deviceWait); err != nil {
+		return err
+	}
 	if err := mountData(device, target, readOnly); err != nil {
 		return err
 	}

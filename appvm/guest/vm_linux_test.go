@@ -43,7 +43,7 @@ func newVMFixture(t *testing.T) *vmFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := initramfs.ForGuestAgent(f, exe); err != nil {
+	if err := initramfs.ForGuestAgent(f, exe, nil); err != nil {
 		t.Fatal(err)
 	}
 	f.Close()
@@ -130,6 +130,18 @@ func TestIntegrationVMModeBadRootDisk(t *testing.T) {
 	if !h.waitStatus.Signaled() || h.waitStatus.Signal() != syscall.SIGINT {
 		t.Errorf("agent status %v, want death by SIGINT (poweroff)", h.waitStatus)
 	}
+}
+
+// TestIntegrationVMModeNoRootDisk: a root disk that never appears (no
+// virtio_blk) is reported as Fatal with the likely cause.
+func TestIntegrationVMModeNoRootDisk(t *testing.T) {
+	vm := newVMFixture(t)
+	h := startAgent(t, &proto.Spec{Command: sh("true")}, vm.opts("--root-device", "/dev/vdz", "--device-wait", "300ms"))
+	f, ok := h.next().(*proto.Fatal)
+	if !ok || !strings.Contains(f.Message, "/dev/vdz did not appear in 300ms (is virtio_blk built in or listed in appvm_modules?)") {
+		t.Fatalf("want a Fatal naming the missing disk and virtio_blk, got %#v", f)
+	}
+	h.waitAgent()
 }
 
 // copyFiles copies host files to the same paths under dir.
