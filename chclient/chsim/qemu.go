@@ -98,8 +98,8 @@ func resolveAccel(want string) (string, string, error) {
 	return "", "", fmt.Errorf("--sim-accel %q: want auto, kvm or tcg", want)
 }
 
-// qemuOutput is where qemu and vhost-device-vsock write: <log file without .log>.qemu.log
-// beside the log file, or the process's stderr without one.
+// openQemuLog opens where qemu and vhost-device-vsock write: <log file without
+// .log>.qemu.log beside the log file, or the process's stderr without one.
 func (s *sim) openQemuLog() error {
 	if s.cfg.LogFile == "" {
 		s.qemuLog = os.Stderr
@@ -131,6 +131,9 @@ func (s *sim) bootQemuLocked() []string {
 	return nil
 }
 
+// startQemu starts vhost-device-vsock (for a vsock device) and qemu, stopped; connects to
+// qemu's monitor and serial port; checks that every watched device can be queried; and
+// lets the guest run. On failure nothing it started is left running.
 func (s *sim) startQemu() (_ *qemuVM, err error) {
 	bin := s.cfg.Qemu
 	if bin == "" {
@@ -163,6 +166,8 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// The child's ends are closed here once qemu has them (or failed to start): held open,
+	// they would hide qemu's exit from the monitor connection.
 	defer qmpChild.Close()
 	extra := []*os.File{qmpChild}
 	l.QMPFD = 3
@@ -193,7 +198,11 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 	cmd.Stdout = s.qemuLog
 	cmd.Stderr = io.MultiWriter(s.qemuLog, q.stderr)
 	cmd.SysProcAttr = childProcAttr()
-	if err := cmd.Start(); err != nil {
+	err = cmd.Start()
+	for _, f := range extra {
+		f.Close()
+	}
+	if err != nil {
 		qmpParent.Close()
 		if serialParent != nil {
 			serialParent.Close()
@@ -245,6 +254,7 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 func (q *qemuVM) failure(err error) error {
 	select {
 	case <-q.exited:
+		return fmt.Errorf("qemu exited (%v): %s", q.cmd.ProcessState, q.stderr.String())
 	case <-time.After(time.Second):
 	}
 	if out := q.stderr.String(); out != "" {

@@ -559,6 +559,8 @@ func buildVsockGuest(t *testing.T) []byte {
 // ends qemu and vhost-device-vsock and removes the vsock sockets.
 func TestQemuBackendAppVMDevices(t *testing.T) {
 	t.Parallel()
+	laneKernel(t)
+	needQemu(t)
 	backend := vsockBackend(t)
 	vsg := buildVsockGuest(t)
 	g := bootTinyGuest(t, tinyGuestOpts{mode: "vsock", vhostDisk0: true, vsock: true,
@@ -639,5 +641,58 @@ func TestQemuBackendAppVMDevices(t *testing.T) {
 		if _, err := os.Lstat(f); err == nil {
 			t.Errorf("%s left behind", f)
 		}
+	}
+}
+
+// TestQemuBackendBootFailure: when qemu cannot start the VM, vm.boot answers 500 with what
+// qemu said, the VM stays Created and nothing is left running.
+func TestQemuBackendBootFailure(t *testing.T) {
+	t.Parallel()
+	needQemu(t)
+	p := startSim(t, "--sim-backend", "qemu")
+	kernel := filepath.Join(p.dir, "kernel") // never run: qemu fails before
+	rawImage(t, kernel, 4096)
+	for _, tc := range []struct {
+		name, disk, want string
+	}{
+		{"vhost-user socket missing", fmt.Sprintf(`{"vhost_user":true,"vhost_socket":%q}`, filepath.Join(p.dir, "nothing.vhost")), "nothing.vhost"},
+		{"disk image missing", fmt.Sprintf(`{"path":%q,"image_type":"Raw"}`, filepath.Join(p.dir, "nothing.img")), "nothing.img"},
+	} {
+		body := fmt.Sprintf(`{"cpus":{"boot_vcpus":1,"max_vcpus":1},"memory":{"size":134217728,"shared":true},`+
+			`"payload":{"kernel":%q},"disks":[%s],"console":{"mode":"Off"},"serial":{"mode":"Null"}}`, kernel, tc.disk)
+		p.wantStatus("PUT", "/api/v1/vm.create", body, 204)
+		chain := errorChain(t, p.wantStatus("PUT", "/api/v1/vm.boot", "", 500))
+		if chain[1] != "The VM could not boot" || !strings.Contains(lastOf(chain), tc.want) {
+			t.Errorf("%s: vm.boot error chain = %q, want qemu's reason mentioning %q", tc.name, chain, tc.want)
+		}
+		t.Logf("%s: %q", tc.name, chain)
+		if st := p.state(); st != "Created" {
+			t.Errorf("%s: state after the failed boot = %s", tc.name, st)
+		}
+		if kids := children(p.cmd.Process.Pid); len(kids) != 0 {
+			t.Errorf("%s: children left after the failed boot: %v", tc.name, kids)
+		}
+		p.wantStatus("PUT", "/api/v1/vm.delete", "", 204)
+	}
+}
+
+// TestQemuBackendQemuDies: qemu dying on its own is a VMM crash: the process exits 1
+// without CH's shutdown events.
+func TestQemuBackendQemuDies(t *testing.T) {
+	t.Parallel()
+	g := bootTinyGuest(t, tinyGuestOpts{mode: "button"})
+	if err := syscall.Kill(g.qemu, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	st := g.p.wait(t)
+	if st.ExitCode() != 1 {
+		t.Fatalf("the stand-in exited %v after qemu died, want exit status 1", st)
+	}
+	if evs := g.p.eventsSoFar(); hasEvent(evs, "vm/shutdown", "") || hasEvent(evs, "vmm/shutdown", "") {
+		t.Errorf("shutdown events after a crash: %v", evs)
+	}
+	log, _ := os.ReadFile(g.p.log)
+	if !strings.Contains(string(log), "qemu exited unexpectedly") {
+		t.Errorf("the log does not say qemu died:\n%s", log)
 	}
 }
