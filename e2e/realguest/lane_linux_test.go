@@ -120,8 +120,9 @@ func TestRealGuests(t *testing.T) {
 	importImage(l)
 	phase(t, "image import", start)
 
-	// The three guests boot concurrently: each waits mostly on its own
-	// guest (TCG), so together they take little more than the slowest.
+	// The three guests boot concurrently (run.sh passes -parallel 4; the
+	// default is GOMAXPROCS): each waits mostly on its own guest (TCG), so
+	// together they take little more than the slowest.
 	t.Run("guests", func(t *testing.T) {
 		t.Run("classic-static", func(t *testing.T) { t.Parallel(); classicStatic(l.with(t), a) })
 		t.Run("classic-dhcp", func(t *testing.T) { t.Parallel(); classicDHCP(l.with(t), a) })

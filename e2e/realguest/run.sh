@@ -9,5 +9,5 @@ export PATH=/usr/local/go/bin:$PATH
 start=$(date +%s)
 e2e/realguest/prepare.sh
 echo "lane phase prepare (total)        $(($(date +%s) - start)) s" >&2
-VMHOST_REAL_GUESTS=1 go test -count=1 -v -timeout 15m -run '^TestRealGuests$' "$@" ./e2e/realguest/
+VMHOST_REAL_GUESTS=1 go test -count=1 -v -parallel 4 -timeout 15m -run '^TestRealGuests$' "$@" ./e2e/realguest/
 echo "lane total (prepare + test)       $(($(date +%s) - start)) s" >&2
