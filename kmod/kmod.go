@@ -398,16 +398,26 @@ func readDecompressed(path string) ([]byte, error) {
 }
 
 // CheckVermagic returns an error naming every module built for another
-// kernel release than release.
+// kernel release than release, grouped by the release they were built for.
 func CheckVermagic(mods []Module, release string) error {
-	var bad []string
+	byRelease := map[string][]string{}
+	var others []string
 	for _, m := range mods {
-		if m.Release() != release {
-			bad = append(bad, fmt.Sprintf("%s (%s)", m.Name, m.Release()))
+		r := m.Release()
+		if r == release {
+			continue
 		}
+		if _, seen := byRelease[r]; !seen {
+			others = append(others, r)
+		}
+		byRelease[r] = append(byRelease[r], m.Name)
 	}
-	if len(bad) == 0 {
+	if len(others) == 0 {
 		return nil
 	}
-	return fmt.Errorf("modules built for another kernel than release %s: %s", release, strings.Join(bad, ", "))
+	var parts []string
+	for _, r := range others {
+		parts = append(parts, fmt.Sprintf("modules built for %q: %s", r, strings.Join(byRelease[r], ", ")))
+	}
+	return fmt.Errorf("the kernel is release %s; %s", release, strings.Join(parts, "; "))
 }

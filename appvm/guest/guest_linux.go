@@ -184,6 +184,10 @@ func (a *agent) send(m proto.Message) {
 		a.state.exit = m
 	case *proto.Health:
 		a.state.health = m
+	case *proto.Log:
+		// Numbered under cmu, so that stdout's and stderr's chunks go out
+		// in the order of their numbers.
+		m.Seq = a.logSeq.Add(1)
 	}
 	if a.lost {
 		return
@@ -650,7 +654,7 @@ func (a *agent) pump(stream string, r *os.File, wg *sync.WaitGroup) {
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
-			a.send(&proto.Log{Stream: stream, Data: append([]byte(nil), buf[:n]...), Seq: a.logSeq.Add(1)})
+			a.send(&proto.Log{Stream: stream, Data: append([]byte(nil), buf[:n]...)})
 		}
 		if err != nil {
 			return

@@ -242,6 +242,7 @@ func (s *vmSystem) prepare() error {
 	if err := s.mount(s.rootDev, s.root, s.rootFSType, 0, ""); err != nil {
 		return joinCauses(modErr, err)
 	}
+	s.log.Info("mounted the root disk", "device", s.rootDev, "fstype", s.rootFSType)
 	return joinCauses(modErr, linkUp("lo"))
 }
 
