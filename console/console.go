@@ -1,0 +1,250 @@
+// Package console keeps a VM's serial console: it reads what the guest
+// prints from Cloud Hypervisor's serial socket (--serial socket=PATH) and
+// appends it to a bounded, rotated log, <run>/vms/<id>/console.log, so a
+// guest that dies before its agent connects, or a classic guest that never
+// boots, can be diagnosed. Tail gives the last lines for a failure summary.
+//
+// # Reading
+//
+// CH binds the serial socket at vm.create and serves one client at a time:
+// a new client drops the previous one. Start connects (retrying while the
+// socket does not exist yet or refuses, from 20 ms up to 500 ms between
+// tries), reads continuously so the guest never waits on its serial port,
+// and connects again when the connection drops, until its context ends or
+// Stop is called. Because a new client drops the old one, an operator who
+// attaches to the same socket is dropped again when the keeper reconnects;
+// interactive access has to go through the keeper, not beside it.
+//
+// # The log
+//
+// Output is appended to Config.Path (mode 0600, also forced on an existing
+// file) in its raw bytes. When the file reaches MaxSize bytes it is renamed
+// to Path + ".1" (replacing the previous generation) and a new Path is
+// started, so the log never holds more than 2 × MaxSize bytes; the default
+// is 1 MiB per file. The cut is at a byte boundary: a line split across the
+// two files is joined again by Tail, which reads them in order. Each Start
+// first writes a Marker line, so Tail can tell this boot's lines from an
+// earlier run's. The writes are plain appends, not atomicfile replacements:
+// a log is appended to continuously and a torn last line after a host crash
+// is harmless.
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+)
+
+// DefaultMaxSize is the size at which console.log is rotated.
+const DefaultMaxSize = 1 << 20
+
+// Marker starts the line Start writes before the output of each run.
+const Marker = "--- vmhost: console kept from "
+
+// Retry delays while the socket is missing or refuses.
+const (
+	firstRetry = 20 * time.Millisecond
+	maxRetry   = 500 * time.Millisecond
+)
+
+// drainTimeout bounds how long a stopping keeper still reads: output a VMM
+// wrote just before it exited (a panic, the last words of a failing boot)
+// is still in the socket buffer when the owner sees the exit and stops the
+// keeper. Reading it takes no wait at all once CH has closed its end.
+const drainTimeout = 500 * time.Millisecond
+
+// Config says what to keep and where.
+type Config struct {
+	// Socket is the serial console's unix socket, as given to CH.
+	Socket string
+	// Path is the log file, normally <run>/vms/<id>/console.log; its
+	// directory must exist.
+	Path string
+	// MaxSize is the rotation size in bytes; 0 means DefaultMaxSize.
+	MaxSize int64
+}
+
+// Keeper copies one VM's serial output to its log until stopped.
+type Keeper struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+	log    *rotatingFile
+}
+
+// Start opens the log, writes the Marker line and starts copying the
+// console socket's output into it in the background until ctx ends or Stop
+// is called. It fails only when the log cannot be opened or written.
+func Start(ctx context.Context, c Config) (*Keeper, error) {
+	if c.MaxSize <= 0 {
+		c.MaxSize = DefaultMaxSize
+	}
+	log, err := openRotating(c.Path, c.MaxSize)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := log.Write([]byte(log.lineStart() + Marker + time.Now().UTC().Format(time.RFC3339) + " ---\n")); err != nil {
+		log.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log}
+	go k.run(ctx, c.Socket)
+	return k, nil
+}
+
+// Stop ends the copy, waits for it and closes the log. Output already sent
+// is still read, for up to half a second while the VMM keeps the socket
+// open, so the owner can stop the keeper as soon as the VMM exited without
+// losing its last lines. It may be called more than once.
+func (k *Keeper) Stop() {
+	k.cancel()
+	<-k.done
+}
+
+// Done is closed when the keeper has stopped (its context ended or Stop)
+// and the log is closed.
+func (k *Keeper) Done() <-chan struct{} { return k.done }
+
+// Err returns the log write error that stopped the keeper, if any; nil
+// while it runs or when it stopped because its context ended.
+func (k *Keeper) Err() error {
+	select {
+	case <-k.done:
+		return k.log.err
+	default:
+		return nil
+	}
+}
+
+func (k *Keeper) run(ctx context.Context, socket string) {
+	defer close(k.done)
+	defer k.log.Close()
+	var d net.Dialer
+	delay := firstRetry
+	for ctx.Err() == nil {
+		conn, err := d.DialContext(ctx, "unix", socket)
+		if err != nil {
+			// Not there yet, refused, or gone after the VM stopped: the
+			// context decides when to give up.
+			select {
+			case <-ctx.Done():
+			case <-time.After(delay):
+			}
+			delay = min(2*delay, maxRetry)
+			continue
+		}
+		delay = firstRetry
+		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now().Add(drainTimeout)) })
+		// Copy until the connection drops (VM stopped or rebooting, another
+		// client took the socket, or Stop), then connect again.
+		io.Copy(k.log, conn)
+		stop()
+		conn.Close()
+		if k.log.err != nil {
+			return // the log cannot be written: nothing more can be kept
+		}
+	}
+}
+
+// rotatingFile is an append-only file that moves itself to path.1 when it
+// reaches max bytes.
+type rotatingFile struct {
+	path string
+	max  int64
+	f    *os.File
+	size int64
+	last byte // the last byte written, to start the marker on a new line
+	err  error
+	once sync.Once
+}
+
+func openRotating(path string, max int64) (*rotatingFile, error) {
+	r := &rotatingFile{path: path, max: max}
+	if err := r.open(os.O_APPEND); err != nil {
+		return nil, err
+	}
+	if r.size > 0 {
+		b := make([]byte, 1)
+		if _, err := r.f.ReadAt(b, r.size-1); err == nil {
+			r.last = b[0]
+		}
+	}
+	return r, nil
+}
+
+func (r *rotatingFile) open(flag int) error {
+	f, err := os.OpenFile(r.path, os.O_RDWR|os.O_CREATE|flag, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening console log: %w", err)
+	}
+	// An existing file keeps its mode on open: the console may show
+	// secrets typed at a login prompt, so force 0600.
+	if err := f.Chmod(0o600); err != nil {
+		f.Close()
+		return fmt.Errorf("restricting console log mode: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return fmt.Errorf("opening console log: %w", err)
+	}
+	r.f, r.size, r.last = f, st.Size(), '\n'
+	return nil
+}
+
+// lineStart is "\n" when the log does not end at a line start.
+func (r *rotatingFile) lineStart() string {
+	if r.size > 0 && r.last != '\n' {
+		return "\n"
+	}
+	return ""
+}
+
+// Write appends p, rotating as often as needed. An error is kept: every
+// later Write fails with it.
+func (r *rotatingFile) Write(p []byte) (int, error) {
+	if r.err != nil {
+		return 0, r.err
+	}
+	written := 0
+	for len(p) > 0 {
+		if r.size >= r.max {
+			if err := r.rotate(); err != nil {
+				r.err = err
+				return written, err
+			}
+		}
+		chunk := p[:min(int64(len(p)), r.max-r.size)]
+		n, err := r.f.Write(chunk)
+		written += n
+		r.size += int64(n)
+		if n > 0 {
+			r.last = chunk[n-1]
+		}
+		if err != nil {
+			r.err = fmt.Errorf("writing console log: %w", err)
+			return written, r.err
+		}
+		p = p[n:]
+	}
+	return written, nil
+}
+
+func (r *rotatingFile) rotate() error {
+	if err := r.f.Close(); err != nil {
+		return fmt.Errorf("closing console log: %w", err)
+	}
+	if err := os.Rename(r.path, r.path+".1"); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("rotating console log: %w", err)
+	}
+	return r.open(os.O_APPEND | os.O_TRUNC)
+}
+
+func (r *rotatingFile) Close() {
+	r.once.Do(func() { r.f.Close() })
+}
