@@ -2,6 +2,7 @@ package realguest
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -244,10 +245,25 @@ func appVM(l *lane, a artifacts) {
 	phase(t, "appvm: total with delete", start)
 }
 
-// sshIn is ssh with stdin.
+// sshIn is ssh with stdin. A connection failure (ssh's exit status 255)
+// is retried for a minute: cloud-init restarts sshd while it configures
+// the guest, and a loaded host can miss the banner timeout.
 func (l *lane) sshIn(user, ip, command, stdin string) (string, error) {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		out, err := l.sshOnce(user, ip, command, stdin)
+		var exit *exec.ExitError
+		if err == nil || !errors.As(err, &exit) || exit.ExitCode() != 255 || time.Now().After(deadline) {
+			return out, err
+		}
+		time.Sleep(2 * time.Second)
+	}
+}
+
+// sshOnce runs command in the guest from the namespace, with the lane's key.
+func (l *lane) sshOnce(user, ip, command, stdin string) (string, error) {
 	cmd := exec.Command("ip", "netns", "exec", l.ns, "ssh", "-i", l.sshKey, "-o", "BatchMode=yes",
-		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=5",
+		"-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=15",
 		"-o", "LogLevel=ERROR", user+"@"+ip, command)
 	cmd.Stdin = strings.NewReader(stdin)
 	out, err := cmd.CombinedOutput()

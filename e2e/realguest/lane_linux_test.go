@@ -383,7 +383,7 @@ func (l *lane) ssh(user, ip, command string) (string, error) {
 func (l *lane) waitSSH(user, ip string, timeout time.Duration) {
 	l.t.Helper()
 	l.poll("ssh "+user+"@"+ip, timeout, func() bool {
-		_, err := l.ssh(user, ip, "true")
+		_, err := l.sshOnce(user, ip, "true", "")
 		return err == nil
 	})
 }
