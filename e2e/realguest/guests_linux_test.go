@@ -178,7 +178,13 @@ func classicDHCP(l *lane, a artifacts) {
 	phase(t, "classic dhcp: ssh checks", start)
 
 	// Stop and start here rather than on the static VM, whose checks take
-	// longer: the two classic VMs then end closer together.
+	// longer: the two classic VMs then end closer together. Stop is a hard
+	// power-off: the guest syncs first, or files cloud-init wrote moments
+	// ago (its new ssh host key) may still be unallocated in its page cache
+	// (ext4 delayed allocation) and come back empty, and sshd fails.
+	if out, err := l.ssh("lane", ip, "sync"); err != nil {
+		t.Fatalf("sync in the guest before stop: %v %s", err, out)
+	}
 	l.stopVM("/api/vms", id)
 	l.must("POST", "/api/vms/"+id+"/start", "", http.StatusNoContent)
 	l.waitView("/api/vms", id, "running after start", bootTimeout, func(v vmView) bool { return v.DisplayState == "running" })
