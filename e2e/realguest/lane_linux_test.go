@@ -190,10 +190,13 @@ func setUp(t *testing.T, a artifacts) *lane {
 	}
 	qsd, _ := exec.LookPath("qemu-storage-daemon")
 	cfg := map[string]any{
-		"networks":          []any{map[string]any{"id": "lane", "bridge": bridge}},
-		"default_network":   "lane",
-		"appvm_kernel":      a.cloudKernel,
-		"appvm_modules":     a.modules,
+		"networks":        []any{map[string]any{"id": "lane", "bridge": bridge}},
+		"default_network": "lane",
+		"appvm_kernel":    a.cloudKernel,
+		"appvm_modules":   a.modules,
+		// no_timer_check: under TCG on a loaded host the IO-APIC timer
+		// check can miss its ticks and panic the kernel (seen here).
+		"appvm_cmdline":     "console=ttyS0 quiet panic=-1 no_timer_check",
 		"boot_timeout_secs": 300,
 		"binaries":          map[string]any{"cloud_hypervisor": wrapper, "qemu_storage_daemon": qsd},
 	}
