@@ -31,6 +31,11 @@ const (
 
 	MaxRateMbps = 100000
 
+	// MaxVolumes is how many data volumes a classic create may ask for:
+	// each is a disk (and a QSD export) on the hypervisor's command line,
+	// and thousands overflow it ("argument list too long").
+	MaxVolumes = 16
+
 	maxCmdlineBytes = 4096
 	maxUserBytes    = 32
 	maxInstanceID   = 128
@@ -86,6 +91,9 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error
 			return nil, err
 		}
 		c.base = base
+	}
+	if len(s.Volumes) > MaxVolumes {
+		return nil, bad("volumes", "at most %d volumes, got %d", MaxVolumes, len(s.Volumes))
 	}
 	for i, v := range s.Volumes {
 		if v.SizeGiB < 1 || v.SizeGiB > MaxSizeGiB {

@@ -108,6 +108,12 @@ func TestValidateRules(t *testing.T) {
 		}, nil},
 		{"volumes size minimum", "volumes[1].size_gib", func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 1}, {SizeGiB: 0}} }, func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 1}, {SizeGiB: 1}} }, nil},
 		{"volumes size maximum", "volumes[0].size_gib", func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 65536}} }, func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 65535}} }, nil},
+		{"volumes count", "volumes", func(s *vm.Spec) { s.Volumes = make([]vm.VolumeSpec, vm.MaxVolumes+1) }, func(s *vm.Spec) {
+			s.Volumes = make([]vm.VolumeSpec, vm.MaxVolumes)
+			for i := range s.Volumes {
+				s.Volumes[i].SizeGiB = 1
+			}
+		}, nil},
 		{"cmdline control", "cmdline", func(s *vm.Spec) { s.Cmdline = ptr("console=ttyS0\nx") }, func(s *vm.Spec) { s.Cmdline = ptr("console=ttyS0 x") }, nil},
 		{"cpu_topology product", "cpu_topology", func(s *vm.Spec) { s.CPUTopology = &vm.CPUTopology{Sockets: 2, Cores: 2, Threads: 1} }, func(s *vm.Spec) { s.CPUTopology = &vm.CPUTopology{Sockets: 2, Cores: 1, Threads: 1} }, nil},
 		{"cpu_topology zero", "cpu_topology", func(s *vm.Spec) { s.Vcpus = 2; s.CPUTopology = &vm.CPUTopology{Sockets: 0, Cores: 2, Threads: 1} }, func(s *vm.Spec) { s.CPUTopology = &vm.CPUTopology{Sockets: 1, Cores: 2, Threads: 1} }, nil},
