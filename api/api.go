@@ -381,6 +381,10 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		writeDecodeError(w, err)
 		return
 	}
+	if err := checkEmptyVMID(body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	rec, async, err := s.vms.CreateVM(r.Context(), &spec)
 	if err != nil {
 		s.fail(w, r, err)
@@ -403,10 +407,29 @@ func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
 		writeDecodeError(w, err)
 		return
 	}
+	if err := checkEmptyVMID(body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	resp, err := s.apps.Create(r.Context(), &req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, resp)
+}
+
+// checkEmptyVMID refuses a create body that gives vm_id as "" (400). The
+// decoded request cannot tell it from an absent vm_id, which asks for a
+// generated id; a client whose id came out empty would otherwise get a new
+// VM on every retry. Run after decodeStrict, which has refused every
+// spelling of the key but the exact one.
+func checkEmptyVMID(body []byte) error {
+	var probe struct {
+		VMID *string `json:"vm_id"`
+	}
+	if json.Unmarshal(body, &probe) == nil && probe.VMID != nil && *probe.VMID == "" {
+		return &vm.FieldError{Field: "vm_id", Msg: "must not be empty; omit vm_id to have one generated"}
+	}
+	return nil
 }

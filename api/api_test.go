@@ -672,6 +672,26 @@ func TestGeneratedIDs(t *testing.T) {
 	}
 }
 
+// TestEmptyVMID: "vm_id": "" is not an absent vm_id: it is refused (400
+// on vm_id) in both families, and nothing is created, so a client whose id
+// came out empty cannot make a new VM on each retry.
+func TestEmptyVMID(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []struct{ path, body string }{
+		{"/api/vms", minimalVMBody(h, "")},
+		{"/api/appvm/vms", `{"vm_id":"","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`},
+	} {
+		st, _, b := h.do(t, "POST", c.path, h.rw, c.body)
+		var e errorBody
+		if st != 400 || json.Unmarshal([]byte(b), &e) != nil || e.Code != CodeBadRequest || !strings.HasPrefix(e.Message, "vm_id: ") {
+			t.Errorf("POST %s with vm_id \"\" = %d %s, want 400 BAD_REQUEST on vm_id", c.path, st, b)
+		}
+	}
+	if n := len(h.vms.List(vm.ModeVM)) + len(h.vms.List(vm.ModeAppVM)); n != 0 {
+		t.Errorf("%d VMs exist after refused creates", n)
+	}
+}
+
 // TestChunkedBodyLimit: a body without Content-Length is cut at 1 MiB too.
 func TestChunkedBodyLimit(t *testing.T) {
 	h := newHarness(t)
