@@ -15,6 +15,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/qcow2"
+	"vmhost/seed"
 	"vmhost/store"
 )
 
@@ -367,13 +368,16 @@ func checkCloudInit(ci *CloudInitSpec) error {
 	if ci.User != nil && (len(*ci.User) > maxUserBytes || !userPattern.MatchString(*ci.User)) {
 		return bad("cloud_init.user", "must match ^[a-z_][a-z0-9_-]*$ and be at most %d bytes", maxUserBytes)
 	}
+	// The seed renderer's own rule for one-line values (it also refuses
+	// C1 controls and U+2028/U+2029, which YAML reads as line breaks).
 	for i, k := range ci.SSHAuthorizedKeys {
-		if strings.TrimSpace(k) == "" || hasControl(k) {
-			return bad(fmt.Sprintf("cloud_init.ssh_authorized_keys[%d]", i), "must be one non-empty line")
+		if strings.TrimSpace(k) == "" || seed.PlainTextProblem(k) != "" {
+			return bad(fmt.Sprintf("cloud_init.ssh_authorized_keys[%d]", i), "must be one non-empty line without control characters")
 		}
 	}
-	if hasControl(ci.Password.Reveal()) {
-		return bad("cloud_init.password", "contains a control character")
+	if seed.PlainTextProblem(ci.Password.Reveal()) != "" {
+		// Which character is not said: nothing of a password is told.
+		return bad("cloud_init.password", "contains a control character or line separator")
 	}
 	if n := ci.Network; n != nil {
 		if err := checkIP("cloud_init.network.ipv4", n.IPv4.Address, n.IPv4.Gateway, n.IPv4.DNS, "dns", false); err != nil {
@@ -386,7 +390,7 @@ func checkCloudInit(ci *CloudInitSpec) error {
 		}
 	}
 	if id := ci.InstanceID; id != nil {
-		if *id == "" || len(*id) > maxInstanceID || strings.ContainsFunc(*id, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		if *id == "" || len(*id) > maxInstanceID || strings.ContainsFunc(*id, func(r rune) bool { return r <= ' ' || r == 0x7f }) || seed.PlainTextProblem(*id) != "" {
 			return bad("cloud_init.instance_id", "must be 1..%d bytes without spaces or control characters", maxInstanceID)
 		}
 	}

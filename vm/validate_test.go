@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"vmhost/qcow2"
+	"vmhost/seed"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
 )
@@ -238,5 +239,53 @@ func writeOverlay(t *testing.T, path, backing string) {
 	}
 	if _, err := f.WriteAt([]byte(backing), 512); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestValidateCloudInitMatchesSeed: a cloud_init value validation accepts
+// is one the seed renders, and one the seed refuses is 400 at create, not a
+// 500 STORAGE_ERROR when the seed is written. Every C0 and C1 control,
+// DEL, U+2028 and U+2029 is tried in the ssh key, the password and the
+// instance id, with printable neighbours for the accepted side.
+func TestValidateCloudInitMatchesSeed(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	svc := e.Service(t)
+	var runes []rune
+	for r := rune(0); r <= 0xa0; r++ {
+		runes = append(runes, r)
+	}
+	runes = append(runes, 0x2027, 0x2028, 0x2029, 0x202a, 0xfeff)
+	for _, r := range runes {
+		for _, c := range []struct {
+			field string
+			set   func(*vm.CloudInitSpec, string)
+			seed  func(*seed.Config, string)
+		}{
+			{"cloud_init.ssh_authorized_keys[0]", func(ci *vm.CloudInitSpec, v string) { ci.SSHAuthorizedKeys = []string{v} }, func(c *seed.Config, v string) { c.SSHAuthorizedKeys = []string{v} }},
+			{"cloud_init.password", func(ci *vm.CloudInitSpec, v string) { ci.Password = vm.Secret(v) }, func(c *seed.Config, v string) { c.Password = v }},
+			{"cloud_init.instance_id", func(ci *vm.CloudInitSpec, v string) { ci.InstanceID = ptr(v) }, func(c *seed.Config, v string) { c.InstanceID = v }},
+		} {
+			v := "ssh-ed25519" + string(r) + "AAAA"
+			spec := baseSpec(e)
+			spec.CloudInit = &vm.CloudInitSpec{}
+			c.set(spec.CloudInit, v)
+			verr := svc.ValidateSpec(&spec)
+			sc := seed.Config{VMID: "v1"}
+			c.seed(&sc, v)
+			_, rerr := seed.Render(sc)
+			if r == 'x' && (verr != nil || rerr != nil) {
+				t.Errorf("%s with a plain letter: ValidateSpec = %v, seed = %v; want both to accept", c.field, verr, rerr)
+			}
+			if rerr != nil && verr == nil {
+				t.Errorf("%s with %U: validation accepts what the seed refuses (%v)", c.field, r, rerr)
+			}
+			var fe *vm.FieldError
+			if verr != nil && (!errors.As(verr, &fe) || fe.Field != c.field) {
+				t.Errorf("%s with %U: ValidateSpec = %v, want a FieldError on the field", c.field, r, verr)
+			}
+			if verr != nil && strings.ContainsRune(verr.Error(), r) && c.field == "cloud_init.password" {
+				t.Errorf("password error %q tells the character", verr)
+			}
+		}
 	}
 }
