@@ -355,7 +355,7 @@ func TestCreateFailures(t *testing.T) {
 	// Background provisioning failure: provision_failed.
 	h.e.Host.FailProvision = &vm.HostError{Kind: vm.HostStorage, Op: "downloading image", Err: errors.New("sha256 mismatch")}
 	body = strings.Replace(minimalVMBody(h, "f3"), fmt.Sprintf(`"disk":{"base_path":%q}`, h.e.Base),
-		`"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"}`, 1)
+		`"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"},"volumes":[{"size_gib":1}]`, 1)
 	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, body); st != 202 || !strings.Contains(b, `"display_state":"downloading"`) || !strings.Contains(b, `"disk_path":""`) {
 		t.Errorf("image create = %d %s, want 202 downloading with empty disk_path", st, b)
 	}
@@ -363,6 +363,30 @@ func TestCreateFailures(t *testing.T) {
 	_, _, b := h.do(t, "GET", "/api/vms/f3", h.ro, "")
 	if !strings.Contains(b, `"display_state":"provision_failed"`) || !strings.Contains(b, `"kind":"provision_failed"`) || !strings.Contains(b, `"cause":"provision_failed"`) {
 		t.Errorf("after failed background provision: %s", b)
+	}
+	// Its disks were never made (or were rolled back): the view names no
+	// path for them, in the single read and in the list.
+	_, _, list := h.do(t, "GET", "/api/vms", h.ro, "")
+	var l struct{ VMs []vm.View }
+	if err := json.Unmarshal([]byte(list), &l); err != nil {
+		t.Fatal(err)
+	}
+	var one vm.View
+	if err := json.Unmarshal([]byte(b), &one); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range append(l.VMs, one) {
+		if v.ID != "f3" {
+			continue
+		}
+		if v.DiskPath != "" || len(v.Volumes) != 1 || v.Volumes[0].Path != "" || v.Volumes[0].DiskBytes != nil {
+			t.Errorf("provision_failed view: disk_path %q, volumes %+v; want no paths", v.DiskPath, v.Volumes)
+		}
+	}
+	for _, p := range []string{h.vms.Layout().RootDisk("f3"), h.vms.Layout().DataVolume("f3", 0)} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s exists after the failed provision", p)
+		}
 	}
 }
 
