@@ -136,8 +136,11 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	if err != nil {
 		return err
 	}
-	if rec.Provisioning() || (!force && (rec.State == StateRunning || rec.State == StatePaused)) {
+	if rec.Provisioning() {
 		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
+	}
+	if !force && (rec.State == StateRunning || rec.State == StatePaused) {
+		return &StateError{ID: id, Action: "delete", State: rec.DisplayState, Hint: "stop it first, or delete with ?force=true"}
 	}
 	if err := s.o.Host.Delete(ctx, rec); err != nil {
 		return &HostError{Kind: HostInternal, Op: "deleting VM " + id, Err: err}
