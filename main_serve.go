@@ -132,7 +132,7 @@ func setUpDev(o *serveOptions, stdout io.Writer, log *slog.Logger) error {
 	}
 	if o.configPath == "" {
 		o.configPath = devConfigFile
-		if err := writeIfAbsent(devConfigFile, config.Default()); err != nil {
+		if err := writeIfAbsent(devConfigFile, config.DevDefault()); err != nil {
 			return err
 		}
 	}
@@ -219,9 +219,13 @@ func runServer(o serveOptions, log *slog.Logger) error {
 		}
 		defer runLock.Close()
 	}
+	// --dev's defaults name no host_path_roots (a config file may still).
 	cfg := config.Default()
+	if o.dev {
+		cfg = config.DevDefault()
+	}
 	if o.configPath != "" {
-		if cfg, err = config.Load(o.configPath); err != nil {
+		if cfg, err = config.LoadOver(o.configPath, cfg); err != nil {
 			return err
 		}
 	} else {

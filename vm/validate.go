@@ -56,7 +56,8 @@ type checked struct {
 // validateSpec checks every rule of contract §4.2 and §8 that goes beyond
 // types, including host preconditions read through facts. It returns a
 // *FieldError for the first rule broken, in field order.
-func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error) {
+func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (*checked, error) {
+	paths := hostPaths{roots: cfg.HostPathRoots, refused: []string{layout.StateDir, layout.RunDir}}
 	var c checked
 	if s.VMID != "" && !store.ValidID(s.VMID) {
 		return nil, bad("vm_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -70,11 +71,11 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error
 	case s.KernelPath == nil && s.FirmwarePath == nil:
 		return nil, bad("kernel_path", "exactly one of kernel_path and firmware_path is required, neither is given")
 	case s.KernelPath != nil:
-		if err := checkHostFile("kernel_path", *s.KernelPath); err != nil {
+		if err := checkHostFile("kernel_path", *s.KernelPath, paths); err != nil {
 			return nil, err
 		}
 	default:
-		if err := checkHostFile("firmware_path", *s.FirmwarePath); err != nil {
+		if err := checkHostFile("firmware_path", *s.FirmwarePath, paths); err != nil {
 			return nil, err
 		}
 	}
@@ -87,7 +88,7 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error
 	case s.Disk == nil && s.Image == nil:
 		return nil, bad("disk", "required unless image is given")
 	case s.Disk != nil:
-		base, err := checkDisk(s.Disk, s.Image != nil)
+		base, err := checkDisk(s.Disk, s.Image != nil, paths)
 		if err != nil {
 			return nil, err
 		}
@@ -162,8 +163,9 @@ func hasControl(s string) bool {
 	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
-// checkHostFile requires an absolute path to an existing regular file.
-func checkHostFile(field, path string) error {
+// checkHostFile requires an absolute path to an existing regular file
+// that paths allows.
+func checkHostFile(field, path string, paths hostPaths) error {
 	if !filepath.IsAbs(path) {
 		return bad(field, "must be an absolute path")
 	}
@@ -176,7 +178,58 @@ func checkHostFile(field, path string) error {
 	case !st.Mode().IsRegular():
 		return bad(field, "%s is not a regular file", path)
 	}
-	return nil
+	canon, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return bad(field, "%v", err)
+	}
+	return paths.check(field, path, canon)
+}
+
+// hostPaths are the places a create may name host files in (extensions.md
+// §9, host_path_roots): under one of roots (any, when there are none), and
+// never under a refused directory (the agent's state and run directories:
+// another VM's live disk, a socket, a key file).
+type hostPaths struct {
+	roots   []string
+	refused []string
+}
+
+// check tells whether canon, path with its symlinks resolved, is allowed.
+// The directories are resolved too, at each check: a root may be a
+// symlink, or be created after the agent started.
+func (p hostPaths) check(field, path, canon string) error {
+	shown := path
+	if canon != path {
+		shown = fmt.Sprintf("%s (%s)", path, canon)
+	}
+	for _, dir := range p.refused {
+		if within(canon, resolveDir(dir)) {
+			return bad(field, "%s is inside the agent's state or run directory", shown)
+		}
+	}
+	if len(p.roots) == 0 {
+		return nil
+	}
+	for _, root := range p.roots {
+		if within(canon, resolveDir(root)) {
+			return nil
+		}
+	}
+	return bad(field, "%s is not under any of host_path_roots (%s)", shown, strings.Join(p.roots, ", "))
+}
+
+// resolveDir is dir with its symlinks resolved, or cleaned when it does
+// not exist (nothing can be under it then).
+func resolveDir(dir string) string {
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		return r
+	}
+	return filepath.Clean(dir)
+}
+
+// within reports whether path is dir or lies under it; both are clean.
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
 func checkImage(im *ImageSpec) error {
@@ -195,7 +248,7 @@ func checkImage(im *ImageSpec) error {
 
 // checkDisk validates the disk object and, without an image, the base
 // image itself. It returns the canonical base image.
-func checkDisk(d *DiskSpec, haveImage bool) (*BaseImage, error) {
+func checkDisk(d *DiskSpec, haveImage bool, paths hostPaths) (*BaseImage, error) {
 	if d.Mode != "" && d.Mode != "copy" {
 		return nil, bad("disk.mode", "only copy is supported, got %q", d.Mode)
 	}
@@ -223,6 +276,9 @@ func checkDisk(d *DiskSpec, haveImage bool) (*BaseImage, error) {
 	}
 	if st, err := os.Stat(canon); err != nil || !st.Mode().IsRegular() {
 		return nil, bad("disk.base_path", "%s is not a regular file", d.BasePath)
+	}
+	if err := paths.check("disk.base_path", d.BasePath, canon); err != nil {
+		return nil, err
 	}
 	h, err := qcow2.ReadHeaderFile(canon)
 	if err != nil {

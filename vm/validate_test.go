@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"vmhost/config"
 	"vmhost/qcow2"
 	"vmhost/seed"
 	"vmhost/vm"
@@ -28,6 +29,7 @@ const goodSHA = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde
 func TestValidateRules(t *testing.T) {
 	e := vmtest.NewEnv(t)
 	dir := t.TempDir()
+	e.Config.HostPathRoots = append(e.Config.HostPathRoots, dir)
 	raw := filepath.Join(dir, "raw.img")
 	if err := os.WriteFile(raw, make([]byte, 4096), 0o644); err != nil {
 		t.Fatal(err)
@@ -286,6 +288,108 @@ func TestValidateCloudInitMatchesSeed(t *testing.T) {
 			if verr != nil && strings.ContainsRune(verr.Error(), r) && c.field == "cloud_init.password" {
 				t.Errorf("password error %q tells the character", verr)
 			}
+		}
+	}
+}
+
+// TestValidateHostPaths: kernel_path, firmware_path and disk.base_path
+// must resolve, symlinks followed, under one of host_path_roots, and never
+// under the agent's state or run directory, roots or not (400 naming the
+// field).
+func TestValidateHostPaths(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	top := filepath.Dir(e.StateDir) // holds state/, run/ and boot/
+	outside := t.TempDir()
+	write := func(path string, qcow bool) string {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if qcow {
+			err = qcow2.Create(path, 1<<30)
+		} else {
+			err = os.WriteFile(path, []byte("k"), 0o644)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	link := func(target, path string) string {
+		t.Helper()
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	outKernel := write(filepath.Join(outside, "vmlinux"), false)
+	outBase := write(filepath.Join(outside, "base.qcow2"), true)
+	liveDisk := write(filepath.Join(e.StateDir, "vms", "other", "root.qcow2"), true) // another VM's disk
+	runFile := write(filepath.Join(e.RunDir, "vms", "other", "fw.bin"), false)
+	bootDir := filepath.Dir(e.Kernel)
+	linkOut := link(outKernel, filepath.Join(bootDir, "to-outside"))
+	linkIn := link(e.Kernel, filepath.Join(outside, "to-boot"))
+	linkLive := link(liveDisk, filepath.Join(bootDir, "to-live.qcow2"))
+	realRoot := t.TempDir()
+	rootKernel := write(filepath.Join(realRoot, "vmlinux"), false)
+	rootLink := link(realRoot, filepath.Join(outside, "root-link"))
+
+	roots := []string{bootDir, rootLink}
+	type mut = func(*vm.Spec)
+	kernel := func(p string) mut { return func(s *vm.Spec) { s.KernelPath = &p } }
+	firmware := func(p string) mut { return func(s *vm.Spec) { s.KernelPath, s.FirmwarePath = nil, &p } }
+	base := func(p string) mut { return func(s *vm.Spec) { s.Disk.BasePath = p } }
+	for _, c := range []struct {
+		name  string
+		roots []string
+		set   mut
+		field string // "" = accepted
+		msg   string
+	}{
+		{"kernel under a root", roots, kernel(e.Kernel), "", ""},
+		{"kernel outside the roots", roots, kernel(outKernel), "kernel_path", "host_path_roots"},
+		{"symlink in a root to outside", roots, kernel(linkOut), "kernel_path", "host_path_roots"},
+		{"symlink outside to a root", roots, kernel(linkIn), "", ""},
+		{"root that is a symlink", roots, kernel(rootKernel), "", ""},
+		{"/etc/passwd", roots, kernel("/etc/passwd"), "kernel_path", "host_path_roots"},
+		{"firmware outside the roots", roots, firmware(outKernel), "firmware_path", "host_path_roots"},
+		{"base outside the roots", roots, base(outBase), "disk.base_path", "host_path_roots"},
+		{"base: another VM's live disk", []string{top}, base(liveDisk), "disk.base_path", "state or run directory"},
+		{"base: symlink to a live disk", roots, base(linkLive), "disk.base_path", "state or run directory"},
+		{"firmware in the run directory", []string{top}, firmware(runFile), "firmware_path", "state or run directory"},
+		{"no roots: anywhere", nil, kernel(outKernel), "", ""},
+		{"no roots: base anywhere", nil, base(outBase), "", ""},
+		{"no roots: never the state directory", nil, base(liveDisk), "disk.base_path", "state or run directory"},
+		{"no roots: never the run directory", nil, kernel(runFile), "kernel_path", "state or run directory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e.Config.HostPathRoots = c.roots
+			svc := e.Service(t)
+			spec := baseSpec(e)
+			c.set(&spec)
+			err := svc.ValidateSpec(&spec)
+			if c.field == "" {
+				if err != nil {
+					t.Errorf("ValidateSpec = %v, want nil", err)
+				}
+				return
+			}
+			var fe *vm.FieldError
+			if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(fe.Msg, c.msg) {
+				t.Errorf("ValidateSpec = %v, want a FieldError on %s saying %q", err, c.field, c.msg)
+			}
+		})
+	}
+	// The defaults (extensions.md §9) refuse what the probes used.
+	e.Config.HostPathRoots = config.Default().HostPathRoots
+	svc := e.Service(t)
+	for _, p := range []string{"/etc/shadow", "/etc/passwd", "/proc/self/environ"} {
+		spec := baseSpec(e)
+		spec.KernelPath = &p
+		var fe *vm.FieldError
+		if err := svc.ValidateSpec(&spec); !errors.As(err, &fe) || fe.Field != "kernel_path" {
+			t.Errorf("kernel_path %s with the default roots: ValidateSpec = %v, want 400 on kernel_path", p, err)
 		}
 	}
 }
