@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +35,20 @@ const (
 	devConfigFile = devDir + "/config.json"
 	devListen     = "127.0.0.1:8080"
 	devKeyName    = "dev"
+)
+
+// HTTP server limits. A request's headers must arrive within
+// readHeaderTimeout and its body within api.DefaultBodyReadTimeout (set
+// per body by the API, since a server-wide ReadTimeout would also end the
+// event stream); an idle keep-alive connection is closed after
+// idleTimeout. At most maxConnections connections are open at once (idle
+// ones included): beyond that, new ones wait in the listen backlog until
+// one closes, so a flood of clients cannot use up the file descriptors the
+// agent's VMs need.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+	maxConnections    = 256
 )
 
 // shutdownTimeout bounds how long serve waits for in-flight requests after
@@ -281,10 +296,11 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	ln = limitListener(ln, maxConnections)
 	srv := &http.Server{
 		Handler:           svc.Handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
@@ -355,4 +371,50 @@ func listen(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// limitListener returns ln accepting at most n connections that are open
+// at once: Accept waits for one to close first.
+func limitListener(ln net.Listener, n int) net.Listener {
+	return &limitedListener{Listener: ln, slots: make(chan struct{}, n), closed: make(chan struct{})}
+}
+
+type limitedListener struct {
+	net.Listener
+	slots     chan struct{} // one token per open connection
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *limitedListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
+}
+
+// Close also ends an Accept waiting for a free slot.
+func (l *limitedListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// limitedConn gives its slot back when closed (once, however often Close
+// is called).
+type limitedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
 }
