@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -112,5 +113,16 @@ func TestLimitListener(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Error("Accept waiting for a slot did not end when the listener closed")
+	}
+}
+
+// TestNoTapsReason: the advice to an agent that is not root names what it
+// can still create, and says that it is no way for an AppVM.
+func TestNoTapsReason(t *testing.T) {
+	got := noTapsReason(1000)
+	for _, want := range []string{"uid 1000", "run vmhost serve as root", "classic VMs without nets and without cloud_init", "an AppVM always has an interface"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("noTapsReason = %q, want it to say %q", got, want)
+		}
 	}
 }
