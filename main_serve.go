@@ -309,7 +309,7 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	if ln.Addr().Network() == "unix" {
 		addr = "unix:" + addr // the --listen spelling
 	}
-	log.Info("serving", "listen", addr, "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
+	log.Info("serving", "listen", addr, "pid", os.Getpid(), "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
 
 	for {
 		select {
