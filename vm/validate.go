@@ -399,13 +399,14 @@ func checkIP(field, address, gateway string, dns []string, dnsName string, v6 bo
 	}
 	if gateway != "" {
 		g, err := netip.ParseAddr(gateway)
-		if err != nil || g.Is6() != v6 || g.Zone() != "" {
+		// As the seed renderer requires: no zone, no IPv4-mapped IPv6.
+		if err != nil || g.Is6() != v6 || g.Is4In6() || g.Zone() != "" {
 			return bad(field+".gateway", "must be an %s address without a prefix length", family)
 		}
 	}
 	for i, d := range dns {
-		if _, err := netip.ParseAddr(d); err != nil {
-			return bad(fmt.Sprintf("%s.%s[%d]", field, dnsName, i), "not an IP address: %q", d)
+		if a, err := netip.ParseAddr(d); err != nil || a.Zone() != "" {
+			return bad(fmt.Sprintf("%s.%s[%d]", field, dnsName, i), "not an IP address without a zone: %q", d)
 		}
 	}
 	return nil

@@ -151,6 +151,16 @@ func TestValidateRules(t *testing.T) {
 		}, func(s *vm.Spec) {
 			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fd00::1"}}}}
 		}, nil},
+		{"cloud_init network dns zone", "cloud_init.network.ipv6.dns[0]", func(s *vm.Spec) {
+			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fe80::1%eth0"}}}}
+		}, func(s *vm.Spec) {
+			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fe80::1"}}}}
+		}, nil},
+		{"ipv6 gateway IPv4-mapped", "nets[0].ipv6.gateway", func(s *vm.Spec) {
+			s.Nets = []vm.NetSpec{{IPv6: &vm.NetIPSpec{Address: "fd00::2/64", Gateway: "::ffff:10.0.0.1"}}}
+		}, func(s *vm.Spec) {
+			s.Nets = []vm.NetSpec{{IPv6: &vm.NetIPSpec{Address: "fd00::2/64", Gateway: "fd00::1"}}}
+		}, nil},
 		{"rate_limit minimum", "nets[0].rate_limit_mbps", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](0)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](1)}} }, nil},
 		{"rate_limit maximum", "nets[0].rate_limit_mbps", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](100001)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](100000)}} }, nil},
 		{"one IPv4 gateway", "nets[1].ipv4.gateway", func(s *vm.Spec) {
