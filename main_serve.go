@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -34,6 +35,20 @@ const (
 	devConfigFile = devDir + "/config.json"
 	devListen     = "127.0.0.1:8080"
 	devKeyName    = "dev"
+)
+
+// HTTP server limits. A request's headers must arrive within
+// readHeaderTimeout and its body within api.DefaultBodyReadTimeout (set
+// per body by the API, since a server-wide ReadTimeout would also end the
+// event stream); an idle keep-alive connection is closed after
+// idleTimeout. At most maxConnections connections are open at once (idle
+// ones included): beyond that, new ones wait in the listen backlog until
+// one closes, so a flood of clients cannot use up the file descriptors the
+// agent's VMs need.
+const (
+	readHeaderTimeout = 10 * time.Second
+	idleTimeout       = 2 * time.Minute
+	maxConnections    = 256
 )
 
 // shutdownTimeout bounds how long serve waits for in-flight requests after
@@ -132,7 +147,7 @@ func setUpDev(o *serveOptions, stdout io.Writer, log *slog.Logger) error {
 	}
 	if o.configPath == "" {
 		o.configPath = devConfigFile
-		if err := writeIfAbsent(devConfigFile, config.Default()); err != nil {
+		if err := writeIfAbsent(devConfigFile, config.DevDefault()); err != nil {
 			return err
 		}
 	}
@@ -219,9 +234,13 @@ func runServer(o serveOptions, log *slog.Logger) error {
 		}
 		defer runLock.Close()
 	}
+	// --dev's defaults name no host_path_roots (a config file may still).
 	cfg := config.Default()
+	if o.dev {
+		cfg = config.DevDefault()
+	}
 	if o.configPath != "" {
-		if cfg, err = config.Load(o.configPath); err != nil {
+		if cfg, err = config.LoadOver(o.configPath, cfg); err != nil {
 			return err
 		}
 	} else {
@@ -277,10 +296,11 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	ln = limitListener(ln, maxConnections)
 	srv := &http.Server{
 		Handler:           svc.Handler,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	served := make(chan error, 1)
@@ -289,7 +309,7 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	if ln.Addr().Network() == "unix" {
 		addr = "unix:" + addr // the --listen spelling
 	}
-	log.Info("serving", "listen", addr, "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
+	log.Info("serving", "listen", addr, "pid", os.Getpid(), "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
 
 	for {
 		select {
@@ -351,4 +371,50 @@ func listen(addr string) (net.Listener, error) {
 		return nil, fmt.Errorf("listening on %s: %w", path, err)
 	}
 	return ln, nil
+}
+
+// limitListener returns ln accepting at most n connections that are open
+// at once: Accept waits for one to close first.
+func limitListener(ln net.Listener, n int) net.Listener {
+	return &limitedListener{Listener: ln, slots: make(chan struct{}, n), closed: make(chan struct{})}
+}
+
+type limitedListener struct {
+	net.Listener
+	slots     chan struct{} // one token per open connection
+	closed    chan struct{}
+	closeOnce sync.Once
+}
+
+func (l *limitedListener) Accept() (net.Conn, error) {
+	select {
+	case l.slots <- struct{}{}:
+	case <-l.closed:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.slots
+		return nil, err
+	}
+	return &limitedConn{Conn: c, release: sync.OnceFunc(func() { <-l.slots })}, nil
+}
+
+// Close also ends an Accept waiting for a free slot.
+func (l *limitedListener) Close() error {
+	l.closeOnce.Do(func() { close(l.closed) })
+	return l.Listener.Close()
+}
+
+// limitedConn gives its slot back when closed (once, however often Close
+// is called).
+type limitedConn struct {
+	net.Conn
+	release func()
+}
+
+func (c *limitedConn) Close() error {
+	err := c.Conn.Close()
+	c.release()
+	return err
 }

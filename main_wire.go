@@ -47,8 +47,7 @@ func newService(env serveEnv) (*service, error) {
 	if uid := os.Geteuid(); uid == 0 {
 		eo.Taps = tap.New(nil)
 	} else {
-		eo.NoTapsReason = "creating taps needs root (CAP_NET_ADMIN) and this agent runs as uid " + strconv.Itoa(uid) +
-			": run vmhost serve as root, or create VMs without nets and without cloud_init"
+		eo.NoTapsReason = noTapsReason(uid)
 	}
 	if env.DevBridge != "" && eo.Taps != nil {
 		if err := eo.Taps.CreateBridge(context.Background(), env.DevBridge); err != nil {
@@ -78,4 +77,11 @@ func newService(env serveEnv) (*service, error) {
 	eng.Start(vms.HostRecords(), apps.Hooks())
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log})
 	return &service{Handler: h, Close: eng.Close}, nil
+}
+
+// noTapsReason is why a VM with an interface cannot be created by an agent
+// that is not root. An AppVM always has one, so only classic VMs are left.
+func noTapsReason(uid int) string {
+	return "creating taps needs root (CAP_NET_ADMIN) and this agent runs as uid " + strconv.Itoa(uid) +
+		": run vmhost serve as root; without root only classic VMs without nets and without cloud_init can be created (an AppVM always has an interface)"
 }

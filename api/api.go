@@ -8,7 +8,12 @@
 // validation (400) → admission (409) → execution (201/202, or 500).
 //
 // Knobs: MaxBodyBytes. A body larger than that is refused with 400
-// BAD_REQUEST before decoding (the contract has no 413).
+// BAD_REQUEST before decoding (the contract has no 413). A body must
+// arrive within Config.BodyReadTimeout (DefaultBodyReadTimeout): a client
+// that sends headers and then trickles or stalls is answered 400 and
+// cannot hold a connection and a handler forever. The deadline is set per
+// request body, not as the server's ReadTimeout, which would also end
+// long-lived responses (the event stream) whose request has long been read.
 package api
 
 import (
@@ -20,10 +25,12 @@ import (
 	"io/fs"
 	"log/slog"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"vmhost/appvm"
 	"vmhost/auth"
@@ -32,6 +39,10 @@ import (
 
 // MaxBodyBytes is the largest request body accepted (1 MiB).
 const MaxBodyBytes = 1 << 20
+
+// DefaultBodyReadTimeout bounds the reading of a request body: 1 MiB in
+// 30 s needs no more than about 35 KB/s.
+const DefaultBodyReadTimeout = 30 * time.Second
 
 // Error codes of contract §7, plus CAPACITY_CONFLICT (DESIGN §5).
 const (
@@ -67,6 +78,9 @@ type Config struct {
 	// the import limits of VMs' config, recovered at once: imports an agent
 	// restart interrupted are failed and their leftovers removed.
 	Images *appvm.Importer
+	// BodyReadTimeout bounds the reading of a request body; 0 means
+	// DefaultBodyReadTimeout.
+	BodyReadTimeout time.Duration
 }
 
 // Server is the API's http.Handler. It is safe for concurrent use.
@@ -76,8 +90,10 @@ type Server struct {
 	apps   *appvm.Service
 	images *appvm.Importer
 	log    *slog.Logger
-	mux    *http.ServeMux
-	routes []Route
+	// bodyTimeout is Config.BodyReadTimeout.
+	bodyTimeout time.Duration
+	mux         *http.ServeMux
+	routes      []Route
 }
 
 // Route is one API route: its pattern as the mux spells it (also the
@@ -135,7 +151,11 @@ func New(c Config) *Server {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}
 	}
-	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes()}
+	if c.BodyReadTimeout <= 0 {
+		c.BodyReadTimeout = DefaultBodyReadTimeout
+	}
+	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(),
+		bodyTimeout: c.BodyReadTimeout}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}
@@ -231,19 +251,34 @@ func writeDecodeError(w http.ResponseWriter, err error) {
 	io.WriteString(w, err.Error()+"\n")
 }
 
-// readBody reads a request body of at most MaxBodyBytes. It answers the
-// request itself and returns false when the body is refused.
-func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+// readBody reads a request body of at most MaxBodyBytes within the body
+// read timeout. It answers the request itself and returns false when the
+// body is refused.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if r.ContentLength > MaxBodyBytes {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
 		return nil, false
 	}
+	rc := http.NewResponseController(w)
+	// A writer without deadlines (a test recorder) reads without one.
+	deadline := rc.SetReadDeadline(time.Now().Add(s.bodyTimeout)) == nil
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	if err == nil && deadline {
+		// The body is in: the connection may idle or stream again.
+		rc.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
+		// The deadline stays, so the server's drain of the rest of the
+		// body after the answer does not wait on the stalled client
+		// either; the connection is not reused.
+		w.Header().Set("Connection", "close")
 		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
+		switch {
+		case errors.As(err, &tooBig):
 			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
-		} else {
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: not received within %v", s.bodyTimeout))
+		default:
 			writeError(w, http.StatusBadRequest, CodeBadRequest, "body: reading failed")
 		}
 		return nil, false
@@ -372,13 +407,17 @@ func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
+	body, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}
 	var spec vm.Spec
 	if err := decodeStrict(body, &spec); err != nil {
 		writeDecodeError(w, err)
+		return
+	}
+	if err := checkEmptyVMID(body); err != nil {
+		s.fail(w, r, err)
 		return
 	}
 	rec, async, err := s.vms.CreateVM(r.Context(), &spec)
@@ -394,7 +433,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
+	body, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}
@@ -403,10 +442,29 @@ func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
 		writeDecodeError(w, err)
 		return
 	}
+	if err := checkEmptyVMID(body); err != nil {
+		s.fail(w, r, err)
+		return
+	}
 	resp, err := s.apps.Create(r.Context(), &req)
 	if err != nil {
 		s.fail(w, r, err)
 		return
 	}
 	writeJSON(w, http.StatusCreated, resp)
+}
+
+// checkEmptyVMID refuses a create body that gives vm_id as "" (400). The
+// decoded request cannot tell it from an absent vm_id, which asks for a
+// generated id; a client whose id came out empty would otherwise get a new
+// VM on every retry. Run after decodeStrict, which has refused every
+// spelling of the key but the exact one.
+func checkEmptyVMID(body []byte) error {
+	var probe struct {
+		VMID *string `json:"vm_id"`
+	}
+	if json.Unmarshal(body, &probe) == nil && probe.VMID != nil && *probe.VMID == "" {
+		return &vm.FieldError{Field: "vm_id", Msg: "must not be empty; omit vm_id to have one generated"}
+	}
+	return nil
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -355,7 +356,7 @@ func TestCreateFailures(t *testing.T) {
 	// Background provisioning failure: provision_failed.
 	h.e.Host.FailProvision = &vm.HostError{Kind: vm.HostStorage, Op: "downloading image", Err: errors.New("sha256 mismatch")}
 	body = strings.Replace(minimalVMBody(h, "f3"), fmt.Sprintf(`"disk":{"base_path":%q}`, h.e.Base),
-		`"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"}`, 1)
+		`"image":{"image_id":"i","content_sha256":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","fetch_url":"http://x/i"},"volumes":[{"size_gib":1}]`, 1)
 	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, body); st != 202 || !strings.Contains(b, `"display_state":"downloading"`) || !strings.Contains(b, `"disk_path":""`) {
 		t.Errorf("image create = %d %s, want 202 downloading with empty disk_path", st, b)
 	}
@@ -363,6 +364,30 @@ func TestCreateFailures(t *testing.T) {
 	_, _, b := h.do(t, "GET", "/api/vms/f3", h.ro, "")
 	if !strings.Contains(b, `"display_state":"provision_failed"`) || !strings.Contains(b, `"kind":"provision_failed"`) || !strings.Contains(b, `"cause":"provision_failed"`) {
 		t.Errorf("after failed background provision: %s", b)
+	}
+	// Its disks were never made (or were rolled back): the view names no
+	// path for them, in the single read and in the list.
+	_, _, list := h.do(t, "GET", "/api/vms", h.ro, "")
+	var l struct{ VMs []vm.View }
+	if err := json.Unmarshal([]byte(list), &l); err != nil {
+		t.Fatal(err)
+	}
+	var one vm.View
+	if err := json.Unmarshal([]byte(b), &one); err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range append(l.VMs, one) {
+		if v.ID != "f3" {
+			continue
+		}
+		if v.DiskPath != "" || len(v.Volumes) != 1 || v.Volumes[0].Path != "" || v.Volumes[0].DiskBytes != nil {
+			t.Errorf("provision_failed view: disk_path %q, volumes %+v; want no paths", v.DiskPath, v.Volumes)
+		}
+	}
+	for _, p := range []string{h.vms.Layout().RootDisk("f3"), h.vms.Layout().DataVolume("f3", 0)} {
+		if _, err := os.Stat(p); err == nil {
+			t.Errorf("%s exists after the failed provision", p)
+		}
 	}
 }
 
@@ -669,6 +694,83 @@ func TestGeneratedIDs(t *testing.T) {
 	}
 	if u, err := uuid.Parse(r.ID); err != nil || u.Version() != 4 || !r.Booted || r.Mode != "appvm" {
 		t.Errorf("AppVM create response %+v", r)
+	}
+}
+
+// TestEmptyVMID: "vm_id": "" is not an absent vm_id: it is refused (400
+// on vm_id) in both families, and nothing is created, so a client whose id
+// came out empty cannot make a new VM on each retry.
+func TestEmptyVMID(t *testing.T) {
+	h := newHarness(t)
+	for _, c := range []struct{ path, body string }{
+		{"/api/vms", minimalVMBody(h, "")},
+		{"/api/appvm/vms", `{"vm_id":"","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`},
+	} {
+		st, _, b := h.do(t, "POST", c.path, h.rw, c.body)
+		var e errorBody
+		if st != 400 || json.Unmarshal([]byte(b), &e) != nil || e.Code != CodeBadRequest || !strings.HasPrefix(e.Message, "vm_id: ") {
+			t.Errorf("POST %s with vm_id \"\" = %d %s, want 400 BAD_REQUEST on vm_id", c.path, st, b)
+		}
+	}
+	if n := len(h.vms.List(vm.ModeVM)) + len(h.vms.List(vm.ModeAppVM)); n != 0 {
+		t.Errorf("%d VMs exist after refused creates", n)
+	}
+}
+
+// TestBodyReadTimeout: a client that sends its headers and part of the
+// body, then stalls, is answered 400 once the body read timeout passes,
+// instead of holding the connection and the handler for as long as it
+// likes. The 20 s read deadline of the test is a guard, not a measure.
+func TestBodyReadTimeout(t *testing.T) {
+	h := newHarness(t)
+	keys, err := auth.Open(h.keysPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, BodyReadTimeout: 200 * time.Millisecond})
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	for _, path := range []string{"/api/vms", "/api/appvm/vms", "/api/appvm/images"} {
+		c, err := net.Dial("tcp", ts.Listener.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: vmhost\r\nAuthorization: Bearer %s\r\nContent-Length: 100\r\n\r\n{\"vcpus\":", path, h.rw)
+		c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("POST %s with a stalled body: no answer: %v", path, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != 400 || !strings.Contains(string(b), "body: not received within 200ms") {
+			t.Errorf("POST %s with a stalled body = %d %s, want 400 naming the timeout", path, resp.StatusCode, b)
+		}
+		c.Close()
+	}
+	// A body that arrives in time is served, and the connection is kept
+	// for the next request past the timeout: the deadline covered the body
+	// only.
+	c, err := net.Dial("tcp", ts.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := bufio.NewReader(c)
+	body := minimalVMBody(h, "in-time")
+	fmt.Fprintf(c, "POST /api/vms HTTP/1.1\r\nHost: vmhost\r\nAuthorization: Bearer %s\r\nContent-Length: %d\r\n\r\n%s", h.rw, len(body), body)
+	c.SetReadDeadline(time.Now().Add(20 * time.Second))
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != 201 {
+		t.Fatalf("POST in time = %d, want 201", resp.StatusCode)
+	}
+	time.Sleep(400 * time.Millisecond) // past the body timeout
+	fmt.Fprintf(c, "GET /api/vms/in-time HTTP/1.1\r\nHost: vmhost\r\nAuthorization: Bearer %s\r\n\r\n", h.rw)
+	if resp, err = http.ReadResponse(r, nil); err != nil || resp.StatusCode != 200 {
+		t.Errorf("GET on the kept connection = %v, %v; want 200", resp, err)
 	}
 }
 

@@ -17,7 +17,9 @@ import (
 // runs (422): malformed JSON, trailing data, a wrong type, an unknown field,
 // a negative or fractional count, an enum value outside its set, or a
 // required field that is missing or null. Error gives one line that names
-// the field path, such as "nets[1].ipv4.address: required field missing".
+// the field path, such as "nets[1].ipv4.address: required field missing";
+// an unknown field is named quoted after its parent's path, such as
+// `disk: unknown field "zz"`.
 type DecodeError struct {
 	Path string // field path, empty for the body as a whole
 	Msg  string
@@ -217,7 +219,9 @@ func fillStruct(path string, m map[string]any, rv reflect.Value) error {
 	}
 	if len(unknown) > 0 {
 		slices.Sort(unknown)
-		return &DecodeError{Path: join(path, unknown[0]), Msg: "unknown field"}
+		// The name is the client's, and may hold newlines or anything
+		// else: quoted, the 422 stays one printable line.
+		return &DecodeError{Path: path, Msg: "unknown field " + strconv.Quote(unknown[0])}
 	}
 	for _, f := range fs {
 		p := join(path, f.name)

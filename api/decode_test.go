@@ -2,8 +2,10 @@ package api
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
+	"unicode"
 
 	"vmhost/appvm"
 	"vmhost/vm"
@@ -23,8 +25,8 @@ func TestDecodeStrictRejects(t *testing.T) {
 		{"trailing garbage", minimalVM + `x`, "body: trailing data", false},
 		{"wrong type", `{"vcpus":"1","memory_mb":64}`, "vcpus: expected a non-negative integer, got string", false},
 		{"wrong type nested", `{"vcpus":1,"memory_mb":64,"nets":[{"mtu":true}]}`, "nets[0].mtu: expected a non-negative integer, got boolean", false},
-		{"unknown field", `{"vcpus":1,"memory_mb":64,"colour":"red"}`, "colour: unknown field", false},
-		{"unknown nested field", `{"vcpus":1,"memory_mb":64,"disk":{"base_path":"/b","zz":1}}`, "disk.zz: unknown field", false},
+		{"unknown field", `{"vcpus":1,"memory_mb":64,"colour":"red"}`, `body: unknown field "colour"`, false},
+		{"unknown nested field", `{"vcpus":1,"memory_mb":64,"disk":{"base_path":"/b","zz":1}}`, `disk: unknown field "zz"`, false},
 		{"negative count", `{"vcpus":-1,"memory_mb":64}`, "vcpus: expected a non-negative integer, got -1", false},
 		{"fractional count", `{"vcpus":1.5,"memory_mb":64}`, "vcpus: expected a non-negative integer, got 1.5", false},
 		{"exponent count", `{"vcpus":1e2,"memory_mb":64}`, "vcpus: expected a non-negative integer, got 1e2", false},
@@ -56,7 +58,7 @@ func TestDecodeStrictRejects(t *testing.T) {
 		{"appvm data volume mountpoint", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"data_volumes":[{"size_gib":1}]}`, "data_volumes[0].mountpoint: required field missing", true},
 		{"appvm data volume size", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"data_volumes":[{"mountpoint":"/d","size_gib":null}]}`, "data_volumes[0].size_gib: required field is null", true},
 		{"appvm negative prefix", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"prefix":-24}`, "prefix: expected a non-negative integer, got -24", true},
-		{"appvm unknown field", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"command":["x"]}`, "command: unknown field", true},
+		{"appvm unknown field", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"command":["x"]}`, `body: unknown field "command"`, true},
 		{"appvm secret env type", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":[1]}`, "secret_env[0]: expected string, got number", true},
 	}
 	for _, tt := range tests {
@@ -104,6 +106,26 @@ func TestDecodeStrictAccepts(t *testing.T) {
 	}
 	if a.RestartPolicy != "on-failure" || a.Prefix == nil || *a.Prefix != 0 {
 		t.Errorf("decoded %+v", a)
+	}
+}
+
+// TestDecodeErrorQuotesUnknownField: an unknown field's name is the
+// client's; the 422 line quotes it, so newlines, control characters and
+// line separators in it cannot break the line or the terminal reading it.
+func TestDecodeErrorQuotesUnknownField(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"vcpus":1,"memory_mb":64,"a\nb":1}`:                         `body: unknown field "a\nb"`,
+		`{"vcpus":1,"memory_mb":64,"x\u001b[2J\u2028\u0085":1}`:       `body: unknown field "x\x1b[2J\u2028\u0085"`,
+		`{"vcpus":1,"memory_mb":64,"disk":{"base_path":"/b","\r":1}}`: `disk: unknown field "\r"`,
+		"{\"vcpus\":1,\"memory_mb\":64,\"\xff\xfe\":1}":               "body: unknown field \"\ufffd\ufffd\"", // the JSON decoder replaced the bytes
+	} {
+		err := decodeStrict([]byte(body), new(vm.Spec))
+		if err == nil || err.Error() != want {
+			t.Errorf("decodeStrict(%q) = %v, want %s", body, err, want)
+		}
+		if msg := fmt.Sprint(err); strings.ContainsFunc(msg, func(r rune) bool { return !unicode.IsPrint(r) }) {
+			t.Errorf("decodeStrict(%q) = %q, holds a character that is not printable", body, msg)
+		}
 	}
 }
 

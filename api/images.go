@@ -43,7 +43,7 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) {
 // (status importing, or a ready entry with reimport importing); the caller
 // polls GET /api/appvm/images/{id}.
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
-	body, ok := readBody(w, r)
+	body, ok := s.readBody(w, r)
 	if !ok {
 		return
 	}

@@ -237,7 +237,7 @@ func TestImageImportFailsOverAPI(t *testing.T) {
 		{`{"id":"x","path":"relative.tar"}`, 400, "path: "},
 		{`{"id":"x","path":"` + filepath.Join(dir, "missing.tar") + `"}`, 400, "path: "},
 		{`{"id":"x"}`, 422, "path: "},
-		{`{"id":"x","path":"` + good + `","ref":"latest"}`, 422, "ref: "},
+		{`{"id":"x","path":"` + good + `","ref":"latest"}`, 422, `unknown field "ref"`},
 		{`{"id":7,"path":"` + good + `"}`, 422, "id: "},
 	} {
 		st, _, b := h.do(t, "POST", "/api/appvm/images", h.rw, c.body)

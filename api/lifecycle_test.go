@@ -32,7 +32,7 @@ func TestLifecycleRoutes(t *testing.T) {
 		{"DELETE", "/api/vms/lc?force=yes", http.StatusBadRequest, CodeBadRequest, "force"},
 		{"POST", "/api/vms/lc/start", http.StatusNoContent, "", ""},
 		{"POST", "/api/vms/lc/start", http.StatusConflict, CodeInvalidState, "while it is booting"},
-		{"DELETE", "/api/vms/lc", http.StatusConflict, CodeInvalidState, "cannot delete"},
+		{"DELETE", "/api/vms/lc", http.StatusConflict, CodeInvalidState, `cannot delete VM \"lc\" while it is booting; stop it first, or delete with ?force=true`},
 		{"DELETE", "/api/vms/lc?force=true", http.StatusNoContent, "", ""},
 		{"GET", "/api/vms/lc", http.StatusNotFound, CodeNotFound, ""},
 		{"DELETE", "/api/appvm/vms/lc-app", http.StatusNoContent, "", ""},

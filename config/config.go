@@ -54,6 +54,11 @@ const (
 	MaxDownloadIdleSecs = 86400
 )
 
+// DefaultHostPathRoots are the directories a classic create's
+// kernel_path, firmware_path and disk.base_path may lie under: where
+// distributions put kernels, firmware and images.
+var DefaultHostPathRoots = []string{"/var/lib/vmhost", "/usr/lib/vmhost", "/usr/share/cloud-hypervisor", "/usr/share/qemu", "/usr/share/OVMF", "/boot"}
+
 // DefaultFetchDeny are the networks image downloads may not reach: the
 // cloud metadata address range and IPv6 link-local.
 var DefaultFetchDeny = []string{"169.254.0.0/16", "fe80::/10"}
@@ -117,6 +122,13 @@ type Config struct {
 	// none; 0 means the bridge's MTU.
 	DefaultMTU int `json:"default_mtu,omitempty"`
 
+	// HostPathRoots are the directories the host files a classic create
+	// names (kernel_path, firmware_path, disk.base_path) must resolve
+	// under, symlinks followed; the agent's state and run directories are
+	// refused whatever the roots. [] lets any other path through (serve
+	// --dev's default).
+	HostPathRoots []string `json:"host_path_roots"`
+
 	// DownloadIdleSecs fails an image download that receives nothing for
 	// this many seconds.
 	DownloadIdleSecs int `json:"download_idle_secs"`
@@ -175,20 +187,33 @@ func Default() *Config {
 
 		ImageImportMaxBytes:   DefaultImageImportMaxBytes,
 		ImageImportMaxEntries: DefaultImageImportMaxEntries,
+		HostPathRoots:         slices.Clone(DefaultHostPathRoots),
 		DownloadIdleSecs:      DefaultDownloadIdleSecs,
 		FetchDeny:             slices.Clone(DefaultFetchDeny),
 	}
 }
 
+// DevDefault is Default for serve --dev: no host_path_roots, so kernels
+// and images anywhere outside the state and run directories will do.
+func DevDefault() *Config {
+	c := Default()
+	c.HostPathRoots = []string{}
+	return c
+}
+
 // Load reads the JSON configuration at path over Default and validates it.
 // Unknown keys and trailing data are errors. A missing file gives an error
 // that satisfies errors.Is(err, fs.ErrNotExist).
-func Load(path string) (*Config, error) {
+func Load(path string) (*Config, error) { return LoadOver(path, Default()) }
+
+// LoadOver is Load over the defaults def (DevDefault for serve --dev)
+// instead of Default; def is used up.
+func LoadOver(path string, def *Config) (*Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("reading config: %w", err)
 	}
-	c, err := Parse(data)
+	c, err := ParseOver(data, def)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
@@ -197,8 +222,12 @@ func Load(path string) (*Config, error) {
 
 // Parse decodes a JSON configuration over Default and validates it, as Load
 // does for a file.
-func Parse(data []byte) (*Config, error) {
-	c := Default()
+func Parse(data []byte) (*Config, error) { return ParseOver(data, Default()) }
+
+// ParseOver is Parse over the defaults def instead of Default; def is
+// used up.
+func ParseOver(data []byte, def *Config) (*Config, error) {
+	c := def
 	defaultNetworks := c.Networks
 	// encoding/json decodes array elements into the slice's existing
 	// elements without zeroing them, so a given network would inherit the
@@ -327,6 +356,11 @@ func (c *Config) Validate() error {
 		bad("default_mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = the bridge's MTU)", c.DefaultMTU, minMTU, maxMTU)
 	}
 
+	for i, root := range c.HostPathRoots {
+		if !filepath.IsAbs(root) || strings.ContainsRune(root, 0) {
+			bad("host_path_roots[%d]: %q must be an absolute path", i, root)
+		}
+	}
 	if c.DownloadIdleSecs < 1 || c.DownloadIdleSecs > MaxDownloadIdleSecs {
 		bad("download_idle_secs: %d is outside 1..%d", c.DownloadIdleSecs, MaxDownloadIdleSecs)
 	}

@@ -93,6 +93,41 @@ func TestLoad(t *testing.T) {
 	}
 }
 
+// TestHostPathRoots: the default roots are extensions.md §9's; --dev's
+// defaults have none, and a file's list replaces either.
+func TestHostPathRoots(t *testing.T) {
+	want := []string{"/var/lib/vmhost", "/usr/lib/vmhost", "/usr/share/cloud-hypervisor", "/usr/share/qemu", "/usr/share/OVMF", "/boot"}
+	if got := Default().HostPathRoots; !reflect.DeepEqual(got, want) {
+		t.Errorf("Default().HostPathRoots = %q, want %q", got, want)
+	}
+	if got := DevDefault().HostPathRoots; len(got) != 0 {
+		t.Errorf("DevDefault().HostPathRoots = %q, want none", got)
+	}
+	dir := t.TempDir()
+	for _, c := range []struct {
+		body string
+		def  *Config
+		want []string
+	}{
+		{`{}`, DevDefault(), []string{}},
+		{`{}`, Default(), want},
+		{`{"host_path_roots": ["/srv/images"]}`, DevDefault(), []string{"/srv/images"}},
+		{`{"host_path_roots": []}`, Default(), []string{}},
+	} {
+		path := filepath.Join(dir, "c.json")
+		if err := os.WriteFile(path, []byte(c.body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cfg, err := LoadOver(path, c.def)
+		if err != nil {
+			t.Fatalf("LoadOver(%s): %v", c.body, err)
+		}
+		if !reflect.DeepEqual(cfg.HostPathRoots, c.want) {
+			t.Errorf("LoadOver(%s) roots = %q, want %q", c.body, cfg.HostPathRoots, c.want)
+		}
+	}
+}
+
 func TestLoadMissing(t *testing.T) {
 	_, err := Load(filepath.Join(t.TempDir(), "nope.json"))
 	if !errors.Is(err, fs.ErrNotExist) {
@@ -143,6 +178,7 @@ func TestParseErrors(t *testing.T) {
 		{"image cap", `{"image_max_bytes": 0}`, []string{"image_max_bytes"}},
 		{"import byte limit", `{"image_import_max_bytes": 0}`, []string{"image_import_max_bytes: 0 must be positive"}},
 		{"import entry limit", `{"image_import_max_entries": -1}`, []string{"image_import_max_entries: -1 must be positive"}},
+		{"host path root relative", `{"host_path_roots": ["/boot", "images"]}`, []string{`host_path_roots[1]: "images" must be an absolute path`}},
 		{"all at once", `{"boot_timeout_secs": 0, "image_max_bytes": 0, "overcommit": {"cpu": 0, "memory": 0}}`,
 			[]string{"boot_timeout_secs", "image_max_bytes", "overcommit.cpu", "overcommit.memory"}},
 	}

@@ -107,6 +107,7 @@ func startServer(t testing.TB, o serverOpts) *server {
 	s := &server{t: t, dir: dir, stateDir: dir + "/state", runDir: dir + "/run", sock: dir + "/api.sock", stderr: new(bytes.Buffer)}
 	cfg := config.Default()
 	cfg.BootTimeoutSecs = 30
+	cfg.HostPathRoots = []string{os.TempDir()} // the fixtures' kernels and base images
 	cfg.Networks = []config.Network{{ID: "default", Bridge: "vhe0", SpoofGuard: true, Isolated: true}}
 	s.bridge = "vhe0"
 	sim := o.simulate

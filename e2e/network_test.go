@@ -122,6 +122,10 @@ func TestIntegrationRollbackMissingBridge(t *testing.T) {
 	if st != http.StatusInternalServerError || !strings.Contains(string(b), `"code":"NETWORK_ERROR"`) || !strings.Contains(string(b), s.bridge) {
 		t.Fatalf("POST = %d %s, want 500 NETWORK_ERROR naming bridge %s", st, b, s.bridge)
 	}
+	// The message says it once: what was attached, where, and why not.
+	if n, m := strings.Count(string(b), "does not exist"), strings.Count(string(b), "attaching tap"); n != 1 || m != 1 {
+		t.Errorf("NETWORK_ERROR message repeats itself (%d× \"does not exist\", %d× \"attaching tap\"): %s", n, m, b)
+	}
 	checkGone(t, s, "nobr")
 	if owned := s.ownedTaps(t); len(owned) != 0 {
 		t.Errorf("taps left after rollback: %+v", owned)

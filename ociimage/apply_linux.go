@@ -547,7 +547,7 @@ func (a *applier) mknod(dirfd int, base, name string, hdr *tar.Header) error {
 				a.skippedDevices++
 				return nil
 			}
-			return fmt.Errorf("%s: creating device node %q needs root (CAP_MKNOD), or set SkipDevices: %w", a.what, name, err)
+			return fmt.Errorf("%s: creating device node %q needs root (CAP_MKNOD), or import with --skip-devices: %w", a.what, name, err)
 		}
 		return fmt.Errorf("%s: creating %q: %w", a.what, name, err)
 	}
@@ -567,7 +567,7 @@ func (a *applier) setMeta(f *os.File, dirfd int, base, name string, hdr *tar.Hea
 	}
 	if err != nil && !(errors.Is(err, unix.EPERM) && a.opts.IgnoreOwners) {
 		if errors.Is(err, unix.EPERM) {
-			return fmt.Errorf("%s: setting owner of %q needs root (CAP_CHOWN), or set IgnoreOwners: %w", a.what, name, err)
+			return fmt.Errorf("%s: setting owner of %q needs root (CAP_CHOWN), or import with --ignore-owners: %w", a.what, name, err)
 		}
 		return fmt.Errorf("%s: setting owner of %q: %w", a.what, name, err)
 	}

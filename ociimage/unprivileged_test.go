@@ -110,11 +110,11 @@ func TestImportUnprivileged(t *testing.T) {
 	}
 
 	res := run("strict", Options{})
-	if !strings.Contains(res.Err, `setting owner of "theirs" needs root (CAP_CHOWN), or set IgnoreOwners`) {
+	if !strings.Contains(res.Err, `setting owner of "theirs" needs root (CAP_CHOWN), or import with --ignore-owners`) {
 		t.Errorf("Import as nobody = %q, want a CAP_CHOWN failure", res.Err)
 	}
 	res = run("owners", Options{IgnoreOwners: true})
-	if !strings.Contains(res.Err, `creating device node "dev/null" needs root (CAP_MKNOD), or set SkipDevices`) {
+	if !strings.Contains(res.Err, `creating device node "dev/null" needs root (CAP_MKNOD), or import with --skip-devices`) {
 		t.Errorf("Import as nobody with IgnoreOwners = %q, want a CAP_MKNOD failure", res.Err)
 	}
 	for _, name := range []string{"strict", "owners"} {

@@ -130,8 +130,11 @@ var (
 	ifnameRE = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.-]{0,14}$`)
 )
 
-// plainText reports why s cannot be rendered as a one-line value, or "".
-func plainText(s string) string {
+// PlainTextProblem reports why s cannot be rendered as a one-line value
+// (invalid UTF-8, a control character of C0 or C1, U+2028 or U+2029, which
+// YAML reads as line breaks), or "" when it can. Validation of the API's
+// cloud_init values applies it, so a create the seed cannot render is 400.
+func PlainTextProblem(s string) string {
 	if !utf8.ValidString(s) {
 		return "not valid UTF-8"
 	}
@@ -149,10 +152,10 @@ func (c *Config) Validate() error {
 	if c.VMID == "" {
 		return &ConfigError{"vm_id", "required"}
 	}
-	if r := plainText(c.VMID); r != "" {
+	if r := PlainTextProblem(c.VMID); r != "" {
 		return &ConfigError{"vm_id", r}
 	}
-	if r := plainText(c.InstanceID); r != "" {
+	if r := PlainTextProblem(c.InstanceID); r != "" {
 		return &ConfigError{"instance_id", r}
 	}
 	if c.Hostname != "" && !hostnameRE.MatchString(c.Hostname) {
@@ -162,14 +165,14 @@ func (c *Config) Validate() error {
 		return &ConfigError{"user", "must match " + userRE.String()}
 	}
 	for i, k := range c.SSHAuthorizedKeys {
-		if r := plainText(k); r != "" {
+		if r := PlainTextProblem(k); r != "" {
 			return &ConfigError{fmt.Sprintf("ssh_authorized_keys[%d]", i), r}
 		}
 		if strings.TrimSpace(k) == "" {
 			return &ConfigError{fmt.Sprintf("ssh_authorized_keys[%d]", i), "empty"}
 		}
 	}
-	if plainText(c.Password) != "" {
+	if PlainTextProblem(c.Password) != "" {
 		// Say nothing about which character: the error must not leak
 		// anything of the password.
 		return &ConfigError{"password", "must be valid UTF-8 without control characters"}

@@ -140,8 +140,11 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	if err != nil {
 		return err
 	}
-	if !force && (rec.Provisioning() || rec.State == StateRunning || rec.State == StatePaused) {
-		return &StateError{ID: id, Action: "delete", State: rec.DisplayState}
+	if !force && rec.Provisioning() {
+		return &StateError{ID: id, Action: "delete", State: rec.DisplayState, Hint: "delete with ?force=true to cancel the provision"}
+	}
+	if !force && (rec.State == StateRunning || rec.State == StatePaused) {
+		return &StateError{ID: id, Action: "delete", State: rec.DisplayState, Hint: "stop it first, or delete with ?force=true"}
 	}
 	// The intent is stored first: an agent killed during the teardown
 	// finishes the delete at restart rather than keep a VM that looks

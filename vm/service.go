@@ -202,7 +202,7 @@ func (s *Service) Wait() { s.bg.Wait() }
 // through Launch. async reports that provisioning continues in the
 // background (202).
 func (s *Service) CreateVM(ctx context.Context, spec *Spec) (rec *Record, async bool, err error) {
-	c, err := validateSpec(spec, s.o.Config, s.facts)
+	c, err := validateSpec(spec, s.o.Config, s.facts, s.layout)
 	if err != nil {
 		return nil, false, err
 	}
@@ -424,6 +424,6 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 // ValidateSpec checks a classic spec against every field rule and host
 // precondition without creating anything; the error is a *FieldError.
 func (s *Service) ValidateSpec(spec *Spec) error {
-	_, err := validateSpec(spec, s.o.Config, s.facts)
+	_, err := validateSpec(spec, s.o.Config, s.facts, s.layout)
 	return err
 }

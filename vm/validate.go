@@ -15,6 +15,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/qcow2"
+	"vmhost/seed"
 	"vmhost/store"
 )
 
@@ -30,6 +31,11 @@ const (
 	MaxSerialBytes = 512
 
 	MaxRateMbps = 100000
+
+	// MaxVolumes is how many data volumes a classic create may ask for:
+	// each is a disk (and a QSD export) on the hypervisor's command line,
+	// and thousands overflow it ("argument list too long").
+	MaxVolumes = 16
 
 	maxCmdlineBytes = 4096
 	maxUserBytes    = 32
@@ -50,7 +56,8 @@ type checked struct {
 // validateSpec checks every rule of contract §4.2 and §8 that goes beyond
 // types, including host preconditions read through facts. It returns a
 // *FieldError for the first rule broken, in field order.
-func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error) {
+func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (*checked, error) {
+	paths := hostPaths{roots: cfg.HostPathRoots, refused: []string{layout.StateDir, layout.RunDir}}
 	var c checked
 	if s.VMID != "" && !store.ValidID(s.VMID) {
 		return nil, bad("vm_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -64,11 +71,11 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error
 	case s.KernelPath == nil && s.FirmwarePath == nil:
 		return nil, bad("kernel_path", "exactly one of kernel_path and firmware_path is required, neither is given")
 	case s.KernelPath != nil:
-		if err := checkHostFile("kernel_path", *s.KernelPath); err != nil {
+		if err := checkHostFile("kernel_path", *s.KernelPath, paths); err != nil {
 			return nil, err
 		}
 	default:
-		if err := checkHostFile("firmware_path", *s.FirmwarePath); err != nil {
+		if err := checkHostFile("firmware_path", *s.FirmwarePath, paths); err != nil {
 			return nil, err
 		}
 	}
@@ -81,11 +88,14 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts) (*checked, error
 	case s.Disk == nil && s.Image == nil:
 		return nil, bad("disk", "required unless image is given")
 	case s.Disk != nil:
-		base, err := checkDisk(s.Disk, s.Image != nil)
+		base, err := checkDisk(s.Disk, s.Image != nil, paths)
 		if err != nil {
 			return nil, err
 		}
 		c.base = base
+	}
+	if len(s.Volumes) > MaxVolumes {
+		return nil, bad("volumes", "at most %d volumes, got %d", MaxVolumes, len(s.Volumes))
 	}
 	for i, v := range s.Volumes {
 		if v.SizeGiB < 1 || v.SizeGiB > MaxSizeGiB {
@@ -153,8 +163,9 @@ func hasControl(s string) bool {
 	return strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f })
 }
 
-// checkHostFile requires an absolute path to an existing regular file.
-func checkHostFile(field, path string) error {
+// checkHostFile requires an absolute path to an existing regular file
+// that paths allows.
+func checkHostFile(field, path string, paths hostPaths) error {
 	if !filepath.IsAbs(path) {
 		return bad(field, "must be an absolute path")
 	}
@@ -167,7 +178,58 @@ func checkHostFile(field, path string) error {
 	case !st.Mode().IsRegular():
 		return bad(field, "%s is not a regular file", path)
 	}
-	return nil
+	canon, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return bad(field, "%v", err)
+	}
+	return paths.check(field, path, canon)
+}
+
+// hostPaths are the places a create may name host files in (extensions.md
+// §9, host_path_roots): under one of roots (any, when there are none), and
+// never under a refused directory (the agent's state and run directories:
+// another VM's live disk, a socket, a key file).
+type hostPaths struct {
+	roots   []string
+	refused []string
+}
+
+// check tells whether canon, path with its symlinks resolved, is allowed.
+// The directories are resolved too, at each check: a root may be a
+// symlink, or be created after the agent started.
+func (p hostPaths) check(field, path, canon string) error {
+	shown := path
+	if canon != path {
+		shown = fmt.Sprintf("%s (%s)", path, canon)
+	}
+	for _, dir := range p.refused {
+		if within(canon, resolveDir(dir)) {
+			return bad(field, "%s is inside the agent's state or run directory", shown)
+		}
+	}
+	if len(p.roots) == 0 {
+		return nil
+	}
+	for _, root := range p.roots {
+		if within(canon, resolveDir(root)) {
+			return nil
+		}
+	}
+	return bad(field, "%s is not under any of host_path_roots (%s)", shown, strings.Join(p.roots, ", "))
+}
+
+// resolveDir is dir with its symlinks resolved, or cleaned when it does
+// not exist (nothing can be under it then).
+func resolveDir(dir string) string {
+	if r, err := filepath.EvalSymlinks(dir); err == nil {
+		return r
+	}
+	return filepath.Clean(dir)
+}
+
+// within reports whether path is dir or lies under it; both are clean.
+func within(path, dir string) bool {
+	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
 func checkImage(im *ImageSpec) error {
@@ -186,7 +248,7 @@ func checkImage(im *ImageSpec) error {
 
 // checkDisk validates the disk object and, without an image, the base
 // image itself. It returns the canonical base image.
-func checkDisk(d *DiskSpec, haveImage bool) (*BaseImage, error) {
+func checkDisk(d *DiskSpec, haveImage bool, paths hostPaths) (*BaseImage, error) {
 	if d.Mode != "" && d.Mode != "copy" {
 		return nil, bad("disk.mode", "only copy is supported, got %q", d.Mode)
 	}
@@ -214,6 +276,9 @@ func checkDisk(d *DiskSpec, haveImage bool) (*BaseImage, error) {
 	}
 	if st, err := os.Stat(canon); err != nil || !st.Mode().IsRegular() {
 		return nil, bad("disk.base_path", "%s is not a regular file", d.BasePath)
+	}
+	if err := paths.check("disk.base_path", d.BasePath, canon); err != nil {
+		return nil, err
 	}
 	h, err := qcow2.ReadHeaderFile(canon)
 	if err != nil {
@@ -334,13 +399,14 @@ func checkIP(field, address, gateway string, dns []string, dnsName string, v6 bo
 	}
 	if gateway != "" {
 		g, err := netip.ParseAddr(gateway)
-		if err != nil || g.Is6() != v6 || g.Zone() != "" {
+		// As the seed renderer requires: no zone, no IPv4-mapped IPv6.
+		if err != nil || g.Is6() != v6 || g.Is4In6() || g.Zone() != "" {
 			return bad(field+".gateway", "must be an %s address without a prefix length", family)
 		}
 	}
 	for i, d := range dns {
-		if _, err := netip.ParseAddr(d); err != nil {
-			return bad(fmt.Sprintf("%s.%s[%d]", field, dnsName, i), "not an IP address: %q", d)
+		if a, err := netip.ParseAddr(d); err != nil || a.Zone() != "" {
+			return bad(fmt.Sprintf("%s.%s[%d]", field, dnsName, i), "not an IP address without a zone: %q", d)
 		}
 	}
 	return nil
@@ -359,13 +425,16 @@ func checkCloudInit(ci *CloudInitSpec) error {
 	if ci.User != nil && (len(*ci.User) > maxUserBytes || !userPattern.MatchString(*ci.User)) {
 		return bad("cloud_init.user", "must match ^[a-z_][a-z0-9_-]*$ and be at most %d bytes", maxUserBytes)
 	}
+	// The seed renderer's own rule for one-line values (it also refuses
+	// C1 controls and U+2028/U+2029, which YAML reads as line breaks).
 	for i, k := range ci.SSHAuthorizedKeys {
-		if strings.TrimSpace(k) == "" || hasControl(k) {
-			return bad(fmt.Sprintf("cloud_init.ssh_authorized_keys[%d]", i), "must be one non-empty line")
+		if strings.TrimSpace(k) == "" || seed.PlainTextProblem(k) != "" {
+			return bad(fmt.Sprintf("cloud_init.ssh_authorized_keys[%d]", i), "must be one non-empty line without control characters")
 		}
 	}
-	if hasControl(ci.Password.Reveal()) {
-		return bad("cloud_init.password", "contains a control character")
+	if seed.PlainTextProblem(ci.Password.Reveal()) != "" {
+		// Which character is not said: nothing of a password is told.
+		return bad("cloud_init.password", "contains a control character or line separator")
 	}
 	if n := ci.Network; n != nil {
 		if err := checkIP("cloud_init.network.ipv4", n.IPv4.Address, n.IPv4.Gateway, n.IPv4.DNS, "dns", false); err != nil {
@@ -378,7 +447,7 @@ func checkCloudInit(ci *CloudInitSpec) error {
 		}
 	}
 	if id := ci.InstanceID; id != nil {
-		if *id == "" || len(*id) > maxInstanceID || strings.ContainsFunc(*id, func(r rune) bool { return r <= ' ' || r == 0x7f }) {
+		if *id == "" || len(*id) > maxInstanceID || strings.ContainsFunc(*id, func(r rune) bool { return r <= ' ' || r == 0x7f }) || seed.PlainTextProblem(*id) != "" {
 			return bad("cloud_init.instance_id", "must be 1..%d bytes without spaces or control characters", maxInstanceID)
 		}
 	}

@@ -9,7 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"vmhost/config"
 	"vmhost/qcow2"
+	"vmhost/seed"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
 )
@@ -27,6 +29,7 @@ const goodSHA = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcde
 func TestValidateRules(t *testing.T) {
 	e := vmtest.NewEnv(t)
 	dir := t.TempDir()
+	e.Config.HostPathRoots = append(e.Config.HostPathRoots, dir)
 	raw := filepath.Join(dir, "raw.img")
 	if err := os.WriteFile(raw, make([]byte, 4096), 0o644); err != nil {
 		t.Fatal(err)
@@ -108,6 +111,12 @@ func TestValidateRules(t *testing.T) {
 		}, nil},
 		{"volumes size minimum", "volumes[1].size_gib", func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 1}, {SizeGiB: 0}} }, func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 1}, {SizeGiB: 1}} }, nil},
 		{"volumes size maximum", "volumes[0].size_gib", func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 65536}} }, func(s *vm.Spec) { s.Volumes = []vm.VolumeSpec{{SizeGiB: 65535}} }, nil},
+		{"volumes count", "volumes", func(s *vm.Spec) { s.Volumes = make([]vm.VolumeSpec, vm.MaxVolumes+1) }, func(s *vm.Spec) {
+			s.Volumes = make([]vm.VolumeSpec, vm.MaxVolumes)
+			for i := range s.Volumes {
+				s.Volumes[i].SizeGiB = 1
+			}
+		}, nil},
 		{"cmdline control", "cmdline", func(s *vm.Spec) { s.Cmdline = ptr("console=ttyS0\nx") }, func(s *vm.Spec) { s.Cmdline = ptr("console=ttyS0 x") }, nil},
 		{"cpu_topology product", "cpu_topology", func(s *vm.Spec) { s.CPUTopology = &vm.CPUTopology{Sockets: 2, Cores: 2, Threads: 1} }, func(s *vm.Spec) { s.CPUTopology = &vm.CPUTopology{Sockets: 2, Cores: 1, Threads: 1} }, nil},
 		{"cpu_topology zero", "cpu_topology", func(s *vm.Spec) { s.Vcpus = 2; s.CPUTopology = &vm.CPUTopology{Sockets: 0, Cores: 2, Threads: 1} }, func(s *vm.Spec) { s.CPUTopology = &vm.CPUTopology{Sockets: 1, Cores: 2, Threads: 1} }, nil},
@@ -141,6 +150,16 @@ func TestValidateRules(t *testing.T) {
 			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fd00::1::"}}}}
 		}, func(s *vm.Spec) {
 			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fd00::1"}}}}
+		}, nil},
+		{"cloud_init network dns zone", "cloud_init.network.ipv6.dns[0]", func(s *vm.Spec) {
+			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fe80::1%eth0"}}}}
+		}, func(s *vm.Spec) {
+			s.CloudInit = &vm.CloudInitSpec{Network: &vm.CloudInitNet{IPv4: &vm.CloudInitIP{Address: "10.0.0.5/24"}, IPv6: &vm.CloudInitIP{Address: "fd00::5/64", DNS: []string{"fe80::1"}}}}
+		}, nil},
+		{"ipv6 gateway IPv4-mapped", "nets[0].ipv6.gateway", func(s *vm.Spec) {
+			s.Nets = []vm.NetSpec{{IPv6: &vm.NetIPSpec{Address: "fd00::2/64", Gateway: "::ffff:10.0.0.1"}}}
+		}, func(s *vm.Spec) {
+			s.Nets = []vm.NetSpec{{IPv6: &vm.NetIPSpec{Address: "fd00::2/64", Gateway: "fd00::1"}}}
 		}, nil},
 		{"rate_limit minimum", "nets[0].rate_limit_mbps", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](0)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](1)}} }, nil},
 		{"rate_limit maximum", "nets[0].rate_limit_mbps", func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](100001)}} }, func(s *vm.Spec) { s.Nets = []vm.NetSpec{{RateLimitMbps: ptr[uint32](100000)}} }, nil},
@@ -232,5 +251,155 @@ func writeOverlay(t *testing.T, path, backing string) {
 	}
 	if _, err := f.WriteAt([]byte(backing), 512); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestValidateCloudInitMatchesSeed: a cloud_init value validation accepts
+// is one the seed renders, and one the seed refuses is 400 at create, not a
+// 500 STORAGE_ERROR when the seed is written. Every C0 and C1 control,
+// DEL, U+2028 and U+2029 is tried in the ssh key, the password and the
+// instance id, with printable neighbours for the accepted side.
+func TestValidateCloudInitMatchesSeed(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	svc := e.Service(t)
+	var runes []rune
+	for r := rune(0); r <= 0xa0; r++ {
+		runes = append(runes, r)
+	}
+	runes = append(runes, 0x2027, 0x2028, 0x2029, 0x202a, 0xfeff)
+	for _, r := range runes {
+		for _, c := range []struct {
+			field string
+			set   func(*vm.CloudInitSpec, string)
+			seed  func(*seed.Config, string)
+		}{
+			{"cloud_init.ssh_authorized_keys[0]", func(ci *vm.CloudInitSpec, v string) { ci.SSHAuthorizedKeys = []string{v} }, func(c *seed.Config, v string) { c.SSHAuthorizedKeys = []string{v} }},
+			{"cloud_init.password", func(ci *vm.CloudInitSpec, v string) { ci.Password = vm.Secret(v) }, func(c *seed.Config, v string) { c.Password = v }},
+			{"cloud_init.instance_id", func(ci *vm.CloudInitSpec, v string) { ci.InstanceID = ptr(v) }, func(c *seed.Config, v string) { c.InstanceID = v }},
+		} {
+			v := "ssh-ed25519" + string(r) + "AAAA"
+			spec := baseSpec(e)
+			spec.CloudInit = &vm.CloudInitSpec{}
+			c.set(spec.CloudInit, v)
+			verr := svc.ValidateSpec(&spec)
+			sc := seed.Config{VMID: "v1"}
+			c.seed(&sc, v)
+			_, rerr := seed.Render(sc)
+			if r == 'x' && (verr != nil || rerr != nil) {
+				t.Errorf("%s with a plain letter: ValidateSpec = %v, seed = %v; want both to accept", c.field, verr, rerr)
+			}
+			if rerr != nil && verr == nil {
+				t.Errorf("%s with %U: validation accepts what the seed refuses (%v)", c.field, r, rerr)
+			}
+			var fe *vm.FieldError
+			if verr != nil && (!errors.As(verr, &fe) || fe.Field != c.field) {
+				t.Errorf("%s with %U: ValidateSpec = %v, want a FieldError on the field", c.field, r, verr)
+			}
+			if verr != nil && strings.ContainsRune(verr.Error(), r) && c.field == "cloud_init.password" {
+				t.Errorf("password error %q tells the character", verr)
+			}
+		}
+	}
+}
+
+// TestValidateHostPaths: kernel_path, firmware_path and disk.base_path
+// must resolve, symlinks followed, under one of host_path_roots, and never
+// under the agent's state or run directory, roots or not (400 naming the
+// field).
+func TestValidateHostPaths(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	top := filepath.Dir(e.StateDir) // holds state/, run/ and boot/
+	outside := t.TempDir()
+	write := func(path string, qcow bool) string {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if qcow {
+			err = qcow2.Create(path, 1<<30)
+		} else {
+			err = os.WriteFile(path, []byte("k"), 0o644)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	link := func(target, path string) string {
+		t.Helper()
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	outKernel := write(filepath.Join(outside, "vmlinux"), false)
+	outBase := write(filepath.Join(outside, "base.qcow2"), true)
+	liveDisk := write(filepath.Join(e.StateDir, "vms", "other", "root.qcow2"), true) // another VM's disk
+	runFile := write(filepath.Join(e.RunDir, "vms", "other", "fw.bin"), false)
+	bootDir := filepath.Dir(e.Kernel)
+	linkOut := link(outKernel, filepath.Join(bootDir, "to-outside"))
+	linkIn := link(e.Kernel, filepath.Join(outside, "to-boot"))
+	linkLive := link(liveDisk, filepath.Join(bootDir, "to-live.qcow2"))
+	realRoot := t.TempDir()
+	rootKernel := write(filepath.Join(realRoot, "vmlinux"), false)
+	rootLink := link(realRoot, filepath.Join(outside, "root-link"))
+
+	roots := []string{bootDir, rootLink}
+	type mut = func(*vm.Spec)
+	kernel := func(p string) mut { return func(s *vm.Spec) { s.KernelPath = &p } }
+	firmware := func(p string) mut { return func(s *vm.Spec) { s.KernelPath, s.FirmwarePath = nil, &p } }
+	base := func(p string) mut { return func(s *vm.Spec) { s.Disk.BasePath = p } }
+	for _, c := range []struct {
+		name  string
+		roots []string
+		set   mut
+		field string // "" = accepted
+		msg   string
+	}{
+		{"kernel under a root", roots, kernel(e.Kernel), "", ""},
+		{"kernel outside the roots", roots, kernel(outKernel), "kernel_path", "host_path_roots"},
+		{"symlink in a root to outside", roots, kernel(linkOut), "kernel_path", "host_path_roots"},
+		{"symlink outside to a root", roots, kernel(linkIn), "", ""},
+		{"root that is a symlink", roots, kernel(rootKernel), "", ""},
+		{"/etc/passwd", roots, kernel("/etc/passwd"), "kernel_path", "host_path_roots"},
+		{"firmware outside the roots", roots, firmware(outKernel), "firmware_path", "host_path_roots"},
+		{"base outside the roots", roots, base(outBase), "disk.base_path", "host_path_roots"},
+		{"base: another VM's live disk", []string{top}, base(liveDisk), "disk.base_path", "state or run directory"},
+		{"base: symlink to a live disk", roots, base(linkLive), "disk.base_path", "state or run directory"},
+		{"firmware in the run directory", []string{top}, firmware(runFile), "firmware_path", "state or run directory"},
+		{"no roots: anywhere", nil, kernel(outKernel), "", ""},
+		{"no roots: base anywhere", nil, base(outBase), "", ""},
+		{"no roots: never the state directory", nil, base(liveDisk), "disk.base_path", "state or run directory"},
+		{"no roots: never the run directory", nil, kernel(runFile), "kernel_path", "state or run directory"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e.Config.HostPathRoots = c.roots
+			svc := e.Service(t)
+			spec := baseSpec(e)
+			c.set(&spec)
+			err := svc.ValidateSpec(&spec)
+			if c.field == "" {
+				if err != nil {
+					t.Errorf("ValidateSpec = %v, want nil", err)
+				}
+				return
+			}
+			var fe *vm.FieldError
+			if !errors.As(err, &fe) || fe.Field != c.field || !strings.Contains(fe.Msg, c.msg) {
+				t.Errorf("ValidateSpec = %v, want a FieldError on %s saying %q", err, c.field, c.msg)
+			}
+		})
+	}
+	// The defaults (extensions.md §9) refuse what the probes used.
+	e.Config.HostPathRoots = config.Default().HostPathRoots
+	svc := e.Service(t)
+	for _, p := range []string{"/etc/shadow", "/etc/passwd", "/proc/self/environ"} {
+		spec := baseSpec(e)
+		spec.KernelPath = &p
+		var fe *vm.FieldError
+		if err := svc.ValidateSpec(&spec); !errors.As(err, &fe) || fe.Field != "kernel_path" {
+			t.Errorf("kernel_path %s with the default roots: ValidateSpec = %v, want 400 on kernel_path", p, err)
+		}
 	}
 }

@@ -194,8 +194,11 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		v.KernelPath = &cfg.AppVMKernel
 	}
 	if !rec.Provisioning() {
-		v.DiskPath = s.layout.RootDisk(rec.ID)
 		v.ConsoleSocketPath = s.layout.ConsoleSocket(rec.ID)
+	}
+	absent := disksAbsent(rec)
+	if !absent {
+		v.DiskPath = s.layout.RootDisk(rec.ID)
 	}
 	dev := 1 // vda is the root disk
 	if sp.CloudInit != nil {
@@ -206,15 +209,17 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	for i, vol := range sp.Volumes {
 		vv := VolumeView{
 			ID:               record.VolumeID(i),
-			Path:             s.layout.DataVolume(rec.ID, i),
 			VirtualSizeBytes: uint64(vol.SizeGiB) << 30,
 			Fmt:              "qcow2",
 			Owned:            true,
 			Device:           DeviceName(dev),
 		}
 		dev++
-		if o.DiskBytes && !rec.Provisioning() {
-			vv.diskBytes, vv.haveDiskBytes = s.usage.get(vv.Path)
+		if !absent {
+			vv.Path = s.layout.DataVolume(rec.ID, i)
+			if o.DiskBytes {
+				vv.diskBytes, vv.haveDiskBytes = s.usage.get(vv.Path)
+			}
 		}
 		v.Volumes = append(v.Volumes, vv)
 	}
@@ -289,6 +294,14 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	if sp.CPUAffinity != nil {
 		v.CPUAffinity, _ = record.AppendCPUSet(pins, *sp.CPUAffinity) // validated at create
 	}
+}
+
+// disksAbsent reports whether rec's root disk and volumes are not on the
+// host, so its view names no path for them (contract: disk_path is empty
+// while the disk does not exist): a classic provision in progress has not
+// made them yet, and a failed one removed what it had made.
+func disksAbsent(rec *Record) bool {
+	return rec.Provisioning() || rec.DisplayState == DisplayProvisionFailed
 }
 
 // viewStore backs the optional objects of a View, so building one does

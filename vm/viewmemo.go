@@ -20,7 +20,7 @@ import (
 // is not memoized (package appvm encodes it).
 func (s *Service) ViewJSON(rec *Record, o ViewOptions) []byte {
 	var disk []diskSample
-	if o.DiskBytes && !rec.Provisioning() {
+	if o.DiskBytes && !disksAbsent(rec) {
 		for i := range rec.Spec.Volumes {
 			n, ok := s.usage.get(s.layout.DataVolume(rec.ID, i))
 			disk = append(disk, diskSample{n: n, ok: ok})

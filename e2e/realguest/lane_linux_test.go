@@ -44,6 +44,7 @@ type artifacts struct {
 	cloudKernel string // Debian cloud kernel (AppVM kernel)
 	modules     string // its lib/modules/<version>
 	vsock       string // vhost-device-vsock binary
+	cache       string // the cache directory holding them
 }
 
 // need skips the lane with reason, or fails it when VMHOST_REAL_GUESTS=1.
@@ -73,6 +74,7 @@ func findArtifacts(t *testing.T) artifacts {
 		image:       filepath.Join(cur, "debian.qcow2"),
 		cloudKernel: filepath.Join(cur, "cloud-kernel", "vmlinuz"),
 		vsock:       filepath.Join(cache, "vhost-device-vsock", "usr", "bin", "vhost-device-vsock"),
+		cache:       cache,
 	}
 	mods, _ := filepath.Glob(filepath.Join(cur, "cloud-kernel", "lib", "modules", "*"))
 	need(t, len(mods) == 1, "no cloud kernel modules in "+cur+"/cloud-kernel (run e2e/realguest/prepare.sh)")
@@ -198,7 +200,9 @@ func setUp(t *testing.T, a artifacts) *lane {
 		// check can miss its ticks and panic the kernel (seen here).
 		"appvm_cmdline":     "console=ttyS0 quiet panic=-1 no_timer_check",
 		"boot_timeout_secs": 300,
-		"binaries":          map[string]any{"cloud_hypervisor": wrapper, "qemu_storage_daemon": qsd},
+		// The guest image lives in the lane's cache, OVMF in Debian's ovmf.
+		"host_path_roots": []string{a.cache, filepath.Dir(ovmf)},
+		"binaries":        map[string]any{"cloud_hypervisor": wrapper, "qemu_storage_daemon": qsd},
 	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(dir+"/config.json", b, 0o600); err != nil {

@@ -507,10 +507,7 @@ func (e *Engine) createTap(ctx context.Context, rec *record.Record, i int) error
 		vlan = uint16(*nv.VLANTag)
 	}
 	if err := e.o.Taps.Attach(ctx, nic.Tap, nv.Bridge, tap.PortOptions{Isolated: isolated, VLAN: vlan}); err != nil {
-		if errors.Is(err, fs.ErrNotExist) {
-			err = fmt.Errorf("bridge %q does not exist: %w", nv.Bridge, err)
-		}
-		return undo(fail("attaching tap "+nic.Tap+" to bridge "+nv.Bridge, err))
+		return undo(fail("connecting VM "+rec.ID, err)) // err names the tap, the bridge and what failed
 	}
 	if guard {
 		r, err := guardRule(nic, nv, i, rec.Spec.CloudInit)

@@ -56,6 +56,7 @@ func gatedEngineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine
 	t.Cleanup(func() { os.RemoveAll(root) })
 	state, run := root+"/s", root+"/r"
 	cfg := config.Default()
+	cfg.HostPathRoots = []string{root} // the test's kernel and base image
 	eo := Options{Config: cfg, StateDir: state, RunDir: run,
 		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
 		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}}

@@ -36,11 +36,17 @@ type StateError struct {
 	ID     string
 	Action string
 	State  string // the display state
+	// Hint, when set, says how to get the action done anyway.
+	Hint string
 }
 
-// Error names the action and the state.
+// Error names the action and the state, then the hint if any.
 func (e *StateError) Error() string {
-	return fmt.Sprintf("cannot %s VM %q while it is %s", e.Action, e.ID, e.State)
+	msg := fmt.Sprintf("cannot %s VM %q while it is %s", e.Action, e.ID, e.State)
+	if e.Hint != "" {
+		msg += "; " + e.Hint
+	}
+	return msg
 }
 
 // FieldError is a request that decoded but breaks a field rule, a

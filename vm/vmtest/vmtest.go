@@ -204,6 +204,9 @@ func NewEnv(t testing.TB) *Env {
 	cfg.Networks = append(cfg.Networks, config.Network{ID: "lab", Bridge: "br1", MTU: 9000})
 	cfg.HostCPUs = 16
 	cfg.HostMemoryMB = 65536
+	// The kernel and base image below are the only host files creates
+	// name; a test that names others adds their directory.
+	cfg.HostPathRoots = []string{filepath.Join(dir, "boot")}
 	e.Config = cfg
 	e.Host = &Host{Layout: vm.Layout{StateDir: e.StateDir, RunDir: e.RunDir}}
 	if err := os.MkdirAll(filepath.Join(dir, "boot"), 0o755); err != nil {
