@@ -54,6 +54,12 @@ const (
 	MaxDownloadIdleSecs = 86400
 )
 
+// Defaults of the observability knobs.
+const (
+	DefaultAuditLogMaxBytes = 64 << 20
+	DefaultEventsKeep       = 10_000
+)
+
 // DefaultHostPathRoots are the directories a classic create's
 // kernel_path, firmware_path and disk.base_path may lie under: where
 // distributions put kernels, firmware and images.
@@ -136,6 +142,24 @@ type Config struct {
 	// may not connect to; checked on the resolved address. A list given
 	// replaces the default one; [] denies nothing.
 	FetchDeny []string `json:"fetch_deny"`
+
+	// TLS, when Cert and Key are set, makes serve answer HTTPS only.
+	TLS TLS `json:"tls,omitempty"`
+	// AuditLogMaxBytes is the size at which <state>/audit.log is rotated
+	// (to audit.log.1, replacing the previous one).
+	AuditLogMaxBytes int64 `json:"audit_log_max_bytes"`
+	// EventsKeep is how many events the durable event log keeps at least,
+	// across restarts, for clients that resume with Last-Event-ID.
+	EventsKeep int `json:"events_keep"`
+}
+
+// TLS names the PEM files of the API's certificate and key and, for mutual
+// TLS, of the CA that must have signed every client's certificate. They are
+// read again on SIGHUP.
+type TLS struct {
+	Cert     string `json:"cert,omitempty"`
+	Key      string `json:"key,omitempty"`
+	ClientCA string `json:"client_ca,omitempty"`
 }
 
 // Network is one host network: a bridge VM taps are attached to, and the
@@ -190,6 +214,8 @@ func Default() *Config {
 		HostPathRoots:         slices.Clone(DefaultHostPathRoots),
 		DownloadIdleSecs:      DefaultDownloadIdleSecs,
 		FetchDeny:             slices.Clone(DefaultFetchDeny),
+		AuditLogMaxBytes:      DefaultAuditLogMaxBytes,
+		EventsKeep:            DefaultEventsKeep,
 	}
 }
 
@@ -372,6 +398,25 @@ func (c *Config) Validate() error {
 		case p != p.Masked():
 			bad("fetch_deny[%d]: %q has bits set past the prefix length (%s?)", i, cidr, p.Masked())
 		}
+	}
+	for _, f := range []struct{ key, path string }{
+		{"tls.cert", c.TLS.Cert}, {"tls.key", c.TLS.Key}, {"tls.client_ca", c.TLS.ClientCA},
+	} {
+		if f.path != "" && (!filepath.IsAbs(f.path) || strings.ContainsRune(f.path, 0)) {
+			bad("%s: %q must be an absolute path", f.key, f.path)
+		}
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		bad("tls: cert and key go together (one of them is empty)")
+	}
+	if c.TLS.ClientCA != "" && c.TLS.Cert == "" {
+		bad("tls.client_ca: set without tls.cert and tls.key (mutual TLS needs TLS)")
+	}
+	if c.AuditLogMaxBytes < 4096 {
+		bad("audit_log_max_bytes: %d must be at least 4096", c.AuditLogMaxBytes)
+	}
+	if c.EventsKeep < 10_000 {
+		bad("events_keep: %d must be at least 10000", c.EventsKeep)
 	}
 
 	if len(errs) == 0 {
