@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"net"
 	"os"
 	"os/exec"
@@ -23,6 +22,7 @@ import (
 
 	"vmhost/chclient"
 	"vmhost/chclient/chsim"
+	"vmhost/kmod"
 )
 
 // The qemu backend boots a real tiny guest: Debian's cloud kernel (a stock bzImage whose
@@ -84,8 +84,9 @@ func staticBusybox(t *testing.T) string {
 	return ""
 }
 
-// guestModules are the modules the tiny guest loads, in dependency order; the first group
-// before virtio_blk so that its driver loads at a moment the test can see.
+// guestModules are the modules the tiny guest loads (kmod puts each group in dependency
+// order); the first group before virtio_blk so that its driver loads at a moment the test
+// can see.
 var (
 	busModules   = []string{"virtio", "virtio_ring", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci"}
 	laterModules = []string{"virtio_blk", "button", "evdev", "pvpanic", "pvpanic-pci",
@@ -144,30 +145,35 @@ func buildInitramfs(t *testing.T, dir, busybox, modules string, extra map[string
 		t.Fatal(err)
 	}
 	files["bin/busybox"] = bb
-	paths := map[string]string{}
-	filepath.WalkDir(modules, func(p string, d fs.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".ko") {
-			paths[strings.TrimSuffix(d.Name(), ".ko")] = p
-		}
-		return nil
-	})
-	if len(paths) == 0 {
-		t.Skipf("no uncompressed modules under %s (set VMHOST_LANE_MODULES)", modules)
+	// kmod orders each group after what its modules depend on: the order
+	// changes between kernel builds (6.1.0-56's virtio needs virtio_ring).
+	tree, err := kmod.Open(modules)
+	if err != nil {
+		t.Skipf("no module tree at %s (set VMHOST_LANE_MODULES): %v", modules, err)
 	}
-	for _, m := range append(append([]string{}, busModules...), laterModules...) {
-		p, ok := paths[m]
-		if !ok {
-			t.Logf("module %s not found under %s: assuming it is built in", m, modules)
-			continue
-		}
-		data, err := os.ReadFile(p)
+	loaded := map[string]bool{}
+	group := func(names []string) []string {
+		mods, err := tree.Resolve(nil, names)
 		if err != nil {
 			t.Fatal(err)
 		}
-		files["lib/"+m+".ko"] = data
+		var order []string
+		for _, m := range mods {
+			if loaded[m.Name] {
+				continue
+			}
+			loaded[m.Name] = true
+			files["lib/"+m.Name+".ko"] = m.Data
+			order = append(order, m.Name)
+		}
+		return order
 	}
-	init := strings.NewReplacer("load BUS", "load "+strings.Join(busModules, " "),
-		"load LATER", "load "+strings.Join(laterModules, " ")).Replace(tinyInit)
+	bus, later := group(busModules), group(laterModules)
+	if len(bus) == 0 && len(later) == 0 {
+		t.Skipf("no modules under %s (set VMHOST_LANE_MODULES)", modules)
+	}
+	init := strings.NewReplacer("load BUS", "load "+strings.Join(bus, " "),
+		"load LATER", "load "+strings.Join(later, " ")).Replace(tinyInit)
 	files["init"] = []byte(init)
 	for n := range files {
 		names = append(names, n)
