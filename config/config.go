@@ -19,6 +19,7 @@ import (
 	"io"
 	"math"
 	"net/netip"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -59,6 +60,9 @@ const (
 	DefaultAuditLogMaxBytes = 64 << 20
 	DefaultEventsKeep       = 10_000
 )
+
+// DefaultRegistryRefreshSecs is how often registry indexes are read again.
+const DefaultRegistryRefreshSecs = 3600
 
 // DefaultHostPathRoots are the directories a classic create's
 // kernel_path, firmware_path and disk.base_path may lie under: where
@@ -151,6 +155,23 @@ type Config struct {
 	// EventsKeep is how many events the durable event log keeps at least,
 	// across restarts, for clients that resume with Last-Event-ID.
 	EventsKeep int `json:"events_keep"`
+
+	// Registry names the image indexes whose images a classic create can
+	// name in image.
+	Registry Registry `json:"registry"`
+	// ImageCacheMaxBytes bounds the verified image cache: after each
+	// download, the least recently used images no provision is using are
+	// removed until the cache fits. 0 means no bound.
+	ImageCacheMaxBytes int64 `json:"image_cache_max_bytes"`
+}
+
+// Registry is where registry images come from.
+type Registry struct {
+	// Indexes are http(s) URLs or absolute file paths of SimpleStreams
+	// products:1.0 documents or flat vmhost indexes.
+	Indexes []string `json:"indexes"`
+	// RefreshSecs is how often every index is read again.
+	RefreshSecs int `json:"refresh_secs"`
 }
 
 // TLS names the PEM files of the API's certificate and key and, for mutual
@@ -216,6 +237,7 @@ func Default() *Config {
 		FetchDeny:             slices.Clone(DefaultFetchDeny),
 		AuditLogMaxBytes:      DefaultAuditLogMaxBytes,
 		EventsKeep:            DefaultEventsKeep,
+		Registry:              Registry{Indexes: []string{}, RefreshSecs: DefaultRegistryRefreshSecs},
 	}
 }
 
@@ -418,11 +440,39 @@ func (c *Config) Validate() error {
 	if c.EventsKeep < 10_000 {
 		bad("events_keep: %d must be at least 10000", c.EventsKeep)
 	}
+	for i, ix := range c.Registry.Indexes {
+		if err := checkIndexLocation(ix); err != nil {
+			bad("registry.indexes[%d]: %v", i, err)
+		}
+	}
+	if c.Registry.RefreshSecs < 10 || c.Registry.RefreshSecs > MaxDownloadIdleSecs*7 {
+		bad("registry.refresh_secs: %d is outside 10..%d", c.Registry.RefreshSecs, MaxDownloadIdleSecs*7)
+	}
+	if c.ImageCacheMaxBytes < 0 {
+		bad("image_cache_max_bytes: %d must be 0 (no bound) or positive", c.ImageCacheMaxBytes)
+	}
 
 	if len(errs) == 0 {
 		return nil
 	}
 	return fmt.Errorf("invalid config:\n%w", errors.Join(errs...))
+}
+
+// checkIndexLocation accepts an http or https URL with a host, or an
+// absolute file path. Its messages never quote the URL, which may carry
+// credentials.
+func checkIndexLocation(ix string) error {
+	if strings.HasPrefix(ix, "/") {
+		if strings.ContainsRune(ix, 0) {
+			return errors.New("the path contains NUL")
+		}
+		return nil
+	}
+	u, err := url.Parse(ix)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return errors.New("must be an http or https URL or an absolute file path")
+	}
+	return nil
 }
 
 // Tap MTU bounds: Cloud Hypervisor refuses less than 1280 at boot, and the
