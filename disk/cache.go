@@ -85,6 +85,10 @@ type CacheOptions struct {
 	// that applies Deny and whose proxy setting is cleared: a proxy would
 	// connect on our behalf, where Deny cannot see the address.
 	Client *http.Client
+	// MaxTotalBytes bounds the cache: after each download, the least
+	// recently used images that are neither pinned (Use) nor being
+	// downloaded are removed until the cache fits. 0 means no bound.
+	MaxTotalBytes int64
 }
 
 // Cache is the verified image cache in one directory. Its methods are safe
@@ -96,6 +100,7 @@ type Cache struct {
 
 	mu       sync.Mutex
 	inflight map[string]*download // by digest
+	pins     map[string]int       // Use counts, by digest
 }
 
 // NewCache returns a cache keeping images in dir, creating dir (0700) if
@@ -156,7 +161,7 @@ func NewCache(dir string, opts CacheOptions) (*Cache, error) {
 		}
 		return nil
 	}
-	return &Cache{dir: dir, opts: opts, client: client, inflight: map[string]*download{}}, nil
+	return &Cache{dir: dir, opts: opts, client: client, inflight: map[string]*download{}, pins: map[string]int{}}, nil
 }
 
 // checkDeny refuses address ("ip:port", as a dialer's Control sees it
@@ -222,6 +227,7 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 	}
 	final := c.Path(sha256hex)
 	if _, err := os.Stat(final); err == nil {
+		c.touch(sha256hex)
 		return final, nil
 	}
 	u, err := url.Parse(rawURL)
@@ -277,7 +283,9 @@ func (c *Cache) Fetch(ctx context.Context, rawURL, sha256hex string, progress fu
 	}
 	select {
 	case <-d.done:
-		leave()
+		if leave() && d.err == nil {
+			c.evict(sha256hex)
+		}
 		if d.err != nil {
 			return "", d.err
 		}
