@@ -8,6 +8,7 @@
 //	vmhost key list --state-dir DIR
 //	vmhost key remove --state-dir DIR --name NAME
 //	vmhost image import --state-dir DIR --id ID FILE
+//	vmhost version     (also --version)
 //	vmhost guest ...   (the AppVM guest agent; also what runs as PID 1)
 //	vmhost sim-ch ...  (Cloud Hypervisor simulator)
 //	vmhost sim-qsd ... (qemu-storage-daemon simulator)
@@ -34,6 +35,7 @@ const usage = `usage:
   vmhost key list --state-dir DIR
   vmhost key remove --state-dir DIR --name NAME
   vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
+  vmhost version
 Run "vmhost COMMAND -h" for the flags of a command.
 Also: guest, sim-ch, sim-qsd (the AppVM guest agent and the simulators; see README.md).
 `
@@ -48,6 +50,9 @@ func main() {
 // run dispatches a command line (without the program name) and returns the
 // exit status: 0 success, 1 failure, 2 usage error.
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		return versionCmd(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
 		return serve(args, stdout, stderr)
 	}
@@ -59,6 +64,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return key(rest, stdout, stderr)
 	case "image":
 		return image(rest, stdout, stderr)
+	case "version":
+		return versionCmd(rest, stdout, stderr)
 	case "guest": // the AppVM guest agent (main_guest.go)
 		return guest.Main(rest)
 	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (DESIGN §6)
