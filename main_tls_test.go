@@ -245,3 +245,34 @@ func TestServeTLSRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestCLIMutualTLS: the client reaches an HTTPS agent with --cacert and a
+// client certificate, and fails cleanly without one.
+func TestCLIMutualTLS(t *testing.T) {
+	cwd := t.TempDir()
+	pki := t.TempDir()
+	serverCA, clientCA := newCA(t, "server CA"), newCA(t, "client CA")
+	day := time.Now().Add(24 * time.Hour)
+	srvCert, srvKey := serverCA.issueTo(t, pki, "server", "vmhost-1", false, day)
+	caPath := filepath.Join(pki, "clients.pem")
+	os.WriteFile(caPath, clientCA.pem, 0o600)
+	serverCAPath := filepath.Join(pki, "server-ca.pem")
+	os.WriteFile(serverCAPath, serverCA.pem, 0o600)
+	cliCert, cliKey := clientCA.issueTo(t, pki, "ops", "ops", true, day)
+
+	s := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0", "--tls-cert", srvCert, "--tls-key", srvKey, "--tls-client-ca", caPath)
+	env := []string{"VMHOST_API=https://" + s.addr, "VMHOST_TOKEN=" + devToken(t, s)}
+	out, errOut, code := vmhostEnv(t, cwd, env, "vm", "list", "--cacert", serverCAPath, "--cert", cliCert, "--key", cliKey)
+	if code != 0 || !strings.HasPrefix(out, "ID ") {
+		t.Errorf("vm list over mutual TLS = %d, %q, %q", code, out, errOut)
+	}
+	_, errOut, code = vmhostEnv(t, cwd, env, "vm", "list", "--cacert", serverCAPath)
+	if code != 1 || !strings.Contains(errOut, "GET /api/vms at https://") {
+		t.Errorf("vm list without a client certificate = %d, %q; want 1 and the failed handshake", code, errOut)
+	}
+	_, errOut, code = vmhostEnv(t, cwd, env, "vm", "list", "--cert", cliCert, "--key", cliKey)
+	if code != 1 || !strings.Contains(errOut, "certificate") {
+		t.Errorf("vm list without the agent's CA = %d, %q; want 1 and an unknown authority", code, errOut)
+	}
+	s.stop(t, syscall.SIGTERM)
+}
