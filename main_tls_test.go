@@ -218,6 +218,21 @@ func TestServeMutualTLS(t *testing.T) {
 	if cn := serverCN(); cn != "vmhost-2" {
 		t.Errorf("server certificate CN after a failed reload = %q, want vmhost-2", cn)
 	}
+
+	// A new client CA, loaded on SIGHUP with a good certificate again:
+	// the old CA's clients are refused from then on, the new one's served.
+	serverCA.issueTo(t, pki, "server", "vmhost-3", false, day)
+	newCA := newCA(t, "new client CA")
+	os.WriteFile(caPath, newCA.pem, 0o600)
+	s.cmd.Process.Signal(syscall.SIGHUP)
+	waitFor(t, func() bool { return strings.Count(s.stderr.String(), "reloaded the TLS certificate") == 2 }, "the second TLS reload")
+	if resp, err := get([]tls.Certificate{good}, "Bearer "+token); err == nil {
+		t.Errorf("old CA's client after the CA changed: answered %d, want a failed handshake", resp.StatusCode)
+	}
+	renewed, _ := tls.X509KeyPair(newCA.issue(t, "ops", true, day))
+	if resp, err := get([]tls.Certificate{renewed}, "Bearer "+token); err != nil || resp.StatusCode != http.StatusNotFound {
+		t.Errorf("new CA's client = %v, %v; want 404", resp, err)
+	}
 	if code := s.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit code = %d", code)
 	}
