@@ -163,10 +163,13 @@ func TestDebPackage(t *testing.T) {
 	if err != nil || !strings.HasPrefix(string(v), "vmhost 1.2.3\ncommit ") || strings.Contains(string(v), "commit unknown") {
 		t.Errorf("packaged vmhost version = %q, %v", v, err)
 	}
-	cfg, _ := os.ReadFile(filepath.Join(root, "etc/vmhost/config.json"))
-	dist, _ := os.ReadFile("dist/config.json")
-	if string(cfg) != string(dist) {
-		t.Error("the packaged config.json is not dist/config.json")
+	cfg := filepath.Join(root, "etc/vmhost/config.json")
+	def, _, _ := vmhost(t, "", "config", "default")
+	if b, _ := os.ReadFile(cfg); string(b) != def || def == "" {
+		t.Errorf("the packaged config.json is not vmhost config default:\n%s", b)
+	}
+	if out, errOut, code := vmhost(t, "", "config", "check", cfg); code != 0 {
+		t.Errorf("vmhost config check on the packaged config = %d, %s%s", code, out, errOut)
 	}
 
 	if _, err := exec.LookPath("lintian"); err != nil {

@@ -9,6 +9,7 @@
 //	vmhost key remove --state-dir DIR --name NAME
 //	vmhost image import --state-dir DIR --id ID FILE   (offline, on the state dir)
 //	vmhost vm|appvm|volume|image|events|console ...   (the API client, package cli)
+//	vmhost config default|check FILE
 //	vmhost version     (also --version)
 //	vmhost guest ...   (the AppVM guest agent; also what runs as PID 1)
 //	vmhost sim-ch ...  (Cloud Hypervisor simulator)
@@ -40,6 +41,7 @@ const usage = `usage:
   vmhost key list --state-dir DIR
   vmhost key remove --state-dir DIR --name NAME
   vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
+  vmhost config default|check FILE
   vmhost version
 Run "vmhost COMMAND -h" for the flags of a command.
 ` + cli.Usage + `
@@ -77,6 +79,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return client(args, stdout, stderr)
 	case "version":
 		return versionCmd(rest, stdout, stderr)
+	case "config":
+		return configCmd(rest, stdout, stderr)
 	case "guest": // the AppVM guest agent (main_guest.go)
 		return guest.Main(rest)
 	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (DESIGN §6)

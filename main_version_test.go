@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -54,5 +55,28 @@ func TestVersion(t *testing.T) {
 	want := "commit " + strings.TrimSpace(string(head))
 	if lines[1] != want && lines[1] != want+" (modified)" {
 		t.Errorf("commit line = %q, want %q (or with \" (modified)\")", lines[1], want)
+	}
+}
+
+// TestConfigCommand: config default prints a configuration config check
+// accepts; a broken one is refused naming the problem.
+func TestConfigCommand(t *testing.T) {
+	dir := t.TempDir()
+	out, _, code := vmhost(t, dir, "config", "default")
+	if code != 0 || !strings.Contains(out, `"boot_timeout_secs"`) {
+		t.Fatalf("config default = %d, %q", code, out)
+	}
+	good := filepath.Join(dir, "config.json")
+	os.WriteFile(good, []byte(out), 0o644)
+	if got, errOut, code := vmhost(t, dir, "config", "check", good); code != 0 || got != good+": ok\n" {
+		t.Errorf("config check of the default = %d, %q, %q", code, got, errOut)
+	}
+	bad := filepath.Join(dir, "bad.json")
+	os.WriteFile(bad, []byte(`{"tls":{"cert":"/a.crt"}}`), 0o644)
+	if _, errOut, code := vmhost(t, dir, "config", "check", bad); code != 1 || !strings.Contains(errOut, "cert and key go together") {
+		t.Errorf("config check of a bad file = %d, %q", code, errOut)
+	}
+	if _, _, code := vmhost(t, dir, "config"); code != 2 {
+		t.Errorf("config without a subcommand = %d, want 2", code)
 	}
 }

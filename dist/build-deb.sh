@@ -45,7 +45,11 @@ CGO_ENABLED=0 GOOS=linux GOARCH=$GOARCH go build -trimpath -buildvcs=false \
 	-o "$root/usr/bin/vmhost" .
 
 install -D -m 0644 dist/vmhost.service "$root/lib/systemd/system/vmhost.service"
-install -D -m 0644 dist/config.json "$root/etc/vmhost/config.json"
+# The default configuration is the built-in one, so an untouched file
+# changes nothing (generated: it cannot drift from the config package).
+install -d -m 0755 "$root/etc/vmhost"
+go run -buildvcs=false . config default >"$root/etc/vmhost/config.json"
+chmod 0644 "$root/etc/vmhost/config.json"
 install -D -m 0644 dist/default "$root/etc/default/vmhost"
 install -d -m 0755 "$root/usr/share/doc/vmhost"
 gzip -9n <README.md >"$root/usr/share/doc/vmhost/README.md.gz"
