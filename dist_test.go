@@ -9,6 +9,20 @@ import (
 	"testing"
 )
 
+// distTool finds a checker: a test skips without it, except in CI (CI
+// set), which installs it and must not pass by skipping.
+func distTool(t *testing.T, name, pkg string) string {
+	t.Helper()
+	p, err := exec.LookPath(name)
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatalf("%s not installed (apt-get install %s), and CI is set", name, pkg)
+		}
+		t.Skipf("%s not installed (apt-get install %s)", name, pkg)
+	}
+	return p
+}
+
 // unitSettings reads the KEY=value lines of a systemd unit.
 func unitSettings(t *testing.T, path string) map[string][]string {
 	t.Helper()
@@ -53,10 +67,7 @@ func TestUnit(t *testing.T) {
 		}
 	}
 
-	analyze, err := exec.LookPath("systemd-analyze")
-	if err != nil {
-		t.Skip("systemd-analyze not installed (apt-get install systemd): the unit is not verified")
-	}
+	analyze := distTool(t, "systemd-analyze", "systemd")
 	b, _ := os.ReadFile("dist/vmhost.service")
 	dir := t.TempDir()
 	unit := filepath.Join(dir, "vmhost.service")
@@ -74,9 +85,7 @@ func TestDebPackage(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the package (-short)")
 	}
-	if _, err := exec.LookPath("dpkg-deb"); err != nil {
-		t.Skip("dpkg-deb not installed")
-	}
+	distTool(t, "dpkg-deb", "dpkg")
 	out := t.TempDir()
 	cmd := exec.Command("dist/build-deb.sh")
 	cmd.Env = append(os.Environ(), "VERSION=1.2.3", "OUT="+out, "GOARCH=amd64")
@@ -172,10 +181,7 @@ func TestDebPackage(t *testing.T) {
 		t.Errorf("vmhost config check on the packaged config = %d, %s%s", code, out, errOut)
 	}
 
-	if _, err := exec.LookPath("lintian"); err != nil {
-		t.Log("lintian not installed: not run")
-		return
-	}
+	distTool(t, "lintian", "lintian")
 	lint := exec.Command("lintian", "--fail-on", "error,warning", deb)
 	b, err = lint.CombinedOutput()
 	var findings []string
