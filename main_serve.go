@@ -278,6 +278,7 @@ func runServer(o serveOptions, log *slog.Logger) error {
 		if tlsr, err = newTLSReloader(tf); err != nil {
 			return err
 		}
+		logCertExpiry(log, tlsr)
 	}
 	keys, err := auth.Open(keysFile(stateDir))
 	if err != nil {
@@ -368,6 +369,7 @@ func runServer(o serveOptions, log *slog.Logger) error {
 						log.Error("reloading the TLS certificate; keeping the previous one", "err", err)
 					} else {
 						log.Info("reloaded the TLS certificate", "cert", tf.Cert, "client_ca", tf.ClientCA)
+						logCertExpiry(log, tlsr)
 					}
 				}
 				notify(log, o.notifier, sdnotify.Ready)
@@ -474,5 +476,22 @@ func (c *limitedConn) Close() error {
 func notify(log *slog.Logger, n *sdnotify.Notifier, state string) {
 	if err := n.Notify(state); err != nil {
 		log.Warn("notifying systemd", "state", state, "err", err)
+	}
+}
+
+// certExpiryWarning is how long before its expiry the certificate in use
+// is logged as a warning (at start and on every reload).
+const certExpiryWarning = 30 * 24 * time.Hour
+
+func logCertExpiry(log *slog.Logger, r *tlsReloader) {
+	na := r.NotAfter()
+	switch left := time.Until(na); {
+	case na.IsZero():
+	case left <= 0:
+		log.Error("the TLS certificate has expired: clients will refuse it; renew it and reload", "not_after", na.UTC())
+	case left < certExpiryWarning:
+		log.Warn("the TLS certificate expires soon: renew it and reload", "not_after", na.UTC())
+	default:
+		log.Info("TLS certificate", "not_after", na.UTC())
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"sync/atomic"
+	"time"
 )
 
 // tlsFiles are the PEM files serve's HTTPS uses: --tls-cert, --tls-key
@@ -34,8 +35,9 @@ func (f tlsFiles) check() error {
 // starts, so a renewed certificate (or a new client CA) takes effect
 // without dropping the connections that are open.
 type tlsReloader struct {
-	files tlsFiles
-	cur   atomic.Pointer[tls.Config]
+	files    tlsFiles
+	cur      atomic.Pointer[tls.Config]
+	notAfter atomic.Pointer[time.Time] // the current certificate's expiry
 }
 
 // newTLSReloader loads the files; an error names the file that could not
@@ -78,7 +80,18 @@ func (r *tlsReloader) Reload() error {
 		c.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	r.cur.Store(c)
+	if cert.Leaf != nil {
+		r.notAfter.Store(&cert.Leaf.NotAfter)
+	}
 	return nil
+}
+
+// NotAfter is when the certificate in use expires (zero if unknown).
+func (r *tlsReloader) NotAfter() time.Time {
+	if t := r.notAfter.Load(); t != nil {
+		return *t
+	}
+	return time.Time{}
 }
 
 // Config is the server's tls.Config: each handshake takes the current

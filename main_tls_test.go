@@ -127,7 +127,7 @@ func TestServeMutualTLS(t *testing.T) {
 	cwd := t.TempDir()
 	pki := t.TempDir()
 	serverCA, clientCA, otherCA := newCA(t, "server CA"), newCA(t, "client CA"), newCA(t, "other CA")
-	day := time.Now().Add(24 * time.Hour)
+	day := time.Now().Add(90 * 24 * time.Hour) // far from the expiry warning
 	srvCert, srvKey := serverCA.issueTo(t, pki, "server", "vmhost-1", false, day)
 	caPath := filepath.Join(pki, "clients.pem")
 	os.WriteFile(caPath, clientCA.pem, 0o600)
@@ -137,6 +137,9 @@ func TestServeMutualTLS(t *testing.T) {
 		t.Errorf("serving line does not say https with mutual TLS:\n%s", s.stderr)
 	}
 	token := devToken(t, s)
+	if !strings.Contains(s.stderr.String(), "msg=\"TLS certificate\" not_after=") {
+		t.Errorf("start did not log the certificate's expiry:\n%s", s.stderr)
+	}
 
 	roots := x509.NewCertPool()
 	roots.AddCert(serverCA.cert)
@@ -221,13 +224,17 @@ func TestServeMutualTLS(t *testing.T) {
 
 	// A new client CA, loaded on SIGHUP with a good certificate again:
 	// the old CA's clients are refused from then on, the new one's served.
-	serverCA.issueTo(t, pki, "server", "vmhost-3", false, day)
+	// This one expires within a week: the reload warns.
+	serverCA.issueTo(t, pki, "server", "vmhost-3", false, time.Now().Add(7*24*time.Hour))
 	newCA := newCA(t, "new client CA")
 	os.WriteFile(caPath, newCA.pem, 0o600)
 	s.cmd.Process.Signal(syscall.SIGHUP)
 	waitFor(t, func() bool { return strings.Count(s.stderr.String(), "reloaded the TLS certificate") == 2 }, "the second TLS reload")
 	if resp, err := get([]tls.Certificate{good}, "Bearer "+token); err == nil {
 		t.Errorf("old CA's client after the CA changed: answered %d, want a failed handshake", resp.StatusCode)
+	}
+	if !strings.Contains(s.stderr.String(), "the TLS certificate expires soon") {
+		t.Errorf("reloading a certificate that expires in a week did not warn:\n%s", s.stderr)
 	}
 	renewed, _ := tls.X509KeyPair(newCA.issue(t, "ops", true, day))
 	if resp, err := get([]tls.Certificate{renewed}, "Bearer "+token); err != nil || resp.StatusCode != http.StatusNotFound {
@@ -267,7 +274,7 @@ func TestCLIMutualTLS(t *testing.T) {
 	cwd := t.TempDir()
 	pki := t.TempDir()
 	serverCA, clientCA := newCA(t, "server CA"), newCA(t, "client CA")
-	day := time.Now().Add(24 * time.Hour)
+	day := time.Now().Add(90 * 24 * time.Hour) // far from the expiry warning
 	srvCert, srvKey := serverCA.issueTo(t, pki, "server", "vmhost-1", false, day)
 	caPath := filepath.Join(pki, "clients.pem")
 	os.WriteFile(caPath, clientCA.pem, 0o600)
