@@ -30,6 +30,12 @@ func (f tlsFiles) check() error {
 	return nil
 }
 
+// nextProtos offers HTTP/1.1 only: the server's limits (256 connections
+// at once, a header and a body deadline per request) are per connection
+// and per request of HTTP/1.1; HTTP/2 would multiplex many requests over
+// one connection past them.
+var nextProtos = []string{"http/1.1"}
+
 // tlsReloader serves the TLS configuration built from tlsFiles, and builds
 // it again on Reload: a handshake uses the configuration current when it
 // starts, so a renewed certificate (or a new client CA) takes effect
@@ -63,7 +69,7 @@ func (r *tlsReloader) Reload() error {
 	c := &tls.Config{
 		MinVersion:   tls.VersionTLS12,
 		Certificates: []tls.Certificate{cert},
-		NextProtos:   []string{"h2", "http/1.1"},
+		NextProtos:   nextProtos,
 	}
 	if r.files.ClientCA != "" {
 		pem, err := os.ReadFile(r.files.ClientCA)
@@ -99,7 +105,7 @@ func (r *tlsReloader) NotAfter() time.Time {
 func (r *tlsReloader) Config() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"h2", "http/1.1"},
+		NextProtos: nextProtos,
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			return r.cur.Load(), nil
 		},

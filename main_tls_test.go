@@ -192,11 +192,14 @@ func TestServeMutualTLS(t *testing.T) {
 	}
 
 	serverCN := func() string {
-		c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{good}})
+		c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{good}, NextProtos: []string{"h2", "http/1.1"}})
 		if err != nil {
 			t.Fatalf("handshake: %v", err)
 		}
 		defer c.Close()
+		if p := c.ConnectionState().NegotiatedProtocol; p != "http/1.1" {
+			t.Errorf("negotiated protocol %q, want http/1.1 (the connection limits are HTTP/1.1's)", p)
+		}
 		return c.ConnectionState().PeerCertificates[0].Subject.CommonName
 	}
 	if cn := serverCN(); cn != "vmhost-1" {
