@@ -128,10 +128,24 @@ func TestAttachReplacesAStaleSocket(t *testing.T) {
 	}
 	c.Close()
 
-	file := filepath.Join(dir, "not-a-socket")
+}
+
+// TestAttachFailureKeepsTheLog: when the attach socket cannot be opened (a
+// regular file in the way), the keeper still keeps the log and says why
+// attaching is not possible.
+func TestAttachFailureKeepsTheLog(t *testing.T) {
+	dir := shortDir(t)
+	sock, logPath, file := filepath.Join(dir, "serial.sock"), filepath.Join(dir, "console.log"), filepath.Join(dir, "not-a-socket")
 	os.WriteFile(file, nil, 0o600)
-	if k, err := console.Start(t.Context(), console.Config{Socket: sock, Path: logPath, Attach: file}); err == nil {
-		k.Stop()
-		t.Error("Start over a regular file as the attach socket succeeded")
+	srv := listen(t, sock)
+	k := start(t, console.Config{Socket: sock, Path: logPath, Attach: file})
+	if err := k.AttachErr(); err == nil || !strings.Contains(err.Error(), "not a socket") {
+		t.Errorf("AttachErr = %v, want the path is not a socket", err)
+	}
+	guest := srv.accept(t)
+	fmt.Fprint(guest, "still kept\n")
+	waitFor(t, "the output in the log", func() bool { return output(t, logPath) == "still kept\n" })
+	if fi, err := os.Lstat(file); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("the file in the way = %v, %v; want it left alone", fi, err)
 	}
 }

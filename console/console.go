@@ -83,11 +83,16 @@ type Config struct {
 
 // Keeper copies one VM's serial output to its log until stopped.
 type Keeper struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	log    *rotatingFile
-	attach *attachments // nil without Config.Attach
+	cancel    context.CancelFunc
+	done      chan struct{}
+	log       *rotatingFile
+	attach    *attachments // nil without Config.Attach, or when it failed
+	attachErr error
 }
+
+// AttachErr is why the attach socket could not be opened (nil when it was,
+// or none was asked for); the keeper keeps the log either way.
+func (k *Keeper) AttachErr() error { return k.attachErr }
 
 // Start opens the log, writes the Marker line and starts copying the
 // console socket's output into it in the background until ctx ends or Stop
@@ -104,15 +109,15 @@ func Start(ctx context.Context, c Config) (*Keeper, error) {
 		log.Close()
 		return nil, err
 	}
+	// The log matters more than attaching: without the attach socket the
+	// keeper still runs, and AttachErr says why.
 	var attach *attachments
+	var attachErr error
 	if c.Attach != "" {
-		if attach, err = listenAttach(c.Attach); err != nil {
-			log.Close()
-			return nil, err
-		}
+		attach, attachErr = listenAttach(c.Attach)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log, attach: attach}
+	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log, attach: attach, attachErr: attachErr}
 	go k.run(ctx, c.Socket)
 	return k, nil
 }

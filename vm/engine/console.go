@@ -25,6 +25,9 @@ func (e *Engine) keepConsole(id, socket string, p *chclient.Process) {
 		e.log.Warn("keeping the serial console", "id", id, "err", err)
 		return
 	}
+	if err := k.AttachErr(); err != nil {
+		e.log.Warn("vmhost console cannot attach to this VM", "id", id, "err", err)
+	}
 	e.consoles.Add(1)
 	go func() {
 		defer e.consoles.Done()
