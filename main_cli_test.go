@@ -54,6 +54,7 @@ func TestCLIAgainstAgent(t *testing.T) {
 	sock := filepath.Join(cwd, "api.sock")
 	s := startServer(t, cwd, "--dev", "--listen", "unix:"+sock)
 	token := devToken(t, s)
+	t.Cleanup(func() { s.deleteVM(t, token, "n1") }) // if the test stops before its delete
 	env := []string{"VMHOST_API=unix:" + sock, "VMHOST_TOKEN=" + token}
 	var all strings.Builder // every output, to look for the token in
 	run := func(args ...string) (string, string, int) {

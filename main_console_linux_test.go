@@ -49,7 +49,7 @@ func termios(t *testing.T, f *os.File) *unix.Termios {
 // ^C), output and input pass, and the terminal is restored both after
 // Ctrl-] q and after SIGTERM.
 func TestConsoleRawTerminal(t *testing.T) {
-	cwd, runDir := consoleAgent(t)
+	cwd, runDir, _ := consoleAgent(t)
 	master, slave := openPTY(t)
 	before := termios(t, slave)
 	if before.Lflag&unix.ICANON == 0 || before.Lflag&unix.ECHO == 0 {

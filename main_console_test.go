@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 
 	"vmhost/cli"
@@ -27,7 +28,7 @@ func TestConsoleAttachName(t *testing.T) {
 // and Ctrl-] q detaches. A VM that is not there, or not running, is said
 // so.
 func TestConsoleCommand(t *testing.T) {
-	cwd, runDir := consoleAgent(t)
+	cwd, runDir, s := consoleAgent(t)
 
 	cmd := exec.Command(binary(t), "console", "c1", "--run-dir", runDir)
 	stdin, err := cmd.StdinPipe()
@@ -81,11 +82,39 @@ func TestConsoleCommand(t *testing.T) {
 	if code != 1 || !strings.Contains(errOut, "no agent run directory") {
 		t.Errorf("vmhost console with a wrong run dir = %d, %q", code, errOut)
 	}
+
+	// The agent stops; the VM runs on (KillMode=process), with nobody
+	// keeping its console until the next agent adopts it.
+	token := devToken(t, s)
+	if code := s.stop(t, syscall.SIGTERM); code != 0 {
+		t.Fatalf("agent exit code = %d", code)
+	}
+	_, errOut, code = vmhost(t, cwd, "console", "c1", "--run-dir", runDir)
+	if code != 1 || !strings.Contains(errOut, "the VM runs but no agent keeps its console") {
+		t.Errorf("vmhost console with the agent stopped = %d, %q", code, errOut)
+	}
+	s2 := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0", "--run-dir", runDir)
+	t.Cleanup(func() { s2.deleteVM(t, token, "c1"); s2.deleteVM(t, token, "c2") })
+	cmd2 := exec.Command(binary(t), "console", "c1", "--run-dir", runDir)
+	stdin2, _ := cmd2.StdinPipe()
+	out2 := &lockedBuffer{}
+	cmd2.Stdout = out2
+	if err := cmd2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool {
+		io.WriteString(stdin2, "after-restart\r")
+		return strings.Contains(out2.String(), "after-restart")
+	}, "the echo through the adopting agent")
+	io.WriteString(stdin2, "\x1dq")
+	if err := cmd2.Wait(); err != nil {
+		t.Errorf("vmhost console after the agent restarted = %v", err)
+	}
 }
 
 // consoleAgent starts an agent (dev mode, simulators) with a running VM c1
 // and a created one c2, and returns its directory and run directory.
-func consoleAgent(t *testing.T) (cwd, runDir string) {
+func consoleAgent(t *testing.T) (cwd, runDir string, s *server) {
 	t.Helper()
 	cwd, err := os.MkdirTemp("", "vh") // short: the run dir holds sockets
 	if err != nil {
@@ -93,8 +122,9 @@ func consoleAgent(t *testing.T) (cwd, runDir string) {
 	}
 	t.Cleanup(func() { os.RemoveAll(cwd) })
 	runDir = filepath.Join(cwd, "run")
-	s := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0", "--run-dir", runDir)
+	s = startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0", "--run-dir", runDir)
 	token := devToken(t, s)
+	t.Cleanup(func() { s.deleteVM(t, token, "c1"); s.deleteVM(t, token, "c2") })
 	c, base := s.client()
 	for _, body := range []string{vmBody(t, cwd, "c1", true), vmBody(t, cwd, "c2", false)} {
 		req, _ := http.NewRequest("POST", base+"/api/vms", strings.NewReader(body))
@@ -108,5 +138,5 @@ func consoleAgent(t *testing.T) (cwd, runDir string) {
 			t.Fatalf("create = %d", resp.StatusCode)
 		}
 	}
-	return cwd, runDir
+	return cwd, runDir, s
 }

@@ -78,6 +78,7 @@ func TestServeNotifiesSystemd(t *testing.T) {
 	if strings.Contains(string(out), "NOTIFY_SOCKET") {
 		t.Errorf("a child of the agent inherited NOTIFY_SOCKET")
 	}
+	s.deleteVM(t, token, "n1")
 	if code := s.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit code = %d", code)
 	}
@@ -100,4 +101,26 @@ func vmBody(t *testing.T, dir, id string, autoBoot bool) string {
 		}
 	}
 	return fmt.Sprintf(`{"vm_id":%q,"vcpus":1,"memory_mb":128,"kernel_path":%q,"disk":{"base_path":%q},"auto_boot":%t}`, id, kernel, base, autoBoot)
+}
+
+// deleteVM deletes a VM through the API with ?force=true: a VM's processes
+// outlive the agent by design (KillMode=process), so a test that started
+// one ends it while the agent still runs.
+func (s *server) deleteVM(t *testing.T, token, id string) {
+	t.Helper()
+	if s.exited {
+		return // another agent on the same directories deletes it
+	}
+	c, base := s.client()
+	req, _ := http.NewRequest("DELETE", base+"/api/vms/"+id+"?force=true", nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Errorf("deleting VM %s: %v", id, err)
+		return
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent && resp.StatusCode != http.StatusNotFound {
+		t.Errorf("deleting VM %s = %d", id, resp.StatusCode)
+	}
 }

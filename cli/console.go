@@ -94,9 +94,9 @@ func dialConsole(runDir, id string) (net.Conn, error) {
 		} else if errors.Is(serr, fs.ErrPermission) {
 			return nil, fmt.Errorf("console of %s: permission denied on %s: run vmhost console as root (or as the agent's user)", id, vmDir)
 		}
-		return nil, fmt.Errorf("console of %s: the VM is not running (no console socket %s)", id, path)
+		return nil, fmt.Errorf("console of %s: %s (no console socket %s)", id, notAttachable(vmDir), path)
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return nil, fmt.Errorf("console of %s: the VM is not running (nobody answers on %s)", id, path)
+		return nil, fmt.Errorf("console of %s: %s (nobody answers on %s)", id, notAttachable(vmDir), path)
 	}
 	return nil, fmt.Errorf("console of %s: %w", id, err)
 }
@@ -164,4 +164,15 @@ func forwardInput(conn net.Conn, in io.Reader) string {
 			return "end of input"
 		}
 	}
+}
+
+// notAttachable says why a VM whose run directory exists has no console to
+// attach to: Cloud Hypervisor's API socket (ch.sock) exists while the VM
+// runs, so without it the VM is not running; with it, the agent that keeps
+// the console is not (between a stop and a start of vmhost).
+func notAttachable(vmDir string) string {
+	if _, err := os.Stat(filepath.Join(vmDir, "ch.sock")); err == nil {
+		return "the VM runs but no agent keeps its console (is vmhost serve running?)"
+	}
+	return "the VM is not running"
 }
