@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -152,6 +154,24 @@ func TestVMTable(t *testing.T) {
 	}
 	if out, _, code := runCLI(t, srv.URL, "vm", "pause", "x", "-o", "json"); code != 0 || out != "" {
 		t.Errorf("vm pause -o json = %d, %q; want nothing (204)", code, out)
+	}
+
+	// An AppVM create answers the short response of api.md §2.4; the
+	// table then shows the AppVM read back. -o json is the answer as is.
+	rec.answers["POST /api/appvm/vms"] = answer{201, `{"id":"web","mode":"appvm","image_id":"nginx","booted":true}`}
+	rec.answers["GET /api/appvm/vms/web"] = answer{200, `{"id":"web","mode":"appvm","state":"running","display_state":"booting","vcpus":2,"memory_mb":512,"appvm":{"ip":"10.0.0.7"}}`}
+	body := filepath.Join(t.TempDir(), "web.json")
+	os.WriteFile(body, []byte(`{"vm_id":"web","image_id":"nginx","vcpus":2,"memory_mb":512,"disk_gib":1}`), 0o600)
+	rec.reqs = nil
+	out, errOut, code := runCLI(t, srv.URL, "appvm", "create", "-f", body)
+	if code != 0 || !strings.Contains(out, "web  appvm  running  booting        2      512MiB  10.0.0.7") {
+		t.Errorf("appvm create = %d\n%s%s", code, out, errOut)
+	}
+	if got := strings.Join(rec.reqs, "\n"); got != "POST /api/appvm/vms {\"vm_id\":\"web\",\"image_id\":\"nginx\",\"vcpus\":2,\"memory_mb\":512,\"disk_gib\":1}\nGET /api/appvm/vms/web" {
+		t.Errorf("appvm create requests:\n%s", got)
+	}
+	if out, _, code := runCLI(t, srv.URL, "appvm", "create", "-f", body, "-o", "json"); code != 0 || out != `{"id":"web","mode":"appvm","image_id":"nginx","booted":true}`+"\n" {
+		t.Errorf("appvm create -o json = %d, %q", code, out)
 	}
 }
 
