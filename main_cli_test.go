@@ -136,6 +136,12 @@ func TestCLIAgainstAgent(t *testing.T) {
 		}
 	}
 
+	for _, args := range [][]string{{"vm", "-h"}, {"appvm", "help"}, {"volume", "--help"}, {"image", "list", "-h"}, {"events", "-h"}} {
+		if _, _, code := run(args...); code != 0 {
+			t.Errorf("vmhost %q = %d, want 0", args, code)
+		}
+	}
+
 	// Without a key: the API's 401, and a hint.
 	out, errOut, code = vmhostEnv(t, cwd, []string{"VMHOST_API=unix:" + sock, "VMHOST_TOKEN="}, "vm", "list")
 	if code != 1 || out != "" || !strings.HasPrefix(errOut, "UNAUTHORIZED: ") || !strings.Contains(errOut, "VMHOST_TOKEN") {

@@ -302,6 +302,13 @@ func (e *env) run(args []string) error {
 		return usageError("no command")
 	}
 	cmd, rest := args[0], args[1:]
+	if len(rest) > 0 && cmd != "events" && cmd != "console" {
+		switch rest[0] {
+		case "-h", "-help", "--help", "help":
+			fmt.Fprint(e.stdout, Usage)
+			return nil
+		}
+	}
 	switch cmd {
 	case "vm":
 		return e.vmCmd("vm", rest)
