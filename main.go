@@ -7,7 +7,10 @@
 //	vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow PATTERN]...
 //	vmhost key list --state-dir DIR
 //	vmhost key remove --state-dir DIR --name NAME
-//	vmhost image import --state-dir DIR --id ID FILE
+//	vmhost image import --state-dir DIR --id ID FILE   (offline, on the state dir)
+//	vmhost vm|appvm|volume|image|events|console ...   (the API client, package cli)
+//	vmhost config default|check FILE
+//	vmhost version     (also --version)
 //	vmhost guest ...   (the AppVM guest agent; also what runs as PID 1)
 //	vmhost sim-ch ...  (Cloud Hypervisor simulator)
 //	vmhost sim-qsd ... (qemu-storage-daemon simulator)
@@ -17,13 +20,17 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 
 	"vmhost/appvm/guest"
 	"vmhost/chclient/chsim"
+	"vmhost/cli"
 	"vmhost/qmp/qsdsim"
 )
 
@@ -34,7 +41,10 @@ const usage = `usage:
   vmhost key list --state-dir DIR
   vmhost key remove --state-dir DIR --name NAME
   vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
+  vmhost config default|check FILE
+  vmhost version
 Run "vmhost COMMAND -h" for the flags of a command.
+` + cli.Usage + `
 Also: guest, sim-ch, sim-qsd (the AppVM guest agent and the simulators; see README.md).
 `
 
@@ -48,6 +58,9 @@ func main() {
 // run dispatches a command line (without the program name) and returns the
 // exit status: 0 success, 1 failure, 2 usage error.
 func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
+		return versionCmd(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
 		return serve(args, stdout, stderr)
 	}
@@ -58,7 +71,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "key":
 		return key(rest, stdout, stderr)
 	case "image":
-		return image(rest, stdout, stderr)
+		if localImageCommand(rest, os.Getenv) {
+			return image(rest, stdout, stderr)
+		}
+		return client(args, stdout, stderr)
+	case "vm", "appvm", "volume", "events", "console":
+		return client(args, stdout, stderr)
+	case "version":
+		return versionCmd(rest, stdout, stderr)
+	case "config":
+		return configCmd(rest, stdout, stderr)
 	case "guest": // the AppVM guest agent (main_guest.go)
 		return guest.Main(rest)
 	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (DESIGN §6)
@@ -71,4 +93,49 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stderr, "vmhost: unknown command %q\n%s", cmd, usage)
 	return 2
+}
+
+// client runs a command of the API client (package cli), until done or
+// SIGINT/SIGTERM (which end `vmhost events` cleanly).
+func client(args []string, stdout, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return cli.Run(ctx, args, os.Stdin, stdout, stderr, os.Getenv)
+}
+
+// localImageCommand reports whether `vmhost image ARGS` is the offline
+// import on a state directory (main_image.go) rather than a command of the
+// API client: image's help, and `image import` unless it names an API
+// (--api, or $VMHOST_API) without naming a state directory (--state-dir or
+// --dev). An import that names neither is the local one, which then asks
+// for one of them: importing through the agent (it reads PATH itself) or
+// into a state directory (this process writes it) is never guessed.
+func localImageCommand(args []string, getenv func(string) string) bool {
+	if len(args) == 0 {
+		return true // image's usage
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		return true
+	case "import":
+	default:
+		return false
+	}
+	api := getenv("VMHOST_API") != ""
+	for _, a := range args[1:] {
+		if a == "--" {
+			break
+		}
+		if !strings.HasPrefix(a, "-") {
+			continue
+		}
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		switch name {
+		case "state-dir", "dev":
+			return true
+		case "api":
+			api = true
+		}
+	}
+	return !api
 }

@@ -78,6 +78,28 @@ func TestLayering(t *testing.T) {
 	}
 }
 
+// TestClientLeaves: the API client (cli) talks HTTP only, and sdnotify is a
+// leaf: neither imports any package of ours, so the client cannot reach
+// around the API into api, vm or appvm.
+func TestClientLeaves(t *testing.T) {
+	for _, pkg := range []string{"./cli", "./sdnotify"} {
+		cmd := exec.Command(goTool(t), "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, exitStderr(err))
+		}
+		deps := strings.Fields(string(out))
+		if len(deps) == 0 {
+			t.Fatalf("go list -deps %s listed nothing; the check is broken", pkg)
+		}
+		for _, d := range deps {
+			if strings.HasPrefix(d, "vmhost/") && d != "vmhost/"+strings.TrimPrefix(pkg, "./") {
+				t.Errorf("%s imports %s: it must talk to the agent over HTTP (or be a leaf) only", pkg, d)
+			}
+		}
+	}
+}
+
 func TestAllowedDep(t *testing.T) {
 	for pkg, want := range map[string]bool{
 		"vmhost":                            true,

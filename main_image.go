@@ -17,6 +17,9 @@ import (
 
 const imageUsage = `usage:
   vmhost image import --state-dir DIR --id ID [--config FILE] [--ignore-owners] [--skip-devices] FILE
+  vmhost image import --api URL --id ID PATH     (through a running agent, which reads PATH)
+  vmhost image list|get ID|delete ID [--api URL] (through the API)
+The first form is the offline import:
 FILE is an OCI image layout (a directory or a tar of one) or a docker save
 tarball. The import runs in the foreground, writes the AppVM image catalog
 of DIR (safe while vmhost serve runs on it) and prints the image as JSON.
@@ -60,7 +63,7 @@ func image(args []string, stdout, stderr io.Writer) int {
 		*stateDir = devStateDir
 	}
 	if *stateDir == "" || *id == "" || fs.NArg() != 1 {
-		fmt.Fprint(stderr, "vmhost image import: --state-dir (or --dev), --id and one FILE are required\n"+imageUsage)
+		fmt.Fprint(stderr, "vmhost image import: --state-dir (or --dev; or --api to import through an agent), --id and one FILE are required\n"+imageUsage)
 		return 2
 	}
 	src, err := filepath.Abs(fs.Arg(0))

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -23,6 +24,7 @@ import (
 	"vmhost/auth"
 	"vmhost/config"
 	"vmhost/internal/dirlock"
+	"vmhost/sdnotify"
 	"vmhost/store"
 	"vmhost/vm"
 )
@@ -65,6 +67,11 @@ type serveOptions struct {
 	// simulate lists the programs replaced by their simulators: "ch",
 	// "qsd" (comma-separated; --dev defaults to both).
 	simulate string
+	// tls are the --tls-* flags; each set one overrides its config key.
+	tls tlsFiles
+	// notifier tells systemd (Type=notify) when serve is ready, reloading
+	// and stopping; it sends nothing outside systemd.
+	notifier *sdnotify.Notifier
 }
 
 // serveEnv is what the wiring of the API (newService) gets from serve.
@@ -92,6 +99,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.runDir, "run-dir", "", "directory of runtime sockets and logs (e.g. /run/vmhost)")
 	fl.StringVar(&o.configPath, "config", "", "host configuration file (JSON); none = built-in defaults")
 	fl.BoolVar(&o.dev, "dev", false, "development mode: state, run dir and config under ./"+devDir+"/, a readwrite key printed on first start, simulators for ch and qsd, and (as root) the default network's bridge")
+	fl.StringVar(&o.tls.Cert, "tls-cert", "", "PEM certificate (chain) to serve HTTPS with; overrides the config's tls.cert; reloaded on SIGHUP")
+	fl.StringVar(&o.tls.Key, "tls-key", "", "PEM private key of --tls-cert; overrides tls.key")
+	fl.StringVar(&o.tls.ClientCA, "tls-client-ca", "", "PEM CA certificate(s): require a client certificate signed by one of them (mutual TLS, on top of the bearer key); overrides tls.client_ca")
 	fl.StringVar(&o.simulate, "simulate", "", `run simulators instead of real programs: "ch", "qsd" or "ch,qsd" (--dev default "ch,qsd"; "none" for the real ones)`)
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -104,6 +114,11 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
+	n, err := sdnotify.FromEnv()
+	if err != nil {
+		log.Warn("not notifying systemd", "err", err)
+	}
+	o.notifier = n
 	if o.dev {
 		if err := setUpDev(&o, stdout, log); err != nil {
 			log.Error("setting up dev mode", "err", err)
@@ -246,6 +261,25 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	} else {
 		log.Info("no --config given; using the built-in defaults")
 	}
+	tf := tlsFiles{Cert: cfg.TLS.Cert, Key: cfg.TLS.Key, ClientCA: cfg.TLS.ClientCA}
+	for _, f := range []struct{ flag, cfg *string }{{&o.tls.Cert, &tf.Cert}, {&o.tls.Key, &tf.Key}, {&o.tls.ClientCA, &tf.ClientCA}} {
+		if *f.flag != "" {
+			*f.cfg = *f.flag
+		}
+	}
+	var tlsr *tlsReloader
+	if tf.enabled() {
+		// TLS guards a TCP listener; a unix socket is guarded by its mode
+		// (0600) and stays plain HTTP, which is what `vmhost --api unix:`
+		// speaks.
+		if strings.HasPrefix(o.listen, "unix:") {
+			return fmt.Errorf("TLS is configured but --listen is the unix socket %s: TLS applies to a TCP address (listen on host:port, or drop the tls settings)", o.listen)
+		}
+		if tlsr, err = newTLSReloader(tf); err != nil {
+			return err
+		}
+		logCertExpiry(log, tlsr)
+	}
 	keys, err := auth.Open(keysFile(stateDir))
 	if err != nil {
 		return err
@@ -297,6 +331,11 @@ func runServer(o serveOptions, log *slog.Logger) error {
 		return err
 	}
 	ln = limitListener(ln, maxConnections)
+	scheme := "http"
+	if tlsr != nil {
+		ln = tls.NewListener(ln, tlsr.Config())
+		scheme = "https"
+	}
 	srv := &http.Server{
 		Handler:           svc.Handler,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -309,7 +348,9 @@ func runServer(o serveOptions, log *slog.Logger) error {
 	if ln.Addr().Network() == "unix" {
 		addr = "unix:" + addr // the --listen spelling
 	}
-	log.Info("serving", "listen", addr, "pid", os.Getpid(), "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
+	log.Info("serving", "listen", addr, "scheme", scheme, "mutual_tls", tf.ClientCA != "", "pid", os.Getpid(), "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
+	// Recovery is over (newService returned) and the listener is up.
+	notify(log, o.notifier, sdnotify.Ready)
 
 	for {
 		select {
@@ -317,13 +358,24 @@ func runServer(o serveOptions, log *slog.Logger) error {
 			return fmt.Errorf("serving: %w", err)
 		case sig := <-sigs:
 			if sig == syscall.SIGHUP {
+				notify(log, o.notifier, sdnotify.Reloading)
 				if err := keys.Reload(); err != nil {
 					log.Error("reloading keys; keeping the previous ones", "err", err)
 				} else {
 					log.Info("reloaded keys", "keys", keys.Len())
 				}
+				if tlsr != nil {
+					if err := tlsr.Reload(); err != nil {
+						log.Error("reloading the TLS certificate; keeping the previous one", "err", err)
+					} else {
+						log.Info("reloaded the TLS certificate", "cert", tf.Cert, "client_ca", tf.ClientCA)
+						logCertExpiry(log, tlsr)
+					}
+				}
+				notify(log, o.notifier, sdnotify.Ready)
 				continue
 			}
+			notify(log, o.notifier, sdnotify.Stopping)
 			log.Info("shutting down", "signal", sig.String())
 			ctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 			err := srv.Shutdown(ctx)
@@ -417,4 +469,29 @@ func (c *limitedConn) Close() error {
 	err := c.Conn.Close()
 	c.release()
 	return err
+}
+
+// notify sends state to systemd, logging (not failing on) an error: a
+// service manager that cannot be told is no reason to stop serving.
+func notify(log *slog.Logger, n *sdnotify.Notifier, state string) {
+	if err := n.Notify(state); err != nil {
+		log.Warn("notifying systemd", "state", state, "err", err)
+	}
+}
+
+// certExpiryWarning is how long before its expiry the certificate in use
+// is logged as a warning (at start and on every reload).
+const certExpiryWarning = 30 * 24 * time.Hour
+
+func logCertExpiry(log *slog.Logger, r *tlsReloader) {
+	na := r.NotAfter()
+	switch left := time.Until(na); {
+	case na.IsZero():
+	case left <= 0:
+		log.Error("the TLS certificate has expired: clients will refuse it; renew it and reload", "not_after", na.UTC())
+	case left < certExpiryWarning:
+		log.Warn("the TLS certificate expires soon: renew it and reload", "not_after", na.UTC())
+	default:
+		log.Info("TLS certificate", "not_after", na.UTC())
+	}
 }

@@ -183,6 +183,7 @@ type server struct {
 	stderr *lockedBuffer
 	addr   string // host:port, or unix:path
 	done   chan error
+	exited bool // stop saw it exit
 }
 
 type lockedBuffer struct {
@@ -275,6 +276,7 @@ func (s *server) stop(t *testing.T, sig os.Signal) int {
 	}
 	select {
 	case err := <-s.done:
+		s.exited = true
 		var ee *exec.ExitError
 		if errors.As(err, &ee) {
 			return ee.ExitCode()

@@ -15,6 +15,15 @@
 // attaches to the same socket is dropped again when the keeper reconnects;
 // interactive access has to go through the keeper, not beside it.
 //
+// # Attaching
+//
+// With Config.Attach set, the keeper also listens there (AttachName in the
+// VM's run directory, mode 0600): each client that connects gets the
+// output from then on, and what it writes is sent to the guest's serial
+// port, while the log keeps being written. A client that falls behind is
+// disconnected rather than slowing the log. `vmhost console ID` is that
+// client.
+//
 // # The log
 //
 // Output is appended to Config.Path (mode 0600, also forced on an existing
@@ -67,14 +76,23 @@ type Config struct {
 	Path string
 	// MaxSize is the rotation size in bytes; 0 means DefaultMaxSize.
 	MaxSize int64
+	// Attach, when set, is the unix socket where operators attach to the
+	// console (see the package doc); it is removed when the keeper stops.
+	Attach string
 }
 
 // Keeper copies one VM's serial output to its log until stopped.
 type Keeper struct {
-	cancel context.CancelFunc
-	done   chan struct{}
-	log    *rotatingFile
+	cancel    context.CancelFunc
+	done      chan struct{}
+	log       *rotatingFile
+	attach    *attachments // nil without Config.Attach, or when it failed
+	attachErr error
 }
+
+// AttachErr is why the attach socket could not be opened (nil when it was,
+// or none was asked for); the keeper keeps the log either way.
+func (k *Keeper) AttachErr() error { return k.attachErr }
 
 // Start opens the log, writes the Marker line and starts copying the
 // console socket's output into it in the background until ctx ends or Stop
@@ -91,8 +109,15 @@ func Start(ctx context.Context, c Config) (*Keeper, error) {
 		log.Close()
 		return nil, err
 	}
+	// The log matters more than attaching: without the attach socket the
+	// keeper still runs, and AttachErr says why.
+	var attach *attachments
+	var attachErr error
+	if c.Attach != "" {
+		attach, attachErr = listenAttach(c.Attach)
+	}
 	ctx, cancel := context.WithCancel(ctx)
-	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log}
+	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log, attach: attach, attachErr: attachErr}
 	go k.run(ctx, c.Socket)
 	return k, nil
 }
@@ -124,6 +149,7 @@ func (k *Keeper) Err() error {
 func (k *Keeper) run(ctx context.Context, socket string) {
 	defer close(k.done)
 	defer k.log.Close()
+	defer k.attach.close()
 	var d net.Dialer
 	delay := firstRetry
 	for ctx.Err() == nil {
@@ -142,7 +168,9 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now().Add(drainTimeout)) })
 		// Copy until the connection drops (VM stopped or rebooting, another
 		// client took the socket, or Stop), then connect again.
-		io.Copy(k.log, conn)
+		k.attach.setSerial(conn)
+		io.Copy(sink{k.log, k.attach}, conn)
+		k.attach.setSerial(nil)
 		stop()
 		conn.Close()
 		if k.log.err != nil {

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"path/filepath"
+
 	"vmhost/chclient"
 	"vmhost/console"
 )
@@ -15,10 +17,16 @@ const consoleTailLines = 5
 // the socket is not kept. A console that cannot be kept is logged and the
 // VM runs without it.
 func (e *Engine) keepConsole(id, socket string, p *chclient.Process) {
-	k, err := console.Start(e.consoleCtx, console.Config{Socket: socket, Path: e.layout().ConsoleLog(id)})
+	log := e.layout().ConsoleLog(id)
+	// The attach socket (vmhost console) sits beside the log.
+	attach := filepath.Join(filepath.Dir(log), console.AttachName)
+	k, err := console.Start(e.consoleCtx, console.Config{Socket: socket, Path: log, Attach: attach})
 	if err != nil {
 		e.log.Warn("keeping the serial console", "id", id, "err", err)
 		return
+	}
+	if err := k.AttachErr(); err != nil {
+		e.log.Warn("vmhost console cannot attach to this VM", "id", id, "err", err)
 	}
 	e.consoles.Add(1)
 	go func() {
