@@ -36,6 +36,8 @@ type Host interface {
 	Pause(ctx context.Context, rec *Record) error
 	Resume(ctx context.Context, rec *Record) error
 	Reboot(ctx context.Context, rec *Record) error
+	// Balloon sets the balloon of a running or paused VM to mb MiB.
+	Balloon(ctx context.Context, rec *Record, mb uint64) error
 	// Delete removes everything the VM owns on the host (processes, taps,
 	// run directory, its own files) and nothing else; the Service then
 	// removes the record.
@@ -66,6 +68,11 @@ func (NoHost) Boot(_ context.Context, rec *Record) error {
 
 // Rollback has nothing to undo.
 func (NoHost) Rollback(context.Context, *Record) error { return nil }
+
+// Balloon refuses: no VM runs here.
+func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
+	return RunsNoVMs("balloon", rec)
+}
 
 // Shutdown refuses: no VM runs here.
 func (NoHost) Shutdown(_ context.Context, rec *Record) error { return RunsNoVMs("shutdown", rec) }

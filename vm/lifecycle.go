@@ -129,6 +129,36 @@ func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Rec
 	return s.reg.get(id), nil
 }
 
+// SetBalloon sets the balloon target of the VM id of family mode to mb
+// MiB (extensions.md §4): a running or paused VM's balloon changes at once
+// (Host.Balloon) and the target is recorded; any other VM only records it
+// for its next boot. mb must be below the VM's memory (*FieldError).
+func (s *Service) SetBalloon(ctx context.Context, mode Mode, id string, mb uint64) (*Record, error) {
+	unlock := s.lockVM(id)
+	defer unlock()
+	rec, err := s.Get(mode, id)
+	if err != nil {
+		return nil, err
+	}
+	if mb >= rec.Spec.MemoryMB {
+		return nil, bad("balloon_mb", "%d must be below the VM's memory_mb (%d)", mb, rec.Spec.MemoryMB)
+	}
+	if rec.Deleting {
+		return nil, &StateError{ID: id, Action: "balloon", State: rec.DisplayState}
+	}
+	if rec.State == StateRunning || rec.State == StatePaused {
+		if err := s.o.Host.Balloon(ctx, rec, mb); err != nil {
+			return nil, err
+		}
+	}
+	rec, err = s.reg.update(id, func(r *Record) { r.BalloonMB = mb })
+	if err != nil {
+		return nil, &HostError{Kind: HostStorage, Op: "recording the balloon of VM " + id, Err: err}
+	}
+	s.log.Info("VM balloon set", "id", id, "balloon_mb", mb)
+	return rec, nil
+}
+
 // Delete removes the VM id of family mode: everything it owns on the host,
 // then its record. A running or paused VM is refused (*StateError) unless
 // force is set, and so is one whose provisioning is still in progress:

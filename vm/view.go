@@ -170,6 +170,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		PCIDevices:    sp.PCIDevices,
 		Mode:          rec.Mode,
 		ShuttingDown:  rec.ShuttingDown,
+		BalloonMB:     rec.BalloonMB,
 		store:         st,
 	}
 	if rec.GuestPanickedAt != nil {

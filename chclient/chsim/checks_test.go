@@ -271,6 +271,39 @@ func TestCheck15ResizeCreated(t *testing.T) {
 	}
 }
 
+// A balloon resized on a created VM edits the config; on a booted one,
+// vm.info's memory_actual_size drops by what the balloon holds (ref:
+// cloud-hypervisor.md §3, §5).
+func TestCheck15ResizeBalloon(t *testing.T) {
+	p := startSim(t)
+	cfg := strings.Replace(minimalConfig(t, p.dir), `"console":`, `"balloon":{"size":0,"deflate_on_oom":true},"console":`, 1)
+	p.wantStatus("PUT", "/api/v1/vm.create", cfg, 204)
+	p.wantStatus("PUT", "/api/v1/vm.resize", `{"desired_balloon":268435456}`, 204)
+	var info struct {
+		Config struct {
+			Balloon struct {
+				Size         uint64 `json:"size"`
+				DeflateOnOom bool   `json:"deflate_on_oom"`
+			}
+		}
+		MemoryActualSize uint64 `json:"memory_actual_size"`
+	}
+	json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
+	if info.Config.Balloon.Size != 256<<20 || !info.Config.Balloon.DeflateOnOom || info.MemoryActualSize != 1<<30 {
+		t.Errorf("created: balloon %+v, memory_actual_size %d; want 256 MiB in the config, the full 1 GiB actual", info.Config.Balloon, info.MemoryActualSize)
+	}
+	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
+	json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
+	if info.MemoryActualSize != 768<<20 {
+		t.Errorf("booted with a 256 MiB balloon: memory_actual_size %d, want %d", info.MemoryActualSize, 768<<20)
+	}
+	p.wantStatus("PUT", "/api/v1/vm.resize", `{"desired_balloon":0}`, 204)
+	json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
+	if info.MemoryActualSize != 1<<30 || info.Config.Balloon.Size != 0 {
+		t.Errorf("deflated: memory_actual_size %d, balloon %d", info.MemoryActualSize, info.Config.Balloon.Size)
+	}
+}
+
 func TestCheck16Counters(t *testing.T) {
 	p := startSim(t)
 	p.wantStatus("PUT", "/api/v1/vm.create", minimalConfig(t, p.dir), 204)

@@ -576,6 +576,17 @@ func (s *sim) info(*request) (response, func()) {
 		"memory_actual_size": s.vm.Memory.Size,
 	}
 	if s.state == stateRunning || s.state == statePaused {
+		// Once booted: less what the balloon holds, plus hotplugged memory
+		// (ref: cloud-hypervisor.md §5). The simulated guest gives the
+		// balloon all it asks for at once.
+		actual := s.vm.Memory.Size
+		if h := s.vm.Memory.HotpluggedSize; h != nil {
+			actual += *h
+		}
+		if b := s.vm.Balloon; b != nil {
+			actual -= min(b.Size, actual)
+		}
+		info["memory_actual_size"] = actual
 		tree := map[string]any{}
 		for id, bdf := range s.bdfs {
 			wrapper := "_virtio-pci-" + id

@@ -51,6 +51,8 @@ const netRefillMillis = 100
 //     mbps × 125 × 100 bytes (mbps × 10^6 / 8 bytes per second).
 //   - serial on console.sock, console off, pvpanic, platform serial_number,
 //     devices for pci_devices (/sys/bus/pci/devices/<bdf>/), vsock.
+//   - balloon: always, sized to the recorded target, deflate_on_oom, so
+//     POST .../balloon works on a running VM without a reboot.
 func CHConfig(rec *record.Record, cfg *config.Config, l record.Layout, host CHConfigHost) (*chclient.VmConfig, error) {
 	sp := &rec.Spec
 	if rec.Runtime == nil || rec.Runtime.VsockCID < 3 {
@@ -62,6 +64,7 @@ func CHConfig(rec *record.Record, cfg *config.Config, l record.Layout, host CHCo
 		Console: &chclient.ConsoleConfig{Mode: chclient.ConsoleOff},
 		Vsock:   &chclient.VsockConfig{Cid: rec.Runtime.VsockCID, Socket: l.VsockSocket(rec.ID)},
 		Pvpanic: true,
+		Balloon: &chclient.BalloonConfig{Size: rec.BalloonMB << 20, DeflateOnOom: true},
 	}
 
 	switch {

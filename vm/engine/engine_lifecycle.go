@@ -107,6 +107,21 @@ func (e *Engine) Resume(ctx context.Context, rec *record.Record) error {
 	})
 }
 
+// Balloon resizes the balloon of a running or paused VM to mb MiB
+// (vm.resize desired_balloon). The caller records the target.
+func (e *Engine) Balloon(ctx context.Context, rec *record.Record, mb uint64) error {
+	c, err := e.client(rec)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	size := mb << 20
+	if err := c.Resize(ctx, &chclient.VmResize{DesiredBalloon: &size}); err != nil {
+		return &record.HostError{Kind: record.HostHypervisor, Op: "vm.resize (balloon) of VM " + rec.ID, Err: err}
+	}
+	return nil
+}
+
 // Reboot resets the guest: display booting until the root disk is
 // activated again (the monitor follows the events).
 func (e *Engine) Reboot(ctx context.Context, rec *record.Record) error {

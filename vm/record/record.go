@@ -73,6 +73,9 @@ type Record struct {
 	ShuttingDown bool `json:"shutting_down,omitempty"`
 	// GuestPanickedAt is when CH reported a guest panic (pvpanic).
 	GuestPanickedAt *time.Time `json:"guest_panicked_at,omitempty"`
+	// BalloonMB is the balloon target (POST .../balloon): applied to a
+	// running VM at once, and the balloon's size at every boot.
+	BalloonMB uint64 `json:"balloon_mb,omitempty"`
 	// Secrets never reaches a view; Encode writes it to the file.
 	Secrets Secrets `json:"-"`
 }
