@@ -6,9 +6,11 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"time"
 
 	"vmhost/api"
 	"vmhost/appvm"
+	"vmhost/registry"
 	"vmhost/tap"
 	"vmhost/vm"
 	"vmhost/vm/engine"
@@ -75,8 +77,16 @@ func newService(env serveEnv) (*service, error) {
 		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
 	apps := appvm.New(vms)
 	eng.Start(vms.HostRecords(), apps.Hooks())
-	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log})
-	return &service{Handler: h, Close: eng.Close}, nil
+	// Registry indexes are read in the background, at once and every
+	// refresh_secs: an index that is slow or down never delays the start.
+	reg := registry.New(env.Config.Registry.Indexes, nil, env.Log.With("component", "registry"))
+	regCtx, stopRegistry := context.WithCancel(context.Background())
+	if len(env.Config.Registry.Indexes) > 0 {
+		go reg.Run(regCtx, time.Duration(env.Config.Registry.RefreshSecs)*time.Second)
+	}
+	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log,
+		Registry: reg, ImageCache: eng.ImageCache()})
+	return &service{Handler: h, Close: func() error { stopRegistry(); return eng.Close() }}, nil
 }
 
 // noTapsReason is why a VM with an interface cannot be created by an agent

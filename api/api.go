@@ -34,6 +34,9 @@ import (
 
 	"vmhost/appvm"
 	"vmhost/auth"
+	"vmhost/disk"
+	"vmhost/hostpci"
+	"vmhost/registry"
 	"vmhost/vm"
 )
 
@@ -81,6 +84,14 @@ type Config struct {
 	// BodyReadTimeout bounds the reading of a request body; 0 means
 	// DefaultBodyReadTimeout.
 	BodyReadTimeout time.Duration
+	// Registry lists the registry images; nil lists none.
+	Registry *registry.Registry
+	// ImageCache is the verified image cache classic creates download
+	// into; nil shows an empty cache.
+	ImageCache *disk.Cache
+	// PCIIDs are the pci.ids files tried for device names; nil means
+	// hostpci.PCIIDsPaths.
+	PCIIDs []string
 }
 
 // Server is the API's http.Handler. It is safe for concurrent use.
@@ -92,6 +103,9 @@ type Server struct {
 	log    *slog.Logger
 	// bodyTimeout is Config.BodyReadTimeout.
 	bodyTimeout time.Duration
+	registry    *registry.Registry
+	cache       *disk.Cache
+	pciIDs      []string
 	mux         *http.ServeMux
 	routes      []Route
 }
@@ -133,6 +147,14 @@ var routeTable = []Route{
 	{"POST /api/appvm/images", true, (*Server).importImage},
 	{"DELETE /api/appvm/images/{id}", true, (*Server).deleteImage},
 	{"GET /api/networks", false, (*Server).listNetworks},
+	// Host catalogs and the balloon (api/catalogs.go).
+	{"GET /api/registry/images", false, (*Server).listRegistryImages},
+	{"GET /api/registry/images/{id}", false, (*Server).getRegistryImage},
+	{"GET /api/host/pci", false, (*Server).listHostPCI},
+	{"GET /api/images/cache", false, (*Server).listImageCache},
+	{"DELETE /api/images/cache/{digest}", true, (*Server).deleteImageCache},
+	{"POST /api/vms/{id}/balloon", true, setBalloon(vm.ModeVM)},
+	{"POST /api/appvm/vms/{id}/balloon", true, setBalloon(vm.ModeAppVM)},
 }
 
 // Routes lists the API's routes, for key allowlists and documentation.
@@ -154,8 +176,11 @@ func New(c Config) *Server {
 	if c.BodyReadTimeout <= 0 {
 		c.BodyReadTimeout = DefaultBodyReadTimeout
 	}
+	if c.PCIIDs == nil {
+		c.PCIIDs = hostpci.PCIIDsPaths
+	}
 	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(),
-		bodyTimeout: c.BodyReadTimeout}
+		bodyTimeout: c.BodyReadTimeout, registry: c.Registry, cache: c.ImageCache, pciIDs: c.PCIIDs}
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}

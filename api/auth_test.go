@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -60,10 +61,16 @@ func TestAuthMatrix(t *testing.T) {
 		"DELETE /api/appvm/images/{id}": "/api/appvm/images/spare",
 		"GET /api/networks":             "/api/networks",
 
+		"GET /api/registry/images":          "/api/registry/images",
+		"GET /api/registry/images/{id}":     "/api/registry/images/debian-12",
+		"GET /api/host/pci":                 "/api/host/pci",
+		"GET /api/images/cache":             "/api/images/cache",
+		"DELETE /api/images/cache/{digest}": "/api/images/cache/" + fixtureDigest,
+
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
 	}
-	for _, a := range vm.Actions {
+	for _, a := range append(slices.Clone(vm.Actions), "balloon") {
 		paths["POST /api/vms/{id}/"+string(a)] = "/api/vms/fixture/" + string(a)
 		paths["POST /api/appvm/vms/{id}/"+string(a)] = "/api/appvm/vms/app-fixture/" + string(a)
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -16,9 +17,14 @@ import (
 
 	"vmhost/appvm"
 	"vmhost/auth"
+	"vmhost/disk"
+	"vmhost/registry"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
 )
+
+// fixtureDigest is the registry image and cache entry every harness has.
+const fixtureDigest = "5c9a844d6cca04221c6739eb746bad3b2091f4d5f9a7c9a063f72a688875296d"
 
 var update = flag.Bool("update", false, "rewrite the golden files in ../testdata/api")
 
@@ -81,6 +87,8 @@ func TestMain(m *testing.M) {
 // (read) and narrow (readwrite, allowlist GET /api/vms/{id} only).
 type harness struct {
 	e        *vmtest.Env
+	cache    *disk.Cache
+	registry *registry.Registry
 	vms      *vm.Service
 	apps     *appvm.Service
 	srv      *Server
@@ -136,7 +144,21 @@ func (h *harness) start(t testing.TB) {
 	}
 	h.vms = h.e.Service(t)
 	h.apps = appvm.New(h.vms)
-	h.srv = New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
+	if h.cache, err = disk.NewCache(filepath.Join(h.e.StateDir, "images"), disk.CacheOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// One registry image, and its content in the cache (as a download
+	// leaves it): the catalog routes have something to show.
+	index := filepath.Join(h.e.StateDir, "registry-index.json")
+	os.WriteFile(index, []byte(`{"images": [{"image_id": "debian-12", "distro": "debian", "version": "12", "arch": "amd64", "content_sha256": "`+
+		fixtureDigest+`", "fetch_url": "https://images.example/debian-12.qcow2", "size_bytes": 5}]}`), 0o600)
+	os.WriteFile(h.cache.Path(fixtureDigest), []byte("qcow2"), 0o600)
+	h.registry = registry.New([]string{index}, nil, nil)
+	if err := h.registry.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	h.srv = New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil)),
+		ImageCache: h.cache, Registry: h.registry, PCIIDs: []string{}})
 }
 
 // do sends a request with token (none when empty) and returns status,

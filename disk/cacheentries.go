@@ -161,6 +161,7 @@ func (c *Cache) evict(keep string) {
 	}
 }
 
-// Evict applies MaxTotalBytes now (at agent start, after the bound was
-// lowered).
+// Evict applies MaxTotalBytes now. The agent does not call it at start:
+// a provision that recovery resumes may still need an image it has not
+// pinned yet; the next download applies a lowered bound.
 func (c *Cache) Evict() { c.evict("") }

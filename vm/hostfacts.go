@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"vmhost/hostpci"
 )
 
 // HostFacts reads what validation and admission need to know about the host
@@ -96,6 +98,11 @@ var bdfPattern = regexp.MustCompile(`^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]
 // ValidBDF reports whether s is a full PCI address, domain:bus:device.function,
 // in lower-case hex as sysfs spells it (0000:01:00.0).
 func ValidBDF(s string) bool { return bdfPattern.MatchString(s) }
+
+// PassthroughReady says why the PCI device bdf cannot be passed through
+// (no IOMMU group, it or a member of its group not bound to vfio-pci), or
+// nil when it can.
+func (h HostFacts) PassthroughReady(bdf string) error { return hostpci.Check(h.Sysfs, bdf) }
 
 // IOMMUGroup returns the IOMMU group of a PCI device and every device in
 // that group, sorted. A device that does not exist gives an error satisfying

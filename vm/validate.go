@@ -232,9 +232,15 @@ func within(path, dir string) bool {
 	return path == dir || strings.HasPrefix(path, strings.TrimSuffix(dir, "/")+"/")
 }
 
+// imageIDPattern admits registry image ids: SimpleStreams ones are
+// <product>:<version> (com.ubuntu.cloud:server:24.04:amd64:20251101,
+// debian:bookworm:amd64:cloud:20251101_05:24). The id is shown, never a
+// file name.
+var imageIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.:+~-]{0,254}$`)
+
 func checkImage(im *ImageSpec) error {
-	if im.ImageID == "" || !store.ValidID(im.ImageID) {
-		return bad("image.image_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+	if !imageIDPattern.MatchString(im.ImageID) {
+		return bad("image.image_id", "must match %s", imageIDPattern)
 	}
 	if !sha256Pattern.MatchString(im.ContentSHA256) {
 		return bad("image.content_sha256", "must be 64 lower-case hex digits")
@@ -497,6 +503,9 @@ func checkPCI(devs []string, facts HostFacts) error {
 			if !slices.Contains(devs, m) {
 				return bad(f, "%s shares IOMMU group %s with %s, which must be listed too", d, group, m)
 			}
+		}
+		if err := facts.PassthroughReady(d); err != nil {
+			return bad(f, "%s is not ready for passthrough: %v", d, err)
 		}
 	}
 	return nil

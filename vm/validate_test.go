@@ -102,6 +102,13 @@ func TestValidateRules(t *testing.T) {
 			s.Disk = nil
 			s.Image = &vm.ImageSpec{ImageID: "deb12", ContentSHA256: goodSHA, FetchURL: "https://x/y"}
 		}, nil},
+		{"image.image_id", "image.image_id", func(s *vm.Spec) {
+			s.Disk = nil
+			s.Image = &vm.ImageSpec{ImageID: "ubuntu/24.04", ContentSHA256: goodSHA, FetchURL: "https://x/y"}
+		}, func(s *vm.Spec) {
+			s.Disk = nil // a SimpleStreams <product>:<version> id
+			s.Image = &vm.ImageSpec{ImageID: "com.ubuntu.cloud:server:24.04:amd64:20251101", ContentSHA256: goodSHA, FetchURL: "https://x/y"}
+		}, nil},
 		{"image.fetch_url", "image.fetch_url", func(s *vm.Spec) {
 			s.Disk = nil
 			s.Image = &vm.ImageSpec{ImageID: "deb12", ContentSHA256: goodSHA, FetchURL: "ftp://x/y"}
@@ -127,6 +134,7 @@ func TestValidateRules(t *testing.T) {
 		{"pci BDF syntax", "pci_devices[0]", func(s *vm.Spec) { s.PCIDevices = []string{"02:00.0"} }, func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0"} }, nil},
 		{"pci exists", "pci_devices[0]", func(s *vm.Spec) { s.PCIDevices = []string{"0000:03:00.0"} }, func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0"} }, nil},
 		{"pci whole IOMMU group", "pci_devices[0]", func(s *vm.Spec) { s.PCIDevices = []string{"0000:01:00.0"} }, func(s *vm.Spec) { s.PCIDevices = []string{"0000:01:00.0", "0000:01:00.1"} }, nil},
+		{"pci not on vfio-pci", "pci_devices[0]", func(s *vm.Spec) { s.PCIDevices = []string{"0000:04:00.0"} }, func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0"} }, nil},
 		{"pci listed twice", "pci_devices[1]", func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0", "0000:02:00.0"} }, func(s *vm.Spec) { s.PCIDevices = []string{"0000:02:00.0"} }, nil},
 		{"serial_number length", "platform.serial_number", func(s *vm.Spec) { s.Platform = &vm.Platform{SerialNumber: strings.Repeat("s", 513)} }, func(s *vm.Spec) { s.Platform = &vm.Platform{SerialNumber: strings.Repeat("s", 512)} }, nil},
 		{"serial_number characters", "platform.serial_number", func(s *vm.Spec) { s.Platform = &vm.Platform{SerialNumber: "SN\r1"} }, func(s *vm.Spec) { s.Platform = &vm.Platform{SerialNumber: "SN 1"} }, nil},

@@ -154,6 +154,8 @@ func New(o Options) (*Engine, error) {
 		MaxBytes:    o.Config.ImageMaxBytes,
 		IdleTimeout: time.Duration(o.Config.DownloadIdleSecs) * time.Second,
 		Deny:        o.Config.FetchDenyPrefixes(),
+
+		MaxTotalBytes: o.Config.ImageCacheMaxBytes,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
@@ -162,6 +164,9 @@ func New(o Options) (*Engine, error) {
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	return e, nil
 }
+
+// ImageCache is the verified image cache classic creates download into.
+func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 
 // Start hands the engine the records it works on and the AppVM hooks (nil
 // on a host without AppVMs), then reconciles the host with the records
@@ -309,6 +314,12 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 	var err error
 	sp := &rec.Spec
 
+	if sp.Image != nil && !rec.Runtime.Done(record.StepRootDisk) {
+		// The cached image must stay until the root disk is copied from
+		// it: neither a DELETE of the cache entry nor eviction takes it.
+		release := e.cache.Use(sp.Image.ContentSHA256)
+		defer release()
+	}
 	if sp.Image != nil && !rec.Runtime.Done(record.StepImage) {
 		path, err := e.cache.Fetch(ctx, sp.Image.FetchURL, sp.Image.ContentSHA256, nil)
 		if err != nil {

@@ -651,3 +651,56 @@ func TestEngineDeleteCancelsProvision(t *testing.T) {
 		t.Errorf("image cache holds %v after the cancelled download", ents)
 	}
 }
+
+// TestEngineBalloon: a running VM's balloon changes through CH vm.resize
+// (vm.info shows the new size and the memory the guest has left); the
+// target is recorded, and a VM booted later gets its balloon at that size.
+func TestEngineBalloon(t *testing.T) {
+	s, e, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "bal")
+	sp.AutoBoot = true
+	sp.MemoryMB = 512
+	rec, _, err := s.CreateVM(ctx, sp)
+	if err != nil || rec.State != record.StateRunning {
+		t.Fatalf("CreateVM = %+v, %v", rec, err)
+	}
+	if _, err := s.SetBalloon(ctx, record.ModeVM, "bal", 128); err != nil {
+		t.Fatal(err)
+	}
+	c, err := e.client(s.HostRecords().Get("bal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	info, err := c.VMInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := sp.MemoryMB << 20
+	if info.Config.Balloon == nil || info.Config.Balloon.Size != 128<<20 || !info.Config.Balloon.DeflateOnOom || info.MemoryActualSize != mem-128<<20 {
+		t.Errorf("after balloon 128: balloon %+v, memory_actual_size %d (memory %d)", info.Config.Balloon, info.MemoryActualSize, mem)
+	}
+	if got, _ := s.Get(record.ModeVM, "bal"); got.BalloonMB != 128 {
+		t.Errorf("recorded balloon_mb = %d", got.BalloonMB)
+	}
+	// Stopped: recorded only; the next boot's config carries it.
+	if _, err := s.Act(ctx, record.ModeVM, "bal", "stop"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetBalloon(ctx, record.ModeVM, "bal", 64); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Act(ctx, record.ModeVM, "bal", "start"); err != nil {
+		t.Fatal(err)
+	}
+	c2, err := e.client(s.HostRecords().Get("bal"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if info, err = c2.VMInfo(ctx); err != nil || info.Config.Balloon == nil || info.Config.Balloon.Size != 64<<20 {
+		t.Errorf("booted after balloon 64 while stopped: %+v, %v", info, err)
+	}
+	s.Delete(ctx, record.ModeVM, "bal", true)
+}

@@ -6,6 +6,7 @@ package vmtest
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
@@ -28,6 +29,9 @@ type Sysfs struct {
 	Nested  bool                // module/kvm_intel/parameters/nested
 	Bridges []string            // class/net/<br>/bridge
 	Groups  map[string][]string // IOMMU group → PCI devices
+	// Drivers overrides the driver a PCI device of Groups is bound to
+	// (default vfio-pci; "" for none).
+	Drivers map[string]string
 }
 
 // Write builds the tree under dir and returns dir.
@@ -68,6 +72,21 @@ func (s Sysfs) Write(t testing.TB, dir string) string {
 			}
 			if err := os.Symlink("../../../../bus/pci/devices/"+d, filepath.Join(gdir, d)); err != nil {
 				t.Fatal(err)
+			}
+			for name, v := range map[string]string{"vendor": "0x1af4", "device": "0x1041", "class": "0x020000"} {
+				write(filepath.Join("bus/pci/devices", d, name), v+"\n")
+			}
+			drv, set := s.Drivers[d]
+			if !set {
+				drv = "vfio-pci"
+			}
+			if drv != "" {
+				if err := os.MkdirAll(filepath.Join(dir, "bus/pci/drivers", drv), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.Symlink("../../drivers/"+drv, filepath.Join(ddir, "driver")); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
@@ -142,6 +161,12 @@ func (h *Host) Provision(_ context.Context, rec *vm.Record) error {
 	return nil
 }
 
+// Balloon records the call ("balloon vm1 256").
+func (h *Host) Balloon(_ context.Context, rec *vm.Record, mb uint64) error {
+	h.record(fmt.Sprintf("balloon %d", mb), rec)
+	return nil
+}
+
 // Boot records the call.
 func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
 	h.record("boot", rec)
@@ -196,7 +221,8 @@ func NewEnv(t testing.TB) *Env {
 		Online:  "0-7",
 		Nested:  true,
 		Bridges: []string{"br0", "br1"},
-		Groups:  map[string][]string{"7": {"0000:01:00.0", "0000:01:00.1"}, "8": {"0000:02:00.0"}},
+		Groups:  map[string][]string{"7": {"0000:01:00.0", "0000:01:00.1"}, "8": {"0000:02:00.0"}, "9": {"0000:04:00.0"}},
+		Drivers: map[string]string{"0000:04:00.0": "e1000e"}, // still on its host driver
 	}.Write(t, e.SysfsDir)
 	cfg := config.Default()
 	cfg.SysfsRoot = e.SysfsDir
