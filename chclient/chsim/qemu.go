@@ -126,6 +126,14 @@ func (s *sim) bootQemuLocked() []string {
 	s.qemu = q
 	s.state = stateRunning
 	s.bootGen++
+	if b := s.vm.Balloon; b != nil && b.Size > 0 {
+		// CH boots with the balloon at its configured size; qemu's starts
+		// empty until told.
+		keep := s.vm.Memory.Size - min(b.Size, s.vm.Memory.Size)
+		if err := s.qmpArgsLocked("balloon", map[string]uint64{"value": keep}, nil); err != nil {
+			s.logf(0, "Error: sizing the balloon in qemu: %v", err)
+		}
+	}
 	return nil
 }
 
@@ -545,13 +553,17 @@ func (q *qemuVM) driverOK(d qemuDevice) (bool, error) {
 }
 
 // qmpLocked runs one QMP command on the running VM's qemu.
-func (s *sim) qmpLocked(cmd string) error {
+func (s *sim) qmpLocked(cmd string) error { return s.qmpArgsLocked(cmd, nil, nil) }
+
+// qmpArgsLocked runs one QMP command with arguments and decodes its return
+// into out (nil: ignored).
+func (s *sim) qmpArgsLocked(cmd string, args, out any) error {
 	if s.qemu == nil || s.qemu.client == nil {
 		return errors.New("qemu is not running")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	return s.qemu.client.Execute(ctx, cmd, nil, nil)
+	return s.qemu.client.Execute(ctx, cmd, args, out)
 }
 
 // notInQemu answers a call the qemu backend does not support on a booted VM.

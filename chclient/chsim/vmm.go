@@ -586,6 +586,15 @@ func (s *sim) info(*request) (response, func()) {
 		if b := s.vm.Balloon; b != nil {
 			actual -= min(b.Size, actual)
 		}
+		if s.qemuMode() && s.vm.Balloon != nil {
+			// What the real guest's balloon driver has given back so far.
+			var bal struct {
+				Actual uint64 `json:"actual"`
+			}
+			if err := s.qmpArgsLocked("query-balloon", nil, &bal); err == nil {
+				actual = bal.Actual
+			}
+		}
 		info["memory_actual_size"] = actual
 		tree := map[string]any{}
 		for id, bdf := range s.bdfs {
@@ -788,7 +797,17 @@ func (s *sim) resize(r *request) (response, func()) {
 		return noContent(), nil
 	}
 	if s.qemuMode() {
-		return notInQemu(op, "resizing a booted VM"), nil
+		// The balloon alone: qemu's balloon command takes the memory the
+		// guest should keep; the guest's driver inflates toward it.
+		if req.DesiredVcpus != nil || req.DesiredRAM != nil || req.DesiredBalloon == nil || s.vm.Balloon == nil {
+			return notInQemu(op, "resizing a booted VM, except its balloon"), nil
+		}
+		keep := s.vm.Memory.Size - min(*req.DesiredBalloon, s.vm.Memory.Size)
+		if err := s.qmpArgsLocked("balloon", map[string]uint64{"value": keep}, nil); err != nil {
+			return apiError(http.StatusInternalServerError, op, "Error resizing VM", "Cannot resize balloon", err.Error()), nil
+		}
+		s.vm.Balloon.Size = *req.DesiredBalloon
+		return noContent(), nil
 	}
 	if req.DesiredVcpus != nil && (*req.DesiredVcpus == 0 || *req.DesiredVcpus > s.vm.Cpus.MaxVcpus) {
 		return apiError(http.StatusInternalServerError, op, "Error resizing VM", "Cannot resize vCPUs",

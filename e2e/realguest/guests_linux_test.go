@@ -1,6 +1,7 @@
 package realguest
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"vmhost/chclient"
 	"vmhost/ociimage/ocitest"
 )
 
@@ -131,6 +133,26 @@ func classicStatic(l *lane, a artifacts) {
 		t.Errorf("password: %q (%v), want it to verify against /etc/shadow", out, err)
 	}
 	phase(t, "classic static: checks", start)
+
+	// The balloon: 256 MiB of the guest's 768 go to it at once (CH
+	// vm.resize); the real guest's virtio_balloon driver gives them back,
+	// which qemu reports as the memory the guest has left.
+	l.must("POST", "/api/vms/"+id+"/balloon", `{"balloon_mb": 256}`, http.StatusNoContent)
+	if v, _ := l.view("/api/vms", id); v.BalloonMB != 256 {
+		t.Errorf("view balloon_mb = %d, want 256", v.BalloonMB)
+	}
+	ch := chclient.New(l.runDir + "/vms/" + id + "/ch.sock")
+	defer ch.Close()
+	var actual uint64
+	l.poll("the guest's balloon driver to give back 256 MiB", time.Minute, func() bool {
+		info, err := ch.VMInfo(context.Background())
+		if err == nil {
+			actual = info.MemoryActualSize
+		}
+		return err == nil && actual <= (768-256)<<20
+	})
+	t.Logf("guest memory with a 256 MiB balloon: %d MiB", actual>>20)
+	phase(t, "classic static: balloon inflated", start)
 	l.deleteVM("/api/vms", id)
 	phase(t, "classic static: total with delete", start)
 }

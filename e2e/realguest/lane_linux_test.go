@@ -339,6 +339,7 @@ type vmView struct {
 	State          string `json:"state"`
 	DisplayState   string `json:"display_state"`
 	DiscoveredIPv4 string `json:"discovered_ipv4"`
+	BalloonMB      uint64 `json:"balloon_mb"`
 	FailureReason  *struct {
 		Summary string `json:"summary"`
 		Cause   string `json:"cause"`
