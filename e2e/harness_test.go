@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -63,6 +64,24 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// syncBuffer is a bytes.Buffer a test may read while the process writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
 // serverOpts configure one vmhost serve process.
 type serverOpts struct {
 	// netns runs the server in a network namespace of its own (needs root)
@@ -85,7 +104,7 @@ type server struct {
 	sock     string
 	token    string
 	cmd      *exec.Cmd
-	stderr   *bytes.Buffer
+	stderr   *syncBuffer // the agent's output; read while it runs
 	hc       *http.Client
 	nsFD     int         // the server's network namespace, when netns
 	taps     *tap.Handle // works in the server's namespace
@@ -104,7 +123,7 @@ func startServer(t testing.TB, o serverOpts) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{t: t, dir: dir, stateDir: dir + "/state", runDir: dir + "/run", sock: dir + "/api.sock", stderr: new(bytes.Buffer)}
+	s := &server{t: t, dir: dir, stateDir: dir + "/state", runDir: dir + "/run", sock: dir + "/api.sock", stderr: new(syncBuffer)}
 	cfg := config.Default()
 	cfg.BootTimeoutSecs = 30
 	cfg.HostPathRoots = []string{os.TempDir()} // the fixtures' kernels and base images

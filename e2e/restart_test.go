@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -41,7 +40,7 @@ func (s *server) restart(env ...string) time.Duration {
 		}
 	}
 	cmd.Env = append(cmd.Env, env...)
-	s.stderr = new(bytes.Buffer)
+	s.stderr = new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = s.stderr, s.stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	start := time.Now()
