@@ -316,16 +316,6 @@ func runServer(o serveOptions, log *slog.Logger) error {
 			env.DevBridge = nw.Bridge
 		}
 	}
-	svc, err := newService(env)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := svc.Close(); err != nil {
-			log.Error("releasing VMs", "err", err)
-		}
-	}()
-
 	ln, err := listen(o.listen)
 	if err != nil {
 		return err
@@ -336,8 +326,12 @@ func runServer(o serveOptions, log *slog.Logger) error {
 		ln = tls.NewListener(ln, tlsr.Config())
 		scheme = "https"
 	}
+	// The API listens before recovery: /healthz answers 503 until the
+	// records are loaded and every VM is reconciled, and other requests
+	// wait for that rather than fail.
+	gate := newStartGate()
 	srv := &http.Server{
-		Handler:           svc.Handler,
+		Handler:           gate,
 		ReadHeaderTimeout: readHeaderTimeout,
 		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -349,6 +343,18 @@ func runServer(o serveOptions, log *slog.Logger) error {
 		addr = "unix:" + addr // the --listen spelling
 	}
 	log.Info("serving", "listen", addr, "scheme", scheme, "mutual_tls", tf.ClientCA != "", "pid", os.Getpid(), "state_dir", stateDir, "run_dir", runDir, "keys", keys.Len())
+
+	svc, err := newService(env)
+	if err != nil {
+		srv.Close()
+		return err
+	}
+	defer func() {
+		if err := svc.Close(); err != nil {
+			log.Error("releasing VMs", "err", err)
+		}
+	}()
+	gate.open(svc.Handler)
 	// Recovery is over (newService returned) and the listener is up.
 	notify(log, o.notifier, sdnotify.Ready)
 
