@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 
+	"vmhost/events"
 	"vmhost/store"
 	"vmhost/vm/record"
 )
@@ -22,6 +23,9 @@ func (e *ExistsError) Error() string { return fmt.Sprintf("a VM with id %q alrea
 // *Record without holding the lock.
 type registry struct {
 	st *store.Store
+	// pub gets the events of every stored change (vm/events.go); nil
+	// publishes nothing.
+	pub events.Publisher
 
 	// wmu serializes record writes (put, update, remove), so the fsyncs of
 	// a write never happen under mu and never block readers.
@@ -35,8 +39,19 @@ type registry struct {
 	pending map[string]*Record
 }
 
-func newRegistry(st *store.Store) *registry {
-	return &registry{st: st, recs: map[string]*Record{}, pending: map[string]*Record{}}
+func newRegistry(st *store.Store, pub events.Publisher) *registry {
+	return &registry{st: st, pub: pub, recs: map[string]*Record{}, pending: map[string]*Record{}}
+}
+
+// publish hands evs to the publisher; g.wmu is held, so events come in the
+// order the changes were stored.
+func (g *registry) publish(evs ...events.Event) {
+	if g.pub == nil {
+		return
+	}
+	for _, e := range evs {
+		g.pub.Publish(e)
+	}
 }
 
 // get returns the record of id, or nil.
@@ -108,9 +123,15 @@ func (g *registry) put(rec *Record) error {
 		return fmt.Errorf("storing record %q: %w", rec.ID, err)
 	}
 	g.mu.Lock()
+	old := g.recs[rec.ID]
 	g.recs[rec.ID] = rec
 	delete(g.pending, rec.ID)
 	g.mu.Unlock()
+	if old == nil {
+		g.publish(vmEvent(events.Created, rec))
+	} else {
+		g.publish(changeEvents(old, rec)...)
+	}
 	return nil
 }
 
@@ -130,9 +151,13 @@ func (g *registry) remove(id string) error {
 		return fmt.Errorf("deleting record %q: %w", id, err)
 	}
 	g.mu.Lock()
+	old := g.recs[id]
 	delete(g.pending, id)
 	delete(g.recs, id)
 	g.mu.Unlock()
+	if old != nil {
+		g.publish(vmEvent(events.Deleted, old))
+	}
 	return nil
 }
 
@@ -159,8 +184,14 @@ func (g *registry) update(id string, f func(*Record)) (*Record, error) {
 		return nil, fmt.Errorf("storing record %q: %w", id, err)
 	}
 	g.mu.Lock()
+	_, stored := g.recs[id]
 	g.recs[id] = rec
 	delete(g.pending, id)
 	g.mu.Unlock()
+	if stored {
+		g.publish(changeEvents(old, rec)...)
+	} else {
+		g.publish(vmEvent(events.Created, rec))
+	}
 	return rec, nil
 }

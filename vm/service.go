@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"vmhost/events"
 
 	"github.com/google/uuid"
 
@@ -45,6 +46,9 @@ type Options struct {
 	DiskFree func() (uint64, error)
 	// Meminfo is the path of /proc/meminfo; tests point it elsewhere.
 	Meminfo string
+	// Events gets an event for each change of a record (vm/events.go);
+	// nil publishes none.
+	Events events.Publisher
 }
 
 // Service owns the records of both VM families: one registry, one id
@@ -105,7 +109,7 @@ func New(o Options) (*Service, error) {
 		log:    o.Logger,
 		facts:  HostFacts{Sysfs: sysfs, Nested: o.Config.Nested, Meminfo: o.Meminfo},
 		layout: Layout{StateDir: filepath.Clean(o.StateDir), RunDir: filepath.Clean(o.RunDir)},
-		reg:    newRegistry(o.Store),
+		reg:    newRegistry(o.Store, o.Events),
 	}
 	if err := s.load(); err != nil {
 		return nil, err

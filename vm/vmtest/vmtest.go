@@ -16,6 +16,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"vmhost/events"
 
 	"vmhost/config"
 	"vmhost/qcow2"
@@ -200,6 +201,8 @@ type Env struct {
 	OnDiskFree func()
 	// Logger, when set, is the services' logger.
 	Logger *slog.Logger
+	// Events, when set, gets the services' events.
+	Events events.Publisher
 }
 
 // NewEnv builds an Env: 8 online CPUs, nested supported, bridges br0 and
@@ -273,6 +276,7 @@ func (e *Env) Service(t testing.TB) *vm.Service {
 			return e.DiskFree, nil
 		},
 		Logger: e.Logger,
+		Events: e.Events,
 	})
 	if err != nil {
 		t.Fatal(err)
