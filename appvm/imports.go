@@ -13,6 +13,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"vmhost/events"
 
 	"vmhost/internal/atomicfile"
 	"vmhost/ociimage"
@@ -52,6 +53,9 @@ type ImportOptions struct {
 	Logger *slog.Logger
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Events gets image_ready and image_failed for each import that ends
+	// (or that Recover finishes or fails); nil publishes none.
+	Events events.Publisher
 }
 
 // Importer imports images into a Catalog. Imports of one id are serialized
@@ -114,11 +118,19 @@ func (im *Importer) Start(req *ImportRequest) (*Image, error) {
 		final, err := im.run(im.ctx, req, cur)
 		if err != nil {
 			im.o.Logger.Error("AppVM image import failed", "image", req.ID, "source", req.Path, "err", err)
+			im.publish(events.ImageFailed, req.ID, err.Error())
 			return
 		}
 		im.o.Logger.Info("AppVM image imported", "image", req.ID, "source", req.Path, "build_digest", final.BuildDigest)
+		im.publish(events.ImageReady, req.ID, "")
 	}()
 	return cur, nil
+}
+
+func (im *Importer) publish(t events.Type, id, msg string) {
+	if im.o.Events != nil {
+		im.o.Events.Publish(events.Event{Type: t, ImageID: id, Message: msg})
+	}
 }
 
 // Import runs an import in the foreground, for `vmhost image import`, and
@@ -329,6 +341,7 @@ func (im *Importer) recoverOne(id string) error {
 		if err := commit(dir); err != nil {
 			return fmt.Errorf("recovering AppVM image %q: %w", id, err)
 		}
+		im.publish(events.ImageReady, id, "")
 		return nil
 	}
 	if err := os.RemoveAll(staged); err != nil {
@@ -350,7 +363,11 @@ func (im *Importer) recoverOne(id string) error {
 		return nil
 	}
 	im.o.Logger.Warn("AppVM image import was interrupted", "image", id)
-	return im.cat.Put(cur)
+	if err := im.cat.Put(cur); err != nil {
+		return err
+	}
+	im.publish(events.ImageFailed, id, InterruptedReason)
+	return nil
 }
 
 // deletedPrefix names an image directory being deleted: it is renamed out

@@ -3,14 +3,17 @@ package appvm_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+	"vmhost/events"
 
 	"vmhost/appvm"
 	"vmhost/ociimage/ocitest"
@@ -93,6 +96,8 @@ func TestImportFirstAndReady(t *testing.T) {
 	o := importOptions(t)
 	o.Mkfs = mkfs
 	o.Now = func() time.Time { return time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC) }
+	evs := &published{}
+	o.Events = evs
 	imp := appvm.NewImporter(cat, o)
 	defer imp.Close()
 
@@ -147,12 +152,41 @@ func TestImportFirstAndReady(t *testing.T) {
 	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, []string{"image.json", "rootfs.qcow2"}) {
 		t.Errorf("image dir holds %q, want only image.json and rootfs.qcow2", names)
 	}
+	if got := evs.String(); got != "image_ready app \n" {
+		t.Errorf("import published %q, want one image_ready of app", got)
+	}
+}
+
+// published collects events.
+type published struct {
+	mu  sync.Mutex
+	evs []events.Event
+}
+
+func (p *published) Publish(e events.Event) {
+	p.mu.Lock()
+	p.evs = append(p.evs, e)
+	p.mu.Unlock()
+}
+
+// String is one "type image_id message" line per event.
+func (p *published) String() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	for _, e := range p.evs {
+		fmt.Fprintf(&b, "%s %s %s\n", e.Type, e.ImageID, e.Message)
+	}
+	return b.String()
 }
 
 func TestImportBadArchiveFails(t *testing.T) {
 	dir := t.TempDir()
 	cat := appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}
-	imp := appvm.NewImporter(cat, importOptions(t))
+	o := importOptions(t)
+	evs := &published{}
+	o.Events = evs
+	imp := appvm.NewImporter(cat, o)
 	defer imp.Close()
 
 	good := filepath.Join(dir, "good.tar")
@@ -191,6 +225,12 @@ func TestImportBadArchiveFails(t *testing.T) {
 			if _, err := os.Stat(filepath.Join(dir, "evil")); err == nil {
 				t.Error("the escaping entry was written outside the image")
 			}
+			if got := evs.String(); !strings.HasPrefix(got, "image_failed "+id+" ") || !strings.Contains(got, c.reason) || strings.Count(got, "\n") != 1 {
+				t.Errorf("failed import published %q, want one image_failed of %s naming %q", got, id, c.reason)
+			}
+			evs.mu.Lock()
+			evs.evs = nil
+			evs.mu.Unlock()
 		})
 	}
 }
@@ -358,8 +398,13 @@ func TestRecoverInterruptedImports(t *testing.T) {
 	// A delete cut short after its rename.
 	mkdir(filepath.Join(cat.Dir, ".deleted-gone-1", "gone"))
 
-	if err := appvm.NewImporter(cat, appvm.ImportOptions{}).Recover(); err != nil {
+	evs := &published{}
+	if err := appvm.NewImporter(cat, appvm.ImportOptions{Events: evs}).Recover(); err != nil {
 		t.Fatal(err)
+	}
+	want := "image_failed again " + appvm.InterruptedReason + "\nimage_failed first " + appvm.InterruptedReason + "\nimage_ready staged \n"
+	if got := evs.String(); got != want {
+		t.Errorf("recovery published\n%s\nwant\n%s", got, want)
 	}
 	if got := must(cat.Get("first")); got.Status != appvm.StatusFailed || got.Failure != appvm.InterruptedReason {
 		t.Errorf("first = %+v, want failed: %s", got, appvm.InterruptedReason)

@@ -13,6 +13,7 @@ import (
 
 	"vmhost/appvm/guest/proto"
 	"vmhost/chclient"
+	"vmhost/events"
 	"vmhost/vm"
 )
 
@@ -37,6 +38,9 @@ type Options struct {
 	Restart RestartOptions
 	// Logger receives session events; never a secret.
 	Logger *slog.Logger
+	// Events gets heartbeat_stale events; nil publishes none. (The other
+	// AppVM events come from the records: vm.Options.Events.)
+	Events events.Publisher
 }
 
 func (o *Options) defaults() {
@@ -100,6 +104,9 @@ type session struct {
 	stopRequested bool
 	closed        bool
 	logs          *workloadLog
+	// stale fires when no heartbeat came for the stale limit: one
+	// heartbeat_stale event per silence, re-armed by each heartbeat.
+	stale *time.Timer
 }
 
 func newGuests(s *Service, o Options) *guests {
@@ -153,6 +160,9 @@ func (ss *session) close() {
 	}
 	ss.closed = true
 	close(ss.done)
+	if ss.stale != nil {
+		ss.stale.Stop()
+	}
 	nc, logs := ss.nc, ss.logs
 	ss.nc, ss.logs = nil, nil
 	ss.mu.Unlock()
@@ -363,12 +373,14 @@ func (ss *session) flushLogs() {
 // every HeartbeatPersistEvery.
 func (ss *session) heartbeat() {
 	now := ss.now()
+	limit := ss.g.staleLimit(ss.g.s.vms.HostRecords().Get(ss.id))
 	ss.mu.Lock()
 	first := ss.upSince.IsZero()
 	if first {
 		ss.upSince = time.Now()
 	}
 	ss.lastHB, ss.lastHBMono = now, time.Now()
+	ss.armStale(limit)
 	persist := first || now.Sub(ss.persistedHB) >= ss.g.o.HeartbeatPersistEvery
 	if persist {
 		ss.persistedHB = now
@@ -385,14 +397,47 @@ func (ss *session) heartbeat() {
 	})
 }
 
+// staleLimit is how long rec's guest may send no heartbeat before it is
+// stale: StaleAfter of the interval its Spec asked for.
+func (g *guests) staleLimit(rec *vm.Record) time.Duration {
+	interval := time.Duration(g.o.HeartbeatSecs) * time.Second
+	if rec != nil && rec.AppVM != nil && rec.AppVM.Guest != nil && rec.AppVM.Guest.HeartbeatSecs > 0 {
+		interval = time.Duration(rec.AppVM.Guest.HeartbeatSecs) * time.Second
+	}
+	return time.Duration(g.o.StaleAfter) * interval
+}
+
+// armStale (re)starts the stale timer to fire after d; ss.mu is held.
+func (ss *session) armStale(d time.Duration) {
+	if ss.closed {
+		return
+	}
+	if ss.stale == nil {
+		ss.stale = time.AfterFunc(d, ss.staleFired)
+		return
+	}
+	ss.stale.Reset(d)
+}
+
+// staleFired publishes heartbeat_stale for a running AppVM whose guest
+// sent nothing for the stale limit, as its view now shows.
+func (ss *session) staleFired() {
+	rec := ss.g.s.vms.HostRecords().Get(ss.id)
+	if rec == nil || rec.State != vm.StateRunning || rec.AppVM == nil {
+		return
+	}
+	if _, stale := ss.g.liveHeartbeat(rec); !stale {
+		return // a heartbeat came as the timer fired
+	}
+	if p := ss.g.o.Events; p != nil {
+		p.Publish(events.Event{Type: events.HeartbeatStale, VMID: rec.ID, Mode: string(rec.Mode), State: string(rec.State), DisplayState: rec.DisplayState})
+	}
+}
+
 // liveHeartbeat returns the latest heartbeat time seen by this process
 // and whether it is older than the stale limit.
 func (g *guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
-	interval := time.Duration(g.o.HeartbeatSecs) * time.Second
-	if gst := rec.AppVM.Guest; gst != nil && gst.HeartbeatSecs > 0 {
-		interval = time.Duration(gst.HeartbeatSecs) * time.Second
-	}
-	limit := time.Duration(g.o.StaleAfter) * interval
+	limit := g.staleLimit(rec)
 	if ss := g.get(rec.ID); ss != nil {
 		ss.mu.Lock()
 		at, mono := ss.lastHB, ss.lastHBMono
@@ -460,6 +505,13 @@ func (g *guests) adopt(ctx context.Context, rec *vm.Record) error {
 	ss, err := g.listen(rec.ID)
 	if err != nil {
 		return err
+	}
+	// A guest that never comes back goes stale counting from the last
+	// heartbeat the record has.
+	if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {
+		ss.mu.Lock()
+		ss.armStale(g.staleLimit(rec) - g.s.vms.Now().Sub(*gst.LastHeartbeatAt) + time.Millisecond)
+		ss.mu.Unlock()
 	}
 	_, err = ss.update(func(r *vm.Record, gst *vm.AppVMGuest) { gst.LogStreamDetached = true })
 	return err

@@ -21,6 +21,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"vmhost/events"
 
 	"vmhost/api"
 	"vmhost/appvm"
@@ -65,6 +66,7 @@ type host struct {
 	run    string
 	logs   *lockedLog
 	images appvm.Catalog
+	events *events.Log
 }
 
 func newHost(t *testing.T) *host {
@@ -105,11 +107,15 @@ func newHost(t *testing.T) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Store: st, Host: eng, Logger: logger})
+	h.events, err = events.Open(filepath.Join(h.state, "events"), events.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger,
+	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Store: st, Host: eng, Logger: logger, Events: h.events})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger, Events: h.events,
 		Restart: appvm.RestartOptions{BaseDelay: 300 * time.Millisecond, MaxDelay: 1200 * time.Millisecond, StablePeriod: time.Minute}})
 	eng.Start(h.vms.HostRecords(), h.apps.Hooks())
 	h.images = h.apps.Catalog()
@@ -129,6 +135,7 @@ func newHost(t *testing.T) *host {
 		}
 		h.srv.Close()
 		eng.Close()
+		h.events.Close()
 		if t.Failed() {
 			t.Logf("agent log:\n%s", h.logs.String())
 		}
@@ -458,13 +465,39 @@ func TestIntegrationHeartbeatStale(t *testing.T) {
 	if v.AppVM.HeartbeatStale {
 		t.Fatalf("stale while heartbeating: %s", v.raw)
 	}
+	if n := h.eventCount(id, events.HeartbeatStale); n != 0 {
+		t.Fatalf("%d heartbeat_stale events while heartbeating", n)
+	}
 	h.simAgentSignal(id, 19) // SIGSTOP
 	v = h.waitFor(id, "heartbeat_stale", 15*time.Second, func(v appView) bool { return v.AppVM.HeartbeatStale })
 	if v.State != "running" {
 		t.Errorf("stale AppVM state %s, want running", v.State)
 	}
+	time.Sleep(3 * time.Second) // longer than the stale limit: still one event for one silence
+	if n := h.eventCount(id, events.HeartbeatStale); n != 1 {
+		t.Errorf("%d heartbeat_stale events for one silence, want 1", n)
+	}
 	h.simAgentSignal(id, 18) // SIGCONT
 	h.waitFor(id, "heartbeat_stale cleared", 15*time.Second, func(v appView) bool { return !v.AppVM.HeartbeatStale })
+}
+
+// eventCount counts the synced events of type typ for VM id.
+func (h *host) eventCount(id string, typ events.Type) int {
+	h.t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		entries, _, _ := h.events.After(0, 1<<20)
+		n := 0
+		for _, e := range entries {
+			if e.VMID == id && strings.Contains(string(e.JSON), `"type":"`+string(typ)+`"`) {
+				n++
+			}
+		}
+		if n > 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // simAgentSignal signals the guest agent through chsim's control API.
