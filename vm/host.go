@@ -38,6 +38,9 @@ type Host interface {
 	Reboot(ctx context.Context, rec *Record) error
 	// Balloon sets the balloon of a running or paused VM to mb MiB.
 	Balloon(ctx context.Context, rec *Record, mb uint64) error
+	// Counters reads the device counters of a running or paused VM
+	// (Cloud Hypervisor's vm.counters: device id → counter → value).
+	Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error)
 	// Delete removes everything the VM owns on the host (processes, taps,
 	// run directory, its own files) and nothing else; the Service then
 	// removes the record.
@@ -72,6 +75,11 @@ func (NoHost) Rollback(context.Context, *Record) error { return nil }
 // Balloon refuses: no VM runs here.
 func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
 	return RunsNoVMs("balloon", rec)
+}
+
+// Counters refuses: no VM runs here.
+func (NoHost) Counters(_ context.Context, rec *Record) (map[string]map[string]uint64, error) {
+	return nil, RunsNoVMs("counters of", rec)
 }
 
 // Shutdown refuses: no VM runs here.

@@ -159,6 +159,16 @@ func (s *Service) SetBalloon(ctx context.Context, mode Mode, id string, mb uint6
 	return rec, nil
 }
 
+// Counters reads the device counters of rec, a running or paused VM (a
+// *StateError otherwise). It takes no lock: counters are a read, and a VM
+// that ends meanwhile answers an error.
+func (s *Service) Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error) {
+	if rec.State != StateRunning && rec.State != StatePaused {
+		return nil, &StateError{ID: rec.ID, Action: "counters", State: rec.DisplayState}
+	}
+	return s.o.Host.Counters(ctx, rec)
+}
+
 // Delete removes the VM id of family mode: everything it owns on the host,
 // then its record. A running or paused VM is refused (*StateError) unless
 // force is set, and so is one whose provisioning is still in progress:

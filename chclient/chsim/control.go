@@ -25,6 +25,8 @@ import (
 //	                              a DHCP ACK for the guest's MAC leaves the tap toward the guest
 //	PUT /sim/v1/guest-agent       {"signal":N}: signal the AppVM guest agent process (not its
 //	                              workload); SIGSTOP silences its heartbeats
+//	PUT /sim/v1/counters          {"device":"_disk0","counters":{"read_bytes":N,…}}: the guest's
+//	                              I/O moved the device's vm.counters to these values
 //	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports","guest_agent_pid"}
 func (s *sim) control(r *request) (response, func()) {
 	name := strings.TrimPrefix(r.path, "/sim/v1/")
@@ -129,6 +131,27 @@ func (s *sim) control(r *request) (response, func()) {
 		}
 		if err := s.dhcpAck(req); err != nil {
 			return controlError(http.StatusConflict, err.Error()), nil
+		}
+		return noContent(), nil
+	case "counters":
+		var req struct {
+			Device   string            `json:"device"`
+			Counters map[string]uint64 `json:"counters"`
+		}
+		if err := json.Unmarshal(r.body, &req); err != nil {
+			return controlError(http.StatusBadRequest, "decoding body: "+err.Error()), nil
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		dev, ok := s.counters[req.Device]
+		if !ok {
+			return controlError(http.StatusConflict, "no device "+req.Device+" has counters"), nil
+		}
+		for k, v := range req.Counters {
+			if _, ok := dev[k]; !ok {
+				return controlError(http.StatusBadRequest, "device "+req.Device+" has no counter "+k), nil
+			}
+			dev[k] = v
 		}
 		return noContent(), nil
 	case "guest-agent":

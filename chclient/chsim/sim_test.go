@@ -144,6 +144,24 @@ func TestGuestPanic(t *testing.T) {
 	}
 }
 
+// TestCounters: vm.counters lists each disk and net device with CH's
+// counter names, and /sim/v1/counters moves them as guest I/O would.
+func TestCounters(t *testing.T) {
+	p := startSim(t)
+	bootWithSerialAndVsock(t, p)
+	p.wantStatus("PUT", "/sim/v1/counters", `{"device":"_disk0","counters":{"read_bytes":4096,"write_ops":3}}`, 204)
+	p.wantStatus("PUT", "/sim/v1/counters", `{"device":"_disk0","counters":{"nope":1}}`, 400)
+	p.wantStatus("PUT", "/sim/v1/counters", `{"device":"_nothing","counters":{"read_bytes":1}}`, 409)
+	var got map[string]map[string]uint64
+	if err := json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.counters", "", 200), &got); err != nil {
+		t.Fatal(err)
+	}
+	d := got["_disk0"]
+	if d["read_bytes"] != 4096 || d["write_ops"] != 3 || len(d) != 10 {
+		t.Errorf("_disk0 counters = %v", d)
+	}
+}
+
 func TestHang(t *testing.T) {
 	p := startSim(t)
 	p.wantStatus("PUT", "/sim/v1/hang", "", 204)

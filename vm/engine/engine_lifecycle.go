@@ -122,6 +122,20 @@ func (e *Engine) Balloon(ctx context.Context, rec *record.Record, mb uint64) err
 	return nil
 }
 
+// Counters reads the VM's device counters from Cloud Hypervisor.
+func (e *Engine) Counters(ctx context.Context, rec *record.Record) (map[string]map[string]uint64, error) {
+	c, err := e.client(rec)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	out, err := c.Counters(ctx)
+	if err != nil {
+		return nil, &record.HostError{Kind: record.HostHypervisor, Op: "vm.counters of VM " + rec.ID, Err: err}
+	}
+	return out, nil
+}
+
 // Reboot resets the guest: display booting until the root disk is
 // activated again (the monitor follows the events).
 func (e *Engine) Reboot(ctx context.Context, rec *record.Record) error {

@@ -704,3 +704,32 @@ func TestEngineBalloon(t *testing.T) {
 	}
 	s.Delete(ctx, record.ModeVM, "bal", true)
 }
+
+// TestEngineCounters: the counters of a running VM are Cloud Hypervisor's
+// vm.counters, per device; a stopped VM has none (a state error).
+func TestEngineCounters(t *testing.T) {
+	s, _, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "cnt")
+	sp.AutoBoot = true
+	rec, _, err := s.CreateVM(ctx, sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Counters(ctx, rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, ok := got["_disk0"]; !ok || len(d) != 10 {
+		t.Errorf("counters = %v, want _disk0 with CH's 10 block counters", got)
+	}
+	rec, err = s.Act(ctx, record.ModeVM, "cnt", "stop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var se *record.StateError
+	if _, err := s.Counters(ctx, rec); !errors.As(err, &se) {
+		t.Errorf("counters of a stopped VM = %v, want a state error", err)
+	}
+	s.Delete(ctx, record.ModeVM, "cnt", true)
+}
