@@ -34,22 +34,7 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 	// The host is read here, before reserve takes the registry lock: no
 	// file read or statfs runs under it, as every VM read waits on it.
 	cfg := s.o.Config
-	cpus, memMB := cfg.HostCPUs, uint64(cfg.HostMemoryMB)
-	var hostErr error
-	if cpus == 0 {
-		online, err := s.facts.OnlineCPUs()
-		if err != nil {
-			hostErr = &CapacityError{Resource: "vcpus", Msg: err.Error()}
-		}
-		cpus = len(online)
-	}
-	if memMB == 0 && hostErr == nil {
-		m, err := s.facts.MemoryMB()
-		if err != nil {
-			hostErr = &CapacityError{Resource: "memory_mb", Msg: err.Error()}
-		}
-		memMB = m
-	}
+	cpus, memMB, hostErr := s.hostTotals()
 	var (
 		free    uint64
 		freeErr error
@@ -126,6 +111,62 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 		}
 		return nil
 	}
+}
+
+// hostTotals are the host's CPUs and memory before overcommit: the
+// config's host_cpus and host_memory_mb, else what the host has (a
+// *CapacityError when that cannot be read).
+func (s *Service) hostTotals() (cpus int, memMB uint64, err error) {
+	cfg := s.o.Config
+	cpus, memMB = cfg.HostCPUs, uint64(cfg.HostMemoryMB)
+	if cpus == 0 {
+		online, err := s.facts.OnlineCPUs()
+		if err != nil {
+			return 0, 0, &CapacityError{Resource: "vcpus", Msg: err.Error()}
+		}
+		cpus = len(online)
+	}
+	if memMB == 0 {
+		m, err := s.facts.MemoryMB()
+		if err != nil {
+			return 0, 0, &CapacityError{Resource: "memory_mb", Msg: err.Error()}
+		}
+		memMB = m
+	}
+	return cpus, memMB, nil
+}
+
+// Capacity is what admission counts: the vCPUs and memory VMs may hold
+// (host totals times the overcommit ratios) and what active VMs (neither
+// stopped nor failed, creates in flight included) hold now.
+type Capacity struct {
+	VCPUs, VCPUsUsed       uint64
+	MemoryMB, MemoryMBUsed uint64
+}
+
+// Capacity reads the host totals and sums the active VMs, as the next
+// admission would.
+func (s *Service) Capacity() (Capacity, error) {
+	cpus, memMB, err := s.hostTotals()
+	if err != nil {
+		return Capacity{}, err
+	}
+	cfg := s.o.Config
+	c := Capacity{
+		VCPUs:    uint64(math.Floor(float64(cpus) * ratio(cfg.Overcommit.CPU, 4))),
+		MemoryMB: uint64(math.Floor(float64(memMB) * ratio(cfg.Overcommit.Memory, 1))),
+	}
+	s.reg.mu.RLock()
+	defer s.reg.mu.RUnlock()
+	for _, m := range []map[string]*Record{s.reg.recs, s.reg.pending} {
+		for _, r := range m {
+			if active(r) {
+				c.VCPUsUsed += uint64(r.Spec.Vcpus)
+				c.MemoryMBUsed += r.Spec.MemoryMB
+			}
+		}
+	}
+	return c, nil
 }
 
 // copyBytes is the space a root-disk copy may take: the base image's

@@ -187,3 +187,29 @@ func TestParseCPUSet(t *testing.T) {
 		}
 	}
 }
+
+// TestCapacity: totals are host totals times overcommit; only active VMs
+// count as used.
+func TestCapacity(t *testing.T) {
+	e := vmtest.NewEnv(t)
+	e.Config.Overcommit.CPU, e.Config.Overcommit.Memory = 2, 1.5
+	svc := e.Service(t)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		s := baseSpec(e)
+		s.VMID, s.Vcpus, s.MemoryMB = id, 3, 1024
+		if _, _, err := svc.CreateVM(ctx, &s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := svc.Update("b", func(r *vm.Record) { r.State = vm.StateStopped }); err != nil {
+		t.Fatal(err)
+	}
+	c, err := svc.Capacity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (vm.Capacity{VCPUs: 32, VCPUsUsed: 3, MemoryMB: 98304, MemoryMBUsed: 1024}); c != want {
+		t.Errorf("Capacity = %+v, want %+v", c, want)
+	}
+}
