@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strconv"
 	"time"
 
 	"vmhost/api"
 	"vmhost/appvm"
+	"vmhost/events"
 	"vmhost/registry"
 	"vmhost/tap"
 	"vmhost/vm"
@@ -61,6 +64,12 @@ func newService(env serveEnv) (*service, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The event log opens before recovery, so what recovery finds (a VM
+	// that died while the agent was away) is told like any change.
+	evs, err := events.Open(filepath.Join(env.StateDir, "events"), events.Options{Keep: env.Config.EventsKeep, Logger: env.Log.With("component", "events")})
+	if err != nil {
+		return nil, err
+	}
 	vms, err := vm.New(vm.Options{
 		StateDir: env.StateDir,
 		RunDir:   env.RunDir,
@@ -68,14 +77,16 @@ func newService(env serveEnv) (*service, error) {
 		Store:    env.Store,
 		Host:     eng,
 		Logger:   env.Log,
+		Events:   evs,
 	})
 	if err != nil {
+		evs.Close()
 		return nil, err
 	}
 	r := vms.Report()
 	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
 		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
-	apps := appvm.New(vms)
+	apps := appvm.NewWithOptions(vms, appvm.Options{Logger: env.Log, Events: evs})
 	eng.Start(vms.HostRecords(), apps.Hooks())
 	// Registry indexes are read in the background, at once and every
 	// refresh_secs: an index that is slow or down never delays the start.
@@ -86,7 +97,11 @@ func newService(env serveEnv) (*service, error) {
 	}
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log,
 		Registry: reg, ImageCache: eng.ImageCache()})
-	return &service{Handler: h, Close: func() error { stopRegistry(); return eng.Close() }}, nil
+	return &service{Handler: h, Close: func() error {
+		stopRegistry()
+		err := eng.Close()
+		return errors.Join(err, evs.Close())
+	}}, nil
 }
 
 // noTapsReason is why a VM with an interface cannot be created by an agent
