@@ -168,9 +168,9 @@ func (k *Keyring) Len() int {
 // Authorize checks the value of an Authorization header against the keyring
 // for the route pattern (as the mux spells it, e.g. "GET /api/vms/{id}"),
 // which mutates or not. It returns a copy of the matching key, or an error
-// wrapping ErrUnauthorized (missing or malformed header, unknown token) or
-// ErrForbidden (read key on a mutation, pattern outside a non-empty
-// allowlist).
+// wrapping ErrUnauthorized (missing or malformed header, unknown token; no
+// key) or ErrForbidden (read key on a mutation, pattern outside a non-empty
+// allowlist; with the refused key, so the audit log can name it).
 func (k *Keyring) Authorize(header, pattern string, mutates bool) (*Key, error) {
 	token, err := bearerToken(header)
 	if err != nil {
@@ -189,14 +189,14 @@ func (k *Keyring) Authorize(header, pattern string, mutates bool) (*Key, error) 
 	if subtle.ConstantTimeCompare(stored, sum[:]) != 1 {
 		return nil, fmt.Errorf("%w: unknown API key", ErrUnauthorized)
 	}
-	if mutates && key.Scope != ScopeReadWrite {
-		return nil, fmt.Errorf("%w: key %q has scope %s; %s needs %s", ErrForbidden, key.Name, key.Scope, pattern, ScopeReadWrite)
-	}
-	if len(key.Allow) > 0 && !slices.Contains(key.Allow, pattern) {
-		return nil, fmt.Errorf("%w: %s is not in the allowlist of key %q", ErrForbidden, pattern, key.Name)
-	}
 	c := *key
 	c.Allow = slices.Clone(key.Allow)
+	if mutates && key.Scope != ScopeReadWrite {
+		return &c, fmt.Errorf("%w: key %q has scope %s; %s needs %s", ErrForbidden, key.Name, key.Scope, pattern, ScopeReadWrite)
+	}
+	if len(key.Allow) > 0 && !slices.Contains(key.Allow, pattern) {
+		return &c, fmt.Errorf("%w: %s is not in the allowlist of key %q", ErrForbidden, pattern, key.Name)
+	}
 	return &c, nil
 }
 
