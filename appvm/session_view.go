@@ -46,3 +46,13 @@ func (s *Service) guestView(rec *vm.Record, av *AppvmView) {
 	}
 	av.HeartbeatStale = stale && rec.State == vm.StateRunning
 }
+
+// LastHeartbeat is the latest heartbeat of rec's guest this process knows
+// (zero when none) and whether it is stale, as the view shows them.
+func (s *Service) LastHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
+	if rec.AppVM == nil {
+		return time.Time{}, false
+	}
+	at, stale = s.guests.liveHeartbeat(rec)
+	return at, stale && rec.State == vm.StateRunning
+}
