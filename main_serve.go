@@ -354,6 +354,7 @@ func runServer(o serveOptions, log *slog.Logger) error {
 			log.Error("releasing VMs", "err", err)
 		}
 	}()
+	srv.RegisterOnShutdown(svc.CloseStreams)
 	gate.open(svc.Handler)
 	// Recovery is over (newService returned) and the listener is up.
 	notify(log, o.notifier, sdnotify.Ready)

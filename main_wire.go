@@ -12,6 +12,7 @@ import (
 
 	"vmhost/api"
 	"vmhost/appvm"
+	"vmhost/audit"
 	"vmhost/events"
 	"vmhost/registry"
 	"vmhost/tap"
@@ -26,6 +27,9 @@ type service struct {
 	// the VMs keep running (KillMode=process) and the next start adopts
 	// them.
 	Close func() error
+	// CloseStreams ends the open event streams (at shutdown, before the
+	// server waits for its handlers).
+	CloseStreams func()
 }
 
 // newService loads the VM records and builds the API over them, with the
@@ -95,12 +99,17 @@ func newService(env serveEnv) (*service, error) {
 	if len(env.Config.Registry.Indexes) > 0 {
 		go reg.Run(regCtx, time.Duration(env.Config.Registry.RefreshSecs)*time.Second)
 	}
+	auditLog, err := audit.Open(filepath.Join(env.StateDir, "audit.log"), env.Config.AuditLogMaxBytes)
+	if err != nil {
+		stopRegistry()
+		return nil, errors.Join(err, eng.Close(), evs.Close())
+	}
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log,
-		Registry: reg, ImageCache: eng.ImageCache()})
-	return &service{Handler: h, Close: func() error {
+		Registry: reg, ImageCache: eng.ImageCache(), Events: evs, Audit: auditLog})
+	return &service{Handler: h, CloseStreams: h.CloseStreams, Close: func() error {
 		stopRegistry()
 		err := eng.Close()
-		return errors.Join(err, evs.Close())
+		return errors.Join(err, evs.Close(), auditLog.Close())
 	}}, nil
 }
 

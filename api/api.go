@@ -18,6 +18,7 @@ package api
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -33,8 +34,10 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/audit"
 	"vmhost/auth"
 	"vmhost/disk"
+	"vmhost/events"
 	"vmhost/hostpci"
 	"vmhost/registry"
 	"vmhost/vm"
@@ -92,6 +95,13 @@ type Config struct {
 	// PCIIDs are the pci.ids files tried for device names; nil means
 	// hostpci.PCIIDsPaths.
 	PCIIDs []string
+	// Events is the event log GET /api/events streams, and where the
+	// default Images publishes image_ready and image_failed; nil answers
+	// the stream with 500.
+	Events *events.Log
+	// Audit gets one entry per request to a mutating route (denied ones
+	// included); nil audits nothing.
+	Audit *audit.Log
 }
 
 // Server is the API's http.Handler. It is safe for concurrent use.
@@ -108,6 +118,12 @@ type Server struct {
 	pciIDs      []string
 	mux         *http.ServeMux
 	routes      []Route
+	events      *events.Log
+	audit       *audit.Log
+	scrape      scrapeState
+	// streamsCtx ends when CloseStreams is called.
+	streamsCtx   context.Context
+	closeStreams context.CancelFunc
 }
 
 // Route is one API route: its pattern as the mux spells it (also the
@@ -155,6 +171,9 @@ var routeTable = []Route{
 	{"DELETE /api/images/cache/{digest}", true, (*Server).deleteImageCache},
 	{"POST /api/vms/{id}/balloon", true, setBalloon(vm.ModeVM)},
 	{"POST /api/appvm/vms/{id}/balloon", true, setBalloon(vm.ModeAppVM)},
+	// Observability (api/events.go, api/metrics.go).
+	{"GET /api/events", false, (*Server).streamEvents},
+	{"GET /metrics", false, (*Server).metrics},
 }
 
 // Routes lists the API's routes, for key allowlists and documentation.
@@ -167,8 +186,11 @@ func New(c Config) *Server {
 	}
 	if c.Images == nil {
 		cfg := c.VMs.Config()
-		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), appvm.ImportOptions{Logger: c.Logger,
-			MaxBytes: cfg.ImageImportMaxBytes, MaxEntries: cfg.ImageImportMaxEntries})
+		io := appvm.ImportOptions{Logger: c.Logger, MaxBytes: cfg.ImageImportMaxBytes, MaxEntries: cfg.ImageImportMaxEntries}
+		if c.Events != nil {
+			io.Events = c.Events
+		}
+		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), io)
 		if err := c.Images.Recover(); err != nil {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}
@@ -180,7 +202,9 @@ func New(c Config) *Server {
 		c.PCIIDs = hostpci.PCIIDsPaths
 	}
 	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(),
-		bodyTimeout: c.BodyReadTimeout, registry: c.Registry, cache: c.ImageCache, pciIDs: c.PCIIDs}
+		bodyTimeout: c.BodyReadTimeout, registry: c.Registry, cache: c.ImageCache, pciIDs: c.PCIIDs,
+		events: c.Events, audit: c.Audit}
+	s.streamsCtx, s.closeStreams = context.WithCancel(context.Background())
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
 	}
@@ -191,10 +215,17 @@ func New(c Config) *Server {
 // ServeHTTP serves the API.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
 
-// guard authenticates a request for rt before anything else happens.
+// guard authenticates a request for rt before anything else happens, and
+// audits it when rt mutates.
 func (s *Server) guard(rt Route) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if _, err := s.keys.Authorize(r.Header.Get("Authorization"), rt.Pattern, rt.Mutates); err != nil {
+		key, err := s.keys.Authorize(r.Header.Get("Authorization"), rt.Pattern, rt.Mutates)
+		if rt.Mutates && s.audit != nil {
+			aw := &auditWriter{ResponseWriter: w, status: http.StatusOK}
+			w, r = aw, withAudit(r, aw)
+			defer s.audited(rt, r, key, aw, time.Now())
+		}
+		if err != nil {
 			switch {
 			case errors.Is(err, auth.ErrForbidden):
 				writeError(w, http.StatusForbidden, CodeForbidden, err.Error())
@@ -441,6 +472,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		writeDecodeError(w, err)
 		return
 	}
+	noteID(r, spec.VMID)
 	if err := checkEmptyVMID(body); err != nil {
 		s.fail(w, r, err)
 		return
@@ -450,6 +482,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteID(r, rec.ID)
 	status := http.StatusCreated
 	if async {
 		status = http.StatusAccepted
@@ -467,6 +500,7 @@ func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
 		writeDecodeError(w, err)
 		return
 	}
+	noteID(r, req.VMID)
 	if err := checkEmptyVMID(body); err != nil {
 		s.fail(w, r, err)
 		return
@@ -476,6 +510,7 @@ func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, r, err)
 		return
 	}
+	noteID(r, resp.ID)
 	writeJSON(w, http.StatusCreated, resp)
 }
 

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"vmhost/appvm"
 	"vmhost/auth"
@@ -66,6 +68,9 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/host/pci":                 "/api/host/pci",
 		"GET /api/images/cache":             "/api/images/cache",
 		"DELETE /api/images/cache/{digest}": "/api/images/cache/" + fixtureDigest,
+
+		"GET /api/events": "/api/events",
+		"GET /metrics":    "/metrics",
 
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
@@ -156,6 +161,19 @@ func TestAuthMatrix(t *testing.T) {
 		}
 		for i, tok := range allowed {
 			t.Run(fmt.Sprintf("%s/allowed%d", rt.Pattern, i), func(t *testing.T) {
+				if rt.Pattern == "GET /api/events" {
+					// A stream answers 200 at once and ends with its client.
+					ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+					defer cancel()
+					req := httptest.NewRequestWithContext(ctx, method, path, nil)
+					req.Header.Set("Authorization", "Bearer "+tok)
+					w := httptest.NewRecorder()
+					h.srv.ServeHTTP(w, req)
+					if w.Code != http.StatusOK || w.Header().Get("Content-Type") != "text/event-stream" {
+						t.Errorf("%s allowed = %d %q", path, w.Code, w.Header().Get("Content-Type"))
+					}
+					return
+				}
 				body := ""
 				switch rt.Pattern {
 				case "POST /api/vms":

@@ -16,8 +16,10 @@ import (
 	"testing"
 
 	"vmhost/appvm"
+	"vmhost/audit"
 	"vmhost/auth"
 	"vmhost/disk"
+	"vmhost/events"
 	"vmhost/registry"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
@@ -92,6 +94,8 @@ type harness struct {
 	vms      *vm.Service
 	apps     *appvm.Service
 	srv      *Server
+	events   *events.Log
+	audit    *audit.Log
 	keysPath string
 	rw       string
 	ro       string
@@ -142,6 +146,7 @@ func (h *harness) start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	h.openLogs(t)
 	h.vms = h.e.Service(t)
 	h.apps = appvm.New(h.vms)
 	if h.cache, err = disk.NewCache(filepath.Join(h.e.StateDir, "images"), disk.CacheOptions{}); err != nil {
@@ -158,7 +163,41 @@ func (h *harness) start(t testing.TB) {
 		t.Fatal(err)
 	}
 	h.srv = New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil)),
-		ImageCache: h.cache, Registry: h.registry, PCIIDs: []string{}})
+		ImageCache: h.cache, Registry: h.registry, PCIIDs: []string{}, Events: h.events, Audit: h.audit})
+}
+
+// openLogs (re)opens the event log and the audit log in the state dir, as
+// an agent start does; at the test's end their content joins the secret
+// grep.
+func (h *harness) openLogs(t testing.TB) {
+	t.Helper()
+	h.closeLogs()
+	var err error
+	if h.events, err = events.Open(filepath.Join(h.e.StateDir, "events"), events.Options{}); err != nil {
+		t.Fatal(err)
+	}
+	if h.audit, err = audit.Open(filepath.Join(h.e.StateDir, "audit.log"), 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	h.e.Events = h.events
+	t.Cleanup(func() {
+		h.closeLogs()
+		for _, f := range []string{"events/events.jsonl", "events/events.1.jsonl", "audit.log"} {
+			if b, err := os.ReadFile(filepath.Join(h.e.StateDir, f)); err == nil {
+				seenMu.Lock()
+				seenBodies = append(seenBodies, string(b))
+				seenMu.Unlock()
+			}
+		}
+	})
+}
+
+func (h *harness) closeLogs() {
+	if h.events != nil {
+		h.events.Close()
+		h.audit.Close()
+		h.events, h.audit = nil, nil
+	}
 }
 
 // do sends a request with token (none when empty) and returns status,

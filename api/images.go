@@ -52,6 +52,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 		writeDecodeError(w, err)
 		return
 	}
+	noteID(r, req.ID)
 	img, err := s.images.Start(&req)
 	if err != nil {
 		s.fail(w, r, err)
