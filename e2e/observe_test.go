@@ -22,7 +22,7 @@ import (
 // The client reconnects with the last seq it saw and ends up with all 100,
 // in order, no seq twice, and exactly what the agent's log holds.
 func TestEventsSurviveAgentKill(t *testing.T) {
-	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.HostCPUs, c.HostMemoryMB = 64, 64 << 10 }})
+	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.HostCPUs, c.HostMemoryMB = 64, 64<<10 }})
 	f := newFixture(t)
 	out := new(syncBuffer)
 	cli := exec.Command(vmhostBin, "events", "-o", "json", "--since", "0")
