@@ -7,7 +7,7 @@ import "errors"
 // Masks exist for the build; New fails without inotify.
 const (
 	Modify, Attrib, Create, Delete, DeleteSelf, MoveSelf = 1, 2, 4, 8, 16, 32
-	MovedFrom, MovedTo, OnlyDir, Ignored, QOverflow     = 64, 128, 256, 512, 1024
+	MovedFrom, MovedTo, OnlyDir, Ignored, QOverflow      = 64, 128, 256, 512, 1024
 )
 
 // Event is one inotify event.
