@@ -90,14 +90,17 @@ type Records interface {
 // come before any other call. Its methods are safe for concurrent use; the
 // records' owner serializes the actions on one VM.
 type Engine struct {
-	o      Options
-	lay    record.Layout
-	log    *slog.Logger
-	cache  *disk.Cache
-	recs   Records
-	hooks  AppVMHooks // nil without AppVMs
-	bg     sync.WaitGroup
-	mon    watchers // the monitors of running VMs (monitor.go)
+	o     Options
+	lay   record.Layout
+	log   *slog.Logger
+	cache *disk.Cache
+	recs  Records
+	hooks AppVMHooks // nil without AppVMs
+	bg    sync.WaitGroup
+	mon   watchers // the monitors of running VMs (monitor.go)
+	// fw watches the running VMs' files (filewatch.go); nil means every
+	// monitor polls.
+	fw     *fileWatch
 	starts sync.Once
 
 	// consoleCtx ends the console keepers (console.go) at Close.
@@ -162,6 +165,9 @@ func New(o Options) (*Engine, error) {
 	}
 	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
+	if e.fw, err = newFileWatch(); err != nil {
+		e.log.Warn("inotify is unavailable; running VMs' files are polled", "err", err)
+	}
 	return e, nil
 }
 

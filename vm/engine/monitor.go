@@ -10,9 +10,11 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -51,13 +53,16 @@ import (
 // A failed or stopped VM runs nothing: after recording the verdict the
 // monitor stops whatever is left (CH by SIGTERM then SIGKILL, QSD by QMP
 // quit) and clears the runtime identity. Taps and disks stay; they belong
-// to the record. Process deaths are seen at once (pidfd or wait); socket
-// and disk checks run every monitorTick; pings every ping_interval_secs.
+// to the record. Process deaths are seen at once (pidfd or wait); socket,
+// disk and event-file changes when inotify reports them (filewatch.go),
+// and in a sweep every sweepEvery; pings every ping_interval_secs.
 
 const (
-	// monitorTick is how often the API socket and the root disk are
-	// checked for existence.
-	monitorTick = 250 * time.Millisecond
+	// sweepEvery is how often a monitor checks its files and events
+	// without being poked: the safety net for what inotify misses.
+	sweepEvery = 30 * time.Second
+	// pollEvery is how often a monitor without inotify watches checks.
+	pollEvery = 100 * time.Millisecond
 	// exitGrace is how long a socket problem waits for the process to exit
 	// before it is blamed on the socket: a clean exit unlinks the socket
 	// before the process is gone, and a dying process refuses first.
@@ -99,6 +104,17 @@ type monitor struct {
 	cancel context.CancelFunc
 	found  chan finding
 	ended  chan struct{} // closed when the monitor's goroutines are done
+	// poked wakes the loop to check files and read events (filewatch.go).
+	poked chan struct{}
+	// polling is set when the files could not be watched: the loop then
+	// checks every pollEvery.
+	polling bool
+	// evFile and evReader follow CH's event file (nil until it exists).
+	evFile   *os.File
+	evReader *chclient.EventReader
+	evWarned bool
+	// checks counts the loop's file checks (tests: an idle VM has none).
+	checks atomic.Int64
 }
 
 // finding is a problem a check goroutine reports to the monitor's loop.
@@ -137,6 +153,7 @@ func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdPro
 		chStart:   processStartWall(ch.StartTime),
 		found:     make(chan finding, 4),
 		ended:     make(chan struct{}),
+		poked:     make(chan struct{}, 1),
 	}
 	if rt := rec.Runtime; rt != nil && rt.CH != nil && rt.CH.EventsPath != "" {
 		m.events = rt.CH.EventsPath
@@ -145,6 +162,7 @@ func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdPro
 		m.rootDisk = p
 	}
 	m.sockIno = inode(m.apiSocket)
+	m.watchFiles()
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	w := &e.mon
 	w.mu.Lock()
@@ -154,6 +172,7 @@ func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdPro
 	if _, dup := w.m[id]; dup {
 		w.mu.Unlock()
 		e.log.Error("watch: VM already watched; new handles released", "id", id)
+		m.unwatchFiles()
 		ch.Close()
 		if qsd != nil {
 			qsd.Close()
@@ -238,6 +257,9 @@ func (e *Engine) Close() error {
 		}
 	}
 	w.wg.Wait()
+	if e.fw != nil {
+		e.fw.close()
+	}
 	e.consoleStop()
 	e.consoles.Wait()
 	return nil
@@ -245,9 +267,9 @@ func (e *Engine) Close() error {
 
 func (m *monitor) run() {
 	defer close(m.ended)
+	defer m.unwatchFiles()
 	var helpers sync.WaitGroup
-	helpers.Add(3)
-	go func() { defer helpers.Done(); m.follow() }()
+	helpers.Add(2)
 	go func() { defer helpers.Done(); m.ping() }()
 	go func() { defer helpers.Done(); m.facts() }()
 	defer helpers.Wait()
@@ -259,9 +281,15 @@ func (m *monitor) run() {
 	case m.qsdProc != nil:
 		qsdDone = m.qsdProc.Done()
 	}
-	tick := time.NewTicker(monitorTick)
+	every := sweepEvery
+	if m.polling {
+		every = pollEvery
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
+	m.readEvents() // what CH wrote before the watch began
 	for {
+		check := false
 		select {
 		case <-m.ctx.Done():
 			return
@@ -276,14 +304,51 @@ func (m *monitor) run() {
 				m.conclude(v)
 				return
 			}
+		case <-m.poked:
+			check = true
 		case <-tick.C:
-			if f, bad := m.checkFiles(); bad {
-				if v, ok := m.confirm(f); ok {
-					m.conclude(v)
-					return
-				}
+			check = true
+		}
+		if !check {
+			continue
+		}
+		m.checks.Add(1)
+		m.readEvents()
+		if f, bad := m.checkFiles(); bad {
+			if v, ok := m.confirm(f); ok {
+				m.conclude(v)
+				return
 			}
 		}
+	}
+}
+
+// watchFiles asks the engine's inotify watcher to poke m when its run
+// directory or root disk changes; without it, m polls.
+func (m *monitor) watchFiles() {
+	fw := m.e.fw
+	if fw == nil {
+		m.polling = true
+		return
+	}
+	watches := map[string]uint32{filepath.Dir(m.apiSocket): dirMask, filepath.Dir(m.events): dirMask}
+	if m.rootDisk != "" {
+		watches[m.rootDisk] = diskMask
+	}
+	if err := fw.add(m, watches); err != nil {
+		m.polling = true
+		m.e.log.Warn("cannot watch the VM's files with inotify; polling them instead", "id", m.id, "err", err)
+	}
+}
+
+// unwatchFiles ends m's inotify watches and closes its event file.
+func (m *monitor) unwatchFiles() {
+	if m.e.fw != nil {
+		m.e.fw.remove(m)
+	}
+	if m.evFile != nil {
+		m.evFile.Close()
+		m.evFile, m.evReader = nil, nil
 	}
 }
 
@@ -312,6 +377,23 @@ func (m *monitor) checkFiles() (finding, bool) {
 	return finding{}, false
 }
 
+// probeSocket looks at the API socket as it is now: gone, refusing
+// connections, or fine.
+func (m *monitor) probeSocket() (kind string, bad bool) {
+	if _, err := os.Lstat(m.apiSocket); errors.Is(err, fs.ErrNotExist) {
+		return record.KindSocketGone, true
+	}
+	c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return record.KindSocketDead, true
+	}
+	if err == nil {
+		c.Close()
+		m.sockIno = inode(m.apiSocket)
+	}
+	return "", false
+}
+
 // confirm turns a finding into a verdict. A socket problem first waits
 // exitGrace for the process to exit, since exiting is the likelier cause
 // and says more; a disk problem stands on its own.
@@ -320,11 +402,20 @@ func (m *monitor) confirm(f finding) (verdict, bool) {
 		t := time.NewTimer(exitGrace)
 		defer t.Stop()
 		select {
-		case <-m.ch.Done():
-			return m.exitVerdict(), true
 		case <-m.ctx.Done():
 			return verdict{}, false
+		case <-m.ch.Done():
+			return m.exitVerdict(), true
 		case <-t.C:
+		}
+		if f.kind == record.KindSocketGone || f.kind == record.KindSocketDead {
+			// Seen at once (inotify), a socket may have been in the
+			// middle of a replacement: what it is now decides.
+			kind, bad := m.probeSocket()
+			if !bad {
+				return verdict{}, false
+			}
+			f.kind = kind
 		}
 	}
 	now := m.e.o.Now().UTC()
@@ -598,55 +689,36 @@ func (e *Engine) pingTimeoutSecs() int {
 	return 10
 }
 
-// eventPoll is how often a monitor reads what CH appended to its event
-// file. Activation and panics need no faster reaction, and 50 VMs polled
-// at chclient.FollowEvents' 20 ms cost the agent 5% of a core.
-const eventPoll = 100 * time.Millisecond
-
-// follow reads the VM's event stream from its start (replaying it after
-// an agent restart is harmless: every effect is idempotent) and records
-// the root disk's activation and guest panics.
-func (m *monitor) follow() {
-	var f *os.File
-	var er *chclient.EventReader
-	defer func() {
-		if f != nil {
-			f.Close()
-		}
-	}()
-	t := time.NewTicker(eventPoll)
-	defer t.Stop()
-	warned := false
-	for {
-		if f == nil {
-			var err error
-			if f, err = os.Open(m.events); err == nil {
-				er = chclient.NewEventReader(f)
-			} else if !warned {
-				warned = true
+// readEvents reads what CH appended to its event file since the last read
+// (from its start the first time: replaying it after an agent restart is
+// harmless, every effect is idempotent) and records the root disk's
+// activation and guest panics.
+func (m *monitor) readEvents() {
+	if m.evFile == nil {
+		f, err := os.Open(m.events)
+		if err != nil {
+			if !m.evWarned {
+				m.evWarned = true
 				m.e.log.Warn("cannot open the CH event stream yet", "id", m.id, "err", err)
 			}
-		}
-		for er != nil {
-			ev, err := er.Next()
-			if err == nil {
-				m.onEvent(ev)
-				continue
-			}
-			if errors.As(err, new(*chclient.MalformedEventError)) {
-				m.e.log.Warn("malformed CH event", "id", m.id, "err", err)
-				continue
-			}
-			if !errors.Is(err, io.EOF) {
-				m.e.log.Warn("reading the CH event stream", "id", m.id, "err", err)
-			}
-			break // the end of what CH wrote so far
-		}
-		select {
-		case <-m.ctx.Done():
 			return
-		case <-t.C:
 		}
+		m.evFile, m.evReader = f, chclient.NewEventReader(f)
+	}
+	for {
+		ev, err := m.evReader.Next()
+		if err == nil {
+			m.onEvent(ev)
+			continue
+		}
+		if errors.As(err, new(*chclient.MalformedEventError)) {
+			m.e.log.Warn("malformed CH event", "id", m.id, "err", err)
+			continue
+		}
+		if !errors.Is(err, io.EOF) {
+			m.e.log.Warn("reading the CH event stream", "id", m.id, "err", err)
+		}
+		return // the end of what CH wrote so far
 	}
 }
 

@@ -645,3 +645,46 @@ func TestMonitorGuestEvents(t *testing.T) {
 		t.Errorf("after unwatch and stop: %s, want the record untouched", describe(got))
 	}
 }
+
+// TestMonitorIdleNoWakeups: an idle running VM's monitor does not check its
+// files on a clock (only its ping wakes, once per ping interval), yet a
+// deleted root disk is seen at once through inotify.
+func TestMonitorIdleNoWakeups(t *testing.T) {
+	s := newTestService(t)
+	r := startVM(t, s, "vm1")
+	s.watch(r.id, r.ch, r.qsd)
+	waitRecord(t, s, r.id, 2*time.Second, "display running", func(r *record.Record) bool { return r.DisplayState == "running" })
+	s.mon.mu.Lock()
+	m := s.mon.m[r.id]
+	s.mon.mu.Unlock()
+	if m == nil || m.polling {
+		t.Fatalf("monitor %+v: not watching with inotify", m)
+	}
+	time.Sleep(300 * time.Millisecond)
+	before := m.checks.Load()
+	time.Sleep(2 * time.Second)
+	if n := m.checks.Load() - before; n != 0 {
+		t.Errorf("an idle VM's monitor checked its files %d times in 2 s", n)
+	}
+	if err := os.Remove(r.rootDisk); err != nil {
+		t.Fatal(err)
+	}
+	_, took := waitRecord(t, s, r.id, 2*time.Second, "disk_missing", func(r *record.Record) bool { return r.State == record.StateFailed })
+	t.Logf("root disk deletion recorded in %v", took)
+}
+
+// TestMonitorPollsWithoutInotify: an engine without inotify (the limits
+// reached, say) still sees a deleted root disk, by polling.
+func TestMonitorPollsWithoutInotify(t *testing.T) {
+	s := newTestService(t)
+	s.fw.close()
+	s.fw = nil
+	r := startVM(t, s, "vm1")
+	s.watch(r.id, r.ch, r.qsd)
+	if err := os.Remove(r.rootDisk); err != nil {
+		t.Fatal(err)
+	}
+	waitRecord(t, s, r.id, 2*time.Second, "disk_missing", func(r *record.Record) bool {
+		return r.FailureReason != nil && r.FailureReason.Detail.Kind == record.KindDiskMissing
+	})
+}
