@@ -25,7 +25,7 @@ cleanup() {
 }
 trap cleanup EXIT
 mkdir -p "$dir/state"
-printf '{"host_cpus": %d, "host_memory_mb": %d, "host_path_roots": []}\n' "$n" $((n * 256)) >"$dir/config.json"
+printf '{"host_cpus": %d, "host_memory_mb": %d, "host_path_roots": []%s}\n' "$n" $((n * 256)) "${EXTRA_CONFIG:-}" >"$dir/config.json"
 token=$("$vmhost" key add --state-dir "$dir/state" --name bench --scope readwrite | tail -1)
 start_agent() {
 	"$vmhost" serve --listen "unix:$sock" --state-dir "$dir/state" --run-dir "$dir/run" \

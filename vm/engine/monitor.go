@@ -647,17 +647,29 @@ func (m *monitor) report(f finding) {
 	}
 }
 
-// ping sends vmm.ping every ping interval over a fresh connection, so a
-// socket that refuses connections is noticed even while an old
-// keep-alive connection would still work.
+// ping sends vmm.ping every ping interval over a kept-alive connection
+// (chclient.Pinger: a failure re-dials; a socket file replaced by one that
+// refuses connections is probed when inotify reports it).
 func (m *monitor) ping() {
-	c := chclient.New(m.apiSocket)
+	c := chclient.NewPinger(m.apiSocket)
 	defer c.Close()
 	interval := time.Duration(m.e.o.Config.PingIntervalSecs) * time.Second
 	if interval <= 0 {
 		interval = time.Second
 	}
 	timeout := time.Duration(m.e.pingTimeoutSecs()) * time.Second
+	// Every monitor pings on the same beat (whole multiples of the
+	// interval on the wall clock), so the agent wakes once per interval
+	// for all of them instead of once per VM at scattered times: 100 idle
+	// VMs cost 5 ms of CPU per second this way, 31 ms scattered
+	// (bench/idle-cpu.sh).
+	align := time.NewTimer(time.Until(time.Now().Truncate(interval).Add(interval)))
+	select {
+	case <-m.ctx.Done():
+		align.Stop()
+		return
+	case <-align.C:
+	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -667,9 +679,8 @@ func (m *monitor) ping() {
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, timeout)
-		_, err := c.Ping(ctx)
+		err := c.Ping(ctx)
 		cancel()
-		c.Close()
 		switch {
 		case err == nil, m.ctx.Err() != nil:
 		case errors.Is(err, syscall.ENOENT):
