@@ -60,12 +60,16 @@ type EventReader struct {
 	r   io.Reader
 	buf []byte
 	off int64 // stream offset of buf[0]
-	tmp []byte
 }
+
+// readChunk is how much a read asks for at a time. The buffer exists only
+// while a read or an unfinished event needs it: a reader idle at the end
+// of its stream (one per running VM) holds no memory.
+const readChunk = 8 << 10
 
 // NewEventReader reads events from r, starting at the beginning of the stream.
 func NewEventReader(r io.Reader) *EventReader {
-	return &EventReader{r: r, tmp: make([]byte, 32<<10)}
+	return &EventReader{r: r}
 }
 
 // Offset returns how many bytes of the stream the events returned so far (and any skipped
@@ -82,10 +86,16 @@ func (er *EventReader) Next() (Event, error) {
 		if ok || err != nil {
 			return ev, err
 		}
-		n, rerr := er.r.Read(er.tmp)
-		er.buf = append(er.buf, er.tmp[:n]...)
+		if cap(er.buf)-len(er.buf) < readChunk {
+			er.buf = append(make([]byte, 0, len(er.buf)+readChunk), er.buf...)
+		}
+		n, rerr := er.r.Read(er.buf[len(er.buf):cap(er.buf)])
+		er.buf = er.buf[:len(er.buf)+n]
 		if n > 0 {
 			continue
+		}
+		if len(er.buf) == 0 {
+			er.buf = nil
 		}
 		if rerr == nil {
 			continue

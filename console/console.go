@@ -169,7 +169,9 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 		// Copy until the connection drops (VM stopped or rebooting, another
 		// client took the socket, or Stop), then connect again.
 		k.attach.setSerial(conn)
-		io.Copy(sink{k.log, k.attach}, conn)
+		// A small buffer: a serial line is slow, and every running VM
+		// has one of these (io.Copy's own would be 32 KiB each).
+		io.CopyBuffer(sink{k.log, k.attach}, conn, make([]byte, 2048))
 		k.attach.setSerial(nil)
 		stop()
 		conn.Close()

@@ -119,6 +119,18 @@ func BenchmarkCreateAutoBoot(b *testing.B) {
 // children runs the child-process part of a create with auto_boot in dir
 // and stops both processes again (the stop is not timed).
 func children(b *testing.B, dir, kernel, qsdBin string, qsdPre []string) {
+	stop, err := launchChildren(dir, kernel, qsdBin, qsdPre)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	stop()
+	b.StartTimer()
+}
+
+// launchChildren launches and boots what a create with auto_boot runs, in
+// dir; stop ends them.
+func launchChildren(dir, kernel, qsdBin string, qsdPre []string) (stop func(), err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	q, err := qmp.LaunchQSD(ctx, qmp.QSDConfig{
@@ -128,13 +140,14 @@ func children(b *testing.B, dir, kernel, qsdBin string, qsdPre []string) {
 		QMPSocket: dir + "/qsd.qmp", PidFile: dir + "/qsd.pid", LogFile: dir + "/qsd.log",
 	})
 	if err != nil {
-		b.Fatal(err)
+		return nil, err
 	}
 	p, err := chclient.Launch(ctx, chclient.LaunchConfig{Binary: simBin, PreArgs: []string{"sim-ch"},
 		APISocket: dir + "/ch.sock", EventMonitor: dir + "/events", LogFile: dir + "/ch.log",
 		VsockSocket: dir + "/vsock.sock", SerialSocket: dir + "/console.sock"})
 	if err != nil {
-		b.Fatal(err)
+		q.Quit(ctx)
+		return nil, err
 	}
 	c := p.Client()
 	cfg := &chclient.VmConfig{
@@ -155,12 +168,16 @@ func children(b *testing.B, dir, kernel, qsdBin string, qsdPre []string) {
 		func() error { _, err := c.VMInfo(ctx); return err },
 	} {
 		if err := step(); err != nil {
-			b.Fatal(err)
+			p.Stop(ctx, 2*time.Second)
+			q.Quit(ctx)
+			return nil, err
 		}
 	}
-	b.StopTimer()
-	p.Stop(ctx, 2*time.Second)
-	p.Close()
-	q.Quit(ctx)
-	b.StartTimer()
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		p.Stop(ctx, 2*time.Second)
+		p.Close()
+		q.Quit(ctx)
+	}, nil
 }
