@@ -112,3 +112,24 @@ func TestPingerErrors(t *testing.T) {
 		t.Errorf("the hung ping took %v", d)
 	}
 }
+
+// TestReadCounters: vm.counters is read and decoded over a raw
+// connection; an error status is an *APIError with CH's message.
+func TestReadCounters(t *testing.T) {
+	body := `{"_disk0":{"read_bytes":4096,"write_ops":3}}`
+	sock, _ := pingServer(t, func(n int) string {
+		if n == 2 {
+			b := `["The VM info is not available"]`
+			return "HTTP/1.1 500 \r\nContent-Length: " + strconv.Itoa(len(b)) + "\r\n\r\n" + b
+		}
+		return "HTTP/1.1 200 \r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
+	})
+	got, err := ReadCounters(context.Background(), sock)
+	if err != nil || got["_disk0"]["read_bytes"] != 4096 || got["_disk0"]["write_ops"] != 3 {
+		t.Fatalf("ReadCounters = %v, %v", got, err)
+	}
+	var ae *APIError
+	if _, err := ReadCounters(context.Background(), sock); !errors.As(err, &ae) || ae.Status != 500 || ae.Last() != "The VM info is not available" {
+		t.Errorf("ReadCounters of a VM without counters = %v", err)
+	}
+}

@@ -3,23 +3,39 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	"vmhost/chclient"
 	"vmhost/config"
 )
+
+// procCPU is the CPU time (user and system) process pid has used.
+func procCPU(b *testing.B, pid int) time.Duration {
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	f := strings.Fields(string(st[bytes.LastIndexByte(st, ')')+1:]))
+	ut, _ := strconv.Atoi(f[11])
+	stime, _ := strconv.Atoi(f[12])
+	return time.Duration(ut+stime) * 10 * time.Millisecond // USER_HZ 100
+}
 
 // BenchmarkMetricsScrape measures GET /metrics of an agent with
 // VMHOST_BENCH_VMS running VMs (default 100; the figure is 1000)
 // in sim mode, beside what a script would otherwise do for the same
 // counters: read vm.counters from each VM's CH socket one after the other
 // ("direct"), and beside GET /api/vms, the list a control plane polls.
-// bytes/scrape is the exposition's size.
+// bytes/scrape is the exposition's size, agent-cpu-ms/scrape the agent's
+// own CPU time per scrape (the simulators answering are other processes).
 //
 //	VMHOST_BENCH_VMS=1000 go test ./e2e -run '^$' -bench MetricsScrape -benchtime 20x
 func BenchmarkMetricsScrape(b *testing.B) {
@@ -39,6 +55,7 @@ func BenchmarkMetricsScrape(b *testing.B) {
 	}
 	b.Run(fmt.Sprintf("vms=%d/metrics", n), func(b *testing.B) {
 		var size int
+		cpu0 := procCPU(b, s.cmd.Process.Pid)
 		for range b.N {
 			st, out := s.do("GET", "/metrics", "")
 			if st != http.StatusOK {
@@ -47,6 +64,7 @@ func BenchmarkMetricsScrape(b *testing.B) {
 			size = len(out)
 		}
 		b.ReportMetric(float64(size), "bytes/scrape")
+		b.ReportMetric(float64((procCPU(b, s.cmd.Process.Pid)-cpu0).Microseconds())/1000/float64(b.N), "agent-cpu-ms/scrape")
 	})
 	b.Run(fmt.Sprintf("vms=%d/direct", n), func(b *testing.B) {
 		ctx := context.Background()
