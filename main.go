@@ -42,6 +42,7 @@ const usage = `usage:
   vmhost key remove --state-dir DIR --name NAME
   vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
   vmhost config default|check FILE
+  vmhost openapi
   vmhost version
 Run "vmhost COMMAND -h" for the flags of a command.
 ` + cli.Usage + `
@@ -81,6 +82,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return versionCmd(rest, stdout, stderr)
 	case "config":
 		return configCmd(rest, stdout, stderr)
+	case "openapi":
+		return openAPICmd(rest, stdout, stderr)
 	case "guest": // the AppVM guest agent (main_guest.go)
 		return guest.Main(rest)
 	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (DESIGN §6)

@@ -174,6 +174,7 @@ var routeTable = []Route{
 	// Observability (api/events.go, api/metrics.go).
 	{"GET /api/events", false, (*Server).streamEvents},
 	{"GET /metrics", false, (*Server).metrics},
+	{"GET /api/openapi.json", false, (*Server).serveOpenAPI},
 }
 
 // Routes lists the API's routes, for key allowlists and documentation.

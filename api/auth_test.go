@@ -72,6 +72,8 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/events": "/api/events",
 		"GET /metrics":    "/metrics",
 
+		"GET /api/openapi.json": "/api/openapi.json",
+
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
 	}
@@ -132,6 +134,7 @@ func TestAuthMatrix(t *testing.T) {
 				}
 				w := httptest.NewRecorder()
 				h.srv.ServeHTTP(w, req)
+				h.validate(t, req, w)
 				seenMu.Lock()
 				seenBodies = append(seenBodies, w.Body.String())
 				seenMu.Unlock()

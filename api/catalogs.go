@@ -40,6 +40,19 @@ func (s *Server) registryImages() []registry.Image {
 	return s.registry.List()
 }
 
+// registryList, pciList and cacheList are the catalogs' list bodies.
+type (
+	registryList struct {
+		Images []registryImage `json:"images"`
+	}
+	pciList struct {
+		Devices []pciDevice `json:"devices"`
+	}
+	cacheList struct {
+		Images []cachedImage `json:"images"`
+	}
+)
+
 // listRegistryImages answers GET /api/registry/images, sorted by image_id.
 func (s *Server) listRegistryImages(w http.ResponseWriter, r *http.Request) {
 	images := s.registryImages()
@@ -47,9 +60,7 @@ func (s *Server) listRegistryImages(w http.ResponseWriter, r *http.Request) {
 	for _, im := range images {
 		out = append(out, s.registryView(im))
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Images []registryImage `json:"images"`
-	}{out})
+	writeJSON(w, http.StatusOK, registryList{out})
 }
 
 // getRegistryImage answers GET /api/registry/images/{id}.
@@ -89,9 +100,7 @@ func (s *Server) listHostPCI(w http.ResponseWriter, r *http.Request) {
 	for _, d := range devs {
 		out = append(out, pciDevice{Device: d, ClaimedBy: claims[d.BDF]})
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Devices []pciDevice `json:"devices"`
-	}{out})
+	writeJSON(w, http.StatusOK, pciList{out})
 }
 
 // cachedImage is one entry of GET /api/images/cache.
@@ -127,9 +136,7 @@ func (s *Server) listImageCache(w http.ResponseWriter, r *http.Request) {
 				LastUsedAt: e.LastUsedAt, InUse: e.InUse, RegistryImageIDs: refs})
 		}
 	}
-	writeJSON(w, http.StatusOK, struct {
-		Images []cachedImage `json:"images"`
-	}{out})
+	writeJSON(w, http.StatusOK, cacheList{out})
 }
 
 // deleteImageCache answers DELETE /api/images/cache/{digest}: 204, 404 when

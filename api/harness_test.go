@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"vmhost/appvm"
@@ -20,6 +22,7 @@ import (
 	"vmhost/auth"
 	"vmhost/disk"
 	"vmhost/events"
+	"vmhost/openapi"
 	"vmhost/registry"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
@@ -81,6 +84,7 @@ func TestMain(m *testing.M) {
 		code = 1
 	} else if code == 0 && testing.Verbose() {
 		fmt.Printf("secret grep: %d response bodies and the log checked, no planted secret found\n", n)
+		fmt.Printf("openapi: %d responses validated against the document\n", validated.Load())
 	}
 	os.Exit(code)
 }
@@ -214,10 +218,51 @@ func (h *harness) do(t testing.TB, method, path, token, body string) (int, http.
 	}
 	w := httptest.NewRecorder()
 	h.srv.ServeHTTP(w, req)
+	h.validate(t, req, w)
 	seenMu.Lock()
 	seenBodies = append(seenBodies, w.Body.String())
 	seenMu.Unlock()
 	return w.Code, w.Header(), w.Body.String()
+}
+
+// validate checks a response against the OpenAPI document: its status for
+// the route, its content type, and a JSON body's every field. Requests
+// that match no route (404, 405) have no document entry and are checked
+// as the error envelope only.
+func (h *harness) validate(t testing.TB, req *http.Request, w *httptest.ResponseRecorder) {
+	t.Helper()
+	_, pattern := h.srv.mux.Handler(req)
+	if pattern == "/" || pattern == "" {
+		var e errorBody
+		if err := json.Unmarshal(w.Body.Bytes(), &e); err != nil || e.Code == "" || e.Message == "" {
+			t.Errorf("%s %s: an unrouted request's answer is not the error envelope: %d %s", req.Method, req.URL.Path, w.Code, w.Body)
+		}
+		return
+	}
+	if err := parsedOpenAPI(t).ValidateResponse(pattern, w.Code, w.Header().Get("Content-Type"), w.Body.Bytes()); err != nil {
+		t.Errorf("OpenAPI: %v\nbody: %.2000s", err, w.Body)
+	}
+	validated.Add(1)
+}
+
+var (
+	docOnce   sync.Once
+	parsedDoc *openapi.Doc
+	validated atomic.Int64
+)
+
+func parsedOpenAPI(t testing.TB) *openapi.Doc {
+	t.Helper()
+	docOnce.Do(func() {
+		data, err := OpenAPI()
+		if err != nil {
+			panic(err)
+		}
+		if parsedDoc, err = openapi.Parse(data); err != nil {
+			panic(err)
+		}
+	})
+	return parsedDoc
 }
 
 // sanitize replaces the env's temp root with a fixed path, so goldens do

@@ -19,9 +19,11 @@ import (
 	"testing"
 	"time"
 
+	"vmhost/api"
 	"vmhost/auth"
 	"vmhost/config"
 	"vmhost/internal/netnstest"
+	"vmhost/openapi"
 	"vmhost/qcow2"
 	"vmhost/tap"
 )
@@ -282,8 +284,38 @@ func (s *server) do(method, path, body string) (int, []byte) {
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
+	validateResponse(s.t, method, req.URL.Path, resp, b)
 	return resp.StatusCode, b
 }
+
+// validateResponse checks an answer of the real agent against the OpenAPI
+// document (api.OpenAPI): the route's status, content type and every field
+// of a JSON body. A request that matches no documented route is left
+// alone (the API's own tests check those answers).
+func validateResponse(t testing.TB, method, path string, resp *http.Response, body []byte) {
+	t.Helper()
+	docOnce.Do(func() {
+		data, err := api.OpenAPI()
+		if err == nil {
+			doc, err = openapi.Parse(data)
+		}
+		if err != nil {
+			panic(err)
+		}
+	})
+	pattern, ok := doc.Match(method, path)
+	if !ok {
+		return
+	}
+	if err := doc.ValidateResponse(pattern, resp.StatusCode, resp.Header.Get("Content-Type"), body); err != nil {
+		t.Errorf("OpenAPI: %v\nbody: %.2000s", err, body)
+	}
+}
+
+var (
+	docOnce sync.Once
+	doc     *openapi.Doc
+)
 
 // view is the part of a VM view the tests read.
 type view struct {

@@ -1,0 +1,153 @@
+package api
+
+import (
+	"net/http"
+	"reflect"
+	"strings"
+	"sync"
+
+	"vmhost/appvm"
+	"vmhost/openapi"
+	"vmhost/vm"
+)
+
+// The OpenAPI 3.1 document (extensions.md §8), built from the route table
+// and the types the handlers encode and decode (package openapi). What
+// reflection cannot see is here: each route's summary, request type and
+// success responses. The error statuses follow from the route: every
+// route answers 401, 403 and 500; one with a body 400 and 422, one with
+// query parameters 400; one naming
+// a VM or image 404; one that mutates 409. Tests validate every response
+// the api and e2e suites receive against the document, so a status or a
+// field the code answers without the document fails them.
+
+// routeDoc is what the document says of a route beyond its pattern.
+type routeDoc struct {
+	summary string
+	tag     string
+	request any // the body's type, as a nil pointer; nil: no body
+	ok      []openapi.Response
+	query   []openapi.Param
+}
+
+func jsonOK(status int, v any) openapi.Response {
+	return openapi.Response{Status: status, Type: reflect.TypeOf(v)}
+}
+
+var noContent = openapi.Response{Status: http.StatusNoContent}
+
+// vmList is GET /api/vms's body (written piece by piece by listVMs).
+type vmList struct {
+	VMs []*vm.View `json:"vms"`
+}
+
+var routeDocs = map[string]routeDoc{
+	"GET /api/vms":            {summary: "List classic VMs", tag: "vms", ok: []openapi.Response{jsonOK(200, vmList{})}},
+	"GET /api/vms/{id}":       {summary: "Read a classic VM", tag: "vms", ok: []openapi.Response{jsonOK(200, vm.View{})}},
+	"POST /api/vms":           {summary: "Create a classic VM (202 when an image is downloaded first)", tag: "vms", request: (*vm.Spec)(nil), ok: []openapi.Response{jsonOK(201, vm.View{}), jsonOK(202, vm.View{})}},
+	"GET /api/appvm/vms":      {summary: "List AppVMs", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvmList{})}},
+	"GET /api/appvm/vms/{id}": {summary: "Read an AppVM", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvm.View{})}},
+	"POST /api/appvm/vms":     {summary: "Create an AppVM", tag: "appvms", request: (*appvm.CreateRequest)(nil), ok: []openapi.Response{jsonOK(201, appvm.CreateResponse{})}},
+	"DELETE /api/vms/{id}": {summary: "Delete a classic VM", tag: "vms", ok: []openapi.Response{noContent},
+		query: []openapi.Param{{Name: "force", Description: "true: also a running VM, or one still provisioning"}}},
+	"DELETE /api/appvm/vms/{id}": {summary: "Delete an AppVM", tag: "appvms", ok: []openapi.Response{noContent},
+		query: []openapi.Param{{Name: "force", Description: "true: also a running AppVM"}}},
+	"GET /api/appvm/images":             {summary: "List AppVM images", tag: "images", ok: []openapi.Response{jsonOK(200, imageList{})}},
+	"GET /api/appvm/images/{id}":        {summary: "Read an AppVM image", tag: "images", ok: []openapi.Response{jsonOK(200, appvm.Image{})}},
+	"POST /api/appvm/images":            {summary: "Import an AppVM image (in the background)", tag: "images", request: (*appvm.ImportRequest)(nil), ok: []openapi.Response{jsonOK(202, appvm.Image{})}},
+	"DELETE /api/appvm/images/{id}":     {summary: "Delete an AppVM image no AppVM uses", tag: "images", ok: []openapi.Response{noContent}},
+	"GET /api/networks":                 {summary: "List host networks and their bridges", tag: "host", ok: []openapi.Response{jsonOK(200, networkList{})}},
+	"GET /api/registry/images":          {summary: "List registry images", tag: "host", ok: []openapi.Response{jsonOK(200, registryList{})}},
+	"GET /api/registry/images/{id}":     {summary: "Read a registry image", tag: "host", ok: []openapi.Response{jsonOK(200, registryImage{})}},
+	"GET /api/host/pci":                 {summary: "List host PCI devices", tag: "host", ok: []openapi.Response{jsonOK(200, pciList{})}},
+	"GET /api/images/cache":             {summary: "List the verified image cache", tag: "host", ok: []openapi.Response{jsonOK(200, cacheList{})}},
+	"DELETE /api/images/cache/{digest}": {summary: "Delete a cached image no provision uses", tag: "host", ok: []openapi.Response{noContent}},
+	"POST /api/vms/{id}/balloon":        {summary: "Set a classic VM's balloon", tag: "vms", request: (*balloonRequest)(nil), ok: []openapi.Response{noContent}},
+	"POST /api/appvm/vms/{id}/balloon":  {summary: "Set an AppVM's balloon", tag: "appvms", request: (*balloonRequest)(nil), ok: []openapi.Response{noContent}},
+	"GET /api/events": {summary: "Follow the event stream (Server-Sent Events)", tag: "observability",
+		ok: []openapi.Response{{Status: 200, ContentType: "text/event-stream", Description: "id: <seq> and data: <event JSON> per event"}},
+		query: []openapi.Param{{Name: "since", Integer: true, Description: "resume after this seq (or the Last-Event-ID header)"},
+			{Name: "vm_id", Description: "only this VM's events"}}},
+	"GET /metrics":          {summary: "Prometheus metrics (text format 0.0.4)", tag: "observability", ok: []openapi.Response{{Status: 200, ContentType: "text/plain"}}},
+	"GET /api/openapi.json": {summary: "This document", tag: "observability", ok: []openapi.Response{jsonOK(200, map[string]any{})}},
+}
+
+func init() {
+	for _, a := range vm.Actions {
+		routeDocs["POST /api/vms/{id}/"+string(a)] = routeDoc{summary: string(a) + " a classic VM", tag: "vms", ok: []openapi.Response{noContent}}
+		routeDocs["POST /api/appvm/vms/{id}/"+string(a)] = routeDoc{summary: string(a) + " an AppVM", tag: "appvms", ok: []openapi.Response{noContent}}
+	}
+}
+
+// healthzDoc documents GET /healthz, which package main serves before and
+// beside the API.
+var healthzDoc = openapi.Operation{Pattern: "GET /healthz", Summary: "Health: ok once records are loaded and VMs reconciled",
+	Tag: "observability", NoAuth: true, Responses: []openapi.Response{
+		{Status: 200, ContentType: "text/plain", Description: "ok"},
+		{Status: 503, ContentType: "text/plain"},
+	}}
+
+var (
+	openAPIOnce sync.Once
+	openAPIDoc  []byte
+	openAPIErr  error
+)
+
+// OpenAPI returns the document (`vmhost openapi` prints it).
+func OpenAPI() ([]byte, error) { return openAPI(Routes()) }
+
+// openAPI builds the document of routes once (they are always the route
+// table; the server passes its copy, which keeps the table's
+// initialization free of a cycle through this function).
+func openAPI(routes []Route) ([]byte, error) {
+	openAPIOnce.Do(func() { openAPIDoc, openAPIErr = buildOpenAPI(routes) })
+	return openAPIDoc, openAPIErr
+}
+
+func buildOpenAPI(routes []Route) ([]byte, error) {
+	errType := reflect.TypeOf(errorBody{})
+	errResp := func(status int) openapi.Response { return openapi.Response{Status: status, Type: errType} }
+	ops := []openapi.Operation{healthzDoc}
+	for _, rt := range routes {
+		d := routeDocs[rt.Pattern]
+		op := openapi.Operation{Pattern: rt.Pattern, Summary: d.summary, Tag: d.tag, Mutates: rt.Mutates,
+			QueryParams: d.query, Responses: append([]openapi.Response(nil), d.ok...)}
+		op.Responses = append(op.Responses, errResp(401), errResp(403), errResp(500))
+		if d.request != nil {
+			op.Request = reflect.TypeOf(d.request).Elem()
+			op.Responses = append(op.Responses, errResp(400), openapi.Response{Status: 422, ContentType: "text/plain"})
+		}
+		if d.query != nil { // a bad query value
+			op.Responses = append(op.Responses, errResp(400))
+		}
+		if strings.Contains(rt.Pattern, "{") {
+			op.Responses = append(op.Responses, errResp(404))
+		}
+		if rt.Mutates {
+			op.Responses = append(op.Responses, errResp(409))
+		}
+		ops = append(ops, op)
+	}
+	return openapi.Build(openapi.Options{
+		Title:   "vmhost",
+		Version: "1",
+		Description: "The per-host VM agent's API: classic VMs and AppVMs, their lifecycle, images, host catalogs, " +
+			"events and metrics. Errors are {\"code\",\"message\"}; a body that is not valid JSON for its route is a 422 in plain text.",
+		Enums: map[reflect.Type][]string{
+			reflect.TypeFor[vm.State](): {string(vm.StateCreated), string(vm.StateRunning), string(vm.StatePaused), string(vm.StateStopped), string(vm.StateFailed)},
+		},
+	}, ops)
+}
+
+// serveOpenAPI answers GET /api/openapi.json.
+func (s *Server) serveOpenAPI(w http.ResponseWriter, r *http.Request) {
+	doc, err := openAPI(s.routes)
+	if err != nil {
+		s.fail(w, r, err)
+		return
+	}
+	h := w.Header()
+	h["Content-Type"] = jsonContentType
+	w.WriteHeader(http.StatusOK)
+	w.Write(doc)
+}
