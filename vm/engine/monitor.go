@@ -672,11 +672,13 @@ func (m *monitor) ping() {
 	}
 	t := time.NewTicker(interval)
 	defer t.Stop()
-	for {
-		select {
-		case <-m.ctx.Done():
-			return
-		case <-t.C:
+	for first := true; ; first = false {
+		if !first { // the first ping goes out on the first beat
+			select {
+			case <-m.ctx.Done():
+				return
+			case <-t.C:
+			}
 		}
 		ctx, cancel := context.WithTimeout(m.ctx, timeout)
 		err := c.Ping(ctx)
