@@ -43,8 +43,14 @@ import (
 	"vmhost/vm"
 )
 
-// MaxBodyBytes is the largest request body accepted (1 MiB).
+// MaxBodyBytes is the largest request body accepted (1 MiB), except on
+// the routes that carry an AppVM's files: MaxWorkloadBodyBytes there.
 const MaxBodyBytes = 1 << 20
+
+// MaxWorkloadBodyBytes bounds an AppVM create or spec edit: its files may
+// hold 4 MiB of content (appvm.MaxInjectedTotalBytes), which JSON escaping
+// can grow.
+const MaxWorkloadBodyBytes = 12 << 20
 
 // DefaultBodyReadTimeout bounds the reading of a request body: 1 MiB in
 // 30 s needs no more than about 35 KB/s.
@@ -312,14 +318,19 @@ func writeDecodeError(w http.ResponseWriter, err error) {
 // read timeout. It answers the request itself and returns false when the
 // body is refused.
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	if r.ContentLength > MaxBodyBytes {
-		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
+	return s.readBodyMax(w, r, MaxBodyBytes)
+}
+
+// readBodyMax is readBody with a limit of max bytes.
+func (s *Server) readBodyMax(w http.ResponseWriter, r *http.Request, max int64) ([]byte, bool) {
+	if r.ContentLength > max {
+		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", max))
 		return nil, false
 	}
 	rc := http.NewResponseController(w)
 	// A writer without deadlines (a test recorder) reads without one.
 	deadline := rc.SetReadDeadline(time.Now().Add(s.bodyTimeout)) == nil
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBodyBytes))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
 	if err == nil && deadline {
 		// The body is in: the connection may idle or stream again.
 		rc.SetReadDeadline(time.Time{})
@@ -332,7 +343,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool)
 		var tooBig *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooBig):
-			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", MaxBodyBytes))
+			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", max))
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: not received within %v", s.bodyTimeout))
 		default:
@@ -492,7 +503,7 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
+	body, ok := s.readBodyMax(w, r, MaxWorkloadBodyBytes)
 	if !ok {
 		return
 	}

@@ -45,6 +45,17 @@ type CreateRequest struct {
 	DataVolumes   []DataVolumeRequest `json:"data_volumes,omitempty"`
 	DiskBpsTotal  uint64              `json:"disk_bps_total,omitempty"`
 	DiskIopsTotal uint64              `json:"disk_iops_total,omitempty"`
+	// The rest of the editable workload spec (workload.go).
+	Command       []string            `json:"command,omitempty"`
+	Workdir       string              `json:"workdir,omitempty"`
+	User          string              `json:"user,omitempty"`
+	NoHealthcheck bool                `json:"no_healthcheck,omitempty"`
+	Healthcheck   *vm.Healthcheck     `json:"healthcheck,omitempty"`
+	ExtraHosts    []vm.ExtraHost      `json:"extra_hosts,omitempty"`
+	ConfigFiles   []vm.ConfigFile     `json:"config_files,omitempty"`
+	SecretFiles   []SecretFileRequest `json:"secret_files,omitempty"`
+	TmpfsMounts   []vm.TmpfsMount     `json:"tmpfs_mounts,omitempty"`
+	StopGraceSecs *uint32             `json:"stop_grace_secs,omitempty"`
 }
 
 // DataVolumeRequest is one requested data volume.
@@ -161,6 +172,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		app.SecretEnvKeys = append(app.SecretEnvKeys, k)
 		rec.Secrets.SecretEnv = append(rec.Secrets.SecretEnv, vm.SecretEnv{Key: k, Value: vm.Secret(v)})
 	}
+	req.workload().apply(app, &rec.Secrets)
 	rec.AppVM = app
 	rec.Base = &vm.BaseImage{Path: s.catalog.RootFS(img.ID), VirtualSizeBytes: img.SizeBytes}
 	rec, _, err = s.vms.Launch(ctx, rec)
@@ -242,6 +254,9 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 			return nil, bad(f("mountpoint"), "%s is also the mountpoint of data_volumes[%d]", d.Mountpoint, j)
 		}
 		seen[d.Mountpoint] = i
+	}
+	if err := r.workload().validate(); err != nil {
+		return nil, err
 	}
 	return img, nil
 }

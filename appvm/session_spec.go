@@ -8,26 +8,26 @@ import (
 )
 
 // GuestSpec builds the Spec the guest agent of rec receives: the image's
-// workload defaults recorded at create time overlaid with the request
-// (keepalive replaces the argument vector), secret env values from the
-// record's secrets, the hostname, the network mode and the data mounts.
+// workload defaults recorded at create time overlaid with the spec
+// (keepalive, then command, replace the argument vector; workdir, user and
+// the health check override the image's), secret env values and secret
+// files from the record's secrets, the hostname, the network mode, the
+// /etc/hosts entries, files and tmpfs mounts, and the data mounts.
 func GuestSpec(rec *vm.Record, heartbeatSecs int) *proto.Spec {
 	a := rec.AppVM
 	sp := &proto.Spec{
 		V:             proto.Version,
-		User:          a.Image.User,
-		Workdir:       a.Image.Workdir,
+		User:          effectiveUser(a),
+		Workdir:       effectiveWorkdir(a),
 		Hostname:      Hostname(rec),
 		Keepalive:     a.Keepalive,
 		HeartbeatSecs: heartbeatSecs,
-		Healthcheck:   guestHealthcheck(a.Image.Healthcheck),
+		Healthcheck:   guestHealthcheck(effectiveHealthcheck(a)),
 	}
-	if a.Keepalive {
-		sp.Command = append([]string(nil), KeepaliveArgs...)
-	} else {
-		sp.Entrypoint = append([]string(nil), a.Image.Entrypoint...)
-		sp.Command = append([]string(nil), a.Image.Cmd...)
-	}
+	entrypoint, cmd := effectiveArgs(a)
+	sp.Entrypoint = append([]string(nil), entrypoint...)
+	sp.Command = append([]string(nil), cmd...)
+	guestFiles(rec, sp)
 	for _, e := range effectiveEnv(a) {
 		if !e.Secret {
 			sp.Env = append(sp.Env, e.Key+"="+e.Value)

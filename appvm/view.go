@@ -44,7 +44,9 @@ type AppvmView struct {
 	Health              string          `json:"health,omitempty"`
 	HealthFailingStreak uint32          `json:"health_failing_streak,omitempty"`
 	Healthcheck         *vm.Healthcheck `json:"healthcheck,omitempty"`
+	ExtraHosts          []ExtraHost     `json:"extra_hosts,omitempty"`
 	InjectedFiles       []InjectedFile  `json:"injected_files,omitempty"`
+	TmpfsMounts         []TmpfsMount    `json:"tmpfs_mounts,omitempty"`
 	LastHeartbeatAt     *time.Time      `json:"last_heartbeat_at,omitempty"`
 	HeartbeatStale      bool            `json:"heartbeat_stale,omitempty"`
 	LogStreamDetached   bool            `json:"log_stream_detached,omitempty"`
@@ -84,24 +86,14 @@ type InjectedFile struct {
 	Secret bool   `json:"secret"`
 }
 
-// ExtraHost is one extra /etc/hosts entry.
-type ExtraHost struct {
-	Host string `json:"host"`
-	IP   string `json:"ip"`
-}
+// ExtraHost is one extra /etc/hosts entry (extensions.md §5's shape).
+type ExtraHost = vm.ExtraHost
 
 // ConfigFile is a non-secret injected file with its contents.
-type ConfigFile struct {
-	Path    string `json:"path"`
-	Mode    uint32 `json:"mode"`
-	Content string `json:"content"`
-}
+type ConfigFile = vm.ConfigFile
 
 // TmpfsMount is one tmpfs mount in the guest.
-type TmpfsMount struct {
-	Path   string `json:"path"`
-	SizeMB uint64 `json:"size_mb,omitempty"`
-}
+type TmpfsMount = vm.TmpfsMount
 
 // DataMount maps a data volume's device to its mountpoint.
 type DataMount struct {
@@ -156,29 +148,41 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 		Prefix:        a.Prefix,
 		Gateway:       a.Gateway,
 		DNS:           a.DNS,
-		User:          a.Image.User,
-		Healthcheck:   a.Image.Healthcheck,
+		User:          effectiveUser(a),
+		Healthcheck:   effectiveHealthcheck(a),
+		SpecPending:   a.SpecPending,
 		RestartPolicy: a.RestartPolicy,
 		BuildDigest:   a.Image.BuildDigest,
 		Spec: SpecView{
 			Keepalive:     a.Keepalive,
-			Command:       []string{},
+			Command:       nonNil(a.Command),
 			Env:           nonNil(a.Env),
 			SecretEnvKeys: nonNil(a.SecretEnvKeys),
-			ExtraHosts:    []ExtraHost{},
-			ConfigFiles:   []ConfigFile{},
+			Workdir:       a.Workdir,
+			User:          a.User,
+			NoHealthcheck: a.NoHealthcheck,
+			Healthcheck:   a.Healthcheck,
+			ExtraHosts:    nonNil(a.ExtraHosts),
+			ConfigFiles:   nonNil(a.ConfigFiles),
 			SecretFiles:   []InjectedFile{},
-			TmpfsMounts:   []TmpfsMount{},
+			TmpfsMounts:   nonNil(a.TmpfsMounts),
 			RestartPolicy: a.RestartPolicy,
+			StopGraceSecs: a.StopGraceSecs,
 		},
+		ExtraHosts:  a.ExtraHosts,
+		TmpfsMounts: a.TmpfsMounts,
 	}
-	if a.Keepalive {
-		av.Args = KeepaliveArgs
-	} else {
-		av.Args = append(append([]string(nil), a.Image.Entrypoint...), a.Image.Cmd...)
+	for _, c := range a.ConfigFiles {
+		av.InjectedFiles = append(av.InjectedFiles, InjectedFile{Path: c.Path, Mode: c.Mode})
 	}
-	if a.Image.Workdir != "/" {
-		av.Cwd = a.Image.Workdir
+	for _, f := range rec.Secrets.Files { // path and mode only: never the content
+		av.Spec.SecretFiles = append(av.Spec.SecretFiles, InjectedFile{Path: f.Path, Mode: f.Mode, Secret: true})
+		av.InjectedFiles = append(av.InjectedFiles, InjectedFile{Path: f.Path, Mode: f.Mode, Secret: true})
+	}
+	entrypoint, cmd := effectiveArgs(a)
+	av.Args = append(append([]string(nil), entrypoint...), cmd...)
+	if wd := effectiveWorkdir(a); wd != "/" {
+		av.Cwd = wd
 	}
 	av.Env = effectiveEnv(a)
 	av.UpdateAvailable = s.updateAvailable(a)
@@ -224,9 +228,9 @@ func effectiveEnv(a *vm.AppVMSpec) []EnvVar {
 	return out
 }
 
-func nonNil(s []string) []string {
+func nonNil[T any](s []T) []T {
 	if s == nil {
-		return []string{}
+		return []T{}
 	}
 	return s
 }

@@ -23,6 +23,10 @@ type (
 	DataVolume    = record.DataVolume
 	Workload      = record.Workload
 	Healthcheck   = record.Healthcheck
+	ExtraHost     = record.ExtraHost
+	ConfigFile    = record.ConfigFile
+	TmpfsMount    = record.TmpfsMount
+	SecretFile    = record.SecretFile
 	Layout        = record.Layout
 	Runtime       = record.Runtime
 	CHRuntime     = record.CHRuntime

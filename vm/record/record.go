@@ -103,8 +103,9 @@ type BaseImage struct {
 // file and in what is sent to the guest. Formatting and logging it gives
 // "[redacted]".
 type Secrets struct {
-	Password  Secret      `json:"-"`
-	SecretEnv []SecretEnv `json:"-"`
+	Password  Secret       `json:"-"`
+	SecretEnv []SecretEnv  `json:"-"`
+	Files     []SecretFile `json:"-"`
 }
 
 // SecretEnv is one secret environment variable of an AppVM.
@@ -150,11 +151,57 @@ type AppVMSpec struct {
 	RestartPolicy string       `json:"restart_policy"`
 	DataVolumes   []DataVolume `json:"data_volumes,omitempty"`
 	Booted        bool         `json:"booted"` // the request asked to boot
-	Image         Workload     `json:"image"`
-	Guest         *AppVMGuest  `json:"guest,omitempty"` // appvmhooks.go
+
+	// The rest of the editable workload spec (extensions.md §5); zero
+	// values keep the image's defaults. Secret file contents are in
+	// Record.Secrets.Files.
+	Command       []string     `json:"command,omitempty"` // replaces entrypoint and cmd
+	Workdir       string       `json:"workdir,omitempty"`
+	User          string       `json:"user,omitempty"`
+	NoHealthcheck bool         `json:"no_healthcheck,omitempty"`
+	Healthcheck   *Healthcheck `json:"healthcheck,omitempty"` // replaces the image's
+	ExtraHosts    []ExtraHost  `json:"extra_hosts,omitempty"`
+	ConfigFiles   []ConfigFile `json:"config_files,omitempty"`
+	TmpfsMounts   []TmpfsMount `json:"tmpfs_mounts,omitempty"`
+	StopGraceSecs uint32       `json:"stop_grace_secs,omitempty"`
+	// SpecPending is set when the spec changed while the AppVM ran and is
+	// cleared by its next boot.
+	SpecPending bool        `json:"spec_pending,omitempty"`
+	Image       Workload    `json:"image"`
+	Guest       *AppVMGuest `json:"guest,omitempty"` // appvmhooks.go
 }
 
 // DataVolume is one AppVM data volume; it is also Spec.Volumes[i].
+// ExtraHost is one /etc/hosts entry the guest adds.
+type ExtraHost struct {
+	Hostname string `json:"hostname"`
+	IP       string `json:"ip"`
+}
+
+// ConfigFile is a non-secret file written into the guest before the
+// workload starts.
+type ConfigFile struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode"`
+	Content string `json:"content"`
+}
+
+// TmpfsMount is a tmpfs the guest mounts before the workload starts; a
+// zero size or mode takes the kernel's default.
+type TmpfsMount struct {
+	Path   string `json:"path"`
+	SizeMB uint64 `json:"size_mb,omitempty"`
+	Mode   uint32 `json:"mode,omitempty"`
+}
+
+// SecretFile is a secret file written into the guest: its content only in
+// the record file and the guest, never in a view or a log.
+type SecretFile struct {
+	Path    string
+	Mode    uint32
+	Content Secret
+}
+
 type DataVolume struct {
 	SizeGiB    uint32 `json:"size_gib"`
 	Mountpoint string `json:"mountpoint"`
@@ -190,8 +237,15 @@ type recordFile struct {
 }
 
 type secretsFile struct {
-	Password  string          `json:"password,omitempty"`
-	SecretEnv []secretEnvFile `json:"secret_env,omitempty"`
+	Password  string           `json:"password,omitempty"`
+	SecretEnv []secretEnvFile  `json:"secret_env,omitempty"`
+	Files     []secretFileFile `json:"files,omitempty"`
+}
+
+type secretFileFile struct {
+	Path    string `json:"path"`
+	Mode    uint32 `json:"mode"`
+	Content string `json:"content"`
 }
 
 type secretEnvFile struct {
@@ -202,10 +256,13 @@ type secretEnvFile struct {
 // Encode gives the record file contents, secrets included.
 func Encode(r *Record) ([]byte, error) {
 	f := recordFile{Record: r}
-	if r.Secrets.Password != "" || len(r.Secrets.SecretEnv) > 0 {
+	if r.Secrets.Password != "" || len(r.Secrets.SecretEnv) > 0 || len(r.Secrets.Files) > 0 {
 		s := &secretsFile{Password: r.Secrets.Password.Reveal()}
 		for _, e := range r.Secrets.SecretEnv {
 			s.SecretEnv = append(s.SecretEnv, secretEnvFile{Key: e.Key, Value: e.Value.Reveal()})
+		}
+		for _, f := range r.Secrets.Files {
+			s.Files = append(s.Files, secretFileFile{Path: f.Path, Mode: f.Mode, Content: f.Content.Reveal()})
 		}
 		f.Secrets = s
 	}
@@ -227,6 +284,9 @@ func Decode(data []byte) (*Record, error) {
 		r.Secrets.Password = Secret(f.Secrets.Password)
 		for _, e := range f.Secrets.SecretEnv {
 			r.Secrets.SecretEnv = append(r.Secrets.SecretEnv, SecretEnv{Key: e.Key, Value: Secret(e.Value)})
+		}
+		for _, sf := range f.Secrets.Files {
+			r.Secrets.Files = append(r.Secrets.Files, SecretFile{Path: sf.Path, Mode: sf.Mode, Content: Secret(sf.Content)})
 		}
 	}
 	switch {

@@ -15,13 +15,14 @@ func TestRecordRoundTripKeepsSecrets(t *testing.T) {
 		Spec:      Spec{VMID: "r1", Vcpus: 1, MemoryMB: 64, Disk: &DiskSpec{SizeGiB: &size}},
 		NICs:      []NIC{{MAC: "02:00:00:00:00:01", Tap: TapName("r1", 0)}},
 		AppVM:     &AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no", SecretEnvKeys: []string{"K"}},
-		Secrets:   Secrets{Password: "pw-x", SecretEnv: []SecretEnv{{Key: "K", Value: "sv-y"}}},
+		Secrets: Secrets{Password: "pw-x", SecretEnv: []SecretEnv{{Key: "K", Value: "sv-y"}},
+			Files: []SecretFile{{Path: "/run/key", Mode: 0o400, Content: "sf-z"}}},
 	}
 	b, err := Encode(r)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Contains(b, []byte("pw-x")) || !bytes.Contains(b, []byte("sv-y")) {
+	if !bytes.Contains(b, []byte("pw-x")) || !bytes.Contains(b, []byte("sv-y")) || !bytes.Contains(b, []byte("sf-z")) {
 		t.Fatalf("record file lacks its secrets:\n%s", b)
 	}
 	got, err := Decode(b)
@@ -32,7 +33,10 @@ func TestRecordRoundTripKeepsSecrets(t *testing.T) {
 	if !bytes.Equal(b, b2) {
 		t.Errorf("round trip differs:\n%s\n%s", b, b2)
 	}
-	if s := fmt.Sprintf("%v %+v %#v %s", got.Secrets, got.Secrets, got.Secrets.Password, got.Secrets.SecretEnv); bytes.Contains([]byte(s), []byte("pw-x")) || bytes.Contains([]byte(s), []byte("sv-y")) {
+	if len(got.Secrets.Files) != 1 || got.Secrets.Files[0].Content.Reveal() != "sf-z" || got.Secrets.Files[0].Mode != 0o400 {
+		t.Errorf("secret file after a round trip: %+v", got.Secrets.Files)
+	}
+	if s := fmt.Sprintf("%v %+v %#v %s %v", got.Secrets, got.Secrets, got.Secrets.Password, got.Secrets.SecretEnv, got.Secrets.Files); bytes.Contains([]byte(s), []byte("pw-x")) || bytes.Contains([]byte(s), []byte("sv-y")) || bytes.Contains([]byte(s), []byte("sf-z")) {
 		t.Errorf("formatting leaks a secret: %s", s)
 	}
 	if len(TapName("r1", MaxNets-1)) > 15 {

@@ -1,0 +1,127 @@
+package api
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"vmhost/appvm"
+	"vmhost/vm"
+)
+
+// workloadBody is an AppVM create with every editable spec field.
+const workloadBody = `{"vm_id":"wl","image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false,
+	"command":["/bin/app","--flag"],"workdir":"/data","user":"1000:1000",
+	"healthcheck":{"test":["CMD-SHELL","curl -f http://localhost/"],"interval_secs":5,"timeout_secs":2,"start_period_secs":1,"retries":3},
+	"extra_hosts":[{"hostname":"db.internal","ip":"10.0.0.5"}],
+	"config_files":[{"path":"/etc/app/app.conf","mode":420,"content":"level=info\n"}],
+	"secret_files":[{"path":"/run/secrets/key","content":"` + plantedFile + `"}],
+	"tmpfs_mounts":[{"path":"/scratch","size_mb":64,"mode":1023}],
+	"stop_grace_secs":30}`
+
+// TestAppVMCreateWorkloadSpec: a create describes the whole workload; the
+// view's spec shows what was set, the effective fields what the guest
+// runs, secret file contents appear nowhere but the 0600 record and the
+// guest's Spec.
+func TestAppVMCreateWorkloadSpec(t *testing.T) {
+	h := newHarness(t)
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, workloadBody); st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	st, _, body := h.do(t, "GET", "/api/appvm/vms/wl", h.ro, "")
+	if st != 200 {
+		t.Fatalf("GET: %d %s", st, body)
+	}
+	var v struct {
+		AppVM struct {
+			Args          []string             `json:"args"`
+			Cwd           string               `json:"cwd"`
+			User          string               `json:"user"`
+			Healthcheck   *vm.Healthcheck      `json:"healthcheck"`
+			ExtraHosts    []vm.ExtraHost       `json:"extra_hosts"`
+			InjectedFiles []appvm.InjectedFile `json:"injected_files"`
+			TmpfsMounts   []vm.TmpfsMount      `json:"tmpfs_mounts"`
+			Spec          appvm.SpecView       `json:"spec"`
+		} `json:"appvm"`
+	}
+	if err := json.Unmarshal([]byte(body), &v); err != nil {
+		t.Fatal(err)
+	}
+	a := v.AppVM
+	if strings.Join(a.Args, " ") != "/bin/app --flag" || a.Cwd != "/data" || a.User != "1000:1000" ||
+		a.Healthcheck == nil || a.Healthcheck.Test[0] != "CMD-SHELL" {
+		t.Errorf("effective args %q cwd %q user %q healthcheck %+v", a.Args, a.Cwd, a.User, a.Healthcheck)
+	}
+	sp := a.Spec
+	if strings.Join(sp.Command, " ") != "/bin/app --flag" || sp.Workdir != "/data" || sp.StopGraceSecs != 30 ||
+		len(sp.ExtraHosts) != 1 || sp.ExtraHosts[0].Hostname != "db.internal" ||
+		len(sp.ConfigFiles) != 1 || sp.ConfigFiles[0].Content != "level=info\n" || sp.ConfigFiles[0].Mode != 0o644 ||
+		len(sp.SecretFiles) != 1 || sp.SecretFiles[0].Path != "/run/secrets/key" || sp.SecretFiles[0].Mode != 0o400 || !sp.SecretFiles[0].Secret ||
+		len(sp.TmpfsMounts) != 1 || sp.TmpfsMounts[0].SizeMB != 64 || sp.TmpfsMounts[0].Mode != 0o1777 {
+		t.Errorf("spec view = %+v", sp)
+	}
+	if len(a.InjectedFiles) != 2 || len(a.ExtraHosts) != 1 || len(a.TmpfsMounts) != 1 {
+		t.Errorf("injected %+v, hosts %+v, tmpfs %+v", a.InjectedFiles, a.ExtraHosts, a.TmpfsMounts)
+	}
+	rec := h.vms.HostRecords().Get("wl")
+	sp2 := appvm.GuestSpec(rec, 5)
+	if len(sp2.SecretFiles) != 1 || sp2.SecretFiles[0].Content.Reveal() != plantedFile || len(sp2.ConfigFiles) != 1 ||
+		len(sp2.ExtraHosts) != 1 || sp2.ExtraHosts[0].Host != "db.internal" || len(sp2.TmpfsMounts) != 1 || sp2.TmpfsMounts[0].SizeBytes != 64<<20 ||
+		sp2.StopGraceSecs != 30 || sp2.Workdir != "/data" || sp2.User != "1000:1000" || sp2.Healthcheck == nil ||
+		strings.Join(sp2.Command, " ") != "/bin/app --flag" || len(sp2.Entrypoint) != 0 {
+		t.Errorf("the guest's Spec = %+v", sp2)
+	}
+	recFile := filepath.Join(h.e.StateDir, "vms", "wl.json")
+	data, err := os.ReadFile(recFile)
+	if err != nil || !strings.Contains(string(data), plantedFile) {
+		t.Errorf("the record file does not keep the secret file's content: %v", err)
+	}
+	if fi, _ := os.Stat(recFile); fi.Mode().Perm() != 0o600 {
+		t.Errorf("record mode %v", fi.Mode().Perm())
+	}
+}
+
+// TestAppVMWorkloadSpecRules: each rule of the workload spec answers 400
+// naming its field, and a bad secret file never echoes its content.
+func TestAppVMWorkloadSpecRules(t *testing.T) {
+	h := newHarness(t)
+	base := `{"image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false,`
+	big := strings.Repeat("x", 1<<20+1)
+	for _, c := range []struct{ body, field string }{
+		{`"workdir":"relative"}`, "workdir"},
+		{`"user":"a b"}`, "user"},
+		{`"healthcheck":{"test":["RUN","x"],"interval_secs":1,"timeout_secs":1,"retries":1}}`, "healthcheck.test"},
+		{`"healthcheck":{"test":["CMD","x"],"interval_secs":0,"timeout_secs":1,"retries":1}}`, "healthcheck.interval_secs"},
+		{`"no_healthcheck":true,"healthcheck":{"test":["CMD","x"],"interval_secs":1,"timeout_secs":1,"retries":1}}`, "healthcheck"},
+		{`"extra_hosts":[{"hostname":"-bad","ip":"10.0.0.1"}]}`, "extra_hosts[0].hostname"},
+		{`"extra_hosts":[{"hostname":"ok","ip":"999.1.1.1"}]}`, "extra_hosts[0].ip"},
+		{`"config_files":[{"path":"/a/../b","content":"x"}]}`, "config_files[0].path"},
+		{`"config_files":[{"path":"/a","mode":8192,"content":"x"}]}`, "config_files[0].mode"},
+		{`"config_files":[{"path":"/a","content":"` + big + `"}]}`, "config_files[0].content"},
+		{`"config_files":[{"path":"/a","content":"x"}],"secret_files":[{"path":"/a","content":"` + plantedFile + `"}]}`, "secret_files[0].path"},
+		{`"tmpfs_mounts":[{"path":"/"}]}`, "tmpfs_mounts[0].path"},
+		{`"stop_grace_secs":0}`, "stop_grace_secs"},
+	} {
+		st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, base+c.body)
+		if st != 400 || !strings.Contains(b, c.field+":") {
+			t.Errorf("%.80s: %d %s, want 400 naming %s", c.body, st, b, c.field)
+		}
+	}
+	mib := strings.Repeat("y", 1<<20)
+	var five []string
+	for i := range 5 {
+		five = append(five, `{"path":"/big`+string(rune('a'+i))+`","content":"`+mib+`"}`)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, base+`"config_files":[`+strings.Join(five, ",")+`]}`); st != 400 || !strings.Contains(b, "config_files[4].content: config and secret files hold at most") {
+		t.Errorf("5 MiB of files: %d %.200s", st, b)
+	}
+	many := make([]string, appvm.MaxInjectedFiles+1)
+	for i := range many {
+		many[i] = `{"path":"/f` + strings.Repeat("x", i%3) + string(rune('a'+i%26)) + `","content":"x"}`
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, base+`"config_files":[`+strings.Join(many, ",")+`]}`); st != 400 {
+		t.Errorf("65 files: %d %s", st, b)
+	}
+}
