@@ -149,6 +149,7 @@ var routeTable = []Route{
 	{"GET /api/appvm/vms", false, (*Server).listAppVMs},
 	{"GET /api/appvm/vms/{id}", false, (*Server).getAppVM},
 	{"POST /api/appvm/vms", true, (*Server).createAppVM},
+	{"PATCH /api/appvm/vms/{id}/spec", true, (*Server).editAppVMSpec},
 	// Lifecycle (api/lifecycle.go).
 	{"POST /api/vms/{id}/start", true, actVM(vm.ModeVM, vm.ActionStart)},
 	{"POST /api/vms/{id}/shutdown", true, actVM(vm.ModeVM, vm.ActionShutdown)},

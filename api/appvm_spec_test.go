@@ -125,3 +125,67 @@ func TestAppVMWorkloadSpecRules(t *testing.T) {
 		t.Errorf("65 files: %d %s", st, b)
 	}
 }
+
+// TestAppVMSpecEdit: PATCH keeps absent fields, resets null ones to the
+// image default, replaces the rest; a bare secret_env key and a secret
+// file without content keep their stored values; a rule is a 400 that
+// changes nothing; spec_pending shows on a running AppVM only.
+func TestAppVMSpecEdit(t *testing.T) {
+	h := newHarness(t)
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, strings.Replace(workloadBody, `"auto_boot":false,`,
+		`"auto_boot":false,"env":["A=1"],"secret_env":["TOKEN=`+plantedSecret+`"],`, 1)); st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	patch := func(body string) (int, string) {
+		st, _, b := h.do(t, "PATCH", "/api/appvm/vms/wl/spec", h.rw, body)
+		return st, b
+	}
+	if st, b := patch(`{"user":null,"workdir":"/srv","extra_hosts":null,"secret_env":["TOKEN","MORE=x"],"secret_files":[{"path":"/run/secrets/key"}],"stop_grace_secs":5}`); st != 200 {
+		t.Fatalf("patch: %d %s", st, b)
+	}
+	rec := h.vms.HostRecords().Get("wl")
+	a := rec.AppVM
+	if a.User != "" || a.Workdir != "/srv" || len(a.ExtraHosts) != 0 || a.StopGraceSecs != 5 ||
+		strings.Join(a.Command, " ") != "/bin/app --flag" || len(a.ConfigFiles) != 1 || strings.Join(a.Env, ",") != "A=1" {
+		t.Errorf("after the patch: %+v", a)
+	}
+	if a.SpecPending {
+		t.Error("spec_pending on an AppVM that does not run")
+	}
+	if len(rec.Secrets.SecretEnv) != 2 || rec.Secrets.SecretEnv[0].Value.Reveal() != plantedSecret || strings.Join(a.SecretEnvKeys, ",") != "TOKEN,MORE" {
+		t.Errorf("secret env after keeping TOKEN and adding MORE: keys %v", a.SecretEnvKeys)
+	}
+	if len(rec.Secrets.Files) != 1 || rec.Secrets.Files[0].Content.Reveal() != plantedFile || rec.Secrets.Files[0].Mode != 0o400 {
+		t.Errorf("the secret file without content lost its stored content or mode")
+	}
+	for _, c := range []struct{ body, want string }{
+		{`{"secret_env":["NOPE"]}`, "secret_env[0]"},
+		{`{"secret_files":[{"path":"/run/other"}]}`, "secret_files[0].content"},
+		{`{"workdir":"x"}`, "workdir"},
+		{`{"env":["A=1"],"secret_env":["A=2"]}`, "secret_env[0]"},
+	} {
+		if st, b := patch(c.body); st != 400 || !strings.Contains(b, c.want+":") {
+			t.Errorf("%s: %d %s, want 400 naming %s", c.body, st, b, c.want)
+		}
+	}
+	if after := h.vms.HostRecords().Get("wl"); after.AppVM.Workdir != "/srv" || len(after.Secrets.SecretEnv) != 2 {
+		t.Error("a refused patch changed the spec")
+	}
+	if st, b := patch(`{"zz":1}`); st != 422 {
+		t.Errorf("unknown field: %d %s", st, b)
+	}
+	if st, _, b := h.do(t, "PATCH", "/api/appvm/vms/wl/spec?restart=maybe", h.rw, `{}`); st != 400 {
+		t.Errorf("restart=maybe: %d %s", st, b)
+	}
+	if st, _, b := h.do(t, "PATCH", "/api/appvm/vms/none/spec", h.rw, `{}`); st != 404 {
+		t.Errorf("unknown AppVM: %d %s", st, b)
+	}
+	// A running AppVM keeps its spec until its next boot.
+	if _, err := h.vms.Update("wl", func(r *vm.Record) { r.State = vm.StateRunning }); err != nil {
+		t.Fatal(err)
+	}
+	st, b := patch(`{"command":null}`)
+	if st != 200 || !strings.Contains(b, `"spec_pending":true`) {
+		t.Errorf("patch of a running AppVM: %d %.300s, want spec_pending", st, b)
+	}
+}

@@ -74,6 +74,8 @@ func TestAuthMatrix(t *testing.T) {
 
 		"GET /api/openapi.json": "/api/openapi.json",
 
+		"PATCH /api/appvm/vms/{id}/spec": "/api/appvm/vms/app-fixture/spec",
+
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
 	}
@@ -185,6 +187,8 @@ func TestAuthMatrix(t *testing.T) {
 					body = `{"vm_id":"ok-app","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`
 				case "POST /api/appvm/images":
 					body = `{"id":"ok-image","path":"` + notAnImage + `"}`
+				case "PATCH /api/appvm/vms/{id}/spec":
+					body = `{"keepalive":true}`
 				}
 				st, _, b := h.do(t, method, path, tok, body)
 				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") {
@@ -199,6 +203,8 @@ func TestAuthMatrix(t *testing.T) {
 				switch {
 				case rt.Pattern == "POST /api/appvm/images":
 					want = http.StatusAccepted
+				case method == http.MethodPatch:
+					want = http.StatusOK
 				case method == http.MethodDelete:
 					want = http.StatusNoContent
 				case rt.Mutates:

@@ -58,7 +58,7 @@ func TestDecodeStrictRejects(t *testing.T) {
 		{"appvm data volume mountpoint", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"data_volumes":[{"size_gib":1}]}`, "data_volumes[0].mountpoint: required field missing", true},
 		{"appvm data volume size", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"data_volumes":[{"mountpoint":"/d","size_gib":null}]}`, "data_volumes[0].size_gib: required field is null", true},
 		{"appvm negative prefix", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"prefix":-24}`, "prefix: expected a non-negative integer, got -24", true},
-		{"appvm unknown field", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"command":["x"]}`, `body: unknown field "command"`, true},
+		{"appvm unknown field", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"entrypoint":["x"]}`, `body: unknown field "entrypoint"`, true},
 		{"appvm secret env type", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"secret_env":[1]}`, "secret_env[0]: expected string, got number", true},
 	}
 	for _, tt := range tests {

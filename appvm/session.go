@@ -270,6 +270,9 @@ func (ss *session) serve(c net.Conn) {
 		ss.upSince = time.Time{}
 		ss.mu.Unlock()
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
+			if r.AppVM.SpecGen == rec.AppVM.SpecGen {
+				r.AppVM.SpecPending = false // this boot runs the stored spec
+			}
 			gst.BootID = hello.BootID
 			gst.HeartbeatSecs = spec.HeartbeatSecs
 			gst.Health, gst.HealthStreak, gst.Lease = "", 0, nil

@@ -751,3 +751,43 @@ func TestIntegrationDHCPNetwork(t *testing.T) {
 		t.Errorf("dnsmasq's leases %q lack %s", leases, l.IP)
 	}
 }
+
+// TestIntegrationSpecEditRestart: an edit of a running AppVM is pending
+// until ?restart=true stops it gracefully and boots it on the new spec:
+// the workload then sees the new environment, the real guest agent wrote
+// the new config file into the workload root (the simulator's guest root:
+// the workload runs unchrooted there), and spec_pending is gone.
+func TestIntegrationSpecEditRestart(t *testing.T) {
+	h := newHost(t)
+	h.image("edit", `echo "MODE=$MODE"; exec sleep 300`, nil)
+	id := h.create(baseCreate("edit"))
+	h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	code, body := h.do("PATCH", "/api/appvm/vms/"+id+"/spec", map[string]any{"env": []string{"MODE=edited"}})
+	if code != http.StatusOK || !bytes.Contains(body, []byte(`"spec_pending":true`)) {
+		t.Fatalf("edit of a running AppVM = %d %s, want spec_pending", code, body)
+	}
+	code, body = h.do("PATCH", "/api/appvm/vms/"+id+"/spec?restart=true", map[string]any{
+		"config_files": []map[string]any{{"path": "/etc/edit.conf", "content": "from-the-edit\n"}}, "stop_grace_secs": 2})
+	if code != http.StatusOK {
+		t.Fatalf("edit with restart = %d %s", code, body)
+	}
+	h.waitFor(id, "running on the new spec", 30*time.Second, func(v appView) bool {
+		return v.DisplayState == "running" && !bytes.Contains(v.raw, []byte(`"spec_pending":true`))
+	})
+	logPath := appvm.WorkloadLog(h.vms.Layout(), id)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(logPath)
+		if bytes.Contains(b, []byte("MODE=edited\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted workload did not see the edit; log:\n%s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	conf := filepath.Join(chsim.GuestRoot(h.vms.Layout().VsockSocket(id)), "etc", "edit.conf")
+	if b, err := os.ReadFile(conf); err != nil || string(b) != "from-the-edit\n" {
+		t.Errorf("the config file in the guest root: %q, %v", b, err)
+	}
+}

@@ -165,8 +165,10 @@ type AppVMSpec struct {
 	TmpfsMounts   []TmpfsMount `json:"tmpfs_mounts,omitempty"`
 	StopGraceSecs uint32       `json:"stop_grace_secs,omitempty"`
 	// SpecPending is set when the spec changed while the AppVM ran and is
-	// cleared by its next boot.
+	// cleared once a boot's guest agent got the spec; SpecGen counts edits,
+	// so an edit made while a spec was being sent stays pending.
 	SpecPending bool        `json:"spec_pending,omitempty"`
+	SpecGen     uint64      `json:"spec_gen,omitempty"`
 	Image       Workload    `json:"image"`
 	Guest       *AppVMGuest `json:"guest,omitempty"` // appvmhooks.go
 }
