@@ -150,6 +150,7 @@ var routeTable = []Route{
 	{"GET /api/appvm/vms/{id}", false, (*Server).getAppVM},
 	{"POST /api/appvm/vms", true, (*Server).createAppVM},
 	{"PATCH /api/appvm/vms/{id}/spec", true, (*Server).editAppVMSpec},
+	{"POST /api/appvm/vms/{id}/redeploy", true, (*Server).redeployAppVM},
 	// Lifecycle (api/lifecycle.go).
 	{"POST /api/vms/{id}/start", true, actVM(vm.ModeVM, vm.ActionStart)},
 	{"POST /api/vms/{id}/shutdown", true, actVM(vm.ModeVM, vm.ActionShutdown)},

@@ -1,7 +1,10 @@
 package api
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
@@ -187,5 +190,124 @@ func TestAppVMSpecEdit(t *testing.T) {
 	st, b := patch(`{"command":null}`)
 	if st != 200 || !strings.Contains(b, `"spec_pending":true`) {
 		t.Errorf("patch of a running AppVM: %d %.300s, want spec_pending", st, b)
+	}
+}
+
+// TestAppVMRedeploy: a redeploy answers 202 showing redeploying, installs
+// the image's current build as the root disk and the AppVM's image, boots
+// it, and clears update_available; a failing one keeps the old root disk
+// and says why; an importing image is 409 CONFLICT, a redeploy in
+// progress 409 INVALID_STATE.
+func TestAppVMRedeploy(t *testing.T) {
+	h := newHarness(t)
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"rd","image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false}`); st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	cat := h.apps.Catalog()
+	img, _ := cat.Get("web")
+	img.BuildDigest = "sha256:feedbeef"
+	if err := cat.Put(img); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cat.RootFS("web"), []byte("new build"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, b := h.do(t, "GET", "/api/appvm/vms/rd", h.ro, ""); !strings.Contains(b, `"update_available":true`) {
+		t.Fatalf("a new build does not show update_available: %.300s", b)
+	}
+	st, _, b := h.do(t, "POST", "/api/appvm/vms/rd/redeploy", h.rw, "")
+	if st != 202 || !strings.Contains(b, `"redeploying":true`) {
+		t.Fatalf("redeploy = %d %.300s", st, b)
+	}
+	h.apps.Wait()
+	root := h.vms.Layout().RootDisk("rd")
+	if data, _ := os.ReadFile(root); string(data) != "new build" {
+		t.Errorf("root disk after the redeploy holds %.20q, want the new build", data)
+	}
+	_, _, b = h.do(t, "GET", "/api/appvm/vms/rd", h.ro, "")
+	if strings.Contains(b, "update_available") || strings.Contains(b, "redeploying") || strings.Contains(b, "redeploy_error") ||
+		!strings.Contains(b, `"build_digest":"sha256:feedbeef"`) || !strings.Contains(b, `"state":"running"`) {
+		t.Errorf("after the redeploy: %.600s", b)
+	}
+
+	// A failure keeps the old disk and says so. (The fake host cannot
+	// stop a VM: the AppVM is recorded stopped first.)
+	if _, err := h.vms.Update("rd", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
+		t.Fatal(err)
+	}
+	h.e.Host.FailStage = errors.New("no space left on device")
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms/rd/redeploy", h.rw, ""); st != 202 {
+		t.Fatalf("second redeploy = %d %s", st, b)
+	}
+	h.apps.Wait()
+	h.e.Host.FailStage = nil
+	_, _, b = h.do(t, "GET", "/api/appvm/vms/rd", h.ro, "")
+	if !strings.Contains(b, `"redeploy_error":"staging the new root disk: no space left on device"`) || strings.Contains(b, "redeploying") {
+		t.Errorf("after a failed redeploy: %.800s", b)
+	}
+	if data, _ := os.ReadFile(root); string(data) != "new build" {
+		t.Error("a failed redeploy changed the root disk")
+	}
+	if _, err := os.Stat(h.vms.Layout().RootDiskNext("rd")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a failed redeploy left its staged disk: %v", err)
+	}
+
+	// 409s.
+	if _, err := h.vms.Update("rd", func(r *vm.Record) { r.AppVM.Redeploy = &vm.Redeploy{} }); err != nil {
+		t.Fatal(err)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms/rd/redeploy", h.rw, ""); st != 409 || !strings.Contains(b, CodeInvalidState) {
+		t.Errorf("redeploy during a redeploy = %d %s", st, b)
+	}
+	if _, err := h.vms.Update("rd", func(r *vm.Record) { r.AppVM.Redeploy = nil }); err != nil {
+		t.Fatal(err)
+	}
+	img.Status = appvm.StatusImporting
+	cat.Put(img)
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms/rd/redeploy", h.rw, ""); st != 409 || !strings.Contains(b, CodeConflict) {
+		t.Errorf("redeploy while the image imports = %d %s", st, b)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms/none/redeploy", h.rw, ""); st != 404 {
+		t.Errorf("redeploy of an unknown AppVM = %d %s", st, b)
+	}
+}
+
+// TestRecoverRedeploys: an agent killed after staging rolls the redeploy
+// forward at its next start (new root disk and build, AppVM stopped); one
+// killed before rolls it back (old disk, staged leftovers removed,
+// redeploy_error set).
+func TestRecoverRedeploys(t *testing.T) {
+	h := newHarness(t)
+	for _, id := range []string{"fwd", "back"} {
+		if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"`+id+`","image_id":"web","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false}`); st != 201 {
+			t.Fatalf("create: %d %s", st, b)
+		}
+	}
+	l := h.vms.Layout()
+	to := vm.Workload{BuildDigest: "sha256:next", Cmd: []string{"/new"}}
+	for id, staged := range map[string]bool{"fwd": true, "back": false} {
+		if err := os.WriteFile(l.RootDisk(id), []byte("old"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(l.RootDiskNext(id), []byte("new"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.vms.Update(id, func(r *vm.Record) { r.AppVM.Redeploy = &vm.Redeploy{To: to, Staged: staged} }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.start(t) // the agent starts again
+	h.apps.RecoverRedeploys(context.Background())
+	fwd, back := h.vms.HostRecords().Get("fwd"), h.vms.HostRecords().Get("back")
+	if data, _ := os.ReadFile(l.RootDisk("fwd")); string(data) != "new" || fwd.AppVM.Redeploy != nil || fwd.AppVM.Image.BuildDigest != "sha256:next" {
+		t.Errorf("rolled forward: root %q, redeploy %+v, digest %s", data, fwd.AppVM.Redeploy, fwd.AppVM.Image.BuildDigest)
+	}
+	if data, _ := os.ReadFile(l.RootDisk("back")); string(data) != "old" || back.AppVM.Redeploy != nil || back.AppVM.RedeployError == "" || back.AppVM.Image.BuildDigest == "sha256:next" {
+		t.Errorf("rolled back: root %q, redeploy %+v, error %q", data, back.AppVM.Redeploy, back.AppVM.RedeployError)
+	}
+	for _, id := range []string{"fwd", "back"} {
+		if _, err := os.Stat(l.RootDiskNext(id)); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("%s: a staged disk is left: %v", id, err)
+		}
 	}
 }

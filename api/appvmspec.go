@@ -51,3 +51,14 @@ func (s *Server) editAppVMSpec(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, s.apps.View(rec, vm.ViewOptions{DiskBytes: true}))
 }
+
+// redeployAppVM answers POST /api/appvm/vms/{id}/redeploy: 202 with the
+// AppVM's view (redeploying) while the redeploy runs in the background.
+func (s *Server) redeployAppVM(w http.ResponseWriter, r *http.Request) {
+	rec, err := s.apps.Redeploy(r.Context(), r.PathValue("id"))
+	if err != nil {
+		s.lifecycleFail(w, r, vm.ModeAppVM, err)
+		return
+	}
+	writeJSON(w, http.StatusAccepted, s.apps.View(rec, vm.ViewOptions{DiskBytes: true}))
+}

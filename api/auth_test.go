@@ -74,7 +74,8 @@ func TestAuthMatrix(t *testing.T) {
 
 		"GET /api/openapi.json": "/api/openapi.json",
 
-		"PATCH /api/appvm/vms/{id}/spec": "/api/appvm/vms/app-fixture/spec",
+		"PATCH /api/appvm/vms/{id}/spec":    "/api/appvm/vms/app-fixture/spec",
+		"POST /api/appvm/vms/{id}/redeploy": "/api/appvm/vms/app-fixture/redeploy",
 
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
@@ -191,6 +192,7 @@ func TestAuthMatrix(t *testing.T) {
 					body = `{"keepalive":true}`
 				}
 				st, _, b := h.do(t, method, path, tok, body)
+				h.apps.Wait() // a redeploy's background work, before the next case looks
 				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") {
 					// Lifecycle actions: what follows auth depends on the
 					// fixture's state and the fake host (lifecycle_test.go).
@@ -205,6 +207,8 @@ func TestAuthMatrix(t *testing.T) {
 					want = http.StatusAccepted
 				case method == http.MethodPatch:
 					want = http.StatusOK
+				case strings.HasSuffix(rt.Pattern, "/redeploy"):
+					want = http.StatusAccepted
 				case method == http.MethodDelete:
 					want = http.StatusNoContent
 				case rt.Mutates:

@@ -153,6 +153,7 @@ func (h *harness) start(t testing.TB) {
 	h.openLogs(t)
 	h.vms = h.e.Service(t)
 	h.apps = appvm.New(h.vms)
+	t.Cleanup(h.apps.Wait) // background redeploys end before the test's files go
 	if h.cache, err = disk.NewCache(filepath.Join(h.e.StateDir, "images"), disk.CacheOptions{}); err != nil {
 		t.Fatal(err)
 	}

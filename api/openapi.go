@@ -64,6 +64,8 @@ var routeDocs = map[string]routeDoc{
 	"DELETE /api/images/cache/{digest}": {summary: "Delete a cached image no provision uses", tag: "host", ok: []openapi.Response{noContent}},
 	"POST /api/vms/{id}/balloon":        {summary: "Set a classic VM's balloon", tag: "vms", request: (*balloonRequest)(nil), ok: []openapi.Response{noContent}},
 	"POST /api/appvm/vms/{id}/balloon":  {summary: "Set an AppVM's balloon", tag: "appvms", request: (*balloonRequest)(nil), ok: []openapi.Response{noContent}},
+	"POST /api/appvm/vms/{id}/redeploy": {summary: "Redeploy an AppVM on its image's current build (in the background)", tag: "appvms",
+		ok: []openapi.Response{jsonOK(202, appvm.View{})}},
 	"PATCH /api/appvm/vms/{id}/spec": {summary: "Edit an AppVM's workload spec (absent keeps, null resets, a value replaces)", tag: "appvms",
 		request: (*appvm.SpecEdit)(nil), ok: []openapi.Response{jsonOK(200, appvm.View{})},
 		query: []openapi.Param{{Name: "restart", Description: "true: a running AppVM restarts on the new spec now"}}},

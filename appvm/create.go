@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"vmhost/appvm/guest/proto"
@@ -95,6 +96,8 @@ type Service struct {
 	initrd  initramfsBuild
 	// binary is the vmhost binary the initramfs holds; os.Executable.
 	binary func() (string, error)
+	// bg counts the background redeploys (Wait).
+	bg sync.WaitGroup
 }
 
 // New returns the AppVM service over vms, which holds the records of both

@@ -13,8 +13,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
-	"vmhost/events"
 
+	"vmhost/events"
 	"vmhost/internal/atomicfile"
 	"vmhost/ociimage"
 	"vmhost/store"

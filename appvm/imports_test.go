@@ -13,9 +13,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"vmhost/events"
 
 	"vmhost/appvm"
+	"vmhost/events"
 	"vmhost/ociimage/ocitest"
 	"vmhost/qcow2"
 )

@@ -21,13 +21,13 @@ import (
 	"syscall"
 	"testing"
 	"time"
-	"vmhost/events"
 
 	"vmhost/api"
 	"vmhost/appvm"
 	"vmhost/auth"
 	"vmhost/chclient/chsim"
 	"vmhost/config"
+	"vmhost/events"
 	"vmhost/qcow2"
 	"vmhost/store"
 	"vmhost/tap"
@@ -130,6 +130,7 @@ func newHost(t *testing.T) *host {
 	}
 	h.srv = httptest.NewServer(api.New(api.Config{Keys: ring, VMs: h.vms, AppVMs: h.apps, Logger: logger}))
 	t.Cleanup(func() {
+		h.apps.Wait() // background redeploys
 		for _, r := range h.vms.List(vm.ModeAppVM) {
 			h.vms.Delete(context.Background(), vm.ModeAppVM, r.ID, true)
 		}
@@ -789,5 +790,57 @@ func TestIntegrationSpecEditRestart(t *testing.T) {
 	conf := filepath.Join(chsim.GuestRoot(h.vms.Layout().VsockSocket(id)), "etc", "edit.conf")
 	if b, err := os.ReadFile(conf); err != nil || string(b) != "from-the-edit\n" {
 		t.Errorf("the config file in the guest root: %q, %v", b, err)
+	}
+}
+
+// TestIntegrationRedeploy: a running AppVM is redeployed on a new build of
+// its image: it stops gracefully, gets a fresh root disk (a new file), and
+// boots running the new build's command; update_available is gone.
+func TestIntegrationRedeploy(t *testing.T) {
+	h := newHost(t)
+	h.image("rd", `echo build-one; exec sleep 300`, nil)
+	id := h.create(baseCreate("rd"))
+	h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	root := h.vms.Layout().RootDisk(id)
+	before, err := os.Stat(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	im, err := h.images.Get("rd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	im.BuildDigest = "sha256:ba5eba11"
+	im.Cmd = []string{"/bin/sh", "-c", "echo build-two; exec sleep 300"}
+	if err := h.images.Put(im); err != nil {
+		t.Fatal(err)
+	}
+	code, body := h.do("POST", "/api/appvm/vms/"+id+"/redeploy", nil)
+	if code != http.StatusAccepted || !bytes.Contains(body, []byte(`"redeploying":true`)) {
+		t.Fatalf("redeploy = %d %s", code, body)
+	}
+	v := h.waitFor(id, "running the new build", 30*time.Second, func(v appView) bool {
+		return v.DisplayState == "running" && !bytes.Contains(v.raw, []byte(`"redeploying"`)) && bytes.Contains(v.raw, []byte(`"build_digest":"sha256:ba5eba11"`))
+	})
+	if bytes.Contains(v.raw, []byte("update_available")) || bytes.Contains(v.raw, []byte("redeploy_error")) {
+		t.Errorf("after the redeploy: %s", v.raw)
+	}
+	after, err := os.Stat(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if os.SameFile(before, after) {
+		t.Error("the root disk is the same file: no fresh root disk")
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		b, _ := os.ReadFile(appvm.WorkloadLog(h.vms.Layout(), id))
+		if bytes.Contains(b, []byte("build-two\n")) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the redeployed AppVM does not run the new build; log:\n%s", b)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -87,8 +87,17 @@ func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart 
 	return s.restartNow(ctx, out)
 }
 
-// restartNow stops rec gracefully (a paused one at once) and boots it.
+// restartNow stops rec gracefully and boots it.
 func (s *Service) restartNow(ctx context.Context, rec *vm.Record) (*vm.Record, error) {
+	if _, err := s.restartStop(ctx, rec); err != nil {
+		return nil, err
+	}
+	return s.vms.Act(ctx, vm.ModeAppVM, rec.ID, vm.ActionStart)
+}
+
+// restartStop stops rec (running: a graceful shutdown with its stop grace;
+// paused: at once) and waits, bounded, until it is stopped or failed.
+func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, error) {
 	action := vm.ActionShutdown
 	if rec.State == vm.StatePaused {
 		action = vm.ActionStop
@@ -107,7 +116,7 @@ func (s *Service) restartNow(ctx context.Context, rec *vm.Record) (*vm.Record, e
 			return nil, err
 		}
 		if cur.State == vm.StateStopped || cur.State == vm.StateFailed {
-			break
+			return cur, nil
 		}
 		if time.Now().After(deadline) {
 			return nil, &vm.StateError{ID: rec.ID, Action: "restart", State: cur.DisplayState + " (it did not stop within " + (grace + restartWait).String() + ")"}
@@ -118,7 +127,6 @@ func (s *Service) restartNow(ctx context.Context, rec *vm.Record) (*vm.Record, e
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	return s.vms.Act(ctx, vm.ModeAppVM, rec.ID, vm.ActionStart)
 }
 
 // fields lists the names the patch touches, for the log (never values).

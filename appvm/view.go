@@ -57,6 +57,7 @@ type AppvmView struct {
 	BuildDigest         string          `json:"build_digest,omitempty"`
 	UpdateAvailable     bool            `json:"update_available,omitempty"`
 	Redeploying         bool            `json:"redeploying,omitempty"`
+	RedeployError       string          `json:"redeploy_error,omitempty"`
 }
 
 // LeaseView is appvm.lease (AppvmLease): the latest DHCP lease the guest
@@ -151,6 +152,8 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 		User:          effectiveUser(a),
 		Healthcheck:   effectiveHealthcheck(a),
 		SpecPending:   a.SpecPending,
+		Redeploying:   a.Redeploy != nil,
+		RedeployError: a.RedeployError,
 		RestartPolicy: a.RestartPolicy,
 		BuildDigest:   a.Image.BuildDigest,
 		Spec: SpecView{

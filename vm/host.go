@@ -41,6 +41,15 @@ type Host interface {
 	// Counters reads the device counters of a running or paused VM
 	// (Cloud Hypervisor's vm.counters: device id → counter → value).
 	Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error)
+	// StageRootDisk copies base to the VM's RootDiskNext (replacing a
+	// leftover) for a root disk rebuild; the VM runs nothing (a storage
+	// daemon kept from provisioning is stopped first). SwapRootDisk puts
+	// the staged disk in place of the root disk, durably; with nothing
+	// staged it does nothing (the swap happened). DropStagedRootDisk
+	// removes a staged disk, if any.
+	StageRootDisk(ctx context.Context, rec *Record, base string) error
+	SwapRootDisk(ctx context.Context, rec *Record) error
+	DropStagedRootDisk(rec *Record) error
 	// Delete removes everything the VM owns on the host (processes, taps,
 	// run directory, its own files) and nothing else; the Service then
 	// removes the record.
@@ -81,6 +90,19 @@ func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
 func (NoHost) Counters(_ context.Context, rec *Record) (map[string]map[string]uint64, error) {
 	return nil, RunsNoVMs("counters of", rec)
 }
+
+// StageRootDisk refuses: no disks here.
+func (NoHost) StageRootDisk(_ context.Context, rec *Record, _ string) error {
+	return RunsNoVMs("rebuild the root disk of", rec)
+}
+
+// SwapRootDisk refuses like StageRootDisk.
+func (NoHost) SwapRootDisk(_ context.Context, rec *Record) error {
+	return RunsNoVMs("rebuild the root disk of", rec)
+}
+
+// DropStagedRootDisk has nothing to remove.
+func (NoHost) DropStagedRootDisk(*Record) error { return nil }
 
 // Shutdown refuses: no VM runs here.
 func (NoHost) Shutdown(_ context.Context, rec *Record) error { return RunsNoVMs("shutdown", rec) }

@@ -46,3 +46,7 @@ func (h HostRecords) Remove(id string) error {
 // Lock takes the action lock of VM id (the one Act and Delete hold) and
 // returns its unlock.
 func (h HostRecords) Lock(id string) (unlock func()) { return h.s.lockVM(id) }
+
+// Host is the host the service works on (package appvm's redeploy
+// rebuilds a root disk through it).
+func (s *Service) Host() Host { return s.o.Host }

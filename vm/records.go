@@ -27,6 +27,7 @@ type (
 	ConfigFile    = record.ConfigFile
 	TmpfsMount    = record.TmpfsMount
 	SecretFile    = record.SecretFile
+	Redeploy      = record.Redeploy
 	Layout        = record.Layout
 	Runtime       = record.Runtime
 	CHRuntime     = record.CHRuntime

@@ -13,11 +13,11 @@ import (
 	"strings"
 	"sync"
 	"time"
-	"vmhost/events"
 
 	"github.com/google/uuid"
 
 	"vmhost/config"
+	"vmhost/events"
 	"vmhost/store"
 	"vmhost/vm/record"
 )

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
 	"strings"
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/disk"
+	"vmhost/internal/atomicfile"
 	"vmhost/vm/record"
 )
 
@@ -118,6 +121,40 @@ func (e *Engine) Balloon(ctx context.Context, rec *record.Record, mb uint64) err
 	size := mb << 20
 	if err := c.Resize(ctx, &chclient.VmResize{DesiredBalloon: &size}); err != nil {
 		return &record.HostError{Kind: record.HostHypervisor, Op: "vm.resize (balloon) of VM " + rec.ID, Err: err}
+	}
+	return nil
+}
+
+// StageRootDisk copies base to the VM's staged root disk, for a rebuild
+// (vm.Host). A storage daemon kept from provisioning holds the old root
+// disk open, so it stops first; the next boot starts one on the new disk.
+func (e *Engine) StageRootDisk(ctx context.Context, rec *record.Record, base string) error {
+	e.stopHeldQSD(rec.ID)
+	next := e.layout().RootDiskNext(rec.ID)
+	if err := e.DropStagedRootDisk(rec); err != nil {
+		return err
+	}
+	if err := disk.Copy(ctx, base, next); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: "staging a new root disk for VM " + rec.ID, Err: err}
+	}
+	return nil
+}
+
+// SwapRootDisk renames the staged root disk over the root disk and syncs
+// the directory; without a staged disk it does nothing.
+func (e *Engine) SwapRootDisk(_ context.Context, rec *record.Record) error {
+	l := e.layout()
+	err := atomicfile.Rename(l.RootDiskNext(rec.ID), l.RootDisk(rec.ID))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return &record.HostError{Kind: record.HostStorage, Op: "installing the new root disk of VM " + rec.ID, Err: err}
+	}
+	return nil
+}
+
+// DropStagedRootDisk removes a staged root disk, if any.
+func (e *Engine) DropStagedRootDisk(rec *record.Record) error {
+	if err := os.Remove(e.layout().RootDiskNext(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return &record.HostError{Kind: record.HostStorage, Op: "removing the staged root disk of VM " + rec.ID, Err: err}
 	}
 	return nil
 }

@@ -167,13 +167,25 @@ type AppVMSpec struct {
 	// SpecPending is set when the spec changed while the AppVM ran and is
 	// cleared once a boot's guest agent got the spec; SpecGen counts edits,
 	// so an edit made while a spec was being sent stays pending.
-	SpecPending bool        `json:"spec_pending,omitempty"`
-	SpecGen     uint64      `json:"spec_gen,omitempty"`
-	Image       Workload    `json:"image"`
-	Guest       *AppVMGuest `json:"guest,omitempty"` // appvmhooks.go
+	SpecPending bool   `json:"spec_pending,omitempty"`
+	SpecGen     uint64 `json:"spec_gen,omitempty"`
+	// Redeploy is a redeploy in progress (extensions.md §5): the build it
+	// installs and whether its root disk is staged (RootDiskNext complete),
+	// so that recovery rolls it back or forward. RedeployError is the last
+	// failure.
+	Redeploy      *Redeploy   `json:"redeploy,omitempty"`
+	RedeployError string      `json:"redeploy_error,omitempty"`
+	Image         Workload    `json:"image"`
+	Guest         *AppVMGuest `json:"guest,omitempty"` // appvmhooks.go
 }
 
 // DataVolume is one AppVM data volume; it is also Spec.Volumes[i].
+// Redeploy is an AppVM redeploy in progress.
+type Redeploy struct {
+	To     Workload `json:"to"`
+	Staged bool     `json:"staged,omitempty"`
+}
+
 // ExtraHost is one /etc/hosts entry the guest adds.
 type ExtraHost struct {
 	Hostname string `json:"hostname"`
@@ -339,6 +351,10 @@ func (l Layout) RootDisk(id string) string { return l.StateDir + "/vms/" + id + 
 func (l Layout) DataVolume(id string, n int) string {
 	return l.StateDir + "/vms/" + id + "/data" + strconv.Itoa(n) + ".qcow2"
 }
+
+// RootDiskNext is a root disk being rebuilt (an AppVM redeploy) before it
+// replaces RootDisk.
+func (l Layout) RootDiskNext(id string) string { return l.StateDir + "/vms/" + id + "/root.qcow2.next" }
 
 // Seed is the NoCloud seed image.
 func (l Layout) Seed(id string) string { return l.StateDir + "/vms/" + id + "/seed.img" }

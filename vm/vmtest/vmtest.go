@@ -6,8 +6,10 @@ package vmtest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -16,9 +18,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"vmhost/events"
 
 	"vmhost/config"
+	"vmhost/events"
 	"vmhost/qcow2"
 	"vmhost/store"
 	"vmhost/vm"
@@ -106,6 +108,7 @@ type Host struct {
 	FailPreflight error
 	FailProvision error
 	FailBoot      error
+	FailStage     error
 	// Gate, when set, makes Provision wait until it is closed.
 	Gate chan struct{}
 }
@@ -178,6 +181,38 @@ func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
 func (h *Host) Rollback(_ context.Context, rec *vm.Record) error {
 	h.record("rollback", rec)
 	return os.RemoveAll(h.Layout.VMDir(rec.ID))
+}
+
+// StageRootDisk records the call and copies base to the staged root disk
+// (a plain copy: the fake's disks are only files).
+func (h *Host) StageRootDisk(_ context.Context, rec *vm.Record, base string) error {
+	h.record("stage-root", rec)
+	if h.FailStage != nil {
+		return h.FailStage
+	}
+	data, err := os.ReadFile(base)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(h.Layout.RootDiskNext(rec.ID), data, 0o600)
+}
+
+// SwapRootDisk records the call and renames the staged disk over the root.
+func (h *Host) SwapRootDisk(_ context.Context, rec *vm.Record) error {
+	h.record("swap-root", rec)
+	err := os.Rename(h.Layout.RootDiskNext(rec.ID), h.Layout.RootDisk(rec.ID))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	return err
+}
+
+// DropStagedRootDisk removes the staged disk.
+func (h *Host) DropStagedRootDisk(rec *vm.Record) error {
+	if err := os.Remove(h.Layout.RootDiskNext(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // Delete is Rollback: the fake runs nothing.

@@ -1,0 +1,194 @@
+package appvm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"vmhost/vm"
+)
+
+// Redeploy (extensions.md §5): an AppVM gets a fresh root disk from its
+// image's current build and boots on it; its data volumes stay. The steps,
+// each recorded before the next so that an agent killed at any point
+// recovers to one consistent root disk (RecoverRedeploys):
+//
+//  1. record the build to install (Redeploy.To), redeploying shows;
+//  2. stop the AppVM gracefully if it runs;
+//  3. stage the new root disk beside the old one (RootDiskNext);
+//  4. record it staged;
+//  5. rename it over the old one (the commit point);
+//  6. record the new build as the AppVM's image, redeploy done;
+//  7. boot.
+//
+// A failure before 5 drops the staged disk and boots the old one if the
+// AppVM ran; redeploy_error says why.
+
+// ErrRedeploying is a redeploy asked for while one runs (409 INVALID_STATE).
+var errRedeploying = errors.New("a redeploy of this AppVM is in progress")
+
+// Redeploy starts a redeploy of AppVM id in the background and returns the
+// record showing it (202). Errors: fs.ErrNotExist (404), *ConflictError
+// while the image imports or when it has no ready build (409 CONFLICT),
+// *vm.StateError while a redeploy runs or the AppVM is being deleted or
+// provisioned (409 INVALID_STATE).
+func (s *Service) Redeploy(ctx context.Context, id string) (*vm.Record, error) {
+	unlock := s.vms.HostRecords().Lock(id)
+	rec, err := s.Get(id)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
+	state := func(why string) error {
+		return &vm.StateError{ID: id, Action: "redeploy", State: why}
+	}
+	switch {
+	case rec.AppVM.Redeploy != nil:
+		unlock()
+		return nil, state("redeploying: " + errRedeploying.Error())
+	case rec.Deleting:
+		unlock()
+		return nil, state("being deleted")
+	case rec.Provisioning():
+		unlock()
+		return nil, state(rec.DisplayState)
+	}
+	img, err := s.catalog.Get(rec.AppVM.ImageID)
+	switch {
+	case err != nil:
+		unlock()
+		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q cannot be read: %v", rec.AppVM.ImageID, err)}
+	case img.Status == StatusImporting:
+		unlock()
+		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q is still importing", img.ID)}
+	case img.Status != StatusReady:
+		unlock()
+		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q has no ready build", img.ID)}
+	}
+	out, err := s.vms.Update(id, func(r *vm.Record) {
+		r.AppVM.Redeploy = &vm.Redeploy{To: img.Workload}
+		r.AppVM.RedeployError = ""
+	})
+	unlock()
+	if err != nil {
+		return nil, &vm.HostError{Kind: vm.HostStorage, Op: "recording the redeploy of AppVM " + id, Err: err}
+	}
+	wasUp := rec.State == vm.StateRunning || rec.State == vm.StatePaused
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		s.redeploy(context.Background(), out, wasUp)
+	}()
+	return out, nil
+}
+
+// Wait waits for the background redeploys.
+func (s *Service) Wait() { s.bg.Wait() }
+
+func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
+	id := rec.ID
+	log := s.guests.log.With("id", id)
+	fail := func(step string, err error) {
+		log.Error("AppVM redeploy failed; the old root disk is kept", "step", step, "err", err)
+		if derr := s.vms.Host().DropStagedRootDisk(rec); derr != nil {
+			log.Error("removing the staged root disk", "err", derr)
+		}
+		if _, uerr := s.vms.Update(id, func(r *vm.Record) {
+			r.AppVM.Redeploy = nil
+			r.AppVM.RedeployError = step + ": " + err.Error()
+		}); uerr != nil {
+			log.Error("recording the redeploy failure", "err", uerr)
+		}
+		if cur, err := s.Get(id); wasUp && err == nil && (cur.State == vm.StateStopped || cur.State == vm.StateFailed) {
+			if _, err := s.vms.Act(ctx, vm.ModeAppVM, id, vm.ActionStart); err != nil {
+				log.Error("booting the AppVM again on its old root disk", "err", err)
+			}
+		}
+	}
+	if wasUp {
+		if _, err := s.restartStop(ctx, rec); err != nil {
+			fail("stopping the AppVM", err)
+			return
+		}
+	}
+	unlock := s.vms.HostRecords().Lock(id)
+	cur, err := s.Get(id)
+	if err != nil {
+		unlock()
+		log.Warn("AppVM gone during its redeploy", "err", err)
+		return
+	}
+	if cur.State == vm.StateRunning || cur.State == vm.StatePaused {
+		unlock()
+		fail("stopping the AppVM", &vm.StateError{ID: id, Action: "redeploy", State: cur.DisplayState + " (it was started again meanwhile)"})
+		return
+	}
+	err = s.vms.Host().StageRootDisk(ctx, cur, s.catalog.RootFS(cur.AppVM.ImageID))
+	if err == nil {
+		cur, err = s.vms.Update(id, func(r *vm.Record) { r.AppVM.Redeploy.Staged = true })
+	}
+	if err != nil {
+		unlock()
+		fail("staging the new root disk", err)
+		return
+	}
+	err = s.finishRedeploy(ctx, cur)
+	unlock()
+	if err != nil {
+		fail("installing the new root disk", err)
+		return
+	}
+	log.Info("AppVM redeployed", "build_digest", cur.AppVM.Redeploy.To.BuildDigest)
+	if _, err := s.vms.Act(ctx, vm.ModeAppVM, id, vm.ActionStart); err != nil {
+		log.Error("booting the redeployed AppVM", "err", err)
+	}
+}
+
+// finishRedeploy swaps a staged root disk in and records the new build
+// (steps 5 and 6); the VM's action lock is held.
+func (s *Service) finishRedeploy(ctx context.Context, rec *vm.Record) error {
+	if err := s.vms.Host().SwapRootDisk(ctx, rec); err != nil {
+		return err
+	}
+	_, err := s.vms.Update(rec.ID, func(r *vm.Record) {
+		r.AppVM.Image = r.AppVM.Redeploy.To
+		r.AppVM.Redeploy = nil
+		r.AppVM.RedeployError = ""
+		r.AppVM.SpecPending = false
+	})
+	return err
+}
+
+// RecoverRedeploys finishes what an agent killed during a redeploy left
+// (call it after the engine started): a redeploy whose root disk was
+// staged is rolled forward (the AppVM stays stopped; boot it), one that
+// was not is rolled back and its redeploy_error says so.
+func (s *Service) RecoverRedeploys(ctx context.Context) {
+	for _, rec := range s.List() {
+		if rec.AppVM.Redeploy == nil {
+			continue
+		}
+		unlock := s.vms.HostRecords().Lock(rec.ID)
+		log := s.guests.log.With("id", rec.ID)
+		if rec.AppVM.Redeploy.Staged {
+			if err := s.finishRedeploy(ctx, rec); err != nil {
+				log.Error("finishing an interrupted redeploy", "err", err)
+			} else {
+				log.Warn("an interrupted redeploy was finished: the AppVM has its new root disk and stays stopped")
+			}
+			unlock()
+			continue
+		}
+		if err := s.vms.Host().DropStagedRootDisk(rec); err != nil {
+			log.Error("removing the staged root disk of an interrupted redeploy", "err", err)
+		}
+		if _, err := s.vms.Update(rec.ID, func(r *vm.Record) {
+			r.AppVM.Redeploy = nil
+			r.AppVM.RedeployError = "interrupted by an agent restart before the new root disk was ready; the old one is kept"
+		}); err != nil {
+			log.Error("recording an interrupted redeploy", "err", err)
+		}
+		log.Warn("an interrupted redeploy was rolled back: the AppVM keeps its old root disk")
+		unlock()
+	}
+}
