@@ -29,6 +29,12 @@ const (
 // first run with exit code 3 (restart_policy on-failure restarts it) and
 // keeps running from the second on.
 const workload = `#!/bin/sh
+# What the spec asked the guest agent to set up before the workload.
+echo "lane-workload config: $(cat /etc/lane.conf)"
+grep -q "^10.9.9.9[[:space:]].*lane-db.internal" /etc/hosts && echo "lane-workload hosts ok"
+echo "lane-workload scratch $(stat -f -c %T /scratch) cwd $(pwd)"
+echo "lane-workload key mode $(stat -c %a /run/lane.key)"
+echo "lane-workload edit=$LANE_EDIT"
 # A mount point is on another device than the root.
 [ "$(stat -c %d /data)" != "$(stat -c %d /)" ] && echo "lane-workload data mounted ($(stat -f -c %T /data))"
 n=$(cat /data/count 2>/dev/null || echo 0)
@@ -55,7 +61,7 @@ func importImage(l *lane) {
 		ocitest.File("bin/busybox", string(busybox), 0o755, 0, 0),
 		ocitest.File("workload.sh", workload, 0o755, 0, 0),
 	}
-	for _, applet := range []string{"sh", "cat", "echo", "sync", "sleep", "stat"} {
+	for _, applet := range []string{"sh", "cat", "echo", "sync", "sleep", "stat", "grep", "pwd"} {
 		entries = append(entries, ocitest.Symlink("bin/"+applet, "busybox"))
 	}
 	img := ocitest.Image{
@@ -228,6 +234,12 @@ func appVM(l *lane, a artifacts) {
 		"network_id": "lane", "secret_env": []string{"LANE_SECRET=" + laneSecret},
 		"restart_policy": "on-failure",
 		"data_volumes":   []any{map[string]any{"size_gib": 1, "mountpoint": "/data"}},
+		// The whole workload, applied by the guest agent in a real guest.
+		"workdir":      "/data",
+		"config_files": []any{map[string]any{"path": "/etc/lane.conf", "content": "lane-config-ok\n"}},
+		"secret_files": []any{map[string]any{"path": "/run/lane.key", "content": laneSecret}},
+		"extra_hosts":  []any{map[string]any{"hostname": "lane-db.internal", "ip": "10.9.9.9"}},
+		"tmpfs_mounts": []any{map[string]any{"path": "/scratch", "size_mb": 16}},
 	}
 	start := time.Now()
 	body, _ := json.Marshal(req)
@@ -260,7 +272,8 @@ func appVM(l *lane, a artifacts) {
 		t.Errorf("workload.log contains the secret value:\n%s", log)
 	}
 	for _, want := range []string{"lane-workload run 1 secret=[redacted]", "lane-workload run 2 secret=[redacted]",
-		"lane-workload data mounted (ext2/ext3)"} {
+		"lane-workload data mounted (ext2/ext3)", "lane-workload config: lane-config-ok", "lane-workload hosts ok",
+		"lane-workload scratch tmpfs cwd /data", "lane-workload key mode 400"} {
 		if !strings.Contains(log, want) {
 			t.Errorf("workload.log lacks %q:\n%s", want, log)
 		}
@@ -275,6 +288,12 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running" && strings.Contains(readLog(), "lane-workload run 3 ")
 	})
 	phase(t, "appvm: stop, start", start)
+	// An edit applied now: a graceful stop, then a boot on the new spec.
+	l.must("PATCH", prefix+"/"+id+"/spec?restart=true", `{"env":["LANE_EDIT=yes"]}`, http.StatusOK)
+	l.waitView(prefix, id, "running on the edited spec", appvmTimeout, func(v vmView) bool {
+		return v.DisplayState == "running" && strings.Contains(readLog(), "lane-workload edit=yes")
+	})
+	phase(t, "appvm: spec edit with restart", start)
 	l.deleteVM(prefix, id)
 	phase(t, "appvm: total with delete", start)
 }
