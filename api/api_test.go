@@ -384,7 +384,7 @@ func TestCreateFailures(t *testing.T) {
 			t.Errorf("provision_failed view: disk_path %q, volumes %+v; want no paths", v.DiskPath, v.Volumes)
 		}
 	}
-	for _, p := range []string{h.vms.Layout().RootDisk("f3"), h.vms.Layout().DataVolume("f3", 0)} {
+	for _, p := range []string{h.vms.Layout().RootDisk("f3"), h.vms.Layout().DataVolume("f3", "data0")} {
 		if _, err := os.Stat(p); err == nil {
 			t.Errorf("%s exists after the failed provision", p)
 		}

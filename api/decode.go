@@ -41,7 +41,8 @@ type Enum interface {
 
 // decodeStrict decodes body into v, a pointer to a struct, by the rules of
 // DecodeError. Struct fields are named by their json tag; a field tagged
-// `decode:"required"` must be present and non-null. A null optional field is
+// `decode:"required"` must be present and non-null; one tagged
+// `decode:"stored"` is the agent's and unknown here. A null optional field is
 // treated as absent, except for json.RawMessage fields, which keep the
 // literal null so callers can tell null from absent. Unsigned integer kinds
 // accept only plain non-negative integers within range.
@@ -196,8 +197,8 @@ func fieldsOf(t reflect.Type) []fieldInfo {
 			continue
 		}
 		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
-		if name == "-" {
-			continue
+		if name == "-" || f.Tag.Get("decode") == "stored" {
+			continue // the agent's own field: unknown in a request
 		}
 		if name == "" {
 			name = f.Name

@@ -9,10 +9,8 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -47,7 +45,7 @@ func (h hooks) Provision(ctx context.Context, rec *vm.Record) error {
 		if err := os.MkdirAll(l.VMDir(rec.ID), 0o700); err != nil {
 			return &vm.HostError{Kind: vm.HostStorage, Op: "creating VM directory", Err: err}
 		}
-		if err := FormatDataVolume(ctx, l.DataVolume(rec.ID, i), uint64(v.SizeGiB)<<30, fmt.Sprintf("data%d", i)); err != nil {
+		if err := qcow2.CreateExt4(ctx, l.DataVolume(rec.ID, v.ID), uint64(v.SizeGiB)<<30, v.ID); err != nil {
 			return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}
 		}
 		var err error
@@ -64,44 +62,6 @@ func (h hooks) Provision(ctx context.Context, rec *vm.Record) error {
 		if err != nil {
 			return &vm.HostError{Kind: vm.HostStorage, Op: "recording data volume of AppVM " + rec.ID, Err: err}
 		}
-	}
-	return nil
-}
-
-// FormatDataVolume writes an ext4 file system of size bytes as the qcow2
-// image dst, replacing dst: mkfs.ext4 on a sparse raw temp file beside it,
-// then qcow2.ConvertRaw, then a rename.
-func FormatDataVolume(ctx context.Context, dst string, size uint64, label string) error {
-	dir := filepath.Dir(dst)
-	raw, err := os.CreateTemp(dir, ".format-*.raw")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(raw.Name())
-	defer raw.Close()
-	if err := raw.Truncate(int64(size)); err != nil {
-		return fmt.Errorf("sizing raw volume: %w", err)
-	}
-	// lazy_itable_init keeps the image sparse; the guest kernel zeroes the
-	// inode tables in the background on first mount.
-	cmd := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-L", label,
-		"-E", "lazy_itable_init=1,lazy_journal_init=1", raw.Name())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
-	}
-	tmp := filepath.Join(dir, "."+filepath.Base(dst)+".new")
-	os.Remove(tmp)
-	if err := qcow2.ConvertRaw(tmp, raw); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("placing data volume: %w", err)
-	}
-	// The caller records the volume formatted next: the rename must be
-	// durable first, or a crash could leave that record over a blank disk.
-	if err := atomicfile.SyncDir(dir); err != nil {
-		return fmt.Errorf("placing data volume: %w", err)
 	}
 	return nil
 }

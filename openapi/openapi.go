@@ -227,8 +227,8 @@ func (g *gen) fields(t reflect.Type, props map[string]any, required *[]string) {
 	for i := range t.NumField() {
 		f := t.Field(i)
 		tag := f.Tag.Get("json")
-		if tag == "-" {
-			continue
+		if tag == "-" || f.Tag.Get("decode") == "stored" {
+			continue // stored: the agent's, refused in a request
 		}
 		name, opts, _ := strings.Cut(tag, ",")
 		ft := f.Type

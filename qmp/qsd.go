@@ -46,6 +46,9 @@ type DataDisk struct {
 	ID     string // export id and qcow2 node name, e.g. "data0"
 	Path   string // the qcow2 image
 	Socket string // the vhost-user-blk socket to create
+	// Readonly exports the volume read-only: the guest sees a read-only
+	// disk, and writes are refused by the export.
+	Readonly bool
 }
 
 func (d DataDisk) fileNode() string { return d.ID + "-file" }
@@ -117,7 +120,7 @@ func (cfg *QSDConfig) rootExport() VhostUserBlkExport {
 }
 
 func dataExport(d DataDisk) VhostUserBlkExport {
-	return VhostUserBlkExport{ID: d.ID, NodeName: d.ID, Socket: d.Socket, Writable: true, NumQueues: 1}
+	return VhostUserBlkExport{ID: d.ID, NodeName: d.ID, Socket: d.Socket, Writable: !d.Readonly, NumQueues: 1}
 }
 
 func (cfg *QSDConfig) check() error {

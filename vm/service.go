@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -245,6 +246,8 @@ func (s *Service) NewRecord(mode Mode, spec *Spec, nics int) (*Record, error) {
 		rec.ID = u.String()
 	}
 	rec.Spec.VMID = rec.ID
+	rec.Spec.Volumes = slices.Clone(spec.Volumes)
+	rec.Spec.NormalizeVolumes()
 	if spec.Image != nil {
 		rec.DisplayState = DisplayDownloading
 	}

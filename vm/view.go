@@ -207,17 +207,22 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		v.SeedDisk = &v.store.seed
 		dev++
 	}
-	for i, vol := range sp.Volumes {
+	for _, vol := range sp.Volumes {
+		if vol.Pending == record.PendingAttach {
+			continue // not attached until the hot-plug commits
+		}
 		vv := VolumeView{
-			ID:               record.VolumeID(i),
+			ID:               vol.ID,
 			VirtualSizeBytes: uint64(vol.SizeGiB) << 30,
 			Fmt:              "qcow2",
-			Owned:            true,
+			Readonly:         vol.Readonly,
+			Owned:            vol.VolumeID == "",
+			VolumeID:         vol.VolumeID,
 			Device:           DeviceName(dev),
 		}
 		dev++
-		if !absent {
-			vv.Path = s.layout.DataVolume(rec.ID, i)
+		if !absent || !vv.Owned {
+			vv.Path = s.layout.VolumeFile(rec.ID, vol)
 			if o.DiskBytes {
 				vv.diskBytes, vv.haveDiskBytes = s.usage.get(vv.Path)
 			}

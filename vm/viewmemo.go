@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"vmhost/vm/record"
 )
 
 // ViewJSON returns the JSON of rec's view as encoding/json gives it (HTML
@@ -20,10 +22,17 @@ import (
 // is not memoized (package appvm encodes it).
 func (s *Service) ViewJSON(rec *Record, o ViewOptions) []byte {
 	var disk []diskSample
-	if o.DiskBytes && !disksAbsent(rec) {
-		for i := range rec.Spec.Volumes {
-			n, ok := s.usage.get(s.layout.DataVolume(rec.ID, i))
-			disk = append(disk, diskSample{n: n, ok: ok})
+	if o.DiskBytes {
+		absent := disksAbsent(rec)
+		for _, vol := range rec.Spec.Volumes {
+			if vol.Pending == record.PendingAttach {
+				continue // as View
+			}
+			var d diskSample
+			if !absent || vol.VolumeID != "" {
+				d.n, d.ok = s.usage.get(s.layout.VolumeFile(rec.ID, vol))
+			}
+			disk = append(disk, d)
 		}
 	}
 	s.views.mu.Lock()

@@ -110,8 +110,8 @@ func CHConfig(rec *record.Record, cfg *config.Config, l record.Layout, host CHCo
 	if sp.CloudInit != nil {
 		c.Disks = append(c.Disks, chclient.DiskConfig{Path: l.Seed(rec.ID), Readonly: true, ImageType: chclient.ImageRaw})
 	}
-	for i := range sp.Volumes {
-		c.Disks = append(c.Disks, chclient.DiskConfig{VhostUser: true, VhostSocket: l.DataSocket(rec.ID, i)})
+	for _, v := range sp.Volumes {
+		c.Disks = append(c.Disks, chclient.DiskConfig{ID: v.ID, VhostUser: true, VhostSocket: l.DataSocket(rec.ID, v.ID), Readonly: v.Readonly})
 	}
 
 	for i, nic := range rec.NICs {

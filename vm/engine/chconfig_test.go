@@ -27,6 +27,7 @@ func everyFieldRecord(t *testing.T) (*record.Record, *config.Config, record.Layo
 	if err := json.Unmarshal(data, &sp); err != nil {
 		t.Fatal(err)
 	}
+	sp.NormalizeVolumes()
 	cfg := config.Default()
 	cfg.Networks = append(cfg.Networks, config.Network{ID: "lab", Bridge: "br1", MTU: 9000}, config.Network{ID: "zero", Bridge: "br0"})
 	rec := &record.Record{ID: sp.VMID, Mode: record.ModeVM, State: record.StateCreated, Spec: sp,

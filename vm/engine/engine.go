@@ -361,7 +361,7 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 		if rec.Runtime.Done(record.StepData(i)) {
 			continue
 		}
-		if err := qcow2.Create(l.DataVolume(id, i), uint64(v.SizeGiB)<<30); err != nil {
+		if err := qcow2.Create(l.DataVolume(id, v.ID), uint64(v.SizeGiB)<<30); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
 		}
 		if rec, err = e.step(id, record.StepData(i), nil); err != nil {
@@ -606,8 +606,8 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 		PidFile:   l.QSDPidFile(id),
 		LogFile:   l.QSDLog(id),
 	}
-	for i := range sp.Volumes {
-		c.Data = append(c.Data, qmp.DataDisk{ID: record.VolumeID(i), Path: l.DataVolume(id, i), Socket: l.DataSocket(id, i)})
+	for _, v := range sp.Volumes {
+		c.Data = append(c.Data, qmp.DataDisk{ID: v.ID, Path: l.VolumeFile(id, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly})
 	}
 	return c
 }
@@ -699,9 +699,9 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 		if rec.Runtime.Done(record.StepRootDisk) {
 			remove(l.RootDisk(id))
 		}
-		for i := range rec.Spec.Volumes {
-			if rec.Runtime.Done(record.StepData(i)) {
-				remove(l.DataVolume(id, i))
+		for i, v := range rec.Spec.Volumes {
+			if v.VolumeID == "" && rec.Runtime.Done(record.StepData(i)) {
+				remove(l.DataVolume(id, v.ID))
 			}
 		}
 		if rec.Runtime.Done(record.StepSeed) {

@@ -113,7 +113,7 @@ func baseSpec(t *testing.T, root, id string) *record.Spec {
 	}
 	size := uint32(2)
 	return &record.Spec{VMID: id, Vcpus: 1, MemoryMB: 128, KernelPath: &kernel,
-		Disk: &record.DiskSpec{BasePath: base, SizeGiB: &size}, Volumes: []record.VolumeSpec{{SizeGiB: 1}}}
+		Disk: &record.DiskSpec{BasePath: base, SizeGiB: &size}, Volumes: []record.VolumeSpec{{ID: "data0", SizeGiB: 1}}}
 }
 
 // TestEngineFailedCreateRollsBack: the storage daemon cannot start, after
@@ -162,7 +162,7 @@ func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
 	if err := s.recs.put(rec); err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []string{l.RootDisk("half"), l.DataVolume("half", 0)} {
+	for _, p := range []string{l.RootDisk("half"), l.DataVolume("half", "data0")} {
 		if err := os.MkdirAll(filepath.Dir(p), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -179,7 +179,7 @@ func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
 	if _, err := os.Stat(l.RootDisk("half")); err == nil {
 		t.Error("the recorded root disk was kept")
 	}
-	if _, err := os.Stat(l.DataVolume("half", 0)); err != nil {
+	if _, err := os.Stat(l.DataVolume("half", "data0")); err != nil {
 		t.Errorf("the unrecorded data volume was removed: %v", err)
 	}
 	if _, err := os.Stat(l.RunVMDir("half")); err == nil {

@@ -605,9 +605,9 @@ func (e *Engine) removeUnrecordedFiles(rec *record.Record) {
 	if !rt.Done(record.StepRootDisk) {
 		targets = append(targets, l.RootDisk(id))
 	}
-	for i := range rec.Spec.Volumes {
-		if !rt.Done(record.StepData(i)) {
-			targets = append(targets, l.DataVolume(id, i))
+	for i, v := range rec.Spec.Volumes {
+		if v.VolumeID == "" && !rt.Done(record.StepData(i)) {
+			targets = append(targets, l.DataVolume(id, v.ID))
 		}
 	}
 	if !rt.Done(record.StepSeed) {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
-	"strconv"
 	"time"
 )
 
@@ -294,6 +293,7 @@ func Decode(data []byte) (*Record, error) {
 		return nil, err
 	}
 	r := f.Record
+	r.Spec.NormalizeVolumes()
 	if f.Secrets != nil {
 		r.Secrets.Password = Secret(f.Secrets.Password)
 		for _, e := range f.Secrets.SecretEnv {
@@ -347,9 +347,24 @@ func (l Layout) VMDir(id string) string { return l.StateDir + "/vms/" + id }
 // RootDisk is the agent-owned copy of the base image.
 func (l Layout) RootDisk(id string) string { return l.StateDir + "/vms/" + id + "/root.qcow2" }
 
-// DataVolume is the n-th VM-owned data volume.
-func (l Layout) DataVolume(id string, n int) string {
-	return l.StateDir + "/vms/" + id + "/data" + strconv.Itoa(n) + ".qcow2"
+// DataVolume is the file of the VM-owned data volume with per-VM id key.
+func (l Layout) DataVolume(id, key string) string {
+	return l.StateDir + "/vms/" + id + "/" + key + ".qcow2"
+}
+
+// VolumesDir holds the first-class volumes (package volume).
+func (l Layout) VolumesDir() string { return l.StateDir + "/volumes" }
+
+// Volume is the file of first-class volume volID.
+func (l Layout) Volume(volID string) string { return l.StateDir + "/volumes/" + volID + ".qcow2" }
+
+// VolumeFile is the file of v, a volume of VM id: its first-class volume's,
+// or the VM's own.
+func (l Layout) VolumeFile(id string, v VolumeSpec) string {
+	if v.VolumeID != "" {
+		return l.Volume(v.VolumeID)
+	}
+	return l.DataVolume(id, v.ID)
 }
 
 // RootDiskNext is a root disk being rebuilt (an AppVM redeploy) before it

@@ -89,9 +89,10 @@ func (l Layout) QMPSocket(id string) string { return l.RunVMDir(id) + "/qsd.qmp"
 // RootSocket is the root disk's vhost-user-blk socket.
 func (l Layout) RootSocket(id string) string { return l.RunVMDir(id) + "/root.vhost" }
 
-// DataSocket is data volume n's vhost-user-blk socket.
-func (l Layout) DataSocket(id string, n int) string {
-	return l.RunVMDir(id) + "/data" + strconv.Itoa(n) + ".vhost"
+// DataSocket is the vhost-user-blk socket of the data volume with per-VM
+// id key.
+func (l Layout) DataSocket(id, key string) string {
+	return l.RunVMDir(id) + "/" + key + ".vhost"
 }
 
 // QSDPidFile is the pid file qemu-storage-daemon writes and locks.

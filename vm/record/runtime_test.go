@@ -10,7 +10,7 @@ import (
 func TestLayoutSocketPaths(t *testing.T) {
 	l := Layout{StateDir: "/var/lib/vmhost", RunDir: "/run/vmhost"}
 	id := strings.Repeat("a", 64)
-	for _, p := range []string{l.APISocket(id), l.Events(id), l.VsockSocket(id) + "_65535", l.QMPSocket(id), l.RootSocket(id), l.DataSocket(id, 31), l.ConsoleSocket(id)} {
+	for _, p := range []string{l.APISocket(id), l.Events(id), l.VsockSocket(id) + "_65535", l.QMPSocket(id), l.RootSocket(id), l.DataSocket(id, "data31"), l.ConsoleSocket(id)} {
 		if len(p) > MaxSocketPath {
 			t.Errorf("%s is %d bytes", p, len(p))
 		}

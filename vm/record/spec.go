@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 )
 
 // Spec is the body of POST /api/vms (contract §4.2), and the stored,
@@ -51,9 +52,56 @@ type ImageSpec struct {
 	Version       string `json:"version,omitempty"`
 }
 
-// VolumeSpec is one blank data volume created with the VM.
+// VolumeSpec is one data volume of the VM, in disk order: a blank one
+// asked for at create, or one attached later (extensions.md §1.2). The
+// fields after SizeGiB are the agent's, never a request's (decode:"stored"
+// refuses them in a create body).
 type VolumeSpec struct {
 	SizeGiB uint32 `json:"size_gib" decode:"required"`
+	// ID is the stable per-VM id ("data0", "data1", ...): the owned file's
+	// and the export's name. Records written before volumes could be
+	// attached have none; Normalize gives them "data<i>".
+	ID string `json:"id,omitempty" decode:"stored"`
+	// VolumeID names the first-class volume attached here; empty for a
+	// VM-owned volume.
+	VolumeID string `json:"volume_id,omitempty" decode:"stored"`
+	Readonly bool   `json:"readonly,omitempty" decode:"stored"`
+	// Pending is a hot attach or detach in progress ("attach", "detach"):
+	// recorded before the host changes anything, so that recovery finishes
+	// or rolls back the step.
+	Pending string `json:"pending,omitempty" decode:"stored"`
+}
+
+// Pending volume operations (VolumeSpec.Pending).
+const (
+	PendingAttach = "attach"
+	PendingDetach = "detach"
+)
+
+// NormalizeVolumes gives every volume its per-VM id ("data<i>" for records
+// from before attach existed, where the position was the id).
+func (sp *Spec) NormalizeVolumes() {
+	for i := range sp.Volumes {
+		if sp.Volumes[i].ID == "" {
+			sp.Volumes[i].ID = VolumeID(i)
+		}
+	}
+}
+
+// FreeVolumeID is the lowest "data<n>" no volume of sp uses.
+func (sp *Spec) FreeVolumeID() string {
+	for n := 0; ; n++ {
+		id := VolumeID(n)
+		if !slices.ContainsFunc(sp.Volumes, func(v VolumeSpec) bool { return v.ID == id }) {
+			return id
+		}
+	}
+}
+
+// VolumeIndex is the position of the volume whose per-VM id or first-class
+// volume id is key, or -1.
+func (sp *Spec) VolumeIndex(key string) int {
+	return slices.IndexFunc(sp.Volumes, func(v VolumeSpec) bool { return v.ID == key || (v.VolumeID != "" && v.VolumeID == key) })
 }
 
 // NetSpec is one requested interface.

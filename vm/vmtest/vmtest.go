@@ -148,8 +148,8 @@ func (h *Host) Provision(_ context.Context, rec *vm.Record) error {
 		return err
 	}
 	files := map[string]int64{h.Layout.RootDisk(rec.ID): 1 << 30}
-	for i, v := range rec.Spec.Volumes {
-		files[h.Layout.DataVolume(rec.ID, i)] = int64(v.SizeGiB) << 30
+	for _, v := range rec.Spec.Volumes {
+		files[h.Layout.VolumeFile(rec.ID, v)] = int64(v.SizeGiB) << 30
 	}
 	for p, size := range files {
 		f, err := os.Create(p)

@@ -1,4 +1,4 @@
-package appvm_test
+package qcow2_test
 
 import (
 	"context"
@@ -8,14 +8,13 @@ import (
 	"strings"
 	"testing"
 
-	"vmhost/appvm"
 	"vmhost/qcow2"
 )
 
-// TestFormatDataVolume: the volume is a qcow2 of the requested size whose
+// TestCreateExt4: the volume is a qcow2 of the requested size whose
 // contents are an ext4 file system (qemu-img convert back to raw, then
 // dumpe2fs), replacing a blank volume in place.
-func TestFormatDataVolume(t *testing.T) {
+func TestCreateExt4(t *testing.T) {
 	for _, tool := range []string{"mkfs.ext4", "qemu-img", "dumpe2fs"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Skipf("%s not installed", tool)
@@ -26,7 +25,7 @@ func TestFormatDataVolume(t *testing.T) {
 	if err := qcow2.Create(dst, 1<<30); err != nil { // the engine's blank volume
 		t.Fatal(err)
 	}
-	if err := appvm.FormatDataVolume(context.Background(), dst, 1<<30, "data0"); err != nil {
+	if err := qcow2.CreateExt4(context.Background(), dst, 1<<30, "data0"); err != nil {
 		t.Fatal(err)
 	}
 	h, err := qcow2.ReadHeaderFile(dst)
