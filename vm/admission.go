@@ -39,7 +39,7 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 		free    uint64
 		freeErr error
 	)
-	if copyBytes(rec) > 0 {
+	if diskBytes(rec) > 0 {
 		free, freeErr = s.o.DiskFree()
 	}
 	return func(others []*Record) error {
@@ -95,18 +95,18 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 				}
 			}
 		}
-		need := copyBytes(rec)
+		need := diskBytes(rec)
 		if need > 0 {
 			for _, o := range others {
 				if o.Provisioning() {
-					need += copyBytes(o)
+					need += diskBytes(o)
 				}
 			}
 			if freeErr != nil {
 				return &CapacityError{Resource: "disk", Msg: freeErr.Error()}
 			}
 			if need > free {
-				return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("disk copies need %d bytes, %d free in the state directory", need, free)}
+				return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("new disks need %d bytes, %d free in the state directory", need, free)}
 			}
 		}
 		return nil
@@ -169,16 +169,23 @@ func (s *Service) Capacity() (Capacity, error) {
 	return c, nil
 }
 
-// copyBytes is the space a root-disk copy may take: the base image's
-// virtual size, or the requested size when the base is not known yet.
-func copyBytes(r *Record) uint64 {
+// diskBytes is the space a create's disks may take: the root-disk copy
+// (the base image's virtual size, or the requested size when the base is
+// not known yet) and its new volumes' virtual sizes (thin qcow2 images
+// that may fill up).
+func diskBytes(r *Record) uint64 {
+	var n uint64
 	if r.Base != nil {
-		return r.Base.VirtualSizeBytes
+		n = r.Base.VirtualSizeBytes
+	} else if r.Spec.Disk != nil && r.Spec.Disk.SizeGiB != nil {
+		n = uint64(*r.Spec.Disk.SizeGiB) << 30
 	}
-	if r.Spec.Disk != nil && r.Spec.Disk.SizeGiB != nil {
-		return uint64(*r.Spec.Disk.SizeGiB) << 30
+	for _, v := range r.Spec.Volumes {
+		if v.VolumeID == "" {
+			n += uint64(v.SizeGiB) << 30
+		}
 	}
-	return 0
+	return n
 }
 
 func ratio(r, def float64) float64 {

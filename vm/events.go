@@ -48,7 +48,39 @@ func changeEvents(old, cur *Record) []events.Event {
 		e.Health = cg.Health
 		out = append(out, e)
 	}
+	out = append(out, volumeEvents(old, cur, events.VolumeDetached)...)
+	return append(out, volumeEvents(cur, old, events.VolumeAttached)...)
+}
+
+// volumeEvents are events of type t for the volumes a has attached (a hot
+// attach counts once it is done) and b does not, named by their
+// first-class volume id, else their per-VM id, with a's device.
+func volumeEvents(a, b *Record, t events.Type) []events.Event {
+	var out []events.Event
+	for i, v := range a.Spec.Volumes {
+		if v.Pending == record.PendingAttach {
+			continue
+		}
+		if j := b.Spec.VolumeIndex(v.ID); j >= 0 && b.Spec.Volumes[j].Pending != record.PendingAttach {
+			continue
+		}
+		e := vmEvent(t, cur(a, b, t))
+		e.VolumeID, e.Device = v.ID, VolumeDevice(a, i)
+		if v.VolumeID != "" {
+			e.VolumeID = v.VolumeID
+		}
+		out = append(out, e)
+	}
 	return out
+}
+
+// cur is the record after the change: volumeEvents gets (old, cur) for
+// detaches and (cur, old) for attaches.
+func cur(a, b *Record, t events.Type) *Record {
+	if t == events.VolumeAttached {
+		return a
+	}
+	return b
 }
 
 func guestOf(r *Record) record.AppVMGuest {

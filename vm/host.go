@@ -50,6 +50,20 @@ type Host interface {
 	StageRootDisk(ctx context.Context, rec *Record, base string) error
 	SwapRootDisk(ctx context.Context, rec *Record) error
 	DropStagedRootDisk(rec *Record) error
+	// HotAttach plugs volume key of rec, a running or paused VM (recorded
+	// with Pending attach), into it: the storage daemon exports the image,
+	// CH adds the disk, and a running AppVM's guest mounts it. On failure
+	// whatever it did is undone.
+	HotAttach(ctx context.Context, rec *Record, key string) error
+	// HotDetach unplugs volume key from rec, a running VM: a running
+	// AppVM's guest unmounts it (busy: *StateError), CH removes the disk
+	// and the guest releases it within DetachTimeout (else *StateError,
+	// the disk stays), then the export goes.
+	HotDetach(ctx context.Context, rec *Record, key string) error
+	// HasDisk reports whether rec's hypervisor presents volume key now, for
+	// recovery of a hot attach or detach cut short; when it does not, any
+	// export of key left in the storage daemon is removed.
+	HasDisk(ctx context.Context, rec *Record, key string) (bool, error)
 	// Delete removes everything the VM owns on the host (processes, taps,
 	// run directory, its own files) and nothing else; the Service then
 	// removes the record.
@@ -121,6 +135,19 @@ func (NoHost) Reboot(_ context.Context, rec *Record) error { return RunsNoVMs("r
 
 // Delete has nothing to remove.
 func (NoHost) Delete(context.Context, *Record) error { return nil }
+
+// HotAttach refuses: no VM runs here.
+func (NoHost) HotAttach(_ context.Context, rec *Record, _ string) error {
+	return RunsNoVMs("hot-plug a volume into", rec)
+}
+
+// HotDetach refuses: no VM runs here.
+func (NoHost) HotDetach(_ context.Context, rec *Record, _ string) error {
+	return RunsNoVMs("hot-unplug a volume from", rec)
+}
+
+// HasDisk reports false: no VM runs here.
+func (NoHost) HasDisk(context.Context, *Record, string) (bool, error) { return false, nil }
 
 // RunsNoVMs is the error of a lifecycle action on a host that runs no VMs
 // (a test host).

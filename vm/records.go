@@ -67,6 +67,9 @@ const (
 	DisplayDownloading     = record.DisplayDownloading
 	DisplayCreating        = record.DisplayCreating
 	DisplayProvisionFailed = record.DisplayProvisionFailed
+
+	PendingAttach = record.PendingAttach
+	PendingDetach = record.PendingDetach
 )
 
 // Kinds of HostError.

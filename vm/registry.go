@@ -13,10 +13,19 @@ import (
 
 // ExistsError is a create whose id is taken by a VM of either family, or
 // by a create still in flight.
-type ExistsError struct{ ID string }
+type ExistsError struct {
+	ID   string
+	What string // what has the id: "" for a VM, "volume"
+}
 
 // Error names the taken id.
-func (e *ExistsError) Error() string { return fmt.Sprintf("a VM with id %q already exists", e.ID) }
+func (e *ExistsError) Error() string {
+	what := e.What
+	if what == "" {
+		what = "VM"
+	}
+	return fmt.Sprintf("a %s with id %q already exists", what, e.ID)
+}
 
 // registry holds every record of both families in one id namespace. It is
 // safe for concurrent use. Records are copy-on-write, so readers use a
@@ -72,6 +81,17 @@ func (g *registry) list(mode Mode) []*Record {
 	}
 	g.mu.RUnlock()
 	slices.SortFunc(out, func(a, b *Record) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// all returns every stored record of both families, in no order.
+func (g *registry) all() []*Record {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	out := make([]*Record, 0, len(g.recs))
+	for _, r := range g.recs {
+		out = append(out, r)
+	}
 	return out
 }
 

@@ -21,6 +21,7 @@ import (
 	"vmhost/events"
 	"vmhost/store"
 	"vmhost/vm/record"
+	"vmhost/volume"
 )
 
 var errNotFound = fmt.Errorf("no such VM: %w", fs.ErrNotExist)
@@ -68,6 +69,9 @@ type Service struct {
 	report LoadReport
 	views  viewMemo
 	locks  vmLocks
+
+	vols  *volume.Store
+	volMu sync.Mutex // see volumes.go
 }
 
 // LoadReport says what New found in the store.
@@ -112,6 +116,11 @@ func New(o Options) (*Service, error) {
 		layout: Layout{StateDir: filepath.Clean(o.StateDir), RunDir: filepath.Clean(o.RunDir)},
 		reg:    newRegistry(o.Store, o.Events),
 	}
+	vols, err := volume.Open(s.layout.VolumesDir(), o.Logger.With("component", "volumes"))
+	if err != nil {
+		return nil, err
+	}
+	s.vols = vols
 	if err := s.load(); err != nil {
 		return nil, err
 	}

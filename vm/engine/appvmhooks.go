@@ -35,6 +35,12 @@ type AppVMHooks interface {
 	// is recorded before the VM's end.
 	Settle(rec *record.Record)
 	Rollback(ctx context.Context, rec *record.Record) error
+	// MountVolume has a running AppVM's guest agent mount its hot-plugged
+	// volume key (at PCI address bdf) at the volume's mountpoint;
+	// UnmountVolume has it unmount it before a hot detach (a busy mount is
+	// *record.StateError naming the mountpoint).
+	MountVolume(ctx context.Context, rec *record.Record, key, bdf string) error
+	UnmountVolume(ctx context.Context, rec *record.Record, key string) error
 }
 
 // The helpers below are the engine's one-line calls into the hooks; each

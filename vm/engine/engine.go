@@ -98,6 +98,8 @@ type Engine struct {
 	hooks AppVMHooks // nil without AppVMs
 	bg    sync.WaitGroup
 	mon   watchers // the monitors of running VMs (monitor.go)
+	// removals are the waiters for CH's device-removed events (volumes.go).
+	removals removals
 	// fw watches the running VMs' files (filewatch.go); nil means every
 	// monitor polls.
 	fw     *fileWatch
@@ -623,6 +625,9 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Rec
 		case <-q.Done():
 			q.Close()
 		default:
+			if err := e.syncExports(ctx, q, rec); err != nil {
+				return nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
+			}
 			return rec, nil
 		}
 	}

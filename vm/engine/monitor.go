@@ -748,6 +748,8 @@ func (m *monitor) onEvent(ev chclient.Event) {
 			r.DisplayState = string(record.StateRunning)
 			return true
 		})
+	case ev.Source == "vm" && ev.Event == "device-removed":
+		m.e.deviceRemoved(m.id, ev.Properties["id"])
 	case ev.Source == "guest" && ev.Event == "panic":
 		// The event's time, not the time it was read, so replaying the
 		// stream after a restart gives the same value.

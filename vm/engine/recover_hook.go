@@ -25,6 +25,14 @@ const (
 	HookQSD    = "qsd"    // qemu-storage-daemon launched and recorded
 	HookCH     = "ch"     // cloud-hypervisor launched and recorded
 	HookBooted = "booted" // vm.boot done, state running not yet recorded
+
+	// Hot attach and detach of a volume (the record says Pending).
+	HookAttachStart      = "attach:start"      // nothing done yet
+	HookAttachExported   = "attach:exported"   // the storage daemon exports it
+	HookAttachAdded      = "attach:added"      // CH has the disk (and the guest mounted it)
+	HookDetachStart      = "detach:start"      // nothing done yet
+	HookDetachRemoved    = "detach:removed"    // CH removed the disk; still exported
+	HookDetachUnexported = "detach:unexported" // the export is gone too
 )
 
 var testStopAtStep = os.Getenv(testStopAtEnv)

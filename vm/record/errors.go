@@ -38,10 +38,16 @@ type StateError struct {
 	State  string // the display state
 	// Hint, when set, says how to get the action done anyway.
 	Hint string
+	// Msg, when set, is the whole message (a conflict that is not about
+	// the VM's state, such as a volume in use or a busy mount).
+	Msg string
 }
 
 // Error names the action and the state, then the hint if any.
 func (e *StateError) Error() string {
+	if e.Msg != "" {
+		return e.Msg
+	}
 	msg := fmt.Sprintf("cannot %s VM %q while it is %s", e.Action, e.ID, e.State)
 	if e.Hint != "" {
 		msg += "; " + e.Hint

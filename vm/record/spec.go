@@ -98,10 +98,13 @@ func (sp *Spec) FreeVolumeID() string {
 	}
 }
 
-// VolumeIndex is the position of the volume whose per-VM id or first-class
-// volume id is key, or -1.
+// VolumeIndex is the position of the volume whose per-VM id is key, else
+// of the one whose first-class volume id is key, or -1.
 func (sp *Spec) VolumeIndex(key string) int {
-	return slices.IndexFunc(sp.Volumes, func(v VolumeSpec) bool { return v.ID == key || (v.VolumeID != "" && v.VolumeID == key) })
+	if i := slices.IndexFunc(sp.Volumes, func(v VolumeSpec) bool { return v.ID == key }); i >= 0 {
+		return i
+	}
+	return slices.IndexFunc(sp.Volumes, func(v VolumeSpec) bool { return v.VolumeID != "" && v.VolumeID == key })
 }
 
 // NetSpec is one requested interface.

@@ -1,0 +1,296 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"vmhost/chclient"
+	"vmhost/qmp"
+	"vmhost/vm/record"
+)
+
+// Hot-plug of data volumes (extensions.md §1.2). Attach: the storage
+// daemon opens and exports the image (blockdev-add, block-export-add; the
+// root disk's nodes and throttle group are not touched), then CH adds the
+// vhost-user disk with the volume's per-VM id as its device id, then a
+// running AppVM's guest mounts it. Detach, the other way round: the guest
+// unmounts, CH is asked to remove the device and the guest acks the eject
+// (CH's device-removed event), then the export and nodes go. Each step
+// that fails undoes the ones before it.
+
+// DetachTimeout bounds the wait for a guest to release a hot-detached
+// disk. A variable so tests can shorten it.
+var DetachTimeout = 10 * time.Second
+
+// HotAttach plugs volume key of rec into the running or paused VM
+// (vm.Host).
+func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) error {
+	rec = e.current(rec)
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 {
+		return &record.HostError{Kind: record.HostInternal, Op: "hot-plugging volume " + key, Err: errors.New("not in the VM's record")}
+	}
+	v := rec.Spec.Volumes[i]
+	q, err := e.heldQSD(rec)
+	if err != nil {
+		return err
+	}
+	testStopAt(HookAttachStart)
+	d := e.dataDisk(rec.ID, v)
+	if err := q.AddDataExport(ctx, d); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("exporting volume %s of VM %s", key, rec.ID), Err: err}
+	}
+	testStopAt(HookAttachExported)
+	undoExport := func() {
+		if err := q.RemoveDataExport(context.WithoutCancel(ctx), key); err != nil {
+			e.log.Error("removing the export of a failed hot-plug", "id", rec.ID, "volume", key, "err", err)
+		}
+	}
+	c, err := e.client(rec)
+	if err != nil {
+		undoExport()
+		return err
+	}
+	defer c.Close()
+	info, err := c.AddDisk(ctx, &chclient.DiskConfig{ID: key, VhostUser: true, VhostSocket: d.Socket, Readonly: v.Readonly})
+	if err != nil {
+		undoExport()
+		return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("vm.add-disk of volume %s to VM %s", key, rec.ID), Err: err}
+	}
+	if rec.Mode == record.ModeAppVM && e.hooks != nil && rec.State == record.StateRunning {
+		bdf := ""
+		if info != nil {
+			bdf = info.Bdf
+		}
+		if err := e.hooks.MountVolume(ctx, rec, key, bdf); err != nil {
+			if rerr := e.removeDisk(context.WithoutCancel(ctx), c, rec.ID, key); rerr != nil {
+				e.log.Error("unplugging a volume its guest did not mount", "id", rec.ID, "volume", key, "err", rerr)
+				return err // the export stays: CH may still use it
+			}
+			undoExport()
+			return err
+		}
+	}
+	testStopAt(HookAttachAdded)
+	e.setDataSocket(rec.ID, d.Socket, true)
+	e.log.Info("volume hot-plugged", "id", rec.ID, "volume", key)
+	return nil
+}
+
+// HotDetach unplugs volume key from the running VM (vm.Host).
+func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) error {
+	rec = e.current(rec)
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 {
+		return &record.HostError{Kind: record.HostInternal, Op: "hot-unplugging volume " + key, Err: errors.New("not in the VM's record")}
+	}
+	q, err := e.heldQSD(rec)
+	if err != nil {
+		return err
+	}
+	c, err := e.client(rec)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	testStopAt(HookDetachStart)
+	appvm := rec.Mode == record.ModeAppVM && e.hooks != nil
+	if appvm {
+		if err := e.hooks.UnmountVolume(ctx, rec, key); err != nil {
+			return err
+		}
+	}
+	if err := e.removeDisk(ctx, c, rec.ID, key); err != nil {
+		if appvm {
+			if bdf, ok := diskBDF(ctx, c, key); ok {
+				if merr := e.hooks.MountVolume(context.WithoutCancel(ctx), rec, key, bdf); merr != nil {
+					e.log.Error("mounting a volume again after a failed detach", "id", rec.ID, "volume", key, "err", merr)
+				}
+			}
+		}
+		return err
+	}
+	testStopAt(HookDetachRemoved)
+	if err := q.RemoveDataExport(ctx, key); err != nil {
+		// CH no longer uses the disk, so the detach stands; the export
+		// goes with the daemon at the VM's next stop.
+		e.log.Error("removing the export of a detached volume", "id", rec.ID, "volume", key, "err", err)
+	}
+	testStopAt(HookDetachUnexported)
+	e.setDataSocket(rec.ID, e.layout().DataSocket(rec.ID, key), false)
+	e.log.Info("volume hot-unplugged", "id", rec.ID, "volume", key)
+	return nil
+}
+
+// HasDisk reports whether CH presents volume key of rec now; when it does
+// not, an export of key left in the storage daemon is removed (vm.Host).
+func (e *Engine) HasDisk(ctx context.Context, rec *record.Record, key string) (bool, error) {
+	rec = e.current(rec)
+	c, err := e.client(rec)
+	if err != nil {
+		return false, err
+	}
+	defer c.Close()
+	info, err := c.VMInfo(ctx)
+	if err != nil {
+		return false, &record.HostError{Kind: record.HostHypervisor, Op: "vm.info of VM " + rec.ID, Err: err}
+	}
+	if hasDisk(info, key) {
+		return true, nil
+	}
+	if q, err := e.heldQSD(rec); err == nil {
+		if exports, err := q.Client().QueryBlockExports(ctx); err == nil && slices.ContainsFunc(exports, func(x qmp.BlockExport) bool { return x.ID == key }) {
+			if err := q.RemoveDataExport(ctx, key); err != nil {
+				return false, &record.HostError{Kind: record.HostStorage, Op: "removing the export of volume " + key, Err: err}
+			}
+		}
+	}
+	return false, nil
+}
+
+// removeDisk asks CH to remove device key and waits, at most
+// DetachTimeout, for the guest to release it: CH's device-removed event,
+// confirmed by vm.info. A guest that does not release it is *StateError,
+// and the disk stays.
+func (e *Engine) removeDisk(ctx context.Context, c *chclient.Client, id, key string) error {
+	removed, stop := e.awaitRemoved(id, key)
+	defer stop()
+	if err := c.RemoveDevice(ctx, key); err != nil {
+		return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("vm.remove-device of volume %s of VM %s", key, id), Err: err}
+	}
+	t := time.NewTimer(DetachTimeout)
+	defer t.Stop()
+	select {
+	case <-removed:
+	case <-t.C:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	// The event, or its absence, is confirmed by CH's config: an event
+	// missed (a monitor restarting) must not leave a disk behind.
+	info, err := c.VMInfo(ctx)
+	if err != nil {
+		return &record.HostError{Kind: record.HostHypervisor, Op: "vm.info of VM " + id, Err: err}
+	}
+	if hasDisk(info, key) {
+		return &record.StateError{Msg: fmt.Sprintf("the guest of VM %q did not release volume %s within %s; it stays attached (retry the detach, or stop the VM and detach it then)", id, key, DetachTimeout)}
+	}
+	return nil
+}
+
+func hasDisk(info *chclient.VmInfo, key string) bool {
+	return slices.ContainsFunc(info.Config.Disks, func(d chclient.DiskConfig) bool { return d.ID == key })
+}
+
+// diskBDF is the PCI address CH gave disk key.
+func diskBDF(ctx context.Context, c *chclient.Client, key string) (string, bool) {
+	info, err := c.VMInfo(ctx)
+	if err != nil {
+		return "", false
+	}
+	n, ok := info.DeviceTree[key]
+	return n.PciBdf, ok && n.PciBdf != ""
+}
+
+// heldQSD is rec's storage daemon as its monitor holds it.
+func (e *Engine) heldQSD(rec *record.Record) (*qmp.QSD, error) {
+	e.mon.mu.Lock()
+	m := e.mon.m[rec.ID]
+	e.mon.mu.Unlock()
+	if m == nil || m.qsd == nil {
+		return nil, &record.HostError{Kind: record.HostStorage, Op: "reaching the storage daemon of VM " + rec.ID, Err: errors.New("its QMP monitor is not held (restart the VM to hot-plug volumes)")}
+	}
+	return m.qsd, nil
+}
+
+func (e *Engine) dataDisk(id string, v record.VolumeSpec) qmp.DataDisk {
+	l := e.layout()
+	return qmp.DataDisk{ID: v.ID, Path: l.VolumeFile(id, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly}
+}
+
+// setDataSocket keeps the recorded storage daemon's socket list true.
+func (e *Engine) setDataSocket(id, socket string, add bool) {
+	_, err := e.recs.Update(id, func(r *record.Record) {
+		if r.Runtime == nil || r.Runtime.QSD == nil {
+			return
+		}
+		q := r.Runtime.QSD
+		q.DataSockets = slices.DeleteFunc(q.DataSockets, func(s string) bool { return s == socket })
+		if add {
+			q.DataSockets = append(q.DataSockets, socket)
+		}
+	})
+	if err != nil {
+		e.log.Warn("recording the storage daemon's sockets", "id", id, "err", err)
+	}
+}
+
+// removals are the waiters for CH's device-removed events.
+type removals struct {
+	mu sync.Mutex
+	m  map[string][]chan struct{} // "<vm id>/<device id>"
+}
+
+// awaitRemoved returns a channel closed when VM id's CH reports that
+// device dev was removed, and the function that stops waiting.
+func (e *Engine) awaitRemoved(id, dev string) (<-chan struct{}, func()) {
+	r := &e.removals
+	k := id + "/" + dev
+	ch := make(chan struct{})
+	r.mu.Lock()
+	if r.m == nil {
+		r.m = map[string][]chan struct{}{}
+	}
+	r.m[k] = append(r.m[k], ch)
+	r.mu.Unlock()
+	return ch, func() {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if r.m[k] = slices.DeleteFunc(r.m[k], func(c chan struct{}) bool { return c == ch }); len(r.m[k]) == 0 {
+			delete(r.m, k)
+		}
+	}
+}
+
+// deviceRemoved wakes the waiters for VM id's device dev.
+func (e *Engine) deviceRemoved(id, dev string) {
+	r := &e.removals
+	k := id + "/" + dev
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, ch := range r.m[k] {
+		close(ch)
+	}
+	delete(r.m, k)
+}
+
+// syncExports makes the data exports of q, a storage daemon kept from
+// provisioning, those of rec's volumes: volumes attached or detached while
+// the VM did not run changed only the record.
+func (e *Engine) syncExports(ctx context.Context, q *qmp.QSD, rec *record.Record) error {
+	exports, err := q.Client().QueryBlockExports(ctx)
+	if err != nil {
+		return err
+	}
+	want := map[string]bool{}
+	for _, v := range rec.Spec.Volumes {
+		want[v.ID] = true
+		if !slices.ContainsFunc(exports, func(x qmp.BlockExport) bool { return x.ID == v.ID }) {
+			if err := q.AddDataExport(ctx, e.dataDisk(rec.ID, v)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, x := range exports {
+		if x.ID != qmp.RootExportID && !want[x.ID] {
+			if err := q.RemoveDataExport(ctx, x.ID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

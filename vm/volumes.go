@@ -1,0 +1,581 @@
+package vm
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+
+	"vmhost/qcow2"
+	"vmhost/store"
+	"vmhost/vm/record"
+	"vmhost/volume"
+)
+
+// Volumes (extensions.md §1): first-class volumes live in package volume;
+// which VM uses one is said only by that VM's record (VolumeSpec.VolumeID),
+// so the two cannot disagree. volMu serializes what reads that across all
+// records and then changes it: an attach's check and its reservation, a
+// volume's delete, a VM delete's hand-over of its volumes.
+
+// Limits of attach (extensions.md §1.2).
+const (
+	// MaxAppVMVolumes is how many data volumes an AppVM may have, as at
+	// create.
+	MaxAppVMVolumes = 8
+	// DetachTimeout bounds the wait for the guest to release a hot-detached
+	// disk; the engine uses it.
+	DetachTimeout = 10 * time.Second
+)
+
+// VolumeRequest is the body of POST /api/volumes.
+type VolumeRequest struct {
+	VolumeID string `json:"volume_id,omitempty"`
+	SizeGiB  uint32 `json:"size_gib" decode:"required"`
+	Format   string `json:"format,omitempty"`
+}
+
+// VolumeInfo is the Volume view of a first-class volume.
+type VolumeInfo struct {
+	ID               string            `json:"id"`
+	Path             string            `json:"path"`
+	VirtualSizeBytes uint64            `json:"virtual_size_bytes"`
+	Fmt              string            `json:"fmt"`
+	Format           string            `json:"format"`
+	CreatedAt        time.Time         `json:"created_at"`
+	AttachedTo       *VolumeAttachment `json:"attached_to,omitempty"`
+	DiskBytes        *uint64           `json:"disk_bytes,omitempty"`
+}
+
+// VolumeAttachment says which VM uses a volume, and as which device.
+type VolumeAttachment struct {
+	VMID   string `json:"vm_id"`
+	Mode   Mode   `json:"mode"`
+	Device string `json:"device"`
+}
+
+// AttachRequest is the body of POST /api/vms/{id}/volumes and of the AppVM
+// route: exactly one of VolumeID and SizeGiB.
+type AttachRequest struct {
+	VolumeID string  `json:"volume_id,omitempty"`
+	SizeGiB  *uint32 `json:"size_gib,omitempty"`
+	Readonly bool    `json:"readonly,omitempty"`
+	// Mountpoint is an AppVM's (required there, refused on a classic VM);
+	// package appvm checks its form.
+	Mountpoint string `json:"mountpoint,omitempty"`
+}
+
+// Volumes is the first-class volume store.
+func (s *Service) Volumes() *volume.Store { return s.vols }
+
+// CreateVolume makes a first-class volume. A taken id is *ExistsError; a
+// size the state directory cannot hold is *CapacityError; a failed write
+// is a storage *HostError and leaves nothing.
+func (s *Service) CreateVolume(ctx context.Context, req VolumeRequest) (*VolumeInfo, error) {
+	if req.VolumeID != "" && !store.ValidID(req.VolumeID) {
+		return nil, bad("volume_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+	}
+	if req.SizeGiB < 1 || req.SizeGiB > MaxSizeGiB {
+		return nil, bad("size_gib", "must be 1..%d, got %d", MaxSizeGiB, req.SizeGiB)
+	}
+	switch req.Format {
+	case "":
+		req.Format = volume.FormatRaw
+	case volume.FormatRaw, volume.FormatExt4:
+	default:
+		return nil, bad("format", "must be raw or ext4, got %q", req.Format)
+	}
+	if req.VolumeID == "" {
+		s.randMu.Lock()
+		u, err := uuid.NewRandomFromReader(s.o.Rand)
+		s.randMu.Unlock()
+		if err != nil {
+			return nil, fmt.Errorf("generating volume id: %w", err)
+		}
+		req.VolumeID = u.String()
+	}
+	if err := s.admitVolume(req.SizeGiB); err != nil {
+		return nil, err
+	}
+	v := volume.Volume{ID: req.VolumeID, Format: req.Format, SizeGiB: req.SizeGiB, CreatedAt: s.o.Now().UTC().Truncate(time.Second)}
+	if err := s.vols.Create(ctx, v); err != nil {
+		if errors.Is(err, volume.ErrExists) {
+			return nil, &ExistsError{ID: v.ID, What: "volume"}
+		}
+		return nil, &HostError{Kind: HostStorage, Op: "creating volume " + v.ID, Err: err}
+	}
+	s.log.Info("volume created", "volume_id", v.ID, "format", v.Format, "size_gib", v.SizeGiB)
+	return s.volumeInfo(v, nil, false), nil
+}
+
+// admitVolume refuses a new volume of size GiB that the state directory's
+// free space, less the disk copies in flight, cannot hold (as a create's
+// admission counts its disks).
+func (s *Service) admitVolume(size uint32) error {
+	free, err := s.o.DiskFree()
+	if err != nil {
+		return &CapacityError{Resource: "disk", Msg: err.Error()}
+	}
+	need := uint64(size) << 30
+	for _, r := range s.reg.all() {
+		if r.Provisioning() {
+			need += diskBytes(r)
+		}
+	}
+	if need > free {
+		return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("a %d GiB volume (and the disk copies in flight) need %d bytes, %d free in the state directory", size, need, free)}
+	}
+	return nil
+}
+
+// ListVolumes is every first-class volume, sorted by id, without
+// disk_bytes.
+func (s *Service) ListVolumes() ([]VolumeInfo, error) {
+	vols, err := s.vols.List()
+	if err != nil {
+		return nil, &HostError{Kind: HostStorage, Op: "listing volumes", Err: err}
+	}
+	users := s.volumeUsers()
+	out := make([]VolumeInfo, 0, len(vols))
+	for _, v := range vols {
+		out = append(out, *s.volumeInfo(v, users[v.ID], false))
+	}
+	return out, nil
+}
+
+// GetVolume is volume id's view with disk_bytes; a missing one satisfies
+// errors.Is(err, fs.ErrNotExist).
+func (s *Service) GetVolume(id string) (*VolumeInfo, error) {
+	v, err := s.getVolume(id)
+	if err != nil {
+		return nil, err
+	}
+	return s.volumeInfo(v, s.volumeUsers()[id], true), nil
+}
+
+func (s *Service) getVolume(id string) (volume.Volume, error) {
+	v, err := s.vols.Get(id)
+	if errors.Is(err, volume.ErrNotFound) {
+		return v, fmt.Errorf("no volume has id %q: %w", id, fs.ErrNotExist)
+	}
+	if err != nil {
+		return v, &HostError{Kind: HostStorage, Op: "reading volume " + id, Err: err}
+	}
+	return v, nil
+}
+
+// DeleteVolume erases volume id; one attached to a VM is *StateError.
+func (s *Service) DeleteVolume(id string) error {
+	s.volMu.Lock()
+	defer s.volMu.Unlock()
+	if _, err := s.getVolume(id); err != nil {
+		return err
+	}
+	if u := s.volumeUsers()[id]; u != nil {
+		return &StateError{Msg: fmt.Sprintf("volume %q is attached to VM %q as %s; detach it first", id, u.VMID, u.Device)}
+	}
+	if err := s.vols.Delete(id); err != nil {
+		return &HostError{Kind: HostStorage, Op: "deleting volume " + id, Err: err}
+	}
+	s.log.Info("volume deleted", "volume_id", id)
+	return nil
+}
+
+func (s *Service) volumeInfo(v volume.Volume, at *VolumeAttachment, diskBytes bool) *VolumeInfo {
+	vi := &VolumeInfo{ID: v.ID, Path: s.vols.Path(v.ID), VirtualSizeBytes: uint64(v.SizeGiB) << 30, Fmt: "qcow2",
+		Format: v.Format, CreatedAt: v.CreatedAt, AttachedTo: at}
+	if diskBytes {
+		if n, ok := s.usage.get(vi.Path); ok {
+			vi.DiskBytes = &n
+		}
+	}
+	return vi
+}
+
+// volumeUsers maps each attached first-class volume to its VM (a hot
+// attach in progress included: it has the volume reserved).
+func (s *Service) volumeUsers() map[string]*VolumeAttachment {
+	out := map[string]*VolumeAttachment{}
+	for _, r := range s.reg.all() {
+		for i, v := range r.Spec.Volumes {
+			if v.VolumeID != "" {
+				out[v.VolumeID] = &VolumeAttachment{VMID: r.ID, Mode: r.Mode, Device: VolumeDevice(r, i)}
+			}
+		}
+	}
+	return out
+}
+
+// VolumeDevice is the guest device of rec's volume i as the next boot
+// presents it: vda is the root disk, then the seed when there is one, then
+// the volumes in order, a hot attach in progress left out.
+func VolumeDevice(rec *Record, i int) string {
+	dev := 1
+	if rec.Spec.CloudInit != nil {
+		dev++
+	}
+	for _, v := range rec.Spec.Volumes[:i] {
+		if v.Pending != record.PendingAttach {
+			dev++
+		}
+	}
+	return DeviceName(dev)
+}
+
+// AttachVolume attaches a volume to the VM id of family mode (extensions.md
+// §1.2): a first-class one (req.VolumeID) or a new blank VM-owned one
+// (req.SizeGiB; ext4 on an AppVM). A VM that is not running only changes
+// its record; a running or paused one gets the disk hot-plugged
+// (Host.HotAttach), and a running AppVM's guest mounts it. The attach is
+// recorded as pending before the host changes anything, so that recovery
+// finishes or rolls back an interrupted one. It returns the record after.
+func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req AttachRequest) (*Record, error) {
+	unlock := s.lockVM(id)
+	defer unlock()
+	rec, err := s.Get(mode, id)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkAttach(rec, req); err != nil {
+		return nil, err
+	}
+	hot := rec.State == StateRunning || rec.State == StatePaused
+	if hot && mode == ModeAppVM && rec.State == StatePaused {
+		return nil, &StateError{ID: id, Action: "attach a volume to", State: rec.DisplayState, Hint: "resume it first: its guest agent mounts the volume"}
+	}
+	spec := VolumeSpec{ID: rec.Spec.FreeVolumeID(), Readonly: req.Readonly}
+	if hot {
+		spec.Pending = record.PendingAttach
+	}
+	ext4 := mode == ModeAppVM
+	if req.VolumeID != "" {
+		v, err := s.getVolume(req.VolumeID)
+		if err != nil {
+			return nil, err
+		}
+		if ext4 && v.Format != volume.FormatExt4 {
+			return nil, bad("volume_id", "volume %q holds no file system (format %s); an AppVM mounts ext4 volumes", v.ID, v.Format)
+		}
+		spec.VolumeID, spec.SizeGiB = v.ID, v.SizeGiB
+	} else {
+		spec.SizeGiB = *req.SizeGiB
+		if err := s.admitVolume(spec.SizeGiB); err != nil {
+			return nil, err
+		}
+		if err := s.makeOwnedVolume(ctx, rec, spec, ext4); err != nil {
+			return nil, err
+		}
+	}
+	rec, err = s.reserveVolume(rec, spec, req.Mountpoint)
+	if err != nil {
+		if spec.VolumeID == "" {
+			os.Remove(s.layout.DataVolume(id, spec.ID))
+		}
+		return nil, err
+	}
+	if hot {
+		if err := s.o.Host.HotAttach(ctx, rec, spec.ID); err != nil {
+			if _, uerr := s.reg.update(id, func(r *Record) { dropVolume(r, spec.ID) }); uerr != nil {
+				s.log.Error("rolling back a failed attach", "id", id, "volume", spec.ID, "err", uerr)
+			} else if spec.VolumeID == "" {
+				os.Remove(s.layout.DataVolume(id, spec.ID))
+			}
+			return nil, err
+		}
+		if rec, err = s.reg.update(id, func(r *Record) {
+			if i := r.Spec.VolumeIndex(spec.ID); i >= 0 {
+				r.Spec.Volumes[i].Pending = ""
+			}
+		}); err != nil {
+			return nil, &HostError{Kind: HostStorage, Op: "recording the attach of " + spec.ID + " to VM " + id, Err: err}
+		}
+	}
+	i := rec.Spec.VolumeIndex(spec.ID)
+	s.log.Info("volume attached", "id", id, "volume", spec.ID, "volume_id", spec.VolumeID, "device", VolumeDevice(rec, i), "hot", hot)
+	return rec, nil
+}
+
+// checkAttach applies the request rules that need only the record.
+func checkAttach(rec *Record, req AttachRequest) error {
+	if (req.VolumeID == "") == (req.SizeGiB == nil) {
+		return bad("volume_id", "give exactly one of volume_id (attach a volume) and size_gib (make a new one)")
+	}
+	if req.SizeGiB != nil && (*req.SizeGiB < 1 || *req.SizeGiB > MaxSizeGiB) {
+		return bad("size_gib", "must be 1..%d, got %d", MaxSizeGiB, *req.SizeGiB)
+	}
+	max := MaxVolumes
+	if rec.Mode == ModeAppVM {
+		max = MaxAppVMVolumes
+		if req.Mountpoint == "" {
+			return bad("mountpoint", "required on an AppVM")
+		}
+		for _, d := range rec.AppVM.DataVolumes {
+			if d.Mountpoint == req.Mountpoint {
+				return bad("mountpoint", "%s is already a data volume's mountpoint", req.Mountpoint)
+			}
+		}
+	} else if req.Mountpoint != "" {
+		return bad("mountpoint", "only an AppVM mounts its volumes")
+	}
+	if len(rec.Spec.Volumes) >= max {
+		return bad("volumes", "VM %q has %d volumes, the most it may have", rec.ID, max)
+	}
+	switch {
+	case rec.Deleting:
+		return &StateError{ID: rec.ID, Action: "attach a volume to", State: "being deleted"}
+	case disksAbsent(rec):
+		return &StateError{ID: rec.ID, Action: "attach a volume to", State: rec.DisplayState, Hint: "its disks are not made"}
+	case slices.ContainsFunc(rec.Spec.Volumes, func(v VolumeSpec) bool { return v.Pending != "" }):
+		return &StateError{ID: rec.ID, Action: "attach a volume to", State: rec.DisplayState, Hint: "a volume change is in progress"}
+	}
+	return nil
+}
+
+// makeOwnedVolume writes the image of a new VM-owned volume (an ext4 file
+// system for an AppVM). A leftover at its name (an attach cut short before
+// its record was stored) is replaced.
+func (s *Service) makeOwnedVolume(ctx context.Context, rec *Record, v VolumeSpec, ext4 bool) error {
+	path := s.layout.DataVolume(rec.ID, v.ID)
+	os.Remove(path)
+	var err error
+	if ext4 {
+		err = qcow2.CreateExt4(ctx, path, uint64(v.SizeGiB)<<30, v.ID)
+	} else {
+		err = qcow2.Create(path, uint64(v.SizeGiB)<<30)
+	}
+	if err != nil {
+		os.Remove(path)
+		return &HostError{Kind: HostStorage, Op: fmt.Sprintf("creating volume %s of VM %s", v.ID, rec.ID), Err: err}
+	}
+	return nil
+}
+
+// reserveVolume records v on rec's VM, unless v's first-class volume is
+// attached anywhere (*StateError): the check and the record are one step
+// under volMu.
+func (s *Service) reserveVolume(rec *Record, v VolumeSpec, mountpoint string) (*Record, error) {
+	s.volMu.Lock()
+	defer s.volMu.Unlock()
+	if v.VolumeID != "" {
+		if u := s.volumeUsers()[v.VolumeID]; u != nil {
+			return nil, &StateError{Msg: fmt.Sprintf("volume %q is already attached to VM %q as %s", v.VolumeID, u.VMID, u.Device)}
+		}
+	}
+	rec, err := s.reg.update(rec.ID, func(r *Record) {
+		r.Spec.Volumes = append(r.Spec.Volumes, v)
+		if r.AppVM != nil {
+			r.AppVM.DataVolumes = append(r.AppVM.DataVolumes, DataVolume{SizeGiB: v.SizeGiB, Mountpoint: mountpoint})
+		}
+	})
+	if err != nil {
+		return nil, &HostError{Kind: HostStorage, Op: "recording a volume of VM " + rec.ID, Err: err}
+	}
+	return rec, nil
+}
+
+// dropVolume removes volume key from r's spec (and an AppVM's mount list,
+// which runs parallel to it).
+func dropVolume(r *Record, key string) {
+	i := r.Spec.VolumeIndex(key)
+	if i < 0 {
+		return
+	}
+	r.Spec.Volumes = slices.Delete(r.Spec.Volumes, i, i+1)
+	if r.AppVM != nil && i < len(r.AppVM.DataVolumes) {
+		r.AppVM.DataVolumes = slices.Delete(r.AppVM.DataVolumes, i, i+1)
+	}
+}
+
+// DetachVolume detaches volume key (a per-VM id such as "data1", or a
+// first-class volume id) from the VM id of family mode. A running or
+// paused VM has the disk hot-unplugged first (Host.HotDetach; a running
+// AppVM's guest unmounts it, and a busy mount is *StateError naming the
+// mountpoint). A VM-owned volume is kept as a first-class volume named
+// "<vm id>-<data id>" (with a suffix when taken): detaching never loses
+// data. It returns the record after.
+func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (*Record, error) {
+	unlock := s.lockVM(id)
+	defer unlock()
+	rec, err := s.Get(mode, id)
+	if err != nil {
+		return nil, err
+	}
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 {
+		return nil, fmt.Errorf("VM %q has no volume %q: %w", id, key, fs.ErrNotExist)
+	}
+	v := rec.Spec.Volumes[i]
+	switch {
+	case rec.Deleting:
+		return nil, &StateError{ID: id, Action: "detach a volume from", State: "being deleted"}
+	case disksAbsent(rec):
+		return nil, &StateError{ID: id, Action: "detach a volume from", State: rec.DisplayState, Hint: "its disks are not made"}
+	case v.Pending != "" || slices.ContainsFunc(rec.Spec.Volumes, func(v VolumeSpec) bool { return v.Pending != "" }):
+		return nil, &StateError{ID: id, Action: "detach a volume from", State: rec.DisplayState, Hint: "a volume change is in progress"}
+	case rec.State == StatePaused:
+		return nil, &StateError{ID: id, Action: "detach a volume from", State: rec.DisplayState, Hint: "resume it first: a paused guest cannot release the disk"}
+	}
+	device := VolumeDevice(rec, i)
+	if rec.State == StateRunning {
+		if rec, err = s.reg.update(id, func(r *Record) { r.Spec.Volumes[i].Pending = record.PendingDetach }); err != nil {
+			return nil, &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + id, Err: err}
+		}
+		if err := s.o.Host.HotDetach(ctx, rec, v.ID); err != nil {
+			if _, uerr := s.reg.update(id, func(r *Record) {
+				if j := r.Spec.VolumeIndex(v.ID); j >= 0 {
+					r.Spec.Volumes[j].Pending = ""
+				}
+			}); uerr != nil {
+				s.log.Error("rolling back a failed detach", "id", id, "volume", v.ID, "err", uerr)
+			}
+			return nil, err
+		}
+	}
+	kept, err := s.finishDetach(rec, v)
+	if err != nil {
+		return nil, err
+	}
+	rec = s.reg.get(id)
+	s.log.Info("volume detached", "id", id, "volume", v.ID, "volume_id", kept, "device", device)
+	return rec, nil
+}
+
+// finishDetach drops v from its VM's record after the host let go of it
+// (or the VM does not run): a VM-owned volume is first kept as a
+// first-class one, then its old name goes. It returns the first-class
+// volume's id. Recovery calls it for a detach the agent did not finish.
+func (s *Service) finishDetach(rec *Record, v VolumeSpec) (string, error) {
+	kept := v.VolumeID
+	if kept == "" {
+		var err error
+		if kept, err = s.keepOwned(rec, v); err != nil {
+			return "", err
+		}
+	}
+	if _, err := s.reg.update(rec.ID, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
+		return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
+	}
+	if v.VolumeID == "" {
+		if err := os.Remove(s.layout.DataVolume(rec.ID, v.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			s.log.Warn("removing the old name of a kept volume", "id", rec.ID, "volume", v.ID, "err", err)
+		}
+	}
+	return kept, nil
+}
+
+// keepOwned makes VM-owned volume v of rec a first-class volume, named
+// "<vm id>-<data id>", or with "-2", "-3", … appended when taken. A
+// volume already kept under one of those names from this very file (an
+// interrupted detach) is reused.
+func (s *Service) keepOwned(rec *Record, v VolumeSpec) (string, error) {
+	src := s.layout.DataVolume(rec.ID, v.ID)
+	format := volume.FormatRaw
+	if rec.Mode == ModeAppVM {
+		format = volume.FormatExt4
+	}
+	for n := 1; n <= 100; n++ {
+		suffix := "-" + v.ID
+		if n > 1 {
+			suffix += fmt.Sprintf("-%d", n)
+		}
+		// Ids are at most 64 bytes: a long VM id is cut, deterministically,
+		// so a retry after a crash finds the same name.
+		id := rec.ID[:min(len(rec.ID), 64-len(suffix))] + suffix
+		if sameFile(src, s.vols.Path(id)) {
+			if _, err := s.vols.Get(id); err == nil {
+				return id, nil // kept before a crash
+			}
+		}
+		err := s.vols.Adopt(volume.Volume{ID: id, Format: format, SizeGiB: v.SizeGiB, CreatedAt: s.o.Now().UTC().Truncate(time.Second)}, src)
+		if err == nil {
+			s.log.Info("detached volume kept as a first-class volume", "id", rec.ID, "volume", v.ID, "volume_id", id)
+			return id, nil
+		}
+		if !errors.Is(err, volume.ErrExists) {
+			return "", &HostError{Kind: HostStorage, Op: "keeping detached volume " + v.ID + " of VM " + rec.ID, Err: err}
+		}
+	}
+	return "", &HostError{Kind: HostStorage, Op: "keeping detached volume " + v.ID + " of VM " + rec.ID, Err: errors.New("no free volume id")}
+}
+
+func sameFile(a, b string) bool {
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
+}
+
+// RecoverVolumes settles the hot attaches and detaches an agent stop cut
+// short (a record with a Pending volume), once the host has adopted the
+// running VMs: on a VM that runs, what CH presents decides (an attach it
+// has is kept, one it lacks is rolled back; a detach it still has is
+// called off, one it lacks is finished); on a VM that does not run the
+// step completes in the record alone, as a cold attach or detach would.
+func (s *Service) RecoverVolumes(ctx context.Context) {
+	for _, rec := range s.reg.all() {
+		for _, v := range rec.Spec.Volumes {
+			if v.Pending != "" {
+				s.recoverVolume(ctx, rec.ID, v)
+			}
+		}
+	}
+}
+
+func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
+	unlock := s.lockVM(id)
+	defer unlock()
+	rec := s.reg.get(id)
+	if rec == nil {
+		return
+	}
+	present := false
+	if rec.State == StateRunning || rec.State == StatePaused {
+		var err error
+		if present, err = s.o.Host.HasDisk(ctx, rec, v.ID); err != nil {
+			s.log.Error("cannot tell whether an interrupted volume change happened; left pending", "id", id, "volume", v.ID, "err", err)
+			return
+		}
+	} else {
+		present = v.Pending == PendingAttach // not running: the record decides
+	}
+	clear := func() {
+		if _, err := s.reg.update(id, func(r *Record) {
+			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
+				r.Spec.Volumes[i].Pending = ""
+			}
+		}); err != nil {
+			s.log.Error("recording a recovered volume change", "id", id, "volume", v.ID, "err", err)
+		}
+	}
+	switch {
+	case v.Pending == PendingAttach && present:
+		clear()
+		s.log.Info("interrupted volume attach completed", "id", id, "volume", v.ID)
+	case v.Pending == PendingAttach:
+		if _, err := s.reg.update(id, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
+			s.log.Error("rolling back an interrupted volume attach", "id", id, "volume", v.ID, "err", err)
+			return
+		}
+		if v.VolumeID == "" {
+			os.Remove(s.layout.DataVolume(id, v.ID))
+		}
+		s.log.Info("interrupted volume attach rolled back", "id", id, "volume", v.ID)
+	case present:
+		clear()
+		s.log.Info("interrupted volume detach called off: the VM still has the disk", "id", id, "volume", v.ID)
+	default:
+		kept, err := s.finishDetach(rec, v)
+		if err != nil {
+			s.log.Error("finishing an interrupted volume detach", "id", id, "volume", v.ID, "err", err)
+			return
+		}
+		s.log.Info("interrupted volume detach completed", "id", id, "volume", v.ID, "volume_id", kept)
+	}
+}
