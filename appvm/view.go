@@ -191,8 +191,12 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 	av.UpdateAvailable = s.updateAvailable(a)
 	s.guestView(rec, &av)
 	for i, d := range a.DataVolumes {
-		// vda is the root disk; an AppVM has no seed disk.
-		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.DeviceName(1 + i), Mountpoint: d.Mountpoint})
+		// DataVolumes runs parallel to the spec's volumes; one being hot
+		// attached is not mounted yet.
+		if i < len(rec.Spec.Volumes) && rec.Spec.Volumes[i].Pending == vm.PendingAttach {
+			continue
+		}
+		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.VolumeDevice(rec, i), Mountpoint: d.Mountpoint})
 	}
 	v.AppVM = av
 	return v
