@@ -54,7 +54,7 @@ func TestImageImportCommand(t *testing.T) {
 	if err != nil || stored.BuildDigest != digest || stored.Status != appvm.StatusReady {
 		t.Fatalf("catalog entry = %+v, %v", stored, err)
 	}
-	if _, err := os.Stat(cat.RootFS("app")); err != nil {
+	if _, err := os.Stat(cat.RootFS(stored)); err != nil {
 		t.Errorf("rootfs: %v", err)
 	}
 

@@ -209,7 +209,7 @@ func TestAppVMRedeploy(t *testing.T) {
 	if err := cat.Put(img); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(cat.RootFS("web"), []byte("new build"), 0o600); err != nil {
+	if err := os.WriteFile(cat.RootFS(img), []byte("new build"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if _, _, b := h.do(t, "GET", "/api/appvm/vms/rd", h.ro, ""); !strings.Contains(b, `"update_available":true`) {

@@ -7,7 +7,9 @@
 //
 // Each imported AppVM image is a directory <state>/appvm-images/<id>/ with
 // an image.json (see Image for its fields) and, once ready, the root file
-// system rootfs.qcow2 that AppVM root disks copy. The id follows the VM id
+// system that AppVM root disks copy: one file per build,
+// rootfs-<build digest>.qcow2 (images imported before builds were named so
+// have rootfs.qcow2). The id follows the VM id
 // pattern. Only images whose status is ready can be used: an unknown or
 // failed image is a 400, an image still importing a 409 CONFLICT.
 //
@@ -21,9 +23,12 @@
 // or failed with the reason. A re-import of a ready image keeps serving the
 // current build as ready (AppVMs may still be created from it) and reports
 // its progress in reimport; on success the new build replaces the old one in
-// one step, on failure the old build stays and reimport says why. AppVM root
-// disks are copies, so a re-import never touches existing AppVMs; their view
-// shows update_available once the catalog's build differs from theirs.
+// one step, on failure the old build stays and reimport says why. The
+// build before the current one is kept until the next re-import, so a
+// create that read image.json just before a commit still copies the build
+// it recorded. AppVM root disks are copies, so a re-import never touches
+// existing AppVMs; their view shows update_available once the catalog's
+// build differs from theirs.
 package appvm
 
 import (
@@ -33,6 +38,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"vmhost/internal/atomicfile"
@@ -105,8 +111,43 @@ type Catalog struct {
 	Dir string
 }
 
-// RootFS is the root file system image of a catalog entry.
-func (c Catalog) RootFS(id string) string { return filepath.Join(c.Dir, id, "rootfs.qcow2") }
+// legacyRootFS is the one root file system of an image imported before
+// builds had files of their own.
+const legacyRootFS = "rootfs.qcow2"
+
+// buildName is the file name of the build with digest (a digest such as
+// "sha256:1a2b" becomes rootfs-sha256-1a2b.qcow2).
+func buildName(digest string) string {
+	if digest == "" {
+		return legacyRootFS
+	}
+	return "rootfs-" + strings.NewReplacer(":", "-", "/", "-").Replace(digest) + ".qcow2"
+}
+
+// isBuildName reports whether name is a build file's.
+func isBuildName(name string) bool {
+	return strings.HasPrefix(name, "rootfs") && strings.HasSuffix(name, ".qcow2")
+}
+
+// BuildFile is the root file system of build digest of image id; an image
+// imported before builds had files of their own has only rootfs.qcow2.
+func (c Catalog) BuildFile(id, digest string) string {
+	p := filepath.Join(c.Dir, id, buildName(digest))
+	if _, err := os.Stat(p); err != nil {
+		if legacy := filepath.Join(c.Dir, id, legacyRootFS); exists(legacy) {
+			return legacy
+		}
+	}
+	return p
+}
+
+// RootFS is the root file system of img's current build.
+func (c Catalog) RootFS(img *Image) string { return c.BuildFile(img.ID, img.BuildDigest) }
+
+func exists(p string) bool {
+	_, err := os.Stat(p)
+	return err == nil
+}
 
 // Get reads the catalog entry id. A missing entry (or an id that cannot
 // name one) gives an error satisfying errors.Is(err, fs.ErrNotExist).

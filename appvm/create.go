@@ -134,7 +134,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		VMID:          req.VMID,
 		Vcpus:         req.Vcpus,
 		MemoryMB:      req.MemoryMB,
-		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: s.catalog.RootFS(img.ID), SizeGiB: &size},
+		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: s.catalog.RootFS(img), SizeGiB: &size},
 		Nets:          []vm.NetSpec{{NetworkID: req.NetworkID}},
 		DiskBpsTotal:  req.DiskBpsTotal,
 		DiskIopsTotal: req.DiskIopsTotal,
@@ -177,7 +177,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	}
 	req.workload().apply(app, &rec.Secrets)
 	rec.AppVM = app
-	rec.Base = &vm.BaseImage{Path: s.catalog.RootFS(img.ID), VirtualSizeBytes: img.SizeBytes}
+	rec.Base = &vm.BaseImage{Path: s.catalog.RootFS(img), VirtualSizeBytes: img.SizeBytes}
 	rec, _, err = s.vms.Launch(ctx, rec)
 	if err != nil && rec == nil {
 		return nil, err

@@ -2,6 +2,7 @@ package appvm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -246,21 +247,39 @@ func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*I
 	return nil, fmt.Errorf("importing AppVM image %q: %w", req.ID, err)
 }
 
-// commit installs a finished staged import: the new rootfs.qcow2 first,
-// then its image.json, then the staging dir goes. Because the staged
-// image.json is written only after the staged rootfs is complete, Recover
-// can finish a commit that a crash interrupted: a staged image.json means
-// "roll forward".
+// commit installs a finished staged import: the new build's root file
+// system under its own name (rootfs-<digest>.qcow2) first, then its
+// image.json, then the staging dir goes. Because the staged image.json is
+// written only after the staged rootfs is complete, Recover can finish a
+// commit that a crash interrupted: a staged image.json means "roll
+// forward".
 //
-// The two renames are not one atomic step, and an AppVM's root disk is
-// copied from rootfs.qcow2 when it is provisioned, not when its create
-// reads image.json. A create racing a re-import can thus record the older
-// build's digest and defaults yet copy the newer root file system; its view
-// then shows update_available, which a redeploy settles. Existing AppVMs
-// are never affected: their disks are copies.
+// An AppVM's root disk is copied when it is provisioned, after its create
+// read image.json: each build having a file of its own, the copy is always
+// of the build the create recorded. The build that was current until now
+// is kept (a create may have just read it); older ones are removed.
 func commit(dir string) error {
 	staged := filepath.Join(dir, nextDir)
-	err := os.Rename(filepath.Join(staged, ociimage.RootfsName), filepath.Join(dir, ociimage.RootfsName))
+	data, err := os.ReadFile(filepath.Join(staged, "image.json"))
+	if err != nil {
+		return fmt.Errorf("installing the imported image: %w", err)
+	}
+	var next Image
+	if err := json.Unmarshal(data, &next); err != nil {
+		return fmt.Errorf("installing the imported image: %w", err)
+	}
+	keep := map[string]bool{buildName(next.BuildDigest): true}
+	if data, err := os.ReadFile(filepath.Join(dir, "image.json")); err == nil {
+		var cur Image
+		if json.Unmarshal(data, &cur) == nil && cur.Status == StatusReady {
+			name := buildName(cur.BuildDigest)
+			if !exists(filepath.Join(dir, name)) {
+				name = legacyRootFS // imported before builds had names
+			}
+			keep[name] = true
+		}
+	}
+	err = os.Rename(filepath.Join(staged, ociimage.RootfsName), filepath.Join(dir, buildName(next.BuildDigest)))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) { // gone: renamed before a crash
 		return fmt.Errorf("installing the imported root file system: %w", err)
 	}
@@ -269,6 +288,13 @@ func commit(dir string) error {
 	}
 	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("installing the imported image: %w", err)
+	}
+	if ents, err := os.ReadDir(dir); err == nil {
+		for _, e := range ents {
+			if isBuildName(e.Name()) && !keep[e.Name()] {
+				os.Remove(filepath.Join(dir, e.Name()))
+			}
+		}
 	}
 	return os.RemoveAll(staged)
 }

@@ -142,15 +142,16 @@ func TestImportFirstAndReady(t *testing.T) {
 	if got.SizeBytes == 0 || !got.CreatedAt.Equal(o.Now()) {
 		t.Errorf("size %d, created_at %v", got.SizeBytes, got.CreatedAt)
 	}
-	h, err := qcow2.ReadHeaderFile(cat.RootFS("app"))
+	h, err := qcow2.ReadHeaderFile(cat.RootFS(got))
 	if err != nil {
 		t.Fatalf("rootfs: %v", err)
 	}
 	if h.Size != got.SizeBytes {
 		t.Errorf("rootfs virtual size %d, catalog says %d", h.Size, got.SizeBytes)
 	}
-	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, []string{"image.json", "rootfs.qcow2"}) {
-		t.Errorf("image dir holds %q, want only image.json and rootfs.qcow2", names)
+	build := "rootfs-" + strings.ReplaceAll(digest, ":", "-") + ".qcow2"
+	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, []string{"image.json", build}) {
+		t.Errorf("image dir holds %q, want only image.json and %s", names, build)
 	}
 	if got := evs.String(); got != "image_ready app \n" {
 		t.Errorf("import published %q, want one image_ready of app", got)
@@ -273,7 +274,8 @@ func TestReimportKeepsServingOldBuild(t *testing.T) {
 	if _, err := imp.Import(context.Background(), &appvm.ImportRequest{ID: "app", Path: v1}); err != nil {
 		t.Fatal(err)
 	}
-	oldRoot, err := os.ReadFile(cat.RootFS("app"))
+	oldFile := cat.RootFS(must(cat.Get("app")))
+	oldRoot, err := os.ReadFile(oldFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,19 +302,25 @@ func TestReimportKeepsServingOldBuild(t *testing.T) {
 		!slices.Contains(got.Env, "VERSION=v2") {
 		t.Errorf("after re-import = %+v, want ready with digest %s, no reimport", got, d2)
 	}
-	newRoot, err := os.ReadFile(cat.RootFS("app"))
+	newFile := cat.RootFS(got)
+	newRoot, err := os.ReadFile(newFile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(newRoot) == string(oldRoot) {
-		t.Error("rootfs.qcow2 was not replaced")
+	if newFile == oldFile || string(newRoot) == string(oldRoot) {
+		t.Errorf("the new build %s is not a new file beside %s", newFile, oldFile)
+	}
+	// The previous build stays (a create may have just read its digest),
+	// byte for byte.
+	if kept, err := os.ReadFile(oldFile); err != nil || string(kept) != string(oldRoot) {
+		t.Errorf("the previous build %s did not stay: %v", oldFile, err)
 	}
 	// The file system is the new build's: the upper layer's app, the
 	// whited-out file gone.
-	if got := debugfsCat(t, cat.RootFS("app"), "/bin/app"); got != "#!/bin/sh\necho v2\n" {
+	if got := debugfsCat(t, newFile, "/bin/app"); got != "#!/bin/sh\necho v2\n" {
 		t.Errorf("/bin/app in the re-imported rootfs = %q, want the v2 script", got)
 	}
-	if got := debugfsCat(t, cat.RootFS("app"), "/old.txt"); got != "" {
+	if got := debugfsCat(t, newFile, "/old.txt"); got != "" {
 		t.Errorf("/old.txt survived its whiteout: %q", got)
 	}
 
@@ -329,11 +337,19 @@ func TestReimportKeepsServingOldBuild(t *testing.T) {
 		got.Reimport.Status != appvm.StatusFailed || got.Reimport.Failure == "" {
 		t.Errorf("after failed re-import = %+v (reimport %+v), want ready %s with reimport failed", got, got.Reimport, d2)
 	}
-	if after, _ := os.ReadFile(cat.RootFS("app")); string(after) != string(newRoot) {
-		t.Error("a failed re-import changed rootfs.qcow2")
+	if after, _ := os.ReadFile(cat.RootFS(got)); string(after) != string(newRoot) {
+		t.Error("a failed re-import changed the current build")
 	}
-	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, []string{"image.json", "rootfs.qcow2"}) {
-		t.Errorf("image dir holds %q, want only image.json and rootfs.qcow2", names)
+	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, slices.Sorted(slices.Values([]string{"image.json", filepath.Base(oldFile), filepath.Base(newFile)}))) {
+		t.Errorf("image dir holds %q, want only image.json and the two builds", names)
+	}
+	// A third build: the first one goes, the second stays beside it.
+	if _, err := imp.Import(context.Background(), &appvm.ImportRequest{ID: "app", Path: v1}); err != nil {
+		t.Fatal(err)
+	}
+	third := cat.RootFS(must(cat.Get("app")))
+	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, slices.Sorted(slices.Values([]string{"image.json", filepath.Base(newFile), filepath.Base(third)}))) {
+		t.Errorf("after a third import the image dir holds %q", names)
 	}
 }
 
@@ -378,7 +394,7 @@ func TestRecoverInterruptedImports(t *testing.T) {
 	if err := cat.Put(st); err != nil {
 		t.Fatal(err)
 	}
-	write(filepath.Join(cat.Dir, "staged", "rootfs.qcow2"), "new build")
+	write(filepath.Join(cat.Dir, "staged", "rootfs-sha256-new.qcow2"), "new build")
 	b := `{"id":"staged","status":"ready","created_at":"2026-01-02T03:04:05Z","build_digest":"sha256:new"}`
 	write(filepath.Join(cat.Dir, "staged", ".next", "image.json"), b)
 	// busy: an import another process is running right now.
@@ -419,7 +435,7 @@ func TestRecoverInterruptedImports(t *testing.T) {
 	if got := must(cat.Get("staged")); got.Status != appvm.StatusReady || got.BuildDigest != "sha256:new" {
 		t.Errorf("staged = %+v, want the staged build committed", got)
 	}
-	if names := dirNames(t, filepath.Join(cat.Dir, "staged")); !slices.Equal(names, []string{"image.json", "rootfs.qcow2"}) {
+	if names := dirNames(t, filepath.Join(cat.Dir, "staged")); !slices.Equal(names, []string{"image.json", "rootfs-sha256-new.qcow2"}) {
 		t.Errorf("staged holds %q after recovery", names)
 	}
 	if got := must(cat.Get("busy")); got.Status != appvm.StatusImporting {

@@ -123,7 +123,7 @@ func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
 		fail("stopping the AppVM", &vm.StateError{ID: id, Action: "redeploy", State: cur.DisplayState + " (it was started again meanwhile)"})
 		return
 	}
-	err = s.vms.Host().StageRootDisk(ctx, cur, s.catalog.RootFS(cur.AppVM.ImageID))
+	err = s.vms.Host().StageRootDisk(ctx, cur, s.catalog.BuildFile(cur.AppVM.ImageID, cur.AppVM.Redeploy.To.BuildDigest))
 	if err == nil {
 		cur, err = s.vms.Update(id, func(r *vm.Record) { r.AppVM.Redeploy.Staged = true })
 	}

@@ -154,7 +154,7 @@ func (h *host) image(id, cmd string, hc *vm.Healthcheck) {
 	if err := h.images.Put(im); err != nil {
 		h.t.Fatal(err)
 	}
-	if err := qcow2.Create(h.images.RootFS(id), 64<<20); err != nil {
+	if err := qcow2.Create(h.images.RootFS(im), 64<<20); err != nil {
 		h.t.Fatal(err)
 	}
 }
@@ -813,6 +813,9 @@ func TestIntegrationRedeploy(t *testing.T) {
 	im.BuildDigest = "sha256:ba5eba11"
 	im.Cmd = []string{"/bin/sh", "-c", "echo build-two; exec sleep 300"}
 	if err := h.images.Put(im); err != nil {
+		t.Fatal(err)
+	}
+	if err := qcow2.Create(h.images.RootFS(im), 64<<20); err != nil { // the new build's own file
 		t.Fatal(err)
 	}
 	code, body := h.do("POST", "/api/appvm/vms/"+id+"/redeploy", nil)

@@ -54,7 +54,7 @@ func startAppVMServer(t *testing.T, workloads map[string]string) *server {
 		if err := cat.Put(im); err != nil {
 			t.Fatal(err)
 		}
-		if err := qcow2.Create(cat.RootFS(id), 64<<20); err != nil {
+		if err := qcow2.Create(cat.RootFS(im), 64<<20); err != nil {
 			t.Fatal(err)
 		}
 	}
