@@ -93,6 +93,7 @@ func newService(env serveEnv) (*service, error) {
 	apps := appvm.NewWithOptions(vms, appvm.Options{Logger: env.Log, Events: evs})
 	eng.Start(vms.HostRecords(), apps.Hooks())
 	apps.RecoverRedeploys(context.Background())
+	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())
 	// Registry indexes are read in the background, at once and every
 	// refresh_secs: an index that is slow or down never delays the start.

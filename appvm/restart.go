@@ -139,9 +139,14 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 		count = 0
 	}
 	delay := o.Backoff(count)
-	log.Info("restarting AppVM after its workload ended", "restart", count+1, "backoff", delay)
+	next := ss.now().Add(delay).Truncate(time.Millisecond)
+	if _, err := ss.update(func(r *vm.Record, gst *vm.AppVMGuest) { gst.NextRestartAt = &next }); err != nil {
+		return
+	}
+	log.Info("restarting AppVM after its workload ended", "restart", count+1, "backoff", delay, "at", next)
 	select {
 	case <-ss.done:
+		ss.g.s.clearNextRestart(ss.id, next)
 		return
 	case <-time.After(delay):
 	}
@@ -149,20 +154,59 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 	stopped := ss.stopRequested
 	ss.mu.Unlock()
 	if stopped {
+		ss.g.s.clearNextRestart(ss.id, next)
 		return
 	}
-	if r, err := ss.g.s.vms.Get(vm.ModeAppVM, ss.id); err != nil || r.State != vm.StateStopped {
-		return
-	}
-	at := ss.now()
-	if _, err := ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
-		gst.RestartCount = count + 1
-		gst.LastRestartAt = &at
-	}); err != nil {
+	ss.g.s.bootAgain(ss.id, next, count+1)
+}
+
+// bootAgain boots AppVM id again for the restart policy, as restart
+// number count, unless it is no longer stopped waiting for the restart
+// due at next (an operator's start or stop, a delete came first).
+func (s *Service) bootAgain(id string, next time.Time, count uint32) {
+	log := s.guests.log.With("id", id)
+	still := false
+	if _, err := s.vms.Update(id, func(r *vm.Record) {
+		g := r.AppVM.Guest
+		if r.State != vm.StateStopped || g == nil || g.NextRestartAt == nil || !g.NextRestartAt.Equal(next) {
+			return
+		}
+		still = true
+		at := s.vms.Now().UTC()
+		g.RestartCount, g.LastRestartAt, g.NextRestartAt = count, &at, nil
+	}); err != nil || !still {
+		s.clearNextRestart(id, next)
 		return
 	}
 	// The lifecycle start serializes with the operator's actions on the VM.
-	if _, err := ss.g.s.vms.Act(context.Background(), vm.ModeAppVM, ss.id, vm.ActionStart); err != nil {
+	if _, err := s.vms.Act(context.Background(), vm.ModeAppVM, id, vm.ActionStart); err != nil {
 		log.Error("automatic restart failed", "err", err)
+	}
+}
+
+// clearNextRestart drops a restart due at next that will not happen.
+func (s *Service) clearNextRestart(id string, next time.Time) {
+	s.vms.Update(id, func(r *vm.Record) {
+		if r.AppVM != nil && r.AppVM.Guest != nil && r.AppVM.Guest.NextRestartAt != nil && r.AppVM.Guest.NextRestartAt.Equal(next) {
+			r.AppVM.Guest.NextRestartAt = nil
+		}
+	})
+}
+
+// RecoverRestarts resumes the restarts an agent stop cut short: an AppVM
+// still stopped with a recorded next_restart_at is booted at that time
+// (at once when it has passed), as the restart it was waiting for.
+func (s *Service) RecoverRestarts() {
+	for _, rec := range s.List() {
+		g := rec.AppVM.Guest
+		if rec.State != vm.StateStopped || g == nil || g.NextRestartAt == nil {
+			continue
+		}
+		id, next, count := rec.ID, *g.NextRestartAt, g.RestartCount+1
+		s.guests.log.Info("resuming an AppVM restart the agent's stop interrupted", "id", id, "at", next)
+		go func() {
+			time.Sleep(time.Until(next))
+			s.bootAgain(id, next, count)
+		}()
 	}
 }

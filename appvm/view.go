@@ -53,6 +53,7 @@ type AppvmView struct {
 	RestartPolicy       string          `json:"restart_policy"`
 	RestartCount        uint32          `json:"restart_count,omitempty"`
 	LastRestartAt       *time.Time      `json:"last_restart_at,omitempty"`
+	NextRestartAt       *time.Time      `json:"next_restart_at,omitempty"`
 	DataMounts          []DataMount     `json:"data_mounts,omitempty"`
 	BuildDigest         string          `json:"build_digest,omitempty"`
 	UpdateAvailable     bool            `json:"update_available,omitempty"`
@@ -190,6 +191,9 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 	av.Env = effectiveEnv(a)
 	av.UpdateAvailable = s.updateAvailable(a)
 	s.guestView(rec, &av)
+	if g := a.Guest; g != nil && rec.State == vm.StateStopped {
+		av.NextRestartAt = g.NextRestartAt // a boot since makes it stale
+	}
 	for i, d := range a.DataVolumes {
 		// DataVolumes runs parallel to the spec's volumes; one being hot
 		// attached is not mounted yet.

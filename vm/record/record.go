@@ -409,6 +409,10 @@ type AppVMGuest struct {
 	// RestartCount counts consecutive automatic restarts.
 	RestartCount  uint32     `json:"restart_count,omitempty"`
 	LastRestartAt *time.Time `json:"last_restart_at,omitempty"`
+	// NextRestartAt is when the restart policy boots the stopped AppVM
+	// again (set while its backoff waits): recorded, so that an agent
+	// restarted meanwhile still does it.
+	NextRestartAt *time.Time `json:"next_restart_at,omitempty"`
 }
 
 // GuestLease is the DHCP lease a guest agent reported.
