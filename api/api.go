@@ -179,6 +179,15 @@ var routeTable = []Route{
 	{"DELETE /api/images/cache/{digest}", true, (*Server).deleteImageCache},
 	{"POST /api/vms/{id}/balloon", true, setBalloon(vm.ModeVM)},
 	{"POST /api/appvm/vms/{id}/balloon", true, setBalloon(vm.ModeAppVM)},
+	// Volumes (api/volumes.go).
+	{"GET /api/volumes", false, (*Server).listVolumes},
+	{"GET /api/volumes/{id}", false, (*Server).getVolume},
+	{"POST /api/volumes", true, (*Server).createVolume},
+	{"DELETE /api/volumes/{id}", true, (*Server).deleteVolume},
+	{"POST /api/vms/{id}/volumes", true, attachVolume(vm.ModeVM)},
+	{"DELETE /api/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeVM)},
+	{"POST /api/appvm/vms/{id}/volumes", true, attachVolume(vm.ModeAppVM)},
+	{"DELETE /api/appvm/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeAppVM)},
 	// Observability (api/events.go, api/metrics.go).
 	{"GET /api/events", false, (*Server).streamEvents},
 	{"GET /metrics", false, (*Server).metrics},

@@ -73,9 +73,13 @@ func (s *Server) audited(rt Route, r *http.Request, key *auth.Key, w *auditWrite
 	if id == "" {
 		id = w.id
 	}
-	if strings.Contains(rt.Pattern, "/images") {
+	switch {
+	case strings.Contains(rt.Pattern, " /api/volumes"):
+		// A volume's id is neither a VM's nor an image's (audit.Entry has
+		// no field for it): Path names it.
+	case strings.Contains(rt.Pattern, "/images"):
 		e.ImageID = id
-	} else {
+	default:
 		e.VMID = id
 	}
 	if err := s.audit.Write(e); err != nil {

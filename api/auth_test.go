@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -37,6 +38,19 @@ func TestAuthMatrix(t *testing.T) {
 	}
 	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"app-fixture","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1}`); st != 201 {
 		t.Fatalf("fixture: %d %s", st, b)
+	}
+	// The volume routes' fixtures: a classic VM and a stopped AppVM, each
+	// with a VM-owned volume data0 to detach, and first-class volumes to
+	// read and to delete.
+	for _, c := range [][2]string{
+		{"/api/vms", fmt.Sprintf(`{"vm_id":"vol-fixture","vcpus":1,"memory_mb":512,"kernel_path":%q,"disk":{"base_path":%q},"volumes":[{"size_gib":1}]}`, h.e.Kernel, h.e.Base)},
+		{"/api/appvm/vms", `{"vm_id":"app-vol-fixture","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false,"data_volumes":[{"size_gib":1,"mountpoint":"/d"}]}`},
+		{"/api/volumes", `{"volume_id":"vol-a","size_gib":1}`},
+		{"/api/volumes", `{"volume_id":"vol-spare","size_gib":1}`},
+	} {
+		if st, _, b := h.do(t, "POST", c[0], h.rw, c[1]); st != 201 {
+			t.Fatalf("fixture %s: %d %s", c[0], st, b)
+		}
 	}
 	// A key allowed only a route that is not the one under test.
 	other, err := auth.Add(h.keysPath, "other", auth.ScopeReadWrite, []string{"GET /api/networks"})
@@ -76,6 +90,15 @@ func TestAuthMatrix(t *testing.T) {
 
 		"PATCH /api/appvm/vms/{id}/spec":    "/api/appvm/vms/app-fixture/spec",
 		"POST /api/appvm/vms/{id}/redeploy": "/api/appvm/vms/app-fixture/redeploy",
+
+		"GET /api/volumes":                         "/api/volumes",
+		"GET /api/volumes/{id}":                    "/api/volumes/vol-a",
+		"POST /api/volumes":                        "/api/volumes",
+		"DELETE /api/volumes/{id}":                 "/api/volumes/vol-spare",
+		"POST /api/vms/{id}/volumes":               "/api/vms/vol-fixture/volumes",
+		"DELETE /api/vms/{id}/volumes/{vol}":       "/api/vms/vol-fixture/volumes/data0",
+		"POST /api/appvm/vms/{id}/volumes":         "/api/appvm/vms/app-vol-fixture/volumes",
+		"DELETE /api/appvm/vms/{id}/volumes/{vol}": "/api/appvm/vms/app-vol-fixture/volumes/data0",
 
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
@@ -190,10 +213,18 @@ func TestAuthMatrix(t *testing.T) {
 					body = `{"id":"ok-image","path":"` + notAnImage + `"}`
 				case "PATCH /api/appvm/vms/{id}/spec":
 					body = `{"keepalive":true}`
+				case "POST /api/volumes":
+					body = `{"volume_id":"ok-vol","size_gib":1}`
+				case "POST /api/vms/{id}/volumes":
+					body = `{"volume_id":"vol-a"}`
+				case "POST /api/appvm/vms/{id}/volumes":
+					body = `{"size_gib":1,"mountpoint":"/extra"}`
 				}
 				st, _, b := h.do(t, method, path, tok, body)
 				h.apps.Wait() // a redeploy's background work, before the next case looks
-				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") {
+				_, mkfsErr := exec.LookPath("mkfs.ext4")
+				attach := strings.HasSuffix(rt.Pattern, "{id}/volumes") && (mkfsErr == nil || rt.Pattern == "POST /api/vms/{id}/volumes")
+				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") && !attach {
 					// Lifecycle actions: what follows auth depends on the
 					// fixture's state and the fake host (lifecycle_test.go).
 					if st == http.StatusUnauthorized || st == http.StatusForbidden {
@@ -209,6 +240,8 @@ func TestAuthMatrix(t *testing.T) {
 					want = http.StatusOK
 				case strings.HasSuffix(rt.Pattern, "/redeploy"):
 					want = http.StatusAccepted
+				case attach || strings.HasSuffix(rt.Pattern, "/volumes/{vol}"):
+					want = http.StatusOK // the VM's view
 				case method == http.MethodDelete:
 					want = http.StatusNoContent
 				case rt.Mutates:
