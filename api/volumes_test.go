@@ -413,14 +413,14 @@ func TestVolumeAppVM(t *testing.T) {
 	}
 	st, _, b := h.do(t, "POST", "/api/appvm/vms/a1/volumes", h.rw, `{"size_gib":1,"mountpoint":"/data"}`)
 	wantError(t, "a mountpoint in use", st, b, 400, CodeBadRequest, "mountpoint")
-	h.must(t, "POST", "/api/appvm/vms/a1/volumes", `{"size_gib":1,"mountpoint":"/scratch"}`, 200)
+	h.must(t, "POST", "/api/appvm/vms/a1/volumes", `{"size_gib":1,"mountpoint":"/scratch","readonly":true}`, 200)
 	// The AppVM view's GET agrees with the detach's answer.
 	b = h.must(t, "DELETE", "/api/appvm/vms/a1/volumes/data0", "", 200)
 	if got := h.must(t, "GET", "/api/appvm/vms/a1", "", 200); got != b {
 		t.Errorf("detach answered\n%s\nGET answers\n%s", b, got)
 	}
 	json.Unmarshal([]byte(b), &v)
-	if got := fmt.Sprint(v.AppVM.DataMounts); got != "[{/dev/vdb /srv/fs false} {/dev/vdc /scratch false}]" {
+	if got := fmt.Sprint(v.AppVM.DataMounts); got != "[{/dev/vdb /srv/fs false} {/dev/vdc /scratch true}]" {
 		t.Errorf("data_mounts after detaching data0 = %s", got)
 	}
 	if kept := decodeVolume(t, h.must(t, "GET", "/api/volumes/a1-data0", "", 200)); kept.Format != "ext4" || kept.AttachedTo != nil {
@@ -498,9 +498,10 @@ func TestVolumeEvents(t *testing.T) {
 	h.must(t, "POST", "/api/vms/ev/volumes", `{"volume_id":"evvol"}`, 200)
 	h.must(t, "POST", "/api/vms/ev/volumes", `{"size_gib":1}`, 200)
 	h.must(t, "DELETE", "/api/vms/ev/volumes/evvol", "", 200)
+	h.must(t, "DELETE", "/api/vms/ev/volumes/data1", "", 200)
 	var got []string
 	sc := bufio.NewScanner(resp.Body)
-	for len(got) < 3 && sc.Scan() {
+	for len(got) < 4 && sc.Scan() {
 		data, ok := strings.CutPrefix(sc.Text(), "data: ")
 		if !ok {
 			continue
@@ -517,7 +518,9 @@ func TestVolumeEvents(t *testing.T) {
 			got = append(got, fmt.Sprintf("%s %s %s %s %s", e.Type, e.VMID, e.Mode, e.VolumeID, e.Device))
 		}
 	}
-	want := "volume_attached ev vm evvol /dev/vdb\nvolume_attached ev vm data1 /dev/vdc\nvolume_detached ev vm evvol /dev/vdb"
+	// A detached VM-owned volume is named by the first-class volume it
+	// was kept as.
+	want := "volume_attached ev vm evvol /dev/vdb\nvolume_attached ev vm data1 /dev/vdc\nvolume_detached ev vm evvol /dev/vdb\nvolume_detached ev vm ev-data1 /dev/vdb"
 	if strings.Join(got, "\n") != want {
 		t.Errorf("volume events (%v):\n%s\nwant:\n%s", sc.Err(), strings.Join(got, "\n"), want)
 	}

@@ -197,10 +197,10 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 	for i, d := range a.DataVolumes {
 		// DataVolumes runs parallel to the spec's volumes; one being hot
 		// attached is not mounted yet.
-		if i < len(rec.Spec.Volumes) && rec.Spec.Volumes[i].Pending == vm.PendingAttach {
+		if i >= len(rec.Spec.Volumes) || rec.Spec.Volumes[i].Pending == vm.PendingAttach {
 			continue
 		}
-		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.VolumeDevice(rec, i), Mountpoint: d.Mountpoint})
+		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.VolumeDevice(rec, i), Mountpoint: d.Mountpoint, ReadOnly: rec.Spec.Volumes[i].Readonly})
 	}
 	v.AppVM = av
 	return v

@@ -13,6 +13,12 @@ import (
 // agent mounts it before the answer (vm.Service.AttachVolume does the
 // rest).
 func (s *Service) AttachVolume(ctx context.Context, id string, req vm.AttachRequest) (*vm.Record, error) {
+	if _, err := s.Get(id); err != nil {
+		return nil, err
+	}
+	if req.Mountpoint == "" {
+		return nil, bad("mountpoint", "required on an AppVM")
+	}
 	if err := checkMountpoint(req.Mountpoint); err != nil {
 		return nil, bad("mountpoint", "%s", err)
 	}

@@ -20,8 +20,9 @@ import (
 // Volumes (extensions.md §1): first-class volumes live in package volume;
 // which VM uses one is said only by that VM's record (VolumeSpec.VolumeID),
 // so the two cannot disagree. volMu serializes what reads that across all
-// records and then changes it: an attach's check and its reservation, a
-// volume's delete, a VM delete's hand-over of its volumes.
+// records and then changes it: an attach's check and its reservation, and
+// a volume's delete. (A VM's delete needs no part in it: removing the
+// record is what frees its first-class volumes.)
 
 // Limits of attach (extensions.md §1.2).
 const (
@@ -161,7 +162,7 @@ func (s *Service) GetVolume(id string) (*VolumeInfo, error) {
 func (s *Service) getVolume(id string) (volume.Volume, error) {
 	v, err := s.vols.Get(id)
 	if errors.Is(err, volume.ErrNotFound) {
-		return v, fmt.Errorf("no volume has id %q: %w", id, fs.ErrNotExist)
+		return v, notFound(fmt.Sprintf("no volume has id %q", id))
 	}
 	if err != nil {
 		return v, &HostError{Kind: HostStorage, Op: "reading volume " + id, Err: err}
@@ -407,7 +408,7 @@ func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (
 	}
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 {
-		return nil, fmt.Errorf("VM %q has no volume %q: %w", id, key, fs.ErrNotExist)
+		return nil, notFound(fmt.Sprintf("VM %q has no volume %q", id, key))
 	}
 	v := rec.Spec.Volumes[i]
 	switch {
@@ -457,6 +458,18 @@ func (s *Service) finishDetach(rec *Record, v VolumeSpec) (string, error) {
 			return "", err
 		}
 	}
+	if v.VolumeID == "" {
+		// First recorded as the first-class volume it now is, so the
+		// detach (the next write) names it, and a crash in between
+		// leaves a record that points at the kept file.
+		if _, err := s.reg.update(rec.ID, func(r *Record) {
+			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
+				r.Spec.Volumes[i].VolumeID = kept
+			}
+		}); err != nil {
+			return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
+		}
+	}
 	if _, err := s.reg.update(rec.ID, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
 		return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
 	}
@@ -502,6 +515,13 @@ func (s *Service) keepOwned(rec *Record, v VolumeSpec) (string, error) {
 	}
 	return "", &HostError{Kind: HostStorage, Op: "keeping detached volume " + v.ID + " of VM " + rec.ID, Err: errors.New("no free volume id")}
 }
+
+// notFound is a missing volume: errors.Is(err, fs.ErrNotExist) holds (the
+// API's 404), and the message is only what it says.
+type notFound string
+
+func (e notFound) Error() string        { return string(e) }
+func (e notFound) Is(target error) bool { return target == fs.ErrNotExist }
 
 func sameFile(a, b string) bool {
 	fa, err := os.Stat(a)

@@ -171,8 +171,11 @@ func (s *Store) Adopt(v Volume, src string) error {
 
 // Get reads volume id's metadata (ErrNotFound when there is none).
 func (s *Store) Get(id string) (Volume, error) {
+	if !validID(id) {
+		return Volume{}, fmt.Errorf("volume %s: %w", id, ErrNotFound)
+	}
 	data, err := os.ReadFile(s.metaPath(id))
-	if errors.Is(err, fs.ErrNotExist) || (err == nil && !validID(id)) {
+	if errors.Is(err, fs.ErrNotExist) {
 		return Volume{}, fmt.Errorf("volume %s: %w", id, ErrNotFound)
 	}
 	if err != nil {
@@ -233,6 +236,9 @@ func (s *Store) Delete(id string) error {
 }
 
 func (s *Store) exists(id string) bool {
+	if !validID(id) {
+		return false
+	}
 	_, err := os.Lstat(s.metaPath(id))
 	return err == nil
 }
