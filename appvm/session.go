@@ -107,6 +107,12 @@ type session struct {
 	// stale fires when no heartbeat came for the stale limit: one
 	// heartbeat_stale event per silence, re-armed by each heartbeat.
 	stale *time.Timer
+	// version is the protocol version of nc's guest (its Hello's V).
+	version int
+	// mountSeq numbers Mount and Unmount requests; mountWait holds the
+	// callers waiting for their MountResult, by Seq.
+	mountSeq  uint64
+	mountWait map[uint64]chan *proto.MountResult
 }
 
 func newGuests(s *Service, o Options) *guests {
@@ -246,6 +252,11 @@ func (ss *session) serve(c net.Conn) {
 		return
 	}
 	c.SetReadDeadline(time.Time{})
+	ss.mu.Lock()
+	if ss.nc == c {
+		ss.version = hello.V
+	}
+	ss.mu.Unlock()
 	rec, err := ss.g.s.vms.Get(vm.ModeAppVM, ss.id)
 	if err != nil {
 		return
@@ -261,6 +272,7 @@ func (ss *session) serve(c net.Conn) {
 		})
 	} else {
 		spec := GuestSpec(rec, ss.g.o.HeartbeatSecs)
+		spec.V = hello.V // the same Spec in every version so far
 		if err := conn.Send(spec); err != nil {
 			log.Warn("sending the spec to the guest agent", "err", err)
 			return
@@ -345,6 +357,14 @@ func (ss *session) handle(m proto.Message) {
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.Health, gst.HealthStreak = m.Status, uint32(m.Streak)
 		})
+	case *proto.MountResult:
+		ss.mu.Lock()
+		ch := ss.mountWait[m.Seq]
+		delete(ss.mountWait, m.Seq)
+		ss.mu.Unlock()
+		if ch != nil {
+			ch <- m
+		}
 	case *proto.Log:
 		ss.mu.Lock()
 		w := ss.logs

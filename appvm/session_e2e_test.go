@@ -847,3 +847,48 @@ func TestIntegrationRedeploy(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestIntegrationHotVolume attaches a new volume to a running AppVM over
+// the API: the simulated guest agent is asked to mount it (in process
+// mode it makes the mountpoint in its root) before the answer, which
+// lists it in data_mounts; the detach has it unmounted and drops it.
+func TestIntegrationHotVolume(t *testing.T) {
+	h := newHost(t)
+	h.image("hot", "exec sleep 600", nil)
+	id := h.create(baseCreate("hot"))
+	h.waitFor(id, "a heartbeat", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" && v.AppVM.LastHeartbeatAt != nil })
+	root := chsim.GuestRoot(h.vms.Layout().VsockSocket(id))
+
+	code, body := h.do("POST", "/api/appvm/vms/"+id+"/volumes", map[string]any{"size_gib": 1, "mountpoint": "/srv/hot"})
+	if code != http.StatusOK {
+		t.Fatalf("hot attach = %d %s", code, body)
+	}
+	var view struct {
+		AppVM struct {
+			DataMounts []appvm.DataMount `json:"data_mounts"`
+		} `json:"appvm"`
+		Volumes []struct {
+			Device string `json:"device"`
+		} `json:"volumes"`
+	}
+	if err := json.Unmarshal(body, &view); err != nil {
+		t.Fatal(err)
+	}
+	if len(view.AppVM.DataMounts) != 1 || view.AppVM.DataMounts[0].Mountpoint != "/srv/hot" || view.AppVM.DataMounts[0].Device != "/dev/vdb" {
+		t.Errorf("data_mounts after the hot attach: %+v", view.AppVM.DataMounts)
+	}
+	if fi, err := os.Stat(filepath.Join(root, "srv/hot")); err != nil || !fi.IsDir() {
+		t.Errorf("the guest agent made no mountpoint: %v", err)
+	}
+
+	code, body = h.do("DELETE", "/api/appvm/vms/"+id+"/volumes/data0", nil)
+	if code != http.StatusOK {
+		t.Fatalf("hot detach = %d %s", code, body)
+	}
+	if strings.Contains(string(body), "/srv/hot") {
+		t.Errorf("the detached volume is still in the view: %s", body)
+	}
+	if v := h.get(id); v.State != "running" {
+		t.Errorf("state after the detach: %s", v.raw)
+	}
+}

@@ -43,7 +43,12 @@ func GuestSpec(rec *vm.Record, heartbeatSecs int) *proto.Spec {
 		sp.Network = proto.Network{Mode: proto.NetworkDHCP}
 	}
 	for i, d := range a.DataVolumes {
-		sp.DataMounts = append(sp.DataMounts, proto.DataMount{Device: vm.DeviceName(1 + i), Mountpoint: d.Mountpoint})
+		// A volume whose attach is still pending is not on this boot's
+		// disks (recovery finishes the attach first).
+		if i >= len(rec.Spec.Volumes) || rec.Spec.Volumes[i].Pending == vm.PendingAttach {
+			continue
+		}
+		sp.DataMounts = append(sp.DataMounts, proto.DataMount{Device: vm.VolumeDevice(rec, i), Mountpoint: d.Mountpoint, ReadOnly: rec.Spec.Volumes[i].Readonly})
 	}
 	return sp
 }

@@ -3,7 +3,11 @@ package appvm
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
+	"time"
 
+	"vmhost/appvm/guest/proto"
 	"vmhost/vm"
 )
 
@@ -31,14 +35,109 @@ func (s *Service) DetachVolume(ctx context.Context, id, key string) (*vm.Record,
 	return s.vms.DetachVolume(ctx, vm.ModeAppVM, id, key)
 }
 
-// MountVolume has the guest agent mount hot-plugged volume key
-// (engine.AppVMHooks).
+// MountTimeout bounds the wait for the guest agent's answer to a Mount or
+// an Unmount: the guest waits up to 10 s for a hot-plugged disk to probe.
+var MountTimeout = 30 * time.Second
+
+// MountVolume has the guest agent mount hot-plugged volume key at its
+// mountpoint (engine.AppVMHooks).
 func (h hooks) MountVolume(ctx context.Context, rec *vm.Record, key, bdf string) error {
-	return errors.New("TODO guest mount")
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 || i >= len(rec.AppVM.DataVolumes) {
+		return fmt.Errorf("mounting volume %s of AppVM %q: not in its record", key, rec.ID)
+	}
+	mp := rec.AppVM.DataVolumes[i].Mountpoint
+	res, err := h.s.guests.volumeRequest(ctx, rec.ID, "mount "+mp, func(seq uint64) proto.Message {
+		return &proto.Mount{Seq: seq, BDF: bdf, Mountpoint: mp, ReadOnly: rec.Spec.Volumes[i].Readonly}
+	})
+	if err != nil {
+		return err
+	}
+	if res.Error != "" {
+		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("mounting volume %s at %s in AppVM %q", key, mp, rec.ID), Err: errors.New(res.Error)}
+	}
+	return nil
 }
 
 // UnmountVolume has the guest agent unmount volume key before a hot
-// detach (engine.AppVMHooks).
+// detach (engine.AppVMHooks): a file system in use is a *vm.StateError
+// naming the mountpoint.
 func (h hooks) UnmountVolume(ctx context.Context, rec *vm.Record, key string) error {
-	return errors.New("TODO guest unmount")
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 || i >= len(rec.AppVM.DataVolumes) {
+		return fmt.Errorf("unmounting volume %s of AppVM %q: not in its record", key, rec.ID)
+	}
+	mp := rec.AppVM.DataVolumes[i].Mountpoint
+	res, err := h.s.guests.volumeRequest(ctx, rec.ID, "unmount "+mp, func(seq uint64) proto.Message {
+		return &proto.Unmount{Seq: seq, Mountpoint: mp}
+	})
+	if err != nil {
+		return err
+	}
+	if res.Busy {
+		return &vm.StateError{Msg: fmt.Sprintf("mountpoint %s of AppVM %q is busy in the guest (%s); the volume stays attached: stop what uses it and retry", mp, rec.ID, res.Error)}
+	}
+	if res.Error != "" {
+		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("unmounting volume %s from %s in AppVM %q", key, mp, rec.ID), Err: errors.New(res.Error)}
+	}
+	return nil
+}
+
+// volumeRequest sends the Mount or Unmount that build makes (given its
+// Seq) to the guest agent of AppVM id and waits for its MountResult. A
+// guest that is not connected, or whose protocol predates the two
+// messages, is a *vm.StateError: nothing was asked of it.
+func (g *guests) volumeRequest(ctx context.Context, id, what string, build func(seq uint64) proto.Message) (*proto.MountResult, error) {
+	ss := g.get(id)
+	var (
+		nc      net.Conn
+		served  chan struct{}
+		version int
+	)
+	if ss != nil {
+		ss.mu.Lock()
+		nc, served, version = ss.nc, ss.served, ss.version
+		ss.mu.Unlock()
+	}
+	if nc == nil {
+		return nil, &vm.StateError{Msg: fmt.Sprintf("the guest agent of AppVM %q is not connected, so it cannot %s; retry once its heartbeat is back, or stop the AppVM and change its volumes then", id, what)}
+	}
+	if version < proto.MountVersion {
+		return nil, &vm.StateError{Msg: fmt.Sprintf("the guest agent of AppVM %q speaks protocol version %d, which cannot %s while it runs (version %d can); restart the AppVM to boot the current agent, or stop it and change its volumes then", id, version, what, proto.MountVersion)}
+	}
+	ch := make(chan *proto.MountResult, 1)
+	ss.mu.Lock()
+	ss.mountSeq++
+	seq := ss.mountSeq
+	if ss.mountWait == nil {
+		ss.mountWait = map[uint64]chan *proto.MountResult{}
+	}
+	ss.mountWait[seq] = ch
+	ss.mu.Unlock()
+	defer func() {
+		ss.mu.Lock()
+		delete(ss.mountWait, seq)
+		ss.mu.Unlock()
+	}()
+	fail := func(err error) error {
+		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("asking the guest agent of AppVM %q to %s", id, what), Err: err}
+	}
+	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	err := proto.NewConn(nc).Send(build(seq))
+	nc.SetWriteDeadline(time.Time{})
+	if err != nil {
+		return nil, fail(err)
+	}
+	t := time.NewTimer(MountTimeout)
+	defer t.Stop()
+	select {
+	case res := <-ch:
+		return res, nil
+	case <-served:
+		return nil, fail(errors.New("the connection ended before its answer"))
+	case <-t.C:
+		return nil, fail(fmt.Errorf("no answer within %s", MountTimeout))
+	case <-ctx.Done():
+		return nil, fail(ctx.Err())
+	}
 }

@@ -58,6 +58,7 @@ type options struct {
 
 	rootDevice, rootFSType string
 	deviceWait             time.Duration
+	sysfs                  string
 }
 
 // Main runs the agent with args (without the program name and subcommand)
@@ -78,7 +79,8 @@ func Main(args []string) int {
 	fl.DurationVar(&o.dialWait, "dial-timeout", 30*time.Second, "how long to keep dialing the host")
 	fl.StringVar(&o.rootDevice, "root-device", "", "VM mode: root disk device, over vmhost.root= (tests)")
 	fl.StringVar(&o.rootFSType, "root-fstype", "", "VM mode: root disk filesystem, over vmhost.rootfstype= (tests)")
-	fl.DurationVar(&o.deviceWait, "device-wait", defaultDeviceWait, "VM mode: how long to wait for each disk and the network interface to appear")
+	fl.StringVar(&o.sysfs, "sysfs", "/sys", "process mode with --mounts: where to find hot-plugged disks by PCI address (tests)")
+	fl.DurationVar(&o.deviceWait, "device-wait", defaultDeviceWait, "how long to wait for each disk and the network interface to appear")
 	if pid1 {
 		fl.SetOutput(io.Discard)
 	}
@@ -101,9 +103,9 @@ func Main(args []string) int {
 			fmt.Fprintln(os.Stderr, "guest: process mode needs --root")
 			return 2
 		}
-		sys = &processSystem{mounts: o.mounts, network: o.network, log: log}
+		sys = &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
 	}
-	a := &agent{opts: o, sys: sys, log: log}
+	a := &agent{opts: o, sys: sys, log: log, mounts: dataMounts{byPoint: map[string]string{}}}
 	err := a.run()
 	if err != nil {
 		log.Error("agent failed", "err", err)
@@ -155,6 +157,9 @@ type agent struct {
 	// done ends reconnect attempts when the agent finishes.
 	done  chan struct{}
 	stops chan *proto.Stop
+	// mmu serializes mounts and unmounts of data volumes.
+	mmu    sync.Mutex
+	mounts dataMounts
 	// dialVsock replaces the AF_VSOCK dial in tests; nil dials for real.
 	dialVsock func(port uint32) (net.Conn, error)
 	state     struct {
@@ -401,7 +406,8 @@ func (a *agent) dialOnce() (net.Conn, error) {
 }
 
 // receive reads host messages from conn after the Spec: Stop goes to
-// a.stops; an error marks the connection lost.
+// a.stops, Mount and Unmount are carried out beside the workload; an
+// error marks the connection lost.
 func (a *agent) receive(conn *proto.Conn) {
 	for {
 		m, err := conn.Recv()
@@ -417,6 +423,10 @@ func (a *agent) receive(conn *proto.Conn) {
 			case a.stops <- m:
 			default:
 			}
+		case *proto.Mount:
+			go a.hotMount(m)
+		case *proto.Unmount:
+			go a.hotUnmount(m)
 		default:
 			a.log.Warn("ignoring unexpected message from the host", "type", m.Type())
 		}
@@ -501,7 +511,13 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := a.sys.mountData(d.Device, target, d.ReadOnly); err != nil {
+		a.mmu.Lock()
+		err = a.sys.mountData(d.Device, target, d.ReadOnly)
+		if err == nil {
+			a.mounts.byPoint[d.Mountpoint] = d.Device
+		}
+		a.mmu.Unlock()
+		if err != nil {
 			return nil, fmt.Errorf("mounting %s at %s: %w", d.Device, d.Mountpoint, err)
 		}
 	}

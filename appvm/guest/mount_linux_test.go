@@ -5,8 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"vmhost/appvm/guest/proto"
 )
@@ -160,5 +163,155 @@ func TestIntegrationSecretFileOnTmpfs(t *testing.T) {
 	h.waitAgent()
 	if _, err := os.Lstat(filepath.Join(root, "run/secrets/key")); !os.IsNotExist(err) {
 		t.Errorf("the secret file reached the root below the tmpfs (%v)", err)
+	}
+}
+
+// TestIntegrationHotMount drives Mount and Unmount against a loop device
+// standing in for a hot-plugged virtio disk (a sysfs tree of the test's
+// maps its PCI address to it): the mount appears while the workload runs,
+// a retried Mount succeeds, a busy unmount answers busy and keeps the
+// mount, and once the workload lets go the unmount succeeds and what it
+// wrote is on the volume.
+func TestIntegrationHotMount(t *testing.T) {
+	requireRoot(t)
+	for _, tool := range []string{"unshare", "mkfs.ext4", "losetup", "debugfs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	dir := t.TempDir()
+	img := filepath.Join(dir, "vol.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "mkfs.ext4", "-q", "-F", img)
+	dev := attachLoop(t, img)
+	const bdf = "0000:01:00.0"
+	sysfs := filepath.Join(dir, "sys")
+	if err := os.MkdirAll(filepath.Join(sysfs, "bus/pci/devices", bdf, "virtio3/block", filepath.Base(dev)), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	root := t.TempDir()
+	// The workload waits for the volume, writes to it, then holds it busy
+	// (its working directory) until killed.
+	script := fmt.Sprintf(`until [ -d %[1]s/hot/lost+found ]; do sleep 0.05; done; echo hot-data > %[1]s/hot/file; cd %[1]s/hot && echo holding && exec sleep 60`, root)
+	h := startAgent(t, &proto.Spec{Command: sh(script), Keepalive: true},
+		agentOpts{root: root, args: []string{"--mounts", "--sysfs", sysfs, "--device-wait", "300ms"}, wrap: privateMountNS})
+	agentMounts := func() string {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/mounts", h.cmd.Process.Pid))
+		var lines []string
+		for _, l := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(l); len(f) > 3 && strings.HasPrefix(f[1], root+"/") {
+				lines = append(lines, strings.TrimPrefix(f[1], root)+" "+f[0]+" "+strings.Split(f[3], ",")[0])
+			}
+		}
+		return strings.Join(lines, "\n")
+	}
+
+	h.send(&proto.Mount{Seq: 1, BDF: bdf, Mountpoint: "/hot"})
+	if r := h.mountResult(1); r.Error != "" {
+		t.Fatalf("mount: %+v", r)
+	}
+	if got, want := agentMounts(), "/hot "+dev+" rw"; got != want {
+		t.Errorf("mounts after Mount: %q, want %q", got, want)
+	}
+	h.send(&proto.Mount{Seq: 2, BDF: bdf, Mountpoint: "/hot"})
+	if r := h.mountResult(2); r.Error != "" {
+		t.Errorf("retried mount: %+v, want success", r)
+	}
+	h.send(&proto.Mount{Seq: 3, BDF: "0000:02:00.0", Mountpoint: "/other"})
+	if r := h.mountResult(3); !strings.Contains(r.Error, "no virtio block device at PCI address 0000:02:00.0") || r.Busy {
+		t.Errorf("mount of a missing device: %+v", r)
+	}
+	// Messages skipped while waiting for results are in h.messages().
+	pid := 0
+	h.eventually("the workload holding the volume", func(all []proto.Message) bool {
+		var out strings.Builder
+		for _, m := range all {
+			switch m := m.(type) {
+			case *proto.Started:
+				pid = m.PID
+			case *proto.Log:
+				out.Write(m.Data)
+			}
+		}
+		return pid != 0 && strings.Contains(out.String(), "holding")
+	})
+
+	h.send(&proto.Unmount{Seq: 4, Mountpoint: "/hot"})
+	if r := h.mountResult(4); !r.Busy || !strings.Contains(r.Error, "unmounting /hot") {
+		t.Errorf("unmount of a busy volume: %+v, want busy", r)
+	}
+	if got := agentMounts(); !strings.Contains(got, "/hot ") {
+		t.Errorf("a busy unmount took the mount away: %q", got)
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	h.eventually("the workload's exit", func(all []proto.Message) bool {
+		return slices.ContainsFunc(all, func(m proto.Message) bool { _, ok := m.(*proto.Exit); return ok })
+	})
+	h.send(&proto.Unmount{Seq: 5, Mountpoint: "/hot"})
+	if r := h.mountResult(5); r.Error != "" {
+		t.Errorf("unmount after the workload let go: %+v", r)
+	}
+	if got := agentMounts(); got != "" {
+		t.Errorf("mounts after Unmount: %q, want none", got)
+	}
+	h.send(&proto.Unmount{Seq: 6, Mountpoint: "/hot"})
+	if r := h.mountResult(6); r.Error != "" {
+		t.Errorf("retried unmount: %+v, want success", r)
+	}
+	if got := run(t, "debugfs", "-R", "cat /file", img); !strings.Contains(got, "hot-data") {
+		t.Errorf("volume content: %q", got)
+	}
+}
+
+// TestHotMountProcessMode checks the simulator's case: without --mounts
+// the agent creates the mountpoint in the root and answers success.
+func TestHotMountProcessMode(t *testing.T) {
+	root := t.TempDir()
+	h := startAgent(t, &proto.Spec{Command: sh("exec sleep 60"), Keepalive: true}, agentOpts{root: root})
+	h.send(&proto.Mount{Seq: 7, BDF: "0000:00:0a.0", Mountpoint: "/srv/data", ReadOnly: true})
+	if r := h.mountResult(7); r.Error != "" {
+		t.Fatalf("mount: %+v", r)
+	}
+	if fi, err := os.Stat(filepath.Join(root, "srv/data")); err != nil || !fi.IsDir() {
+		t.Errorf("mountpoint in the root: %v", err)
+	}
+	h.send(&proto.Unmount{Seq: 8, Mountpoint: "/srv/data"})
+	if r := h.mountResult(8); r.Error != "" {
+		t.Errorf("unmount: %+v", r)
+	}
+}
+
+func (h *fakeHost) send(m proto.Message) {
+	h.t.Helper()
+	if err := h.conn.Send(m); err != nil {
+		h.t.Fatalf("sending %s: %v", m.Type(), err)
+	}
+}
+
+// mountResult skips messages until the MountResult with seq.
+func (h *fakeHost) mountResult(seq uint64) *proto.MountResult {
+	h.t.Helper()
+	for {
+		if r, ok := h.next().(*proto.MountResult); ok && r.Seq == seq {
+			return r
+		}
+	}
+}
+
+// eventually waits up to 10 s for ok to hold of every message received so far.
+func (h *fakeHost) eventually(what string, ok func([]proto.Message) bool) {
+	h.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !ok(h.messages()) {
+		if time.Now().After(deadline) {
+			h.t.Fatalf("no %s within 10s; agent stderr:\n%s", what, h.stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

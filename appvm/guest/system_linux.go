@@ -35,6 +35,11 @@ type system interface {
 	setHostname(name string) error
 	mountTmpfs(target string, t proto.TmpfsMount) error
 	mountData(device, target string, readOnly bool) error
+	// blockDevice finds the disk at a PCI address (a hot-plugged volume);
+	// process mode without mounts has none and answers "".
+	blockDevice(bdf string) (string, error)
+	// unmountData unmounts a data volume (EBUSY while in use).
+	unmountData(target string) error
 	// prepareRoot readies the workload root (VM: /proc, /sys, /dev inside it).
 	prepareRoot(root string) error
 	// poweroff ends the guest: VM mode never returns; process mode kills
@@ -74,7 +79,11 @@ func mountData(device, target string, readOnly bool) error {
 // processSystem is process mode.
 type processSystem struct {
 	mounts, network bool
-	log             *slog.Logger
+	// sysfs is where blockDevice looks up PCI addresses (tests point it
+	// at a tree of their own).
+	sysfs      string
+	deviceWait time.Duration
+	log        *slog.Logger
 }
 
 func (s *processSystem) prepare() error {
@@ -107,6 +116,20 @@ func (s *processSystem) mountData(device, target string, readOnly bool) error {
 		return nil
 	}
 	return mountData(device, target, readOnly)
+}
+
+func (s *processSystem) blockDevice(bdf string) (string, error) {
+	if !s.mounts {
+		return "", nil
+	}
+	return pciBlockDevice(s.sysfs, bdf, s.deviceWait)
+}
+
+func (s *processSystem) unmountData(target string) error {
+	if !s.mounts {
+		return nil
+	}
+	return unmountData(target)
 }
 
 func (s *processSystem) prepareRoot(string) error { return nil }
@@ -292,6 +315,23 @@ func (s *vmSystem) mountData(device, target string, readOnly bool) error {
 		return err
 	}
 	s.mounted = append(s.mounted, target)
+	return nil
+}
+
+func (s *vmSystem) blockDevice(bdf string) (string, error) {
+	return pciBlockDevice("/sys", bdf, s.deviceWait)
+}
+
+func (s *vmSystem) unmountData(target string) error {
+	if err := unmountData(target); err != nil {
+		return err
+	}
+	for i, m := range s.mounted {
+		if m == target {
+			s.mounted = append(s.mounted[:i], s.mounted[i+1:]...)
+			break
+		}
+	}
 	return nil
 }
 

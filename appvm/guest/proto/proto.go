@@ -21,10 +21,15 @@
 // carry V = [Version]. Decoding is strict: an unknown message type, an unknown
 // field, trailing data or a missing body is an error. Any change to a message
 // therefore bumps Version, and a host that sees an older Hello sends what that
-// version understands. After the Spec the guest sends [Heartbeat], [Lease],
-// [Started], [Health], [Log], [Exit] and [Fatal] as things happen; the host may
-// send [Stop]. When the connection breaks (a host agent restart), the guest
-// redials and sends a Hello with Resume set instead of expecting a Spec.
+// version understands (the Spec with the guest's V). After the Spec the guest
+// sends [Heartbeat], [Lease], [Started], [Health], [Log], [Exit] and [Fatal] as
+// things happen; the host may send [Stop], and from version 2 on [Mount] and
+// [Unmount], each answered by one [MountResult] with the same Seq. When the
+// connection breaks (a host agent restart), the guest redials and sends a
+// Hello with Resume set instead of expecting a Spec.
+//
+// Version history: 1, the first; 2 adds Mount, Unmount and MountResult (a
+// volume hot-plugged into or out of a running AppVM).
 //
 // # Host side
 //
@@ -33,8 +38,9 @@
 // nothing and take the replayed state. Then Recv until EOF: the first
 // Heartbeat is the guest's sign of life; Exit and Fatal describe the
 // workload's end; the guest powers off afterwards unless Spec.Keepalive.
-// Send Stop for a graceful shutdown: the guest does not watch the ACPI power
-// button.
+// Send Stop for a graceful shutdown. Send Mount after hot-plugging a volume
+// and Unmount before unplugging one, and wait for the MountResult; a guest
+// whose Hello says V 1 knows neither.
 //
 // # Secrets
 //
@@ -58,8 +64,15 @@ import (
 	"time"
 )
 
-// Version is the protocol version carried by Hello and Spec.
-const Version = 1
+// Version is the protocol version carried by Hello and Spec: the newest
+// this package speaks. Versions from [MinVersion] on are accepted.
+const Version = 2
+
+// MinVersion is the oldest version either side still accepts.
+const MinVersion = 1
+
+// MountVersion is the first version with Mount, Unmount and MountResult.
+const MountVersion = 2
 
 // Port is the vsock port the guest dials on the host (CID 2).
 const Port = 1024
@@ -234,6 +247,34 @@ type DataMount struct {
 	ReadOnly   bool   `json:"read_only,omitempty"`
 }
 
+// Mount asks the guest to mount the ext4 volume of the virtio-blk device
+// at PCI address BDF (as Cloud Hypervisor reported it on hot-plug) at
+// Mountpoint inside the workload root. The guest waits for the device to
+// appear. A Mount of a mountpoint that already holds that device succeeds
+// (a host retrying after a restart).
+type Mount struct {
+	Seq        uint64 `json:"seq"`
+	BDF        string `json:"bdf"`
+	Mountpoint string `json:"mountpoint"`
+	ReadOnly   bool   `json:"read_only,omitempty"`
+}
+
+// Unmount asks the guest to unmount Mountpoint (a data volume about to be
+// unplugged). A mountpoint that holds nothing succeeds.
+type Unmount struct {
+	Seq        uint64 `json:"seq"`
+	Mountpoint string `json:"mountpoint"`
+}
+
+// MountResult answers the Mount or Unmount with the same Seq: Error is
+// empty on success; Busy reports an unmount refused because the file
+// system is in use (EBUSY), with the mount left in place.
+type MountResult struct {
+	Seq   uint64 `json:"seq"`
+	Error string `json:"error,omitempty"`
+	Busy  bool   `json:"busy,omitempty"`
+}
+
 // Health-check types.
 const (
 	CheckExec = "exec"
@@ -340,6 +381,15 @@ func (*Spec) Type() string { return "spec" }
 // Type returns "stop".
 func (*Stop) Type() string { return "stop" }
 
+// Type returns "mount".
+func (*Mount) Type() string { return "mount" }
+
+// Type returns "unmount".
+func (*Unmount) Type() string { return "unmount" }
+
+// Type returns "mount_result".
+func (*MountResult) Type() string { return "mount_result" }
+
 // Type returns "heartbeat".
 func (*Heartbeat) Type() string { return "heartbeat" }
 
@@ -370,6 +420,12 @@ func newMessage(typ string) Message {
 		return new(Spec)
 	case "stop":
 		return new(Stop)
+	case "mount":
+		return new(Mount)
+	case "unmount":
+		return new(Unmount)
+	case "mount_result":
+		return new(MountResult)
 	case "heartbeat":
 		return new(Heartbeat)
 	case "lease":
@@ -390,16 +446,16 @@ func newMessage(typ string) Message {
 
 // Validate checks the version.
 func (m *Hello) Validate() error {
-	if m.V != Version {
-		return fmt.Errorf("hello: version %d, want %d", m.V, Version)
+	if m.V < MinVersion || m.V > Version {
+		return fmt.Errorf("hello: version %d, want %d to %d", m.V, MinVersion, Version)
 	}
 	return nil
 }
 
 // Validate checks the version and the enums, addresses and paths.
 func (m *Spec) Validate() error {
-	if m.V != Version {
-		return fmt.Errorf("spec: version %d, want %d", m.V, Version)
+	if m.V < MinVersion || m.V > Version {
+		return fmt.Errorf("spec: version %d, want %d to %d", m.V, MinVersion, Version)
 	}
 	if len(m.Entrypoint)+len(m.Command) == 0 {
 		return errors.New("spec: empty command")
@@ -434,22 +490,22 @@ func (m *Spec) Validate() error {
 	}
 	for _, f := range m.ConfigFiles {
 		if err := checkPath("config_files", f.Path); err != nil {
-			return err
+			return fmt.Errorf("spec: %w", err)
 		}
 	}
 	for _, f := range m.SecretFiles {
 		if err := checkPath("secret_files", f.Path); err != nil {
-			return err
+			return fmt.Errorf("spec: %w", err)
 		}
 	}
 	for _, t := range m.TmpfsMounts {
 		if err := checkPath("tmpfs_mounts", t.Path); err != nil {
-			return err
+			return fmt.Errorf("spec: %w", err)
 		}
 	}
 	for _, d := range m.DataMounts {
 		if err := checkPath("data_mounts", d.Mountpoint); err != nil {
-			return err
+			return fmt.Errorf("spec: %w", err)
 		}
 	}
 	if h := m.Healthcheck; h != nil {
@@ -511,7 +567,7 @@ func ValidEnvKey(k string) bool {
 // checkPath accepts absolute, clean paths other than /.
 func checkPath(field, p string) error {
 	if len(p) < 2 || p[0] != '/' || p[len(p)-1] == '/' {
-		return fmt.Errorf("spec: %s path %q is not an absolute file path", field, p)
+		return fmt.Errorf("%s path %q is not an absolute file path", field, p)
 	}
 	for i := 0; i < len(p); {
 		j := i + 1
@@ -520,13 +576,13 @@ func checkPath(field, p string) error {
 		}
 		seg := p[i+1 : j]
 		if seg == "" || seg == "." || seg == ".." {
-			return fmt.Errorf("spec: %s path %q has an empty, . or .. segment", field, p)
+			return fmt.Errorf("%s path %q has an empty, . or .. segment", field, p)
 		}
 		i = j
 	}
 	for _, c := range []byte(p) {
 		if c < 0x20 || c == 0x7f {
-			return fmt.Errorf("spec: %s path %q has a control character", field, p)
+			return fmt.Errorf("%s path %q has a control character", field, p)
 		}
 	}
 	return nil
@@ -538,6 +594,51 @@ func (m *Stop) Validate() error {
 		return errors.New("stop: negative grace_secs")
 	}
 	return nil
+}
+
+// Validate checks the PCI address and the mountpoint.
+func (m *Mount) Validate() error {
+	if !ValidBDF(m.BDF) {
+		return fmt.Errorf("mount: %q is not a PCI address (DDDD:BB:SS.F)", m.BDF)
+	}
+	if err := checkPath("mount", m.Mountpoint); err != nil {
+		return fmt.Errorf("mount: %w", err)
+	}
+	return nil
+}
+
+// Validate checks the mountpoint.
+func (m *Unmount) Validate() error {
+	if err := checkPath("unmount", m.Mountpoint); err != nil {
+		return fmt.Errorf("unmount: %w", err)
+	}
+	return nil
+}
+
+// Validate checks that only a failure is busy.
+func (m *MountResult) Validate() error {
+	if m.Busy && m.Error == "" {
+		return errors.New("mount_result: busy without an error")
+	}
+	return nil
+}
+
+// ValidBDF reports whether s is a PCI address in sysfs form,
+// "0000:00:05.0": four, two and two lowercase hex digits, and a function
+// 0 to 7. The guest builds a sysfs path from it, so nothing else may pass.
+func ValidBDF(s string) bool {
+	if len(s) != 12 || s[4] != ':' || s[7] != ':' || s[10] != '.' || s[11] < '0' || s[11] > '7' {
+		return false
+	}
+	for i, c := range []byte(s[:10]) {
+		if i == 4 || i == 7 {
+			continue
+		}
+		if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // Validate accepts any heartbeat.

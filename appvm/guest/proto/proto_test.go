@@ -51,6 +51,11 @@ func samples() []Message {
 		&Fatal{Message: "exec: \"nope\": not found"},
 		&Health{Status: HealthUnhealthy, Streak: 3, Output: "down"},
 		&Log{Stream: Stderr, Data: []byte{0xff, 0, '\n'}, Seq: 1},
+		&Hello{V: MinVersion, AgentVersion: "old", BootID: "b0"},
+		&Mount{Seq: 1, BDF: "0000:01:00.0", Mountpoint: "/data", ReadOnly: true},
+		&Unmount{Seq: 2, Mountpoint: "/data"},
+		&MountResult{Seq: 2, Error: "unmounting /data: device or resource busy", Busy: true},
+		&MountResult{Seq: 1},
 	}
 }
 
@@ -141,7 +146,13 @@ func TestRecvErrors(t *testing.T) {
 		{"null body", frame(`{"type":"started","body":null}`), "missing body"},
 		{"trailing data", frame(`{"type":"started","body":{"pid":1}} {}`), "trailing"},
 		{"wrong type", frame(`{"type":"started","body":{"pid":"1"}}`), "cannot unmarshal"},
-		{"bad version", frame(`{"type":"hello","body":{"v":2,"agent_version":"","boot_id":""}}`), "version 2"},
+		{"newer version", frame(`{"type":"hello","body":{"v":3,"agent_version":"","boot_id":""}}`), "version 3"},
+		{"no version", frame(`{"type":"hello","body":{"v":0,"agent_version":"","boot_id":""}}`), "version 0"},
+		{"mount bad bdf", frame(`{"type":"mount","body":{"seq":1,"bdf":"../../x","mountpoint":"/data"}}`), "not a PCI address"},
+		{"mount uppercase bdf", frame(`{"type":"mount","body":{"seq":1,"bdf":"0000:00:0A.0","mountpoint":"/data"}}`), "not a PCI address"},
+		{"mount relative", frame(`{"type":"mount","body":{"seq":1,"bdf":"0000:00:0a.0","mountpoint":"data"}}`), "not an absolute"},
+		{"unmount dotdot", frame(`{"type":"unmount","body":{"seq":1,"mountpoint":"/a/../etc"}}`), ".. segment"},
+		{"busy without error", frame(`{"type":"mount_result","body":{"seq":1,"busy":true}}`), "busy without"},
 		{"exit both", frame(`{"type":"exit","body":{"code":1,"signal":9}}`), "exactly one"},
 		{"exit none", frame(`{"type":"exit","body":{}}`), "exactly one"},
 		{"bad stream", frame(`{"type":"log","body":{"stream":"stdin","data":"","seq":1}}`), "unknown stream"},
