@@ -74,8 +74,9 @@ var AgentModules = []string{"virtio_pci", "virtio_blk", "virtio_net", "ext4", "v
 
 // agentOptionalModules are added when the module tree has them:
 // crc32c_generic, which ext4 asks for through the crypto API for its
-// metadata checksums and which a guest without modprobe cannot autoload.
-var agentOptionalModules = []string{"crc32c_generic"}
+// metadata checksums and which a guest without modprobe cannot autoload;
+// button and evdev, through which the agent sees the ACPI power button.
+var agentOptionalModules = []string{"crc32c_generic", "button", "evdev"}
 
 // initramfsBuild builds the guest-agent initramfs. The archive is named by
 // a digest of what it holds (the vmhost binary and the module set), so a

@@ -346,6 +346,7 @@ func (ss *session) handle(m proto.Message) {
 		failed := m.Code == nil || *m.Code != 0
 		ss.g.log.Info("workload exited", "id", ss.id, "code", m.Code, "signal", m.Signal)
 		ss.workloadEnded(failed)
+		ss.ackEnd()
 	case *proto.Fatal:
 		ss.flushLogs()
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
@@ -353,6 +354,7 @@ func (ss *session) handle(m proto.Message) {
 		})
 		ss.g.log.Warn("workload could not start", "id", ss.id, "fatal", m.Message)
 		ss.workloadEnded(true)
+		ss.ackEnd()
 	case *proto.Health:
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.Health, gst.HealthStreak = m.Status, uint32(m.Streak)
@@ -374,6 +376,22 @@ func (ss *session) handle(m proto.Message) {
 				ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 			}
 		}
+	}
+}
+
+// ackEnd tells the guest that its workload's end is recorded, so that it
+// may power off (a version 1 guest does so unasked).
+func (ss *session) ackEnd() {
+	ss.mu.Lock()
+	nc, version := ss.nc, ss.version
+	ss.mu.Unlock()
+	if nc == nil || version < proto.MountVersion {
+		return
+	}
+	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	defer nc.SetWriteDeadline(time.Time{})
+	if err := proto.NewConn(nc).Send(&proto.ExitAck{}); err != nil {
+		ss.g.log.Warn("acknowledging the workload's end to the guest agent", "id", ss.id, "err", err)
 	}
 }
 

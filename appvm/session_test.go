@@ -16,7 +16,8 @@ import (
 // TestSessionProtocol plays the guest agent's side against the host end:
 // a connection that does not start with Hello gets nothing; Hello gets the
 // Spec with the secret; heartbeats, lease, health, logs (secret scrubbed)
-// and the exit land in the record and the view; a resumed connection gets
+// and the exit land in the record and the view, and the exit is
+// acknowledged; a resumed connection gets
 // no Spec and carries the stop.
 func TestSessionProtocol(t *testing.T) {
 	_, vms, apps := newEnv(t)
@@ -92,6 +93,11 @@ func TestSessionProtocol(t *testing.T) {
 			t.Fatalf("exit not recorded: %+v", rec.AppVM.Guest)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	if m, err := conn.Recv(); err != nil {
+		t.Fatalf("no acknowledgement of the exit: %v", err)
+	} else if _, ok := m.(*proto.ExitAck); !ok {
+		t.Fatalf("host sent %s after the exit, want exit_ack", m.Type())
 	}
 	v := apps.View(rec, vm.ViewOptions{}).AppVM
 	if v.Lease == nil || v.Lease.IP != "10.0.0.9" || v.Lease.LeaseSecs != 600 || v.Lease.ReportedAt.IsZero() ||

@@ -241,3 +241,44 @@ func TestAppVMSurvivesAgentRestart(t *testing.T) {
 		t.Errorf("after shutdown over the resumed session: %s", v.raw)
 	}
 }
+
+// TestAppVMExitWhileAgentDown: a workload that fails while the agent is
+// down (killed) is not lost with the VM: the guest keeps its exit until the
+// next agent acknowledges it (replayed on resume), and only then powers
+// off, so restart_policy on-failure boots it again.
+func TestAppVMExitWhileAgentDown(t *testing.T) {
+	gate := filepath.Join(t.TempDir(), "fail-now")
+	s := startAppVMServer(t, map[string]string{"late": "while ! test -f " + gate + "; do sleep 0.05; done; rm -f " + gate + "; exit 3"})
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"late","image_id":"late","vcpus":1,"memory_mb":128,"disk_gib":1,`+
+		`"ip":"10.80.0.8","prefix":24,"gateway":"10.80.0.1","restart_policy":"on-failure"}`); st != http.StatusCreated {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	s.appvmWait("late", "a heartbeat", 30*time.Second, func(v appvmView) bool {
+		return v.DisplayState == "running" && v.AppVM.LastHeartbeatAt != nil
+	})
+	s.kill()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// The workload exits now, with no agent to tell.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := os.Stat(gate); os.IsNotExist(err) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the workload did not see the gate")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(500 * time.Millisecond)
+	s.restart()
+	exit3 := false
+	v := s.appvmWait("late", "the restart of the exit that happened while the agent was down", 30*time.Second, func(v appvmView) bool {
+		exit3 = exit3 || (v.AppVM.WorkloadExitCode != nil && *v.AppVM.WorkloadExitCode == 3)
+		return v.AppVM.RestartCount >= 1 && exit3
+	})
+	if v.AppVM.LastRestartAt == nil {
+		t.Errorf("view: %s", v.raw)
+	}
+}

@@ -166,8 +166,12 @@ type agent struct {
 		lease   *proto.Lease
 		started *proto.Started
 		exit    *proto.Exit
+		fatal   *proto.Fatal
 		health  *proto.Health
 	}
+	// acked is closed when the host acknowledges the workload's end.
+	acked   chan struct{}
+	ackOnce sync.Once
 }
 
 // send sends m. While the connection is lost, messages are dropped (the
@@ -187,6 +191,8 @@ func (a *agent) send(m proto.Message) {
 		a.state.started = m
 	case *proto.Exit:
 		a.state.exit = m
+	case *proto.Fatal:
+		a.state.fatal = m
 	case *proto.Health:
 		a.state.health = m
 	case *proto.Log:
@@ -221,7 +227,7 @@ func (a *agent) lostLocked(conn *proto.Conn, err error) {
 
 // reconnect redials the host until it answers (or the agent is done), says
 // Hello with Resume set, and replays the state the host would otherwise
-// miss: the last Lease, Started, Exit and Health, in that order.
+// miss: the last Lease, Started, Exit, Fatal and Health, in that order.
 func (a *agent) reconnect() {
 	delay := 100 * time.Millisecond
 	for {
@@ -250,6 +256,9 @@ func (a *agent) reconnect() {
 		}
 		if a.state.exit != nil {
 			replay = append(replay, a.state.exit)
+		}
+		if a.state.fatal != nil {
+			replay = append(replay, a.state.fatal)
 		}
 		if a.state.health != nil {
 			replay = append(replay, a.state.health)
@@ -285,6 +294,8 @@ func (a *agent) run() error {
 	a.done = make(chan struct{})
 	defer close(a.done)
 	a.stops = make(chan *proto.Stop, 1)
+	a.acked = make(chan struct{})
+	go a.watchPowerButton()
 
 	sigs := make(chan os.Signal, 8)
 	signal.Notify(sigs, forwarded...)
@@ -329,15 +340,15 @@ func (a *agent) run() error {
 	if spec.HeartbeatSecs > 0 {
 		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
 	}
-	if prepErr != nil {
-		a.send(&proto.Fatal{Message: prepErr.Error()})
-		return nil
-	}
 	a.cmu.Lock()
 	a.resumable = true
 	conn := a.conn
 	a.cmu.Unlock()
 	go a.receive(conn)
+	if prepErr != nil {
+		a.send(&proto.Fatal{Message: prepErr.Error()})
+		return a.idle(spec, sigs, a.stops, false)
+	}
 
 	w, err := a.setupAndStart(spec)
 	if errors.Is(err, errStopped) {
@@ -423,6 +434,8 @@ func (a *agent) receive(conn *proto.Conn) {
 			case a.stops <- m:
 			default:
 			}
+		case *proto.ExitAck:
+			a.ackOnce.Do(func() { close(a.acked) })
 		case *proto.Mount:
 			go a.hotMount(m)
 		case *proto.Unmount:
@@ -733,13 +746,22 @@ func (a *agent) supervise(spec *proto.Spec, w *workload, sigs <-chan os.Signal, 
 
 // idle is the life after the workload: with keepalive (and no Stop) the
 // guest stays up, heartbeating, until a Stop or (process mode) SIGTERM or
-// SIGINT; otherwise it returns at once and the guest powers off.
+// SIGINT. Otherwise the guest powers off once the host acknowledged the
+// end (a host of protocol version 1 never does: at once), so an end that
+// happened while the host agent was down is replayed to the next one and
+// not lost with the VM.
 func (a *agent) idle(spec *proto.Spec, sigs <-chan os.Signal, stops <-chan *proto.Stop, stopping bool) error {
-	if !spec.Keepalive || stopping {
+	if stopping || !spec.Keepalive && spec.V < proto.MountVersion {
 		return nil
+	}
+	var acked <-chan struct{}
+	if !spec.Keepalive {
+		acked = a.acked
 	}
 	for {
 		select {
+		case <-acked:
+			return nil
 		case <-stops:
 			return nil
 		case s := <-sigs:

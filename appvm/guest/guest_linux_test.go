@@ -3,6 +3,7 @@ package guest
 import (
 	"bytes"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -82,6 +84,9 @@ type agentOpts struct {
 	// exe replaces the test binary's path (an agent in a chroot); sock and
 	// agentSock are the listener's path here and as the agent sees it.
 	exe, sock, agentSock string
+	// noAck keeps the host from acknowledging Exit and Fatal, as a host
+	// does at once.
+	noAck bool
 }
 
 // startAgent starts the agent, accepts its connection, checks the Hello
@@ -179,6 +184,12 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 			h.mu.Lock()
 			h.all = append(h.all, m)
 			h.mu.Unlock()
+			switch m.(type) {
+			case *proto.Exit, *proto.Fatal:
+				if !o.noAck {
+					h.conn.Send(&proto.ExitAck{})
+				}
+			}
 			h.msgs <- m
 		}
 	}()
@@ -758,9 +769,11 @@ func TestUserAndOwnership(t *testing.T) {
 	}
 }
 
-// TestReconnect cuts the host connection while the workload runs: the agent
-// redials, says Hello with Resume and the same boot id, replays Started, and
-// later reports the exit on the new connection.
+// TestReconnect cuts the host connection while the workload runs, and the
+// host stays away while the workload exits: the agent keeps the VM up,
+// redials once the host listens again, says Hello with Resume and the same
+// boot id, replays Started and the Exit, and powers off only when the host
+// acknowledges the exit.
 func TestReconnect(t *testing.T) {
 	root := t.TempDir()
 	gate := filepath.Join(root, "go")
@@ -769,10 +782,25 @@ func TestReconnect(t *testing.T) {
 	if !ok {
 		t.Fatalf("want Started, got %#v", st)
 	}
+	sock := h.ln.Addr().String()
+	h.ln.Close() // the host agent is down
 	h.nc.Close()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-h.exited:
+		t.Fatalf("the agent powered off with its exit unacknowledged:\n%s", h.stderr.String())
+	case <-time.After(700 * time.Millisecond):
+	}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
 	accepted := make(chan net.Conn, 1)
 	go func() {
-		if c, err := h.ln.Accept(); err == nil {
+		if c, err := ln.Accept(); err == nil {
 			accepted <- c
 		}
 	}()
@@ -791,9 +819,6 @@ func TestReconnect(t *testing.T) {
 	if m, err := conn.Recv(); err != nil || !reflect.DeepEqual(m, st) {
 		t.Fatalf("replay: %#v, %v; want %#v", m, err, st)
 	}
-	if err := os.WriteFile(gate, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
 	for {
 		m, err := conn.Recv()
 		if err != nil {
@@ -806,8 +831,113 @@ func TestReconnect(t *testing.T) {
 			break
 		}
 	}
+	select {
+	case <-h.exited:
+		t.Fatal("the agent powered off before the host acknowledged the exit")
+	case <-time.After(300 * time.Millisecond):
+	}
+	if err := conn.Send(&proto.ExitAck{}); err != nil {
+		t.Fatal(err)
+	}
 	if code := h.waitAgent(); code != ExitPoweroff {
 		t.Errorf("agent exit status = %d", code)
+	}
+}
+
+// TestExitAckVersions: a version 1 host never acknowledges, so the agent
+// powers off at once after the exit; a version 2 host that has not
+// acknowledged can still stop the guest.
+func TestExitAckVersions(t *testing.T) {
+	h := startAgent(t, &proto.Spec{V: 1, Command: sh("exit 0")}, agentOpts{noAck: true})
+	h.waitExit()
+	if code := h.waitAgent(); code != ExitPoweroff {
+		t.Errorf("v1: agent exit status = %d", code)
+	}
+
+	h = startAgent(t, &proto.Spec{Command: sh("exit 0")}, agentOpts{noAck: true})
+	h.waitExit()
+	select {
+	case <-h.exited:
+		t.Fatal("v2: the agent powered off without an acknowledgement")
+	case <-time.After(300 * time.Millisecond):
+	}
+	h.send(&proto.Stop{})
+	if code := h.waitAgent(); code != ExitPoweroff {
+		t.Errorf("v2 after Stop: agent exit status = %d", code)
+	}
+}
+
+// TestPowerButtonStops: the simulator's power button (SIGPWR to the agent)
+// stops the workload with SIGTERM, reports its exit and powers off.
+func TestPowerButtonStops(t *testing.T) {
+	h := startAgent(t, &proto.Spec{Command: sh("trap 'echo got-term; exit 9' TERM; echo ready; while :; do sleep 0.05; done")}, agentOpts{})
+	h.eventually("the workload's trap", func(all []proto.Message) bool {
+		return slices.ContainsFunc(all, func(m proto.Message) bool {
+			l, ok := m.(*proto.Log)
+			return ok && strings.Contains(string(l.Data), "ready")
+		})
+	})
+	h.cmd.Process.Signal(syscall.SIGPWR)
+	exit, out, _ := h.waitExit()
+	if exit.Code == nil || *exit.Code != 9 || !strings.Contains(out, "got-term") {
+		t.Errorf("exit %+v, output %q; want the workload's TERM trap", exit, out)
+	}
+	if code := h.waitAgent(); code != ExitPoweroff {
+		t.Errorf("agent exit status = %d", code)
+	}
+}
+
+// TestPowerButtonEvents reads input events the way the agent reads a VM's
+// "Power Button" device: only a key-down of KEY_POWER on a device of that
+// name counts.
+func TestPowerButtonEvents(t *testing.T) {
+	dir := t.TempDir()
+	sysfs, dev := filepath.Join(dir, "sys"), filepath.Join(dir, "dev")
+	for name, devName := range map[string]string{"event0": "AT Translated Set 2 keyboard", "event1": "Power Button"} {
+		d := filepath.Join(sysfs, "class/input", name, "device")
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(d, "name"), []byte(devName+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dev, "input"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	event := func(typ, code uint16, value int32) []byte {
+		b := make([]byte, inputEventSize)
+		binary.NativeEndian.PutUint16(b[16:], typ)
+		binary.NativeEndian.PutUint16(b[18:], code)
+		binary.NativeEndian.PutUint32(b[20:], uint32(value))
+		return b
+	}
+	var stream []byte
+	stream = append(stream, event(evKey, keyPower, 1)...) // press
+	stream = append(stream, event(0, 0, 0)...)            // EV_SYN
+	stream = append(stream, event(evKey, keyPower, 0)...) // release
+	stream = append(stream, event(evKey, 30, 1)...)       // KEY_A
+	stream = append(stream, event(evKey, keyPower, 1)...) // press again
+	for _, name := range []string{"event0", "event1"} {
+		if err := os.WriteFile(filepath.Join(dev, "input", name), stream, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	presses := make(chan struct{}, 10)
+	if n := watchPowerButtons(sysfs, dev, func() { presses <- struct{}{} }); n != 1 {
+		t.Fatalf("watching %d devices, want 1 (the one named Power Button)", n)
+	}
+	for i := range 2 {
+		select {
+		case <-presses:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%d presses seen, want 2", i)
+		}
+	}
+	select {
+	case <-presses:
+		t.Error("a third press: a release or another key was taken for one")
+	case <-time.After(100 * time.Millisecond):
 	}
 }
 

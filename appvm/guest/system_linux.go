@@ -40,6 +40,9 @@ type system interface {
 	blockDevice(bdf string) (string, error)
 	// unmountData unmounts a data volume (EBUSY while in use).
 	unmountData(target string) error
+	// watchPowerButton calls press for each press of the VM's power
+	// button and returns how many buttons it watches.
+	watchPowerButton(press func()) int
 	// prepareRoot readies the workload root (VM: /proc, /sys, /dev inside it).
 	prepareRoot(root string) error
 	// poweroff ends the guest: VM mode never returns; process mode kills
@@ -133,6 +136,8 @@ func (s *processSystem) unmountData(target string) error {
 }
 
 func (s *processSystem) prepareRoot(string) error { return nil }
+
+func (s *processSystem) watchPowerButton(press func()) int { return watchSIGPWR(press) }
 
 // poweroff kills the descendants left behind (orphans parked on us as
 // subreaper), so that nothing of the guest outlives it. Killing a child
@@ -334,6 +339,8 @@ func (s *vmSystem) unmountData(target string) error {
 	}
 	return nil
 }
+
+func (s *vmSystem) watchPowerButton(press func()) int { return watchPowerButtons("/sys", "/dev", press) }
 
 // prepareRoot gives the workload its own /proc and /sys and the guest's
 // /dev.

@@ -77,13 +77,15 @@ func (e *Engine) Shutdown(ctx context.Context, rec *record.Record) error {
 }
 
 // pressPowerButton asks the guest to power off: an AppVM's guest agent
-// stops the workload and powers off; a classic VM gets CH's power button.
+// is sent Stop over its connection; a classic VM, and an AppVM whose guest
+// agent is not connected, get CH's power button (the guest agent watches
+// it and stops the workload the same way).
 func (e *Engine) pressPowerButton(ctx context.Context, rec *record.Record) error {
 	if handled, err := e.appVMShutdown(ctx, rec); handled {
-		if err != nil {
-			return &record.HostError{Kind: record.HostHypervisor, Op: "shutting down AppVM " + rec.ID, Err: err}
+		if err == nil {
+			return nil
 		}
-		return nil
+		e.log.Info("AppVM guest agent not reachable; pressing the power button", "id", rec.ID, "err", err)
 	}
 	c, err := e.client(rec)
 	if err != nil {

@@ -24,12 +24,17 @@
 // version understands (the Spec with the guest's V). After the Spec the guest
 // sends [Heartbeat], [Lease], [Started], [Health], [Log], [Exit] and [Fatal] as
 // things happen; the host may send [Stop], and from version 2 on [Mount] and
-// [Unmount], each answered by one [MountResult] with the same Seq. When the
+// [Unmount], each answered by one [MountResult] with the same Seq, and
+// [ExitAck] once it has recorded an Exit or a Fatal. When the
 // connection breaks (a host agent restart), the guest redials and sends a
 // Hello with Resume set instead of expecting a Spec.
 //
 // Version history: 1, the first; 2 adds Mount, Unmount and MountResult (a
-// volume hot-plugged into or out of a running AppVM).
+// volume hot-plugged into or out of a running AppVM) and ExitAck: a
+// version 2 guest without Keepalive powers off after the workload's end
+// only once the host acknowledged it (or sent Stop), so an end that
+// happens while the host agent is down reaches the next one, replayed on
+// resume, and its restart policy applies.
 //
 // # Host side
 //
@@ -38,7 +43,9 @@
 // nothing and take the replayed state. Then Recv until EOF: the first
 // Heartbeat is the guest's sign of life; Exit and Fatal describe the
 // workload's end; the guest powers off afterwards unless Spec.Keepalive.
-// Send Stop for a graceful shutdown. Send Mount after hot-plugging a volume
+// Send Stop for a graceful shutdown (the guest takes the ACPI power button
+// for one too). Send ExitAck after recording an Exit or Fatal. Send Mount
+// after hot-plugging a volume
 // and Unmount before unplugging one, and wait for the MountResult; a guest
 // whose Hello says V 1 knows neither.
 //
@@ -71,7 +78,8 @@ const Version = 2
 // MinVersion is the oldest version either side still accepts.
 const MinVersion = 1
 
-// MountVersion is the first version with Mount, Unmount and MountResult.
+// MountVersion is the first version with Mount, Unmount, MountResult and
+// ExitAck.
 const MountVersion = 2
 
 // Port is the vsock port the guest dials on the host (CID 2).
@@ -306,6 +314,10 @@ type Stop struct {
 	GraceSecs int `json:"grace_secs,omitempty"`
 }
 
+// ExitAck tells the guest that the host recorded the workload's end (its
+// Exit or Fatal): a guest without Keepalive may power off now.
+type ExitAck struct{}
+
 // Heartbeat is sent at the heartbeat interval from Hello on.
 type Heartbeat struct {
 	Seq uint64    `json:"seq"`
@@ -381,6 +393,9 @@ func (*Spec) Type() string { return "spec" }
 // Type returns "stop".
 func (*Stop) Type() string { return "stop" }
 
+// Type returns "exit_ack".
+func (*ExitAck) Type() string { return "exit_ack" }
+
 // Type returns "mount".
 func (*Mount) Type() string { return "mount" }
 
@@ -420,6 +435,8 @@ func newMessage(typ string) Message {
 		return new(Spec)
 	case "stop":
 		return new(Stop)
+	case "exit_ack":
+		return new(ExitAck)
 	case "mount":
 		return new(Mount)
 	case "unmount":
@@ -595,6 +612,9 @@ func (m *Stop) Validate() error {
 	}
 	return nil
 }
+
+// Validate accepts the acknowledgement.
+func (m *ExitAck) Validate() error { return nil }
 
 // Validate checks the PCI address and the mountpoint.
 func (m *Mount) Validate() error {

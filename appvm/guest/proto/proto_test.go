@@ -56,6 +56,7 @@ func samples() []Message {
 		&Unmount{Seq: 2, Mountpoint: "/data"},
 		&MountResult{Seq: 2, Error: "unmounting /data: device or resource busy", Busy: true},
 		&MountResult{Seq: 1},
+		&ExitAck{},
 	}
 }
 
