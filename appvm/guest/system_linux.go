@@ -340,7 +340,9 @@ func (s *vmSystem) unmountData(target string) error {
 	return nil
 }
 
-func (s *vmSystem) watchPowerButton(press func()) int { return watchPowerButtons("/sys", "/dev", press) }
+func (s *vmSystem) watchPowerButton(press func()) int {
+	return watchPowerButtons("/sys", "/dev", press)
+}
 
 // prepareRoot gives the workload its own /proc and /sys and the guest's
 // /dev.
