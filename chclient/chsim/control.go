@@ -27,7 +27,12 @@ import (
 //	                              workload); SIGSTOP silences its heartbeats
 //	PUT /sim/v1/counters          {"device":"_disk0","counters":{"read_bytes":N,…}}: the guest's
 //	                              I/O moved the device's vm.counters to these values
-//	GET /sim/v1/status            {"state","activated","hung","taps","guest_ports","guest_agent_pid"}
+//	PUT /sim/v1/eject             {"refuse":true|false}: while refusing, the guest ignores
+//	                              eject requests: vm.remove-device on a booted VM answers 204
+//	                              but nothing is removed and no vm device-removed follows (a
+//	                              request made meanwhile is lost; a later one is honoured)
+//	GET /sim/v1/status            {"state","activated","hung","taps","vhost_conns","guest_ports",
+//	                              "guest_agent_pid","refuse_eject"}
 func (s *sim) control(r *request) (response, func()) {
 	name := strings.TrimPrefix(r.path, "/sim/v1/")
 	if name == "status" {
@@ -44,6 +49,7 @@ func (s *sim) control(r *request) (response, func()) {
 		Signal int     `json:"signal"`
 		Data   string  `json:"data"`
 		Port   *uint32 `json:"port"`
+		Refuse *bool   `json:"refuse"`
 	}
 	if r.body != nil {
 		if err := json.Unmarshal(r.body, &body); err != nil {
@@ -154,6 +160,14 @@ func (s *sim) control(r *request) (response, func()) {
 			dev[k] = v
 		}
 		return noContent(), nil
+	case "eject":
+		if body.Refuse == nil {
+			return controlError(http.StatusBadRequest, "refuse is required"), nil
+		}
+		s.mu.Lock()
+		s.refuseEject = *body.Refuse
+		s.mu.Unlock()
+		return noContent(), nil
 	case "guest-agent":
 		if body.Signal <= 0 || body.Signal >= 65 {
 			return controlError(http.StatusBadRequest, "signal must be 1…64"), nil
@@ -211,5 +225,6 @@ func (s *sim) status() response {
 		"vhost_conns":     len(s.vhost),
 		"guest_ports":     ports,
 		"guest_agent_pid": s.agentPidLocked(),
+		"refuse_eject":    s.refuseEject,
 	})
 }

@@ -23,7 +23,13 @@
 //
 // A test-control namespace on the API socket drives what a guest would do; see control.go
 // for the list: activate, poweroff, reboot, panic, hang, crash (die by a signal), serial
-// output, vsock listen/unlisten/connect, and status.
+// output, vsock listen/unlisten/connect, DHCP, the guest agent, counters, eject, and status.
+//
+// The simulated guest acks a hot-unplug (vm.remove-device on a booted VM) 50 ms after the
+// request: the device leaves the config and vm device-removed {id, bdf} follows. After
+// `PUT /sim/v1/eject {"refuse":true}` it ignores eject requests, as a guest that holds on to
+// the device would: vm.remove-device still answers 204, but nothing is removed and no event
+// follows, for every request made until `{"refuse":false}` (a request is not remembered).
 //
 // # Knobs
 //
@@ -92,9 +98,10 @@
 // guest's connections to port P reach socket_P), so vmhost's host side is unchanged.
 // Virtio devices are modern-only (disable-legacy=on), as CH's are: a firmware driving
 // vhost-user-blk in legacy mode would make qemu-storage-daemon abort.
-// What qemu cannot honour fails vm.boot with 500 rather than boot a different VM: VFIO devices, watchdog, iommu, rate limits (disk and net), memory zones, nets
-// without a tap or with ip/mask or vhost-user, console modes other than Off/Null, serial
-// Pty/Tty, fs/pmem/vdpa/numa and the other sections the simulator only echoes. Ignored on
+// What qemu cannot honour fails vm.boot with 500 rather than boot a different VM: VFIO
+// devices, watchdog, iommu, rate limits (disk and net), a serial on a vhost-user disk
+// (vhost-user-blk has none), memory zones, nets without a tap or with ip/mask or vhost-user,
+// console modes other than Off/Null, serial Pty/Tty, fs/pmem/vdpa/numa and the other sections the simulator only echoes. Ignored on
 // purpose: memory hotplug_size (no hot-add), cpu affinity, nested, max_phys_bits.
 //
 // qemu starts stopped (-S) with its monitor and serial port on socketpairs (fds 3 and 4):
@@ -122,11 +129,29 @@
 //   - API calls: vm.power-button → system_powerdown (what follows is the guest's choice);
 //     vm.shutdown/vm.delete/vmm.shutdown → qemu quits; vm.pause/resume → stop/cont;
 //     vm.reboot → system_reset (and cont when paused).
+//   - vm device-removed: qemu's DEVICE_DELETED for a hot-plugged disk (below).
+//
+// Hot-plug (qemu_hotplug.go): q35's root bus cannot hot-plug, so every VM also gets four
+// spare pcie-root-ports, the functions of slot 0x1e (above the cold devices' CH-style slots;
+// a config whose devices would reach it fails vm.boot). vm.add-disk on a running or paused
+// VM takes vhost-user disks only: chardev-add (a client socket on vhost_socket) and
+// device_add vhost-user-blk-pci on a free port. It answers {id, bdf} with the address the
+// guest's kernel sees, read back from query-pci: the port's secondary bus as the guest's
+// firmware numbered it, slot 0, function 0 (e.g. 0000:01:00.0); before the firmware has run
+// it answers 500. The disk joins the config and vm.info's device tree at that address, and
+// virtio-device activated follows from the poll once the guest's driver takes it. vm.remove-
+// device of a hot-plugged disk sends device_del (an ACPI eject request) and answers 204 at
+// once; when the guest has ejected it (DEVICE_DELETED) the disk leaves the config, its
+// chardev is removed (the backend sees the vhost-user connection close) and vm device-
+// removed {id, bdf} is emitted. A guest that never ejects keeps the disk, and no event
+// comes. A disk still in the config at the next boot is a cold one on a CH-style slot.
 //
 // Not observed or not supported with qemu: vm.counters answers 500 (qemu has no counters
-// for vhost-user disks or taps; zeros would be a lie); vm.add-disk, vm.remove-device and
-// vm.resize on a booted VM answer 500 "the qemu backend does not support …" (on a created
-// VM they edit the config as in CH); vm device-removed never happens. A triple fault resets
+// for vhost-user disks or taps; zeros would be a lie); on a booted VM, vm.add-disk of a disk
+// image (path), of more than four disks at once, or with rate limits or a serial,
+// vm.remove-device of a device plugged at boot (on the root bus), and vm.resize other than
+// the balloon answer 500 "the qemu backend does not support …" (on a created VM they edit
+// the config as in CH). A triple fault resets
 // the guest (qemu) where CH would exit. qemu dying on its own is a VMM crash: the process
 // exits 1 without further events. vhost-device-vsock answers CONNECT with "OK <port>" of its
 // own numbering, not CH's ≥ 2^30 host ports, keeps running across a guest reset (CH re-binds

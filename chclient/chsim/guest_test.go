@@ -84,7 +84,8 @@ func simStatus(t *testing.T, p *simProc) (pid int, state string) {
 
 // TestGuestAgentRunsWorkloadAndPowersOff: at boot chsim starts the real guest agent, which
 // dials the host through the hybrid vsock listener, runs the workload, reports its output
-// and exit, and powers the VM off (the simulator exits 0).
+// and exit, and once the host acknowledges the exit powers the VM off (the simulator exits
+// 0).
 func TestGuestAgentRunsWorkloadAndPowersOff(t *testing.T) {
 	p := startSim(t, "--sim-guest-heartbeat", "100ms")
 	cfg, vsock := appVMConfig(t, p.dir)
@@ -124,6 +125,10 @@ func TestGuestAgentRunsWorkloadAndPowersOff(t *testing.T) {
 	wantDir := filepath.Join(vsock+".root", "w")
 	if out != "out-42\n"+wantDir+"\n" {
 		t.Errorf("workload output %q, want %q", out, "out-42\n"+wantDir+"\n")
+	}
+	// A version 2 guest powers off once the host has recorded the end.
+	if err := conn.Send(&proto.ExitAck{}); err != nil {
+		t.Fatal(err)
 	}
 	if st := p.wait(t); st.ExitCode() != 0 {
 		t.Errorf("simulator exit = %v, want 0 (guest poweroff)", st)

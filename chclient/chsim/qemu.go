@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -38,13 +39,18 @@ const activationPoll = 100 * time.Millisecond
 // qemuVM is one qemu process (and its vhost-device-vsock) running the booted VM. It lives
 // from vm.boot to the VM's stop; guest reboots happen inside it.
 type qemuVM struct {
-	s       *sim
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once qemu has been waited for
-	stderr  *tailBuffer   // the end of qemu's output, for boot errors
-	client  *qmp.Client
-	devices []qemuDevice
-	serial  net.Conn // the backend's end of the serial relay; nil without a Socket serial
+	s      *sim
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once qemu has been waited for
+	stderr *tailBuffer   // the end of qemu's output, for boot errors
+	client *qmp.Client
+	serial net.Conn // the backend's end of the serial relay; nil without a Socket serial
+
+	devMu   sync.Mutex   // guards devices and seq: hot-plug changes them while the poll reads
+	devices []qemuDevice // the devices the poll watches
+	seq     int          // numbers hot-plugged devices, so a re-plugged id is a new device
+
+	hot map[string]*hotDisk // CH id → disk hot-plugged into this qemu; guarded by s.mu
 
 	vsock       *exec.Cmd
 	vsockExited chan struct{}
@@ -54,8 +60,8 @@ type qemuVM struct {
 	stopPoll chan struct{} // closed by stop
 
 	pollMu     sync.Mutex
-	active     map[string]bool // CH id → DRIVER_OK last seen
-	pollFailed bool            // a status query failed (logged once)
+	active     map[qemuDevice]bool // DRIVER_OK last seen
+	pollFailed bool                // a status query failed (logged once)
 }
 
 // tailBuffer keeps the last bytes written to it.
@@ -150,7 +156,7 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 		return nil, fmt.Errorf("finding qemu: %w", err)
 	}
 	q := &qemuVM{s: s, exited: make(chan struct{}), stderr: &tailBuffer{}, stopPoll: make(chan struct{}),
-		active: map[string]bool{}}
+		active: map[qemuDevice]bool{}, hot: map[string]*hotDisk{}}
 	defer func() {
 		if err != nil {
 			q.stop()
@@ -410,6 +416,7 @@ func (q *qemuVM) watchEvents() {
 		var data struct {
 			Guest  bool   `json:"guest"`
 			Reason string `json:"reason"`
+			Device string `json:"device"` // DEVICE_DELETED: the qemu id (none for a device's parts)
 		}
 		json.Unmarshal(ev.Data, &data)
 		switch ev.Name {
@@ -429,6 +436,10 @@ func (q *qemuVM) watchEvents() {
 					q.s.emit("vm", "rebooted", nil)
 				}
 				q.s.mu.Unlock()
+			}
+		case "DEVICE_DELETED":
+			if data.Device != "" {
+				q.s.qemuDeviceDeleted(q, data.Device)
 			}
 		case "GUEST_PANICKED", "GUEST_CRASHLOADED":
 			event := "panic"
@@ -483,32 +494,68 @@ func (q *qemuVM) pollActivation() {
 func (q *qemuVM) pollOnce() {
 	q.pollMu.Lock()
 	defer q.pollMu.Unlock()
-	for _, d := range q.devices {
+	q.devMu.Lock()
+	devs := slices.Clone(q.devices)
+	q.devMu.Unlock()
+	for d := range q.active {
+		if !slices.Contains(devs, d) {
+			delete(q.active, d) // unplugged
+		}
+	}
+	for _, d := range devs {
 		if !d.virtio {
 			continue
 		}
 		ok, err := q.driverOK(d)
 		if err != nil {
+			if d.hot {
+				// Ejected since the snapshot: qemu no longer has it.
+				continue
+			}
 			if !q.stopping.Load() && !errors.Is(err, qmp.ErrClosed) && !q.pollFailed {
 				q.pollFailed = true // once: it would repeat every poll
 				q.s.logf(0, "querying the status of %s: %v", d.chID, err)
 			}
 			return
 		}
-		if ok == q.active[d.chID] {
+		if ok == q.active[d] {
 			continue
 		}
-		q.active[d.chID] = ok
+		q.active[d] = ok
 		event := "reset"
 		if ok {
 			event = "activated"
 		}
 		q.s.mu.Lock()
-		if q.s.qemu == q {
+		// A device ejected meanwhile has had its device-removed: nothing follows it.
+		if q.s.qemu == q && q.hasDevice(d) {
 			q.s.emit("virtio-device", event, map[string]string{"id": d.chID})
 		}
 		q.s.mu.Unlock()
 	}
+}
+
+// addDevice adds a hot-plugged device to the ones the poll watches.
+func (q *qemuVM) addDevice(d qemuDevice) {
+	q.devMu.Lock()
+	defer q.devMu.Unlock()
+	q.seq++
+	d.seq = q.seq
+	q.devices = append(q.devices, d)
+}
+
+// dropDevice stops watching the device with CH id chID.
+func (q *qemuVM) dropDevice(chID string) {
+	q.devMu.Lock()
+	defer q.devMu.Unlock()
+	q.devices = slices.DeleteFunc(q.devices, func(d qemuDevice) bool { return d.chID == chID })
+}
+
+// hasDevice reports whether d is still watched.
+func (q *qemuVM) hasDevice(d qemuDevice) bool {
+	q.devMu.Lock()
+	defer q.devMu.Unlock()
+	return slices.Contains(q.devices, d)
 }
 
 // checkVirtioPaths makes sure qemu can report the status of every virtio device the

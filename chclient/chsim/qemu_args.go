@@ -20,6 +20,8 @@ type qemuDevice struct {
 	chID   string
 	qemuID string
 	virtio bool // polled for activation (x-query-virtio-status)
+	hot    bool // hot-plugged (on a root port)
+	seq    int  // 0 for a device of the command line; numbers hot-plugged ones
 }
 
 // qemuPath is the QOM path of a virtio-*-pci device's virtio backend, as x-query-virtio
@@ -171,6 +173,9 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 		if len(bdf) != 12 || !strings.HasPrefix(bdf, "0000:00:") || !strings.HasSuffix(bdf, ".0") {
 			return "", fmt.Errorf("device %s: unexpected PCI address %s", id, bdf)
 		}
+		if slot, err := strconv.ParseUint(bdf[8:10], 16, 8); err != nil || slot >= hotplugSlot {
+			return "", fmt.Errorf("device %s: PCI address %s is at or above the hot-plug ports' slot %#x (too many devices for the qemu backend)", id, bdf, hotplugSlot)
+		}
 		return "0x" + bdf[8:10], nil
 	}
 	var devs []qemuDevice
@@ -211,6 +216,10 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 			props = append(props, "serial="+qemuOpt(*d.Serial))
 		}
 		if d.VhostUser {
+			if d.Serial != nil {
+				// vhost-user-blk has no serial property: the backend answers the guest.
+				return nil, nil, fmt.Errorf("disk %s: the qemu backend cannot give a vhost-user disk a serial", id)
+			}
 			chardev := fmt.Sprintf("vhost-disk%d", i)
 			a = append(a, "-chardev", fmt.Sprintf("socket,id=%s,path=%s", chardev, qemuOpt(deref(d.VhostSocket))))
 			if err := device(id, "vhost-user-blk-pci", append([]string{"chardev=" + chardev}, props...)...); err != nil {
@@ -298,6 +307,15 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 		if err := device("__pvpanic", "pvpanic-pci"); err != nil {
 			return nil, nil, err
 		}
+	}
+	// Spare root ports for vm.add-disk (pcie.0 cannot hot-plug): the functions of one slot
+	// above the cold devices' (qemu_hotplug.go). Each needs a chassis of its own.
+	for i := range hotplugPorts {
+		port := fmt.Sprintf("pcie-root-port,id=%s,bus=pcie.0,addr=0x%02x.%d,chassis=%d", rootPortID(i), hotplugSlot, i, i+1)
+		if i == 0 {
+			port += ",multifunction=on"
+		}
+		a = append(a, "-device", port)
 	}
 	return a, devs, nil
 }

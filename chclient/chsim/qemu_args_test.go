@@ -155,6 +155,9 @@ func TestQemuArgsRefuses(t *testing.T) {
 		{"net rate limit", edit(appVMConfig, `"mac": "52:54:00:ab:cd:ef"`, `"mac": "52:54:00:ab:cd:ef", "rate_limiter_config": {"bandwidth": {"size": 1250000, "refill_time": 100}}`), "rate limits"},
 		{"watchdog", edit(appVMConfig, `"pvpanic": true`, `"pvpanic": true, "watchdog": true`), "virtio-watchdog"},
 		{"vsock without backend", appVMConfig, "vhost-device-vsock"},
+		{"vhost-user disk serial", edit(appVMConfig, `"queue_size": 256`, `"queue_size": 256, "serial": "data0"`), "cannot give a vhost-user disk a serial"},
+		// The cold devices' CH-style slots would reach the hot-plug ports' slot.
+		{"too many devices", edit(appVMConfig, `"disks": [`, `"disks": [`+strings.Repeat(`{"path": "/x.img"},`, 24)), "hot-plug ports' slot 0x1e"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := launch

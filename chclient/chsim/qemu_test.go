@@ -111,6 +111,8 @@ case "$(cat /proc/cmdline)" in
 	# second boot: a kernel panic.
 	if [ "$(dd if=/dev/vda bs=1 count=1 2>/dev/null)" = M ]; then
 		echo "tinyguest: second boot, panicking"
+		# Let the UART send the line first: the panic's printk would cut into it.
+		sleep 1
 		echo c >/proc/sysrq-trigger
 	fi
 	/bin/vsockguest 1024 5000
@@ -118,6 +120,27 @@ case "$(cat /proc/cmdline)" in
 	sync
 	echo "tinyguest: rebooting"
 	reboot -f
+	;;
+*tinyguest=hotplug*)
+	# Say whenever the virtio disks change: name, size in sectors, PCI address, and the
+	# first bytes' letters and digits.
+	echo "tinyguest: watching disks"
+	last=
+	while :; do
+		now=
+		for b in /sys/block/vd*; do
+			[ -e $b ] || continue
+			n=${b##*/}
+			pci=$(readlink -f $b/device)
+			pci=${pci%/*}
+			now="$now $n:$(cat $b/size):${pci##*/}:$(head -c 8 /dev/$n | tr -cd A-Za-z0-9)"
+		done
+		if [ "$now" != "$last" ]; then
+			echo "tinyguest: disks now$now."
+			last=$now
+		fi
+		sleep 0.2
+	done
 	;;
 esac
 ev=
@@ -334,12 +357,24 @@ func rawImage(t *testing.T, path string, size int64) {
 // startQSD exports image as vhost-user-blk on socket, as vmhost's qemu-storage-daemon does.
 func startQSD(t *testing.T, image, socket string) {
 	t.Helper()
+	startQSDFormat(t, image, "raw", socket)
+}
+
+// startQSDFormat is startQSD for an image of format raw or qcow2.
+func startQSDFormat(t *testing.T, image, format, socket string) {
+	t.Helper()
 	bin, err := exec.LookPath("qemu-storage-daemon")
 	if err != nil {
 		t.Skip("qemu-storage-daemon is not installed")
 	}
-	cmd := exec.Command(bin, "--blockdev", "driver=file,node-name=file0,filename="+image,
-		"--export", "type=vhost-user-blk,id=exp0,node-name=file0,writable=on,addr.type=unix,addr.path="+socket)
+	args := []string{"--blockdev", "driver=file,node-name=file0,filename=" + image}
+	node := "file0"
+	if format == "qcow2" {
+		args = append(args, "--blockdev", "driver=qcow2,node-name=fmt0,file=file0")
+		node = "fmt0"
+	}
+	args = append(args, "--export", "type=vhost-user-blk,id=exp0,node-name="+node+",writable=on,addr.type=unix,addr.path="+socket)
+	cmd := exec.Command(bin, args...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -625,9 +660,10 @@ func TestQemuBackendAppVMDevices(t *testing.T) {
 	}
 	// The guest reboots itself (qemu's RESET): CH's reboot events, same process; the
 	// second boot panics.
-	g.serial.wait(t, "tinyguest: second boot, panicking", 60*time.Second)
-	p.waitEventsFor(30*time.Second, "vm/rebooting", "vm/rebooted", "virtio-device/activated map[id:_disk0]",
+	// The events first: they are the stand-in's, the serial line is only the guest's word.
+	p.waitEventsFor(90*time.Second, "vm/rebooting", "vm/rebooted", "virtio-device/activated map[id:_disk0]",
 		"guest/panic map[event:panic]")
+	g.serial.wait(t, "tinyguest: second boot, panicking", 10*time.Second)
 	if st := p.state(); st != "Running" {
 		t.Errorf("state after the panic = %s, want Running (CH changes nothing)", st)
 	}

@@ -310,6 +310,9 @@ type sim struct {
 	taps       []*os.File
 	vhost      map[string]net.Conn // disk id → vhost-user connection
 	counters   map[string]map[string]uint64
+	// refuseEject (/sim/v1/eject): the simulated guest ignores eject requests, so
+	// vm.remove-device on a booted VM removes nothing.
+	refuseEject bool
 
 	// The qemu backend (Config.Backend == BackendQemu).
 	accel   string   // "kvm" or "tcg", resolved at start

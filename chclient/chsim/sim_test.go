@@ -3,6 +3,7 @@ package chsim_test
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -432,5 +433,81 @@ func TestVhostUserBackendHeld(t *testing.T) {
 	json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
 	if len(info.Config.Disks) != 1 || info.Config.Disks[0].ID != "_disk0" {
 		t.Errorf("disks after unplug = %+v", info.Config.Disks)
+	}
+}
+
+// TestEjectRefused: while /sim/v1/eject refuses, vm.remove-device answers 204 but the guest
+// ignores the request: the device stays in the config with its vhost-user connection, and no
+// device-removed follows, even once the refusal ends (the request is lost). A request made
+// after that is honoured.
+func TestEjectRefused(t *testing.T) {
+	p := startSim(t)
+	sock := filepath.Join(p.dir, "data.vhost")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	cfg := strings.Replace(minimalConfig(t, p.dir), `"memory":{"size":1073741824}`, `"memory":{"size":1073741824,"shared":true}`, 1)
+	p.wantStatus("PUT", "/api/v1/vm.create", cfg, 204)
+	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
+	var dev struct{ ID, Bdf string }
+	json.Unmarshal(p.wantStatus("PUT", "/api/v1/vm.add-disk", fmt.Sprintf(`{"id":"data","vhost_user":true,"vhost_socket":%q}`, sock), 200), &dev)
+	l.(*net.UnixListener).SetDeadline(time.Now().Add(5 * time.Second))
+	backend, err := l.Accept()
+	if err != nil {
+		t.Fatalf("add-disk did not connect to the vhost-user backend: %v", err)
+	}
+	defer backend.Close()
+
+	for _, body := range []string{`{}`, `{"refuse":"yes"}`} {
+		if resp, data := p.do("PUT", "/sim/v1/eject", body); resp.StatusCode != 400 {
+			t.Errorf("eject %s = %d %s, want 400", body, resp.StatusCode, data)
+		}
+	}
+	refusing := func() bool {
+		var st struct {
+			RefuseEject bool `json:"refuse_eject"`
+		}
+		json.Unmarshal(p.wantStatus("GET", "/sim/v1/status", "", 200), &st)
+		return st.RefuseEject
+	}
+	p.wantStatus("PUT", "/sim/v1/eject", `{"refuse":true}`, 204)
+	if !refusing() {
+		t.Error("status does not say the guest refuses ejects")
+	}
+	disks := func() string {
+		var info struct {
+			Config struct{ Disks []struct{ ID string } }
+		}
+		json.Unmarshal(p.wantStatus("GET", "/api/v1/vm.info", "", 200), &info)
+		var ids []string
+		for _, d := range info.Config.Disks {
+			ids = append(ids, d.ID)
+		}
+		return strings.Join(ids, " ")
+	}
+	p.wantStatus("PUT", "/api/v1/vm.remove-device", `{"id":"data"}`, 204)
+	time.Sleep(300 * time.Millisecond) // 6 times the simulated guest's ack delay
+	p.wantStatus("PUT", "/sim/v1/eject", `{"refuse":false}`, 204)
+	if refusing() {
+		t.Error("status still says the guest refuses ejects")
+	}
+	time.Sleep(300 * time.Millisecond)
+	if evs := p.eventsSoFar(); hasEvent(evs, "vm/device-removed", "") {
+		t.Fatalf("device-removed after a refused eject: %v", evs)
+	}
+	if got := disks(); got != "_disk0 data" {
+		t.Fatalf("disks after a refused eject = %s, want _disk0 data", got)
+	}
+	backend.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if _, err := backend.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("backend read after a refused eject = %v, want the connection still open", err)
+	}
+
+	p.wantStatus("PUT", "/api/v1/vm.remove-device", `{"id":"data"}`, 204)
+	p.waitEvents("vm/device-removed map[bdf:" + dev.Bdf + " id:data]")
+	if got := disks(); got != "_disk0" {
+		t.Errorf("disks after the eject = %s, want _disk0", got)
 	}
 }

@@ -862,7 +862,7 @@ func (s *sim) addDisk(r *request) (response, func()) {
 		return noContent(), nil
 	}
 	if s.qemuMode() {
-		return notInQemu(op, "hotplug"), nil
+		return s.hotAddDiskQemuLocked(d), nil
 	}
 	var vhostConn net.Conn
 	if d.VhostUser {
@@ -908,13 +908,18 @@ func (s *sim) removeDevice(r *request) (response, func()) {
 	if s.state == stateNone {
 		return apiError(http.StatusNotFound, op, "VM is not created"), nil
 	}
-	if s.state != stateCreated && s.qemuMode() {
-		return notInQemu(op, "hot-unplug"), nil
-	}
 	if !s.removeFromConfigLocked(req.ID, s.state == stateCreated) {
 		return apiError(http.StatusInternalServerError, op, fmt.Sprintf("No device with id %s to remove", req.ID)), nil
 	}
 	if s.state == stateCreated {
+		return noContent(), nil
+	}
+	if s.qemuMode() {
+		return s.hotRemoveQemuLocked(req.ID), nil
+	}
+	if s.refuseEject {
+		// The guest ignores this eject request: the device stays, no event.
+		s.logf(1, "the guest refuses to eject %s", req.ID)
 		return noContent(), nil
 	}
 	gen := s.bootGen
@@ -927,7 +932,6 @@ func (s *sim) removeDevice(r *request) (response, func()) {
 			if s.bootGen != gen {
 				return
 			}
-			bdf := s.bdfs[id]
 			if c, ok := s.vhost[id]; ok {
 				c.Close()
 				delete(s.vhost, id)
@@ -936,13 +940,21 @@ func (s *sim) removeDevice(r *request) (response, func()) {
 				s.vsock.close()
 				s.vsock = nil
 			}
-			s.removeFromConfigLocked(id, true)
-			delete(s.bdfs, id)
-			delete(s.counters, id)
-			s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == id })
+			bdf := s.dropDeviceLocked(id)
 			s.emit("vm", "device-removed", map[string]string{"id": id, "bdf": bdf})
 		})
 	}
+}
+
+// dropDeviceLocked removes device id, which the guest ejected, from the config and the
+// running VM's bookkeeping, and returns the PCI address it had.
+func (s *sim) dropDeviceLocked(id string) string {
+	bdf := s.bdfs[id]
+	s.removeFromConfigLocked(id, true)
+	delete(s.bdfs, id)
+	delete(s.counters, id)
+	s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == id })
+	return bdf
 }
 
 // removeFromConfigLocked reports whether a removable device with id exists, removing it

@@ -413,9 +413,16 @@ func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err
 // answers 204.
 func (r *running) sim(t testing.TB, action, body string) {
 	t.Helper()
+	simAction(t, r.apiSocket, action, body)
+}
+
+// simAction calls a /sim/v1/ action on the chsim whose API socket is
+// apiSocket and fails the test unless it answers 204.
+func simAction(t testing.TB, apiSocket, action, body string) {
+	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
-		return d.DialContext(ctx, "unix", r.apiSocket)
+		return d.DialContext(ctx, "unix", apiSocket)
 	}}}
 	defer c.CloseIdleConnections()
 	req, _ := http.NewRequest("PUT", "http://x/sim/v1/"+action, strings.NewReader(body))

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"reflect"
 	"slices"
 	"testing"
+	"time"
 
 	"vmhost/chclient"
 	"vmhost/vm"
@@ -233,5 +235,74 @@ func TestEngineColdAttachBoots(t *testing.T) {
 	}
 	if _, err := s.GetVolume("cold-data0"); err != nil {
 		t.Fatalf("the detached owned volume was not kept: %v", err)
+	}
+}
+
+// TestEngineHotDetachRefused: a guest that ignores the eject (chsim's
+// /sim/v1/eject refusal) makes HotDetach wait DetachTimeout and answer a
+// *record.StateError saying so, leaving the VM as it was: the disk in CH's
+// config, the export in the storage daemon, the volume in the record with
+// its socket. The service's detach rolls its pending mark back the same
+// way. Once the guest ejects again, a retry detaches.
+func TestEngineHotDetachRefused(t *testing.T) {
+	old := DetachTimeout
+	DetachTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { DetachTimeout = old })
+	s, e, root := engineService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, root, "stuck") // with VM-owned data0
+	sp.AutoBoot = true
+	if _, _, err := s.CreateVM(ctx, sp); err != nil {
+		t.Fatal(err)
+	}
+	before := s.HostRecords().Get("stuck")
+	unchanged := func(step string) {
+		t.Helper()
+		ch, qsd := hostVolumes(t, e, s, "stuck")
+		if !slices.Equal(ch, []string{"data0"}) || !slices.Equal(qsd, []string{"data0"}) {
+			t.Errorf("%s: CH %v, QSD exports %v; want [data0] in both", step, ch, qsd)
+		}
+		rec := s.HostRecords().Get("stuck")
+		if !reflect.DeepEqual(rec.Spec.Volumes, before.Spec.Volumes) || !reflect.DeepEqual(rec.Runtime.QSD.DataSockets, before.Runtime.QSD.DataSockets) {
+			t.Errorf("%s: record volumes %+v sockets %v; want %+v sockets %v", step,
+				rec.Spec.Volumes, rec.Runtime.QSD.DataSockets, before.Spec.Volumes, before.Runtime.QSD.DataSockets)
+		}
+	}
+	if len(before.Runtime.QSD.DataSockets) != 1 {
+		t.Fatalf("the record lists data sockets %v, want data0's", before.Runtime.QSD.DataSockets)
+	}
+
+	simAction(t, s.Layout().APISocket("stuck"), "eject", `{"refuse":true}`)
+	start := time.Now()
+	err := e.HotDetach(ctx, before, "data0")
+	took := time.Since(start)
+	var se *record.StateError
+	want := `the guest of VM "stuck" did not release volume data0 within 300ms; it stays attached (retry the detach, or stop the VM and detach it then)`
+	if !errors.As(err, &se) || se.Error() != want {
+		t.Fatalf("HotDetach with a guest that refuses the eject = %v\nwant *record.StateError %q", err, want)
+	}
+	if took < DetachTimeout {
+		t.Errorf("HotDetach gave up after %v, before DetachTimeout %v", took, DetachTimeout)
+	}
+	unchanged("after HotDetach")
+
+	// Through the service: its pending mark is rolled back.
+	if _, err := s.DetachVolume(ctx, record.ModeVM, "stuck", "data0"); !errors.As(err, &se) || se.Error() != want {
+		t.Fatalf("DetachVolume with a guest that refuses the eject = %v, want %q", err, want)
+	}
+	unchanged("after DetachVolume")
+
+	simAction(t, s.Layout().APISocket("stuck"), "eject", `{"refuse":false}`)
+	rec, err := s.DetachVolume(ctx, record.ModeVM, "stuck", "data0")
+	if err != nil {
+		t.Fatalf("retried detach: %v", err)
+	}
+	ch, qsd := hostVolumes(t, e, s, "stuck")
+	if len(rec.Spec.Volumes) != 0 || len(ch) != 0 || len(qsd) != 0 || len(rec.Runtime.QSD.DataSockets) != 0 {
+		t.Fatalf("after the retried detach: record %v sockets %v, CH %v, QSD %v; want none",
+			volumeIDs(rec), rec.Runtime.QSD.DataSockets, ch, qsd)
+	}
+	if _, err := s.GetVolume("stuck-data0"); err != nil {
+		t.Errorf("the detached volume was not kept: %v", err)
 	}
 }
