@@ -892,3 +892,36 @@ func TestIntegrationHotVolume(t *testing.T) {
 		t.Errorf("state after the detach: %s", v.raw)
 	}
 }
+
+// TestIntegrationShutdownByPowerButton: an AppVM whose guest agent is not
+// connected is shut down through the ACPI power button, which the guest
+// agent watches (the simulator's SIGPWR): the workload gets SIGTERM, the
+// guest powers off, and the operator's shutdown is not restarted.
+func TestIntegrationShutdownByPowerButton(t *testing.T) {
+	h := newHost(t)
+	termed := filepath.Join(t.TempDir(), "got-term")
+	h.image("pb", "trap 'touch "+termed+"; exit 0' TERM; while :; do sleep 0.1; done", nil)
+	req := baseCreate("pb")
+	req["restart_policy"] = "always"
+	id := h.create(req)
+	h.waitFor(id, "a heartbeat", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" && v.AppVM.LastHeartbeatAt != nil })
+	rec, err := h.vms.Get(vm.ModeAppVM, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.apps.Hooks().Forget(rec) // the host end goes away: no Stop can be sent
+	if code, body := h.do("POST", "/api/appvm/vms/"+id+"/shutdown", nil); code != http.StatusNoContent {
+		t.Fatalf("shutdown = %d %s", code, body)
+	}
+	h.waitFor(id, "stopped", 15*time.Second, func(v appView) bool { return v.State == "stopped" })
+	time.Sleep(1500 * time.Millisecond) // longer than the first restart backoff
+	if v := h.get(id); v.State != "stopped" || v.AppVM.RestartCount != 0 {
+		t.Errorf("after the power button: %s", v.raw)
+	}
+	if _, err := os.Stat(termed); err != nil {
+		t.Errorf("the workload got no SIGTERM from the guest agent: %v", err)
+	}
+	if !strings.Contains(h.logs.String(), "pressing the power button") {
+		t.Errorf("the shutdown did not fall back to the power button")
+	}
+}

@@ -17,7 +17,8 @@
 //
 // After boot the guest "activates" its virtio devices after a short delay (one
 // virtio-device activated event per device, disks first), as a real guest's drivers
-// would. A guest that is up honours the ACPI power button; one that is not ignores it.
+// would. A guest that is up honours the ACPI power button; one that is not ignores it;
+// an AppVM's guest agent gets SIGPWR for it and stops its workload first.
 // Its serial port prints a boot line and echoes input. Its vsock ports are listened on by
 // an echo service unless Config.GuestVsock replaces it.
 //

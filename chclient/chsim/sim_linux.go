@@ -34,3 +34,7 @@ func die(sig syscall.Signal) {
 	// A stopped process resumes here on SIGCONT; any other signal has killed us.
 	time.Sleep(time.Hour)
 }
+
+// pressAgentPowerButton is the ACPI power button as the guest agent in
+// process mode takes it: SIGPWR.
+func pressAgentPowerButton(pid int) error { return syscall.Kill(pid, syscall.SIGPWR) }

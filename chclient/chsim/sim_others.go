@@ -22,3 +22,6 @@ func die(sig syscall.Signal) {
 	fmt.Fprintf(os.Stderr, "chsim: dying by signal %d: %v\n", sig, errNotLinux)
 	os.Exit(2)
 }
+
+// pressAgentPowerButton: the guest agent runs on Linux only.
+func pressAgentPowerButton(int) error { return errNotLinux }

@@ -622,7 +622,8 @@ func (s *sim) shutdown(*request) (response, func()) {
 }
 
 // powerButton presses the ACPI button; a guest whose OS is up (devices activated) powers
-// off shortly after, one that has not booted yet ignores it.
+// off shortly after, one that has not booted yet ignores it. An AppVM's guest agent gets
+// SIGPWR and does what it does with the button.
 func (s *sim) powerButton(*request) (response, func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -632,6 +633,14 @@ func (s *sim) powerButton(*request) (response, func()) {
 	if s.qemuMode() {
 		// The ACPI button press; what follows is up to the guest.
 		if err := s.qmpLocked("system_powerdown"); err != nil {
+			return apiError(http.StatusInternalServerError, "Error triggering power button", err.Error()), nil
+		}
+		return noContent(), nil
+	}
+	if pid := s.agentPidLocked(); pid != 0 {
+		// An AppVM's guest agent watches the button: SIGPWR stands for
+		// the press; it stops the workload and powers off (its exit).
+		if err := pressAgentPowerButton(pid); err != nil {
 			return apiError(http.StatusInternalServerError, "Error triggering power button", err.Error()), nil
 		}
 		return noContent(), nil
