@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -43,7 +44,17 @@ echo $n >/data/count
 sync
 echo "lane-workload run $n secret=$LANE_SECRET"
 if [ "$n" = 1 ]; then exit 3; fi
-exec sleep 100000
+# A graceful stop (the host's Stop, or the power button) is a clean exit.
+trap 'echo "lane-workload got TERM"; exit 0' TERM
+# A volume the host hot-plugs shows up mounted at /hot.
+seen=
+while :; do
+	if [ -z "$seen" ] && [ -d /hot ] && [ "$(stat -c %d /hot)" != "$(stat -c %d /)" ]; then
+		echo hot-ok >/hot/file && echo "lane-workload hot mounted ($(stat -f -c %T /hot))"
+		seen=1
+	fi
+	sleep 0.2
+done
 `
 
 // importImage builds a static busybox OCI image layout and imports it
@@ -173,7 +184,7 @@ func classicDHCP(l *lane, a artifacts) {
 		"vm_id": id, "vcpus": 1, "memory_mb": 768, "firmware_path": ovmf,
 		"disk": map[string]any{"base_path": a.image},
 		"nets": []any{map[string]any{"network_id": "lane"}},
-		"cloud_init": map[string]any{"hostname": "lane-dhcp-host", "user": "lane",
+		"cloud_init": map[string]any{"hostname": "lane-dhcp-host", "user": "lane", "sudo": true,
 			"ssh_authorized_keys": []string{l.sshPub}},
 		"auto_boot": true,
 	}
@@ -204,6 +215,8 @@ func classicDHCP(l *lane, a artifacts) {
 		t.Errorf("dhcp guest: %q (%v), want hostname lane-dhcp-host and address %s/24", out, err, ip)
 	}
 	phase(t, "classic dhcp: ssh checks", start)
+	hotPlug(l, id, ip)
+	phase(t, "classic dhcp: volume hot-plug", start)
 
 	// Stop and start here rather than on the static VM, whose checks take
 	// longer: the two classic VMs then end closer together. Stop is a hard
@@ -220,9 +233,51 @@ func classicDHCP(l *lane, a artifacts) {
 	if out, err := l.ssh("lane", ip, "hostname"); err != nil || !strings.Contains(out, "lane-dhcp-host") {
 		t.Errorf("after stop and start: hostname %q (%v), want lane-dhcp-host", out, err)
 	}
+	// The volume attached while it ran is in the boot's disk list.
+	if out, err := l.ssh("lane", ip, "sudo -n head -c 16 /dev/vdc"); err != nil || out != laneVolumeData {
+		t.Errorf("after stop and start: /dev/vdc starts with %q (%v), want %q", out, err, laneVolumeData)
+	}
 	phase(t, "classic dhcp: stop, start", start)
 	l.deleteVM("/api/vms", id)
+	// Deleting the VM kept its first-class volume.
+	l.must("DELETE", "/api/volumes/lane-vol", "", http.StatusNoContent)
 	phase(t, "classic dhcp: total with delete", start)
+}
+
+const laneVolumeData = "lane-volume-data"
+
+// hotPlug: a first-class volume attached to the running guest appears as
+// its next disk (vdc: vda is the root disk, vdb the seed); written,
+// detached (the guest ejects it: CH's device-removed), attached again, the
+// data is there. It stays attached.
+func hotPlug(l *lane, id, ip string) {
+	t := l.t
+	l.must("POST", "/api/volumes", `{"volume_id":"lane-vol","size_gib":1}`, http.StatusCreated)
+	attach := func() {
+		b := l.must("POST", "/api/vms/"+id+"/volumes", `{"volume_id":"lane-vol"}`, http.StatusOK)
+		if !strings.Contains(string(b), `"device":"/dev/vdc"`) {
+			t.Errorf("attach answered %s, want the volume as /dev/vdc", b)
+		}
+		l.poll("the guest to see /dev/vdc", time.Minute, func() bool {
+			out, err := l.ssh("lane", ip, "lsblk -dn -o SIZE /dev/vdc")
+			return err == nil && strings.TrimSpace(out) == "1G"
+		})
+	}
+	attach()
+	if out, err := l.ssh("lane", ip, "printf "+laneVolumeData+" | sudo -n dd of=/dev/vdc conv=fsync status=none && echo written"); err != nil || !strings.Contains(out, "written") {
+		t.Fatalf("writing the hot-plugged disk: %q %v", out, err)
+	}
+	l.must("DELETE", "/api/vms/"+id+"/volumes/lane-vol", "", http.StatusOK)
+	// The guest released the disk before the detach answered; udev then
+	// removes its node.
+	l.poll("/dev/vdc to leave the guest", 30*time.Second, func() bool {
+		out, err := l.ssh("lane", ip, "test -e /sys/block/vdc && echo present || echo gone")
+		return err == nil && strings.Contains(out, "gone")
+	})
+	attach()
+	if out, err := l.ssh("lane", ip, "sudo -n head -c 16 /dev/vdc"); err != nil || out != laneVolumeData {
+		t.Errorf("re-attached volume starts with %q (%v), want %q", out, err, laneVolumeData)
+	}
 }
 
 // appVM: the busybox image on Debian's cloud kernel through appvm_modules.
@@ -294,6 +349,33 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running" && strings.Contains(readLog(), "lane-workload edit=yes")
 	})
 	phase(t, "appvm: spec edit with restart", start)
+	// A volume hot-plugged into the running AppVM: the guest agent mounts
+	// it before the attach answers, and unmounts it before the detach.
+	b := l.must("POST", prefix+"/"+id+"/volumes", `{"size_gib":1,"mountpoint":"/hot"}`, http.StatusOK)
+	if !strings.Contains(string(b), `"mountpoint":"/hot"`) {
+		t.Errorf("hot attach answered %s, want a data mount at /hot", b)
+	}
+	l.poll("the workload to see /hot mounted", time.Minute, func() bool {
+		return strings.Contains(readLog(), "lane-workload hot mounted (ext2/ext3)")
+	})
+	l.must("DELETE", prefix+"/"+id+"/volumes/data1", "", http.StatusOK)
+	phase(t, "appvm: volume hot-plug", start)
+
+	// The ACPI power button, pressed on the hypervisor behind vmhost's
+	// back: the guest agent stops the workload gracefully (its TERM trap
+	// runs, a clean exit) and powers off.
+	ch := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", l.runDir+"/vms/"+id+"/ch.sock")
+	}}}
+	req2, _ := http.NewRequest("PUT", "http://localhost/api/v1/vm.power-button", nil)
+	if resp, err := ch.Do(req2); err != nil || resp.StatusCode != http.StatusNoContent {
+		t.Fatalf("vm.power-button: %v %v", resp, err)
+	}
+	l.waitView(prefix, id, "stopped by the power button", appvmTimeout, func(v vmView) bool { return v.State == "stopped" })
+	if log := readLog(); !strings.Contains(log, "lane-workload got TERM") {
+		t.Errorf("the power button did not stop the workload gracefully; workload.log:\n%s", log)
+	}
+	phase(t, "appvm: power button", start)
 	l.deleteVM(prefix, id)
 	phase(t, "appvm: total with delete", start)
 }
