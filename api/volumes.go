@@ -106,22 +106,12 @@ func attachVolume(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request
 			return
 		}
 		id := r.PathValue("id")
-		// An id of neither family (or of the other) is a 404 before any
-		// rule of the body: the AppVM service checks the mountpoint first.
-		if _, err := s.vms.Get(mode, id); err != nil {
-			s.lifecycleFail(w, r, mode, err)
-			return
-		}
-		var (
-			rec *vm.Record
-			err error
-		)
-		if mode == vm.ModeAppVM {
-			rec, err = s.apps.AttachVolume(r.Context(), id, req)
-		} else {
-			rec, err = s.vms.AttachVolume(r.Context(), mode, id, req)
-		}
-		s.volumeChanged(w, r, mode, rec, err)
+		s.changeVolume(w, r, mode, id, func() (*vm.Record, error) {
+			if mode == vm.ModeAppVM {
+				return s.apps.AttachVolume(r.Context(), id, req)
+			}
+			return s.vms.AttachVolume(r.Context(), mode, id, req)
+		})
 	}
 }
 
@@ -130,21 +120,25 @@ func attachVolume(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request
 func detachVolume(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 	return func(s *Server, w http.ResponseWriter, r *http.Request) {
 		id, key := r.PathValue("id"), r.PathValue("vol")
-		if _, err := s.vms.Get(mode, id); err != nil {
-			s.lifecycleFail(w, r, mode, err)
-			return
-		}
-		var (
-			rec *vm.Record
-			err error
-		)
-		if mode == vm.ModeAppVM {
-			rec, err = s.apps.DetachVolume(r.Context(), id, key)
-		} else {
-			rec, err = s.vms.DetachVolume(r.Context(), mode, id, key)
-		}
-		s.volumeChanged(w, r, mode, rec, err)
+		s.changeVolume(w, r, mode, id, func() (*vm.Record, error) {
+			if mode == vm.ModeAppVM {
+				return s.apps.DetachVolume(r.Context(), id, key)
+			}
+			return s.vms.DetachVolume(r.Context(), mode, id, key)
+		})
 	}
+}
+
+// changeVolume runs an attach or detach on VM id of family mode and
+// answers it. An id of neither family (or of the other) is a 404 before
+// any rule of the body: the AppVM service checks the mountpoint first.
+func (s *Server) changeVolume(w http.ResponseWriter, r *http.Request, mode vm.Mode, id string, change func() (*vm.Record, error)) {
+	if _, err := s.vms.Get(mode, id); err != nil {
+		s.lifecycleFail(w, r, mode, err)
+		return
+	}
+	rec, err := change()
+	s.volumeChanged(w, r, mode, rec, err)
 }
 
 // volumeChanged answers an attach or detach: the VM's view, or err (a

@@ -11,6 +11,7 @@ import (
 	"vmhost/appvm/guest/proto"
 	"vmhost/chclient"
 	"vmhost/vm"
+	"vmhost/vm/engine"
 )
 
 // TestSessionProtocol plays the guest agent's side against the host end:
@@ -25,17 +26,7 @@ func TestSessionProtocol(t *testing.T) {
 	req.VMID = "p1"
 	req.AutoBoot = ptr(false)
 	req.SecretEnv = secrets([]string{"TOKEN=hunter2-secret"})
-	if _, err := apps.Create(context.Background(), &req); err != nil {
-		t.Fatal(err)
-	}
-	rec, _ := vms.Get(vm.ModeAppVM, "p1")
-	hooks := apps.Hooks()
-	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
-	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
-		t.Fatal(err)
-	}
-	defer hooks.Forget(rec)
-	running(t, vms, "p1") // as the engine records the boot
+	rec, hooks := bootedWithoutGuest(t, vms, apps, &req)
 	if err := hooks.Shutdown(context.Background(), rec); err == nil {
 		t.Error("Shutdown without a guest agent connection succeeded")
 	}
@@ -154,6 +145,25 @@ func TestSessionProtocol(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("no stop arrived")
 	}
+}
+
+// bootedWithoutGuest creates the AppVM of req and does what the engine
+// does to boot it, except starting a VM: the host end listens for a guest
+// agent, which the test plays.
+func bootedWithoutGuest(t *testing.T, vms *vm.Service, apps *appvm.Service, req *appvm.CreateRequest) (*vm.Record, engine.AppVMHooks) {
+	t.Helper()
+	if _, err := apps.Create(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ := vms.Get(vm.ModeAppVM, req.VMID)
+	hooks := apps.Hooks()
+	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
+	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hooks.Forget(rec) })
+	running(t, vms, req.VMID) // as the engine records the boot
+	return rec, hooks
 }
 
 // running records AppVM id as running, as the engine does once it booted.

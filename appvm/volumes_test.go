@@ -26,18 +26,8 @@ func TestSessionVolumeMounts(t *testing.T) {
 	req.VMID = "m1"
 	req.AutoBoot = ptr(false)
 	req.DataVolumes = []appvm.DataVolumeRequest{{SizeGiB: 1, Mountpoint: "/var/lib/data"}}
-	if _, err := apps.Create(context.Background(), &req); err != nil {
-		t.Fatal(err)
-	}
-	rec, _ := vms.Get(vm.ModeAppVM, "m1")
+	rec, hooks := bootedWithoutGuest(t, vms, apps, &req)
 	key := rec.Spec.Volumes[0].ID
-	hooks := apps.Hooks()
-	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
-	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
-		t.Fatal(err)
-	}
-	defer hooks.Forget(rec)
-	running(t, vms, "m1")
 	ctx := context.Background()
 	wantState := func(err error, want ...string) {
 		t.Helper()

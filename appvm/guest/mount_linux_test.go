@@ -33,22 +33,7 @@ func requireRoot(t *testing.T) {
 // TestIntegrationMounts checks tmpfs and ext4 data mounts inside the
 // workload root, done by the agent with --mounts in a private namespace.
 func TestIntegrationMounts(t *testing.T) {
-	requireRoot(t)
-	for _, tool := range []string{"unshare", "mkfs.ext4", "losetup", "debugfs"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
-	}
-	dir := t.TempDir()
-	img := filepath.Join(dir, "data.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 16<<20); err != nil {
-		t.Fatal(err)
-	}
-	run(t, "mkfs.ext4", "-q", "-F", img)
-	dev := attachLoop(t, img)
+	img, dev := ext4Loop(t)
 
 	root := t.TempDir()
 	script := fmt.Sprintf(`grep -E " %[1]s/(scratch|data) " /proc/self/mounts | cut -d" " -f2-4 | sed "s,%[1]s,,; s/,relatime//; s/,seclabel//"; echo persisted > %[1]s/data/hello`, root)
@@ -134,6 +119,27 @@ func libsOf(t *testing.T, bin string) []string {
 
 // attachLoop attaches img to a free loop device, or skips where loop
 // devices are unavailable (a container).
+// ext4Loop needs root and the tools, and returns a fresh 16 MiB ext4 image
+// and the loop device it is attached to (detached at cleanup).
+func ext4Loop(t *testing.T) (img, dev string) {
+	t.Helper()
+	requireRoot(t)
+	for _, tool := range []string{"unshare", "mkfs.ext4", "losetup", "debugfs"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Skipf("%s not installed", tool)
+		}
+	}
+	img = filepath.Join(t.TempDir(), "ext4.img")
+	if err := os.WriteFile(img, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(img, 16<<20); err != nil {
+		t.Fatal(err)
+	}
+	run(t, "mkfs.ext4", "-q", "-F", img)
+	return img, attachLoop(t, img)
+}
+
 func attachLoop(t *testing.T, img string) string {
 	t.Helper()
 	out, err := exec.Command("losetup", "-f", "--show", img).CombinedOutput()
@@ -173,22 +179,8 @@ func TestIntegrationSecretFileOnTmpfs(t *testing.T) {
 // mount, and once the workload lets go the unmount succeeds and what it
 // wrote is on the volume.
 func TestIntegrationHotMount(t *testing.T) {
-	requireRoot(t)
-	for _, tool := range []string{"unshare", "mkfs.ext4", "losetup", "debugfs"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed", tool)
-		}
-	}
+	img, dev := ext4Loop(t)
 	dir := t.TempDir()
-	img := filepath.Join(dir, "vol.img")
-	if err := os.WriteFile(img, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Truncate(img, 16<<20); err != nil {
-		t.Fatal(err)
-	}
-	run(t, "mkfs.ext4", "-q", "-F", img)
-	dev := attachLoop(t, img)
 	const bdf = "0000:01:00.0"
 	sysfs := filepath.Join(dir, "sys")
 	if err := os.MkdirAll(filepath.Join(sysfs, "bus/pci/devices", bdf, "virtio3/block", filepath.Base(dev)), 0o755); err != nil {
