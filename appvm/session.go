@@ -379,18 +379,26 @@ func (ss *session) handle(m proto.Message) {
 	}
 }
 
+// sendToGuest sends one host message on the guest agent's connection nc,
+// beside the serve loop reading it: a guest that stops reading fails the
+// send after 5 s instead of blocking the caller. (Writes on one net.Conn
+// never interleave, so concurrent senders keep their frames whole.)
+func sendToGuest(nc net.Conn, m proto.Message) error {
+	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	defer nc.SetWriteDeadline(time.Time{})
+	return proto.NewConn(nc).Send(m)
+}
+
 // ackEnd tells the guest that its workload's end is recorded, so that it
 // may power off (a version 1 guest does so unasked).
 func (ss *session) ackEnd() {
 	ss.mu.Lock()
 	nc, version := ss.nc, ss.version
 	ss.mu.Unlock()
-	if nc == nil || version < proto.MountVersion {
+	if nc == nil || version < proto.Version2 {
 		return
 	}
-	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	defer nc.SetWriteDeadline(time.Time{})
-	if err := proto.NewConn(nc).Send(&proto.ExitAck{}); err != nil {
+	if err := sendToGuest(nc, &proto.ExitAck{}); err != nil {
 		ss.g.log.Warn("acknowledging the workload's end to the guest agent", "id", ss.id, "err", err)
 	}
 }
@@ -528,9 +536,7 @@ func (g *guests) stop(id string) error {
 	if nc == nil {
 		return fmt.Errorf("stopping AppVM %q: the guest agent is not connected", id)
 	}
-	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	defer nc.SetWriteDeadline(time.Time{})
-	if err := proto.NewConn(nc).Send(&proto.Stop{}); err != nil {
+	if err := sendToGuest(nc, &proto.Stop{}); err != nil {
 		return fmt.Errorf("stopping AppVM %q: sending stop to the guest agent: %w", id, err)
 	}
 	return nil

@@ -102,8 +102,8 @@ func (g *guests) volumeRequest(ctx context.Context, id, what string, build func(
 	if nc == nil {
 		return nil, &vm.StateError{Msg: fmt.Sprintf("the guest agent of AppVM %q is not connected, so it cannot %s; retry once its heartbeat is back, or stop the AppVM and change its volumes then", id, what)}
 	}
-	if version < proto.MountVersion {
-		return nil, &vm.StateError{Msg: fmt.Sprintf("the guest agent of AppVM %q speaks protocol version %d, which cannot %s while it runs (version %d can); restart the AppVM to boot the current agent, or stop it and change its volumes then", id, version, what, proto.MountVersion)}
+	if version < proto.Version2 {
+		return nil, &vm.StateError{Msg: fmt.Sprintf("the guest agent of AppVM %q speaks protocol version %d, which cannot %s while it runs (version %d can); restart the AppVM to boot the current agent, or stop it and change its volumes then", id, version, what, proto.Version2)}
 	}
 	ch := make(chan *proto.MountResult, 1)
 	ss.mu.Lock()
@@ -122,10 +122,7 @@ func (g *guests) volumeRequest(ctx context.Context, id, what string, build func(
 	fail := func(err error) error {
 		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("asking the guest agent of AppVM %q to %s", id, what), Err: err}
 	}
-	nc.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	err := proto.NewConn(nc).Send(build(seq))
-	nc.SetWriteDeadline(time.Time{})
-	if err != nil {
+	if err := sendToGuest(nc, build(seq)); err != nil {
 		return nil, fail(err)
 	}
 	t := time.NewTimer(MountTimeout)

@@ -105,7 +105,7 @@ func Main(args []string) int {
 		}
 		sys = &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
 	}
-	a := &agent{opts: o, sys: sys, log: log, mounts: dataMounts{byPoint: map[string]string{}}}
+	a := &agent{opts: o, sys: sys, log: log, mounts: map[string]string{}}
 	err := a.run()
 	if err != nil {
 		log.Error("agent failed", "err", err)
@@ -157,9 +157,11 @@ type agent struct {
 	// done ends reconnect attempts when the agent finishes.
 	done  chan struct{}
 	stops chan *proto.Stop
-	// mmu serializes mounts and unmounts of data volumes.
+	// mmu serializes mounts and unmounts of data volumes; mounts maps
+	// each data volume's guest mountpoint to its device (the Spec's and
+	// the hot-mounted ones).
 	mmu    sync.Mutex
-	mounts dataMounts
+	mounts map[string]string
 	// dialVsock replaces the AF_VSOCK dial in tests; nil dials for real.
 	dialVsock func(port uint32) (net.Conn, error)
 	state     struct {
@@ -527,7 +529,7 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		a.mmu.Lock()
 		err = a.sys.mountData(d.Device, target, d.ReadOnly)
 		if err == nil {
-			a.mounts.byPoint[d.Mountpoint] = d.Device
+			a.mounts[d.Mountpoint] = d.Device
 		}
 		a.mmu.Unlock()
 		if err != nil {
@@ -751,7 +753,7 @@ func (a *agent) supervise(spec *proto.Spec, w *workload, sigs <-chan os.Signal, 
 // happened while the host agent was down is replayed to the next one and
 // not lost with the VM.
 func (a *agent) idle(spec *proto.Spec, sigs <-chan os.Signal, stops <-chan *proto.Stop, stopping bool) error {
-	if stopping || !spec.Keepalive && spec.V < proto.MountVersion {
+	if stopping || !spec.Keepalive && spec.V < proto.Version2 {
 		return nil
 	}
 	var acked <-chan struct{}

@@ -12,12 +12,6 @@ import (
 	"vmhost/appvm/guest/proto"
 )
 
-// dataMounts tracks the data volumes mounted in the workload root, by
-// guest mountpoint: those of the Spec and those the host hot-mounted.
-type dataMounts struct {
-	byPoint map[string]string // mountpoint → device
-}
-
 // pciBlockDevice returns the block device node ("/dev/vdc") of the
 // virtio-blk device at PCI address bdf, waiting up to wait for the kernel
 // to probe it: a hot-plugged disk appears a moment after the host's
@@ -62,7 +56,7 @@ func (a *agent) mountVolume(m *proto.Mount) error {
 	if err != nil {
 		return fmt.Errorf("mounting %s: %w", m.Mountpoint, err)
 	}
-	if have, ok := a.mounts.byPoint[m.Mountpoint]; ok {
+	if have, ok := a.mounts[m.Mountpoint]; ok {
 		if have == dev {
 			return nil // a retried Mount
 		}
@@ -75,7 +69,7 @@ func (a *agent) mountVolume(m *proto.Mount) error {
 	if err := a.sys.mountData(dev, target, m.ReadOnly); err != nil {
 		return fmt.Errorf("mounting %s at %s: %w", dev, m.Mountpoint, err)
 	}
-	a.mounts.byPoint[m.Mountpoint] = dev
+	a.mounts[m.Mountpoint] = dev
 	return nil
 }
 
@@ -95,7 +89,7 @@ func (a *agent) hotUnmount(m *proto.Unmount) {
 func (a *agent) unmountVolume(mountpoint string) error {
 	a.mmu.Lock()
 	defer a.mmu.Unlock()
-	if _, ok := a.mounts.byPoint[mountpoint]; !ok {
+	if _, ok := a.mounts[mountpoint]; !ok {
 		return nil // never mounted, or a retried Unmount
 	}
 	target, err := inRoot(a.opts.root, mountpoint)
@@ -105,7 +99,7 @@ func (a *agent) unmountVolume(mountpoint string) error {
 	if err := a.sys.unmountData(target); err != nil {
 		return fmt.Errorf("unmounting %s: %w", mountpoint, err)
 	}
-	delete(a.mounts.byPoint, mountpoint)
+	delete(a.mounts, mountpoint)
 	return nil
 }
 

@@ -78,9 +78,9 @@ const Version = 2
 // MinVersion is the oldest version either side still accepts.
 const MinVersion = 1
 
-// MountVersion is the first version with Mount, Unmount, MountResult and
-// ExitAck.
-const MountVersion = 2
+// Version2 added Mount, Unmount, MountResult and ExitAck: a peer of an
+// older version knows none of them.
+const Version2 = 2
 
 // Port is the vsock port the guest dials on the host (CID 2).
 const Port = 1024
