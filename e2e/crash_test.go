@@ -11,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -19,32 +18,24 @@ import (
 )
 
 // TestCrashAtEachStep kills the agent with SIGKILL at every provisioning
-// and boot step in turn, before and after the step is recorded (the
-// engine blocks there through the VMHOST_TEST_STOP_AT_STEP hook), restarts it,
-// and checks that the VM ends fully provisioned (running, since the create
-// asked for auto_boot, or created when the boot itself was cut short) or
-// failed, and that nothing is left that the record does not own: no
-// process, tap, file or directory.
+// and boot step in turn (the engine blocks there through the
+// VMHOST_TEST_STOP_AT_STEP hook): after each provisioning step, done but
+// not recorded (the image step is recorded), once the storage daemon runs,
+// once the provision's result is recorded, once CH runs, once the guest
+// booted, and once the boot is recorded. It restarts the agent and checks
+// that the VM ends fully provisioned (running, since the create asked for
+// auto_boot, or created when the boot itself was cut short) or failed,
+// and that nothing is left that the record does not own: no process,
+// tap, file or directory.
 func TestCrashAtEachStep(t *testing.T) {
 	root := os.Geteuid() == 0
-	steps := []string{"image", "root_disk", "data0", "seed", "run_dir", "tap0", "qsd", "ch", "booted"}
+	steps := []string{"image", "root_disk", "data0", "seed", "run_dir", "tap0", "qsd", "provisioned", "ch", "booted", "running"}
 	nets := `,"nets":[{}]`
 	if !root {
 		t.Log("not root: no network namespace, so the VM has no interface and the tap step is skipped")
 		steps = slices.DeleteFunc(steps, func(s string) bool { return s == "tap0" })
 		nets = ""
 	}
-	// Each step twice: "pre:<step>" stops when the step's work is done but
-	// not recorded (a file, tap or process the record does not name yet),
-	// "<step>" once it is recorded.
-	var all []string
-	for _, st := range steps {
-		if st != "booted" {
-			all = append(all, "pre:"+st)
-		}
-		all = append(all, st)
-	}
-	steps = all
 	f := newFixture(t)
 	data, err := os.ReadFile(f.base)
 	if err != nil {
@@ -74,7 +65,7 @@ func TestCrashAtEachStep(t *testing.T) {
 			}
 			s.kill()
 			s.restart()
-			bootCut := step == "ch" || step == "pre:ch" || step == "booted"
+			bootCut := step == "provisioned" || step == "ch" || step == "booted"
 			v := s.waitFor("crash", "a settled state", func(v view) bool {
 				return v.State == "failed" || v.DisplayState == "running" || (bootCut && v.State == "created" && v.DisplayState == "created")
 			})
@@ -82,7 +73,7 @@ func TestCrashAtEachStep(t *testing.T) {
 			switch {
 			case bootCut:
 				if v.State != "created" {
-					t.Errorf("boot cut short: state %s/%s, want created (the interrupted boot's CH is killed)", v.State, v.DisplayState)
+					t.Errorf("boot cut short at %s: state %s/%s, want created (an unrecorded CH is killed)", step, v.State, v.DisplayState)
 				}
 			case v.State != "running":
 				t.Errorf("provision cut short at %s: state %s/%s %+v, want it resumed and booted", step, v.State, v.DisplayState, v.FailureReason)
@@ -196,13 +187,15 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 // caller saw the request fail, so at restart the create is rolled back
 // (DESIGN §4) and the VM failed (provision_failed), with nothing left but
 // the record that says why; delete and a retry with the same id work. Cut
-// during the boot, the VM stays created, as a create whose boot fails.
+// once the provision's result is recorded or during the boot, the VM
+// stays created, as a create whose boot fails; cut once the boot is
+// recorded, it runs.
 func TestCrashDuringSyncCreate(t *testing.T) {
 	root := os.Geteuid() == 0
-	steps := []string{"pre:root_disk", "data0", "seed", "pre:tap0", "tap0", "pre:qsd", "qsd", "ch"}
+	steps := []string{"root_disk", "data0", "seed", "tap0", "qsd", "provisioned", "ch", "running"}
 	nets := `,"nets":[{}]`
 	if !root {
-		steps = slices.DeleteFunc(steps, func(s string) bool { return strings.HasSuffix(s, "tap0") })
+		steps = slices.DeleteFunc(steps, func(s string) bool { return s == "tap0" })
 		nets = ""
 	}
 	f := newFixture(t)
@@ -228,18 +221,25 @@ func TestCrashDuringSyncCreate(t *testing.T) {
 			}
 			s.restart()
 			v := s.waitFor("sync", "a settled state", func(v view) bool {
-				return v.State == "failed" || (v.State == "created" && v.DisplayState == "created")
+				return v.State == "failed" || (v.State == "created" && v.DisplayState == "created") || v.DisplayState == "running"
 			})
 			t.Logf("crash at %s → %s/%s", step, v.State, v.DisplayState)
-			if step == "ch" {
+			switch step {
+			case "provisioned", "ch":
 				if v.State != "created" {
-					t.Errorf("boot cut short: %s/%s, want created", v.State, v.DisplayState)
+					t.Errorf("boot cut short at %s: %s/%s, want created", step, v.State, v.DisplayState)
 				}
-			} else if v.State != "failed" || v.DisplayState != "provision_failed" || v.FailureReason == nil || v.FailureReason.Cause != "provision_failed" {
-				t.Errorf("interrupted synchronous create: %+v %+v, want failed/provision_failed", v, v.FailureReason)
+			case "running":
+				if v.State != "running" {
+					t.Errorf("boot recorded: %s/%s, want running", v.State, v.DisplayState)
+				}
+			default:
+				if v.State != "failed" || v.DisplayState != "provision_failed" || v.FailureReason == nil || v.FailureReason.Cause != "provision_failed" {
+					t.Errorf("interrupted synchronous create: %+v %+v, want failed/provision_failed", v, v.FailureReason)
+				}
 			}
 			checkOwnedOnly(t, s, "sync", v, "", root)
-			if st, b := s.do("DELETE", "/api/vms/sync", ""); st != http.StatusNoContent {
+			if st, b := s.do("DELETE", "/api/vms/sync?force=true", ""); st != http.StatusNoContent {
 				t.Fatalf("DELETE = %d %s", st, b)
 			}
 			checkGone(t, s, "sync")

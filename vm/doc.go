@@ -25,10 +25,13 @@
 // *CapacityError, 409; a pending create holds its id and
 // counts in later admissions, so of concurrent creates of one id exactly
 // one wins and nothing on the host changes before admission passes) →
-// Host.Preflight → the record is stored → Host.Provision (in the
-// background when an image must be downloaded, answered 202) → Host.Boot
-// when auto_boot is set. A synchronous failure before boot rolls back the
-// host work and the record; a boot failure keeps the VM.
+// Host.Preflight → the record is stored (the create's intent) →
+// Host.Provision (in the background when an image must be downloaded,
+// answered 202), which records its result, display created included →
+// Host.Boot when auto_boot is set, which records its own. A create with
+// auto_boot on the Engine thus writes its record three times before it
+// answers. A synchronous failure before boot rolls back the host work and
+// the record; a boot failure keeps the VM.
 //
 // # Actions
 //

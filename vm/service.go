@@ -350,7 +350,7 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 		s.rollback(rec)
 		return nil, false, err
 	}
-	out, err = s.reg.update(rec.ID, func(r *Record) { r.DisplayState = string(StateCreated) })
+	out, err = s.markCreated(rec.ID)
 	if err != nil {
 		s.rollback(rec)
 		return nil, false, &HostError{Kind: HostStorage, Op: "creating VM " + rec.ID, Err: err}
@@ -359,6 +359,15 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 		return s.autoBoot(ctx, out)
 	}
 	return out, false, nil
+}
+
+// markCreated records display created after a successful provision,
+// unless the host recorded it with its result (the Engine does).
+func (s *Service) markCreated(id string) (*Record, error) {
+	if cur := s.reg.get(id); cur != nil && cur.DisplayState == string(StateCreated) {
+		return cur, nil
+	}
+	return s.reg.update(id, func(r *Record) { r.DisplayState = string(StateCreated) })
 }
 
 func (s *Service) boot(ctx context.Context, rec *Record) (*Record, bool, error) {
@@ -425,7 +434,7 @@ func (s *Service) provisionInBackground(rec *Record) {
 		}
 		return
 	}
-	out, err := s.reg.update(rec.ID, func(r *Record) { r.DisplayState = string(StateCreated) })
+	out, err := s.markCreated(rec.ID)
 	if err != nil {
 		s.log.Error("recording provisioned VM", "id", rec.ID, "err", err)
 		return

@@ -13,9 +13,15 @@
 //
 // # Provisioning
 //
-// Each step is recorded in Record.Runtime.Steps before the next starts,
-// so Rollback removes exactly what was made and a provision cut short by
-// an agent restart resumes where it stopped.
+// The create's record, stored before any host work, is the intent. A
+// provision records its result once: the steps done (Record.Runtime.Steps),
+// the vsock CID, the storage daemon's identity and display created; a
+// failed one records the steps it did, so Rollback removes exactly what
+// was made. A boot records CH, the storage daemon (when it launched one)
+// and state running in one write once the guest boots. An agent that dies
+// in between finds unrecorded work: it reaps processes no record names,
+// rolls back a synchronous create by name, and redoes the unrecorded
+// steps of a background one (each step can be redone).
 //
 // # Supervision and recovery
 //

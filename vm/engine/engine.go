@@ -82,9 +82,8 @@ type Records interface {
 // disk copy, data volumes, seed, taps, qemu-storage-daemon), boots them in
 // Cloud Hypervisor, supervises them (monitor.go), carries out lifecycle
 // actions and, at Start, reconciles the host with the records
-// (recover.go). Each provisioning step is recorded in the VM's record
-// (Runtime.Steps) before the next starts, so Rollback removes exactly what
-// was made.
+// (recover.go). A provision records its steps (Runtime.Steps) with its
+// result, or with its failure, so Rollback removes exactly what was made.
 //
 // New makes it; Start gives it the records and the AppVM hooks and must
 // come before any other call. Its methods are safe for concurrent use; the
@@ -213,22 +212,27 @@ func (e *Engine) update(id string, f func(*record.Record)) (*record.Record, erro
 	return r, nil
 }
 
-// step records a completed provisioning step.
+// step records a completed provisioning step with f (the image step,
+// whose display change the caller sees; the others are recorded together
+// by provision).
 func (e *Engine) step(id, name string, f func(*record.Record)) (*record.Record, error) {
-	testStopAt("pre:" + name) // crash tests (recover_hook.go): done, not recorded
-	defer testStopAt(name)    // crash tests: done and recorded
+	defer testStopAt(name) // crash tests (recover_hook.go): done and recorded
 	return e.update(id, func(r *record.Record) {
-		if r.Runtime == nil {
-			r.Runtime = &record.Runtime{}
-		}
-		if !slices.Contains(r.Runtime.Steps, name) {
-			r.Runtime.Steps = append(r.Runtime.Steps, name)
-		}
-		e.ensureCID(r) // with the first step: one record write less
-		if f != nil {
-			f(r)
-		}
+		addSteps(r, name)
+		f(r)
 	})
+}
+
+// addSteps adds the provisioning steps names to r's, each once.
+func addSteps(r *record.Record, names ...string) {
+	if r.Runtime == nil {
+		r.Runtime = &record.Runtime{}
+	}
+	for _, n := range names {
+		if !slices.Contains(r.Runtime.Steps, n) {
+			r.Runtime.Steps = append(r.Runtime.Steps, n)
+		}
+	}
 }
 
 // Preflight checks what the engine can tell before anything is stored:
@@ -315,12 +319,32 @@ func (e *Engine) cancelProvision(id string) bool {
 	return true
 }
 
-func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
+// provision writes the record twice at most: the create's record, stored
+// before any host work, is the intent; the steps done, the vsock CID, the
+// storage daemon's identity and display created are its result, recorded
+// together at the end (the image step alone is recorded when done, for
+// its display change). A failed provision records the steps it did, for
+// Rollback. An agent that dies in between needs no record of each step:
+// recovery rolls a synchronous create back by name (rollBackInterrupted),
+// redoes a background one's unrecorded steps (removeUnrecordedFiles; taps
+// are created idempotently), and reaps the unrecorded processes.
+func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) {
 	id := rec.ID
 	l := e.layout()
 	rec = e.current(rec)
-	var err error
 	sp := &rec.Spec
+	var done []string // steps done here and not recorded yet
+	did := func(step string) {
+		done = append(done, step)
+		testStopAt(step) // crash tests (recover_hook.go): done, not recorded
+	}
+	defer func() {
+		if err != nil && len(done) > 0 {
+			if _, uerr := e.update(id, func(r *record.Record) { addSteps(r, done...) }); uerr != nil {
+				e.log.Error("recording what a failed provision made; the agent's next start reaps it", "id", id, "steps", done, "err", uerr)
+			}
+		}
+	}()
 
 	if sp.Image != nil && !rec.Runtime.Done(record.StepRootDisk) {
 		// The cached image must stay until the root disk is copied from
@@ -355,9 +379,7 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 		if err := disk.Copy(ctx, rec.Base.Path, l.RootDisk(id)); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "copying base image " + rec.Base.Path, Err: err}
 		}
-		if rec, err = e.step(id, record.StepRootDisk, nil); err != nil {
-			return err
-		}
+		did(record.StepRootDisk)
 	}
 	for i, v := range sp.Volumes {
 		if rec.Runtime.Done(record.StepData(i)) {
@@ -366,9 +388,7 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 		if err := qcow2.Create(l.DataVolume(id, v.ID), uint64(v.SizeGiB)<<30); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
 		}
-		if rec, err = e.step(id, record.StepData(i), nil); err != nil {
-			return err
-		}
+		did(record.StepData(i))
 	}
 	if sp.CloudInit != nil && !rec.Runtime.Done(record.StepSeed) {
 		files, err := seed.Render(e.seedConfig(rec))
@@ -378,17 +398,13 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 		if _, err := seed.WriteFile(l.Seed(id), files); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "writing cloud-init seed", Err: err}
 		}
-		if rec, err = e.step(id, record.StepSeed, nil); err != nil {
-			return err
-		}
+		did(record.StepSeed)
 	}
 	if !rec.Runtime.Done(record.StepRunDir) {
 		if err := os.MkdirAll(l.RunVMDir(id), 0o700); err != nil {
 			return &record.HostError{Kind: record.HostInternal, Op: "creating run directory", Err: err}
 		}
-		if rec, err = e.step(id, record.StepRunDir, nil); err != nil {
-			return err
-		}
+		did(record.StepRunDir)
 	}
 	for i := range rec.NICs {
 		if rec.Runtime.Done(record.StepTap(i)) {
@@ -397,21 +413,31 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) error {
 		if err := e.createTap(ctx, rec, i); err != nil {
 			return err
 		}
-		if rec, err = e.step(id, record.StepTap(i), nil); err != nil {
-			return err
-		}
+		did(record.StepTap(i))
 	}
-	if rec.Runtime == nil || rec.Runtime.VsockCID == 0 { // every step was done before
-		if rec, err = e.update(id, func(r *record.Record) { e.ensureCID(r) }); err != nil {
-			return err
-		}
-	}
-	// AppVM specifics (ext4 data volumes) before QSD opens the volumes.
+	// AppVM specifics (ext4 data volumes, which the hook records itself)
+	// before QSD opens the volumes.
 	if rec, err = e.appVMProvision(ctx, rec); err != nil {
 		return &record.HostError{Kind: record.HostStorage, Op: "provisioning AppVM " + id, Err: err}
 	}
-	_, err = e.ensureQSD(ctx, rec)
-	return err
+	rec, qsd, err := e.ensureQSD(ctx, rec)
+	if err != nil {
+		return err
+	}
+	testStopAt(HookQSD) // crash tests (recover_hook.go): running, not recorded
+	if _, err = e.update(id, func(r *record.Record) {
+		addSteps(r, done...)
+		e.ensureCID(r)
+		if qsd != nil {
+			r.Runtime.QSD = qsd
+		}
+		r.DisplayState = string(record.StateCreated)
+	}); err != nil {
+		return err
+	}
+	done = nil
+	testStopAt(HookProvisioned) // crash tests: the result recorded
+	return nil
 }
 
 // ensureCID gives r a vsock CID unless it has one.
@@ -615,8 +641,11 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 }
 
 // ensureQSD launches the VM's qemu-storage-daemon unless the engine holds
-// a running one, and records its identity.
-func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Record, error) {
+// a running one. A new one's identity is returned for the caller to
+// record with its result (nil when none was launched); until then the
+// engine holds it, and an agent that dies first leaves a process that the
+// next start reaps.
+func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Record, *record.QSDRuntime, error) {
 	e.mu.Lock()
 	q := e.live[rec.ID]
 	e.mu.Unlock()
@@ -626,39 +655,32 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Rec
 			q.Close()
 		default:
 			if err := e.syncExports(ctx, q, rec); err != nil {
-				return nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
+				return nil, nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
 			}
-			return rec, nil
+			return rec, nil, nil
 		}
 	}
 	if rt := rec.Runtime; rt != nil && rt.QSD != nil {
 		// Recorded but not held (an agent restart that did not adopt it):
 		// its sockets and pid file would clash with a new one.
 		if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
-			return nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
+			return nil, nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
 		}
 	}
 	cfg := e.qsdConfig(rec)
 	q, err := qmp.LaunchQSD(ctx, cfg)
 	if err != nil {
-		return nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
+		return nil, nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
 	}
 	e.mu.Lock()
 	e.live[rec.ID] = q
 	e.mu.Unlock()
-	testStopAt("pre:" + HookQSD) // crash tests (recover_hook.go): running, not recorded
-	defer testStopAt(HookQSD)    // crash tests: running and recorded
 	rt := &record.QSDRuntime{Pid: q.Pid, StartTime: q.StartTime, QMPSocket: cfg.QMPSocket, RootSocket: cfg.Root.Socket,
 		PidFile: cfg.PidFile, LogFile: cfg.LogFile}
 	for _, d := range cfg.Data {
 		rt.DataSockets = append(rt.DataSockets, d.Socket)
 	}
-	return e.update(rec.ID, func(r *record.Record) {
-		if r.Runtime == nil {
-			r.Runtime = &record.Runtime{}
-		}
-		r.Runtime.QSD = rt
-	})
+	return rec, rt, nil
 }
 
 // Rollback removes what the record says provisioning made: it stops the

@@ -16,11 +16,13 @@ import (
 
 // Boot starts the VM: qemu-storage-daemon unless it runs, then Cloud
 // Hypervisor, vm.create with CHConfig and vm.boot, checking CH's state
-// after each step. It records the process and state running, display
-// booting, hands both processes to the VM's monitor (monitor.go) and arms
-// the boot timeout. On error CH is stopped and the VM keeps its state; a
-// stopped or failed VM runs nothing, so its storage daemon is stopped too
-// (a created VM keeps the one provisioning started).
+// after each step. It records the processes and state running, display
+// booting, in one write once the guest boots (an agent that dies before
+// leaves processes no record names, which its next start reaps), hands
+// both processes to the VM's monitor (monitor.go) and arms the boot
+// timeout. On error CH is stopped and the VM keeps its state; a stopped or
+// failed VM runs nothing, so its storage daemon is stopped too (a created
+// VM keeps the one provisioning started).
 func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	rec = e.current(rec)
 	id, l := rec.ID, e.layout()
@@ -31,7 +33,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 			}
 		}()
 	}
-	rec, err = e.ensureQSD(ctx, rec)
+	rec, qsd, err := e.ensureQSD(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -67,23 +69,17 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	e.keepConsole(id, rt.SerialSocket, p)
 	undo := func(err error) error {
 		// As Stop does: vmm.shutdown, then signals up to SIGKILL with no
-		// deadline that could end the wait before SIGKILL is sent (the
-		// record forgets this process, so nothing else would end it).
+		// deadline that could end the wait before SIGKILL is sent (no
+		// record names this process, so nothing else would end it).
 		e.shutdownVMM(p)
 		if serr := terminate(p.Done(), p.Signal); serr != nil {
 			e.o.Logger.Error("stopping cloud-hypervisor after a failed boot", "id", id, "pid", p.Pid, "err", serr)
 		}
 		p.Close()
-		e.clearCH(id, p)
 		e.appVMForget(rec)
 		return err
 	}
-	testStopAt("pre:" + HookCH) // crash tests (recover_hook.go): running, not recorded
-	// Recorded at once, so the process of an agent that dies now is known.
-	if _, err := e.update(id, func(r *record.Record) { r.Runtime.CH, r.PID = rt, rt.Pid }); err != nil {
-		return undo(err)
-	}
-	testStopAt(HookCH) // crash tests (recover_hook.go)
+	testStopAt(HookCH) // crash tests (recover_hook.go): running, not recorded
 	c := p.Client()
 	if err := c.CreateVM(ctx, cfg); err != nil {
 		return undo(fail("vm.create", err))
@@ -97,8 +93,12 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	if err := expectState(ctx, c, chclient.StateRunning); err != nil && !poweredOffAfterBoot(err, p) {
 		return undo(fail("vm.boot", err))
 	}
-	testStopAt(HookBooted) // crash tests (recover_hook.go)
+	testStopAt(HookBooted) // crash tests (recover_hook.go): booted, not recorded
 	if _, err := e.update(id, func(r *record.Record) {
+		r.Runtime.CH, r.PID = rt, rt.Pid
+		if qsd != nil {
+			r.Runtime.QSD = qsd
+		}
 		r.State = record.StateRunning
 		r.DisplayState = record.DisplayBooting
 		r.FailureReason = nil
@@ -106,6 +106,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	}); err != nil {
 		return undo(err)
 	}
+	testStopAt(HookRunning) // crash tests: booted and recorded
 	e.mu.Lock()
 	q := e.live[id]
 	delete(e.live, id) // the monitor owns both processes from here
@@ -126,19 +127,6 @@ func (e *Engine) stopHeldQSD(id string) {
 	e.mu.Unlock()
 	if q != nil {
 		e.stopProcesses(id, nil, q)
-	}
-}
-
-// clearCH forgets CH process p in the record of id, if it is still the
-// recorded one.
-func (e *Engine) clearCH(id string, p *chclient.Process) {
-	_, err := e.recs.Update(id, func(r *record.Record) {
-		if r.Runtime != nil && r.Runtime.CH != nil && r.Runtime.CH.Pid == p.Pid && r.Runtime.CH.StartTime == p.StartTime {
-			r.Runtime.CH, r.PID = nil, 0
-		}
-	})
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		e.o.Logger.Error("clearing CH identity", "id", id, "err", err)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -184,6 +185,62 @@ func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
 	}
 	if _, err := os.Stat(l.RunVMDir("half")); err == nil {
 		t.Error("the run directory was kept")
+	}
+}
+
+// countingRecords counts the engine's record writes.
+type countingRecords struct {
+	vm.HostRecords
+	n *atomic.Int32
+}
+
+func (c countingRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
+	c.n.Add(1)
+	return c.HostRecords.Update(id, f)
+}
+
+// TestEngineCreateRecordsResultOnce: a synchronous create with auto_boot
+// (root disk, data volume, run directory, storage daemon, CH) has
+// the engine write the record twice, the provision's result and the boot,
+// whatever the number of steps; the record then holds every step, the
+// CID, both processes and the states.
+func TestEngineCreateRecordsResultOnce(t *testing.T) {
+	root, err := os.MkdirTemp("", "vmo") // short: socket paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	cfg := config.Default()
+	cfg.HostPathRoots = []string{root}
+	e, err := New(Options{Config: cfg, StateDir: root + "/s", RunDir: root + "/r",
+		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
+		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var writes atomic.Int32
+	s := startEngineService(t, e, func(r vm.HostRecords) Records { return countingRecords{HostRecords: r, n: &writes} })
+	t.Cleanup(func() {
+		s.Delete(context.Background(), record.ModeVM, "once", true)
+		e.Close()
+	})
+	sp := baseSpec(t, root, "once")
+	sp.AutoBoot = true
+	rec, _, err := s.CreateVM(context.Background(), sp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := writes.Load(); n != 2 {
+		t.Errorf("the engine wrote the record %d times, want 2 (the provision's result, the boot)", n)
+	}
+	rt := rec.Runtime
+	for _, st := range []string{record.StepRootDisk, record.StepData(0), record.StepRunDir} {
+		if !rt.Done(st) {
+			t.Errorf("step %s not recorded: %v", st, rt.Steps)
+		}
+	}
+	if rt.VsockCID < 3 || rt.QSD == nil || rt.CH == nil || rec.State != record.StateRunning || rec.DisplayState != record.DisplayBooting {
+		t.Errorf("record after the create = %+v, runtime %+v", rec, rt)
 	}
 }
 
@@ -582,6 +639,8 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	if _, err := b.Act(ctx, record.ModeVM, "keep", vm.ActionStart); err != nil {
 		t.Errorf("start of the intact VM: %v", err)
 	}
+	// Through b: the first service's cleanup does not know this boot.
+	defer b.Delete(ctx, record.ModeVM, "keep", true)
 }
 
 // stalledImageServer answers every request with headers and then nothing,

@@ -531,12 +531,7 @@ func (e *Engine) resumeInBackground(rec *record.Record) {
 		e.failProvision(rec.ID, oneLine(err.Error()), false)
 		return
 	}
-	out, err := e.recs.Update(rec.ID, func(r *record.Record) { r.DisplayState = string(record.StateCreated) })
-	if err != nil {
-		e.log.Error("recording provisioned VM", "id", rec.ID, "err", err)
-		return
-	}
-	if !out.Spec.AutoBoot {
+	if !rec.Spec.AutoBoot { // Provision recorded display created
 		return
 	}
 	unlock := e.recs.Lock(rec.ID)
@@ -571,18 +566,21 @@ func (e *Engine) failProvision(id, summary string, clearSteps bool) {
 
 // rollBackInterrupted undoes what an interrupted synchronous create made
 // and fails the VM (provision_failed), as a create that fails does (DESIGN
-// §4), keeping the record so the caller can see why. Its taps are deleted
-// by name, since one may have been made without being recorded.
+// §4), keeping the record so the caller can see why. A provision records
+// its steps only with its result, so everything a provision of rec can
+// make is removed by name.
 func (e *Engine) rollBackInterrupted(rec *record.Record) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	err := e.Rollback(ctx, rec)
-	if h := e.o.Taps; h != nil {
-		for _, n := range rec.NICs {
-			err = errors.Join(err, h.Delete(ctx, n.Tap))
-		}
+	all := rec.Clone()
+	addSteps(all, record.StepRootDisk, record.StepSeed, record.StepRunDir)
+	for i := range all.Spec.Volumes {
+		addSteps(all, record.StepData(i))
 	}
-	if err != nil {
+	for i := range all.NICs {
+		addSteps(all, record.StepTap(i))
+	}
+	if err := errors.Join(e.appVMRollback(ctx, all), e.teardown(ctx, all, false)); err != nil {
 		e.log.Error("rolling back an interrupted create", "id", rec.ID, "err", err)
 	}
 	e.failProvision(rec.ID, "the agent restarted during this synchronous create; what it had made was rolled back (delete the VM and create it again)", true)

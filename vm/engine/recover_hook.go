@@ -7,24 +7,24 @@ import (
 
 // Crash-test hook. With VMHOST_TEST_STOP_AT_STEP=<step> in its
 // environment, the agent stops dead when it reaches that provisioning or
-// boot step (the step's result is recorded first): the goroutine doing the
-// work blocks forever, after creating the file named by
-// VMHOST_TEST_STOP_MARKER (if set), so a test can SIGKILL the agent right
-// there and check what a restart makes of it. Steps are the Step*
-// constants, "data<N>", "tap<N>", and the boot steps below. Unset, as in
-// production, it does nothing. "pre:<step>" stops after the step's work
-// is done but before it is recorded (a file written, a tap or process
-// created that the record does not name yet).
+// boot step: the goroutine doing the work blocks forever, after creating
+// the file named by VMHOST_TEST_STOP_MARKER (if set), so a test can
+// SIGKILL the agent right there and check what a restart makes of it.
+// Steps are the Step* constants, "data<N>", "tap<N>" (each done but not
+// recorded, except "image", which is recorded), and the hooks below.
+// Unset, as in production, it does nothing.
 const (
 	testStopAtEnv     = "VMHOST_TEST_STOP_AT_STEP"
 	testStopMarkerEnv = "VMHOST_TEST_STOP_MARKER"
 )
 
-// Boot steps the hook knows besides the provisioning steps.
+// Hooks besides the provisioning steps.
 const (
-	HookQSD    = "qsd"    // qemu-storage-daemon launched and recorded
-	HookCH     = "ch"     // cloud-hypervisor launched and recorded
-	HookBooted = "booted" // vm.boot done, state running not yet recorded
+	HookQSD         = "qsd"         // qemu-storage-daemon launched, not recorded
+	HookProvisioned = "provisioned" // the provision's result recorded
+	HookCH          = "ch"          // cloud-hypervisor launched, not recorded
+	HookBooted      = "booted"      // vm.boot done, not recorded
+	HookRunning     = "running"     // the boot recorded: processes, state running
 
 	// Hot attach and detach of a volume (the record says Pending).
 	HookAttachStart      = "attach:start"      // nothing done yet
