@@ -272,3 +272,38 @@ func TestEchoedConfigIsACreateBody(t *testing.T) {
 		}
 	}
 }
+
+// closeNotingConn closes closed when the client closes it.
+type closeNotingConn struct {
+	net.Conn
+	once   *sync.Once
+	closed chan struct{}
+}
+
+func (c closeNotingConn) Close() error {
+	c.once.Do(func() { close(c.closed) })
+	return c.Conn.Close()
+}
+
+// TestClientDropsIdleConnection: after a call the client keeps its
+// connection only briefly, so an idle VM costs the agent no connection
+// (nor net/http's two goroutines for it).
+func TestClientDropsIdleConnection(t *testing.T) {
+	f, _ := launchSim(t)
+	c := chclient.New(f.sock)
+	closed := make(chan struct{})
+	var once sync.Once
+	c.Dial = func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "unix", f.sock)
+		return closeNotingConn{conn, &once, closed}, err
+	}
+	if _, err := c.Ping(ctxT(t)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the idle connection is still open 10 s after the call")
+	}
+}
