@@ -65,7 +65,7 @@ func BenchmarkCreateAutoBoot(b *testing.B) {
 			// store, root_disk (with the vsock CID), data0, run_dir, the
 			// QSD identity, display created, the CH identity, running.
 			b.Run("recordwrites", func(b *testing.B) {
-				dir, err := os.MkdirTemp("/tmp", "vhb")
+				dir, err := os.MkdirTemp(shortTemp(), "vhb")
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -95,7 +95,7 @@ func BenchmarkCreateAutoBoot(b *testing.B) {
 			b.ResetTimer()
 			for range b.N {
 				b.StopTimer()
-				dir, err := os.MkdirTemp("/tmp", "vhb")
+				dir, err := os.MkdirTemp(shortTemp(), "vhb")
 				if err != nil {
 					b.Fatal(err)
 				}
