@@ -2,6 +2,7 @@ package vm
 
 import (
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -36,9 +37,11 @@ type registry struct {
 	// publishes nothing.
 	pub events.Publisher
 
-	// wmu serializes record writes (put, update, remove), so the fsyncs of
-	// a write never happen under mu and never block readers.
-	wmu sync.Mutex
+	// wmu serializes the writes (put, update, remove) of each record, so
+	// the fsyncs of a write never happen under mu and never block readers,
+	// and writes of different records, striped by id, run side by side:
+	// their fsyncs then share the file system's journal commits.
+	wmu [64]sync.Mutex
 
 	mu sync.RWMutex
 	// recs are the stored records by id.
@@ -52,8 +55,8 @@ func newRegistry(st *store.Store, pub events.Publisher) *registry {
 	return &registry{st: st, pub: pub, recs: map[string]*Record{}, pending: map[string]*Record{}}
 }
 
-// publish hands evs to the publisher; g.wmu is held, so events come in the
-// order the changes were stored.
+// publish hands evs to the publisher; the record's write lock is held, so
+// a VM's events come in the order its changes were stored.
 func (g *registry) publish(evs ...events.Event) {
 	if g.pub == nil {
 		return
@@ -61,6 +64,13 @@ func (g *registry) publish(evs ...events.Event) {
 	for _, e := range evs {
 		g.pub.Publish(e)
 	}
+}
+
+// writeLock is the lock that serializes the writes of record id.
+func (g *registry) writeLock(id string) *sync.Mutex {
+	h := fnv.New32a()
+	h.Write([]byte(id))
+	return &g.wmu[h.Sum32()%uint32(len(g.wmu))]
 }
 
 // get returns the record of id, or nil.
@@ -137,8 +147,9 @@ func (g *registry) put(rec *Record) error {
 	if err != nil {
 		return err
 	}
-	g.wmu.Lock()
-	defer g.wmu.Unlock()
+	w := g.writeLock(rec.ID)
+	w.Lock()
+	defer w.Unlock()
 	if err := g.st.Put(rec.ID, data); err != nil {
 		return fmt.Errorf("storing record %q: %w", rec.ID, err)
 	}
@@ -165,8 +176,9 @@ func (g *registry) adopt(rec *Record) {
 // remove deletes the record of id from disk and memory, and its
 // reservation if any.
 func (g *registry) remove(id string) error {
-	g.wmu.Lock()
-	defer g.wmu.Unlock()
+	w := g.writeLock(id)
+	w.Lock()
+	defer w.Unlock()
 	if err := g.st.Delete(id); err != nil {
 		return fmt.Errorf("deleting record %q: %w", id, err)
 	}
@@ -183,8 +195,9 @@ func (g *registry) remove(id string) error {
 
 // update replaces the stored record of id with f applied to a copy of it.
 func (g *registry) update(id string, f func(*Record)) (*Record, error) {
-	g.wmu.Lock()
-	defer g.wmu.Unlock()
+	w := g.writeLock(id)
+	w.Lock()
+	defer w.Unlock()
 	g.mu.RLock()
 	old, ok := g.recs[id]
 	if !ok {

@@ -114,6 +114,11 @@ type Engine struct {
 	pmu   sync.Mutex
 	provs map[string]*provisionJob
 
+	// cidMu guards cidsGiven: the vsock CIDs allocCID gave out that
+	// their records may not hold yet, by VM id.
+	cidMu     sync.Mutex
+	cidsGiven map[string]uint32
+
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
 	// processes).
@@ -164,7 +169,7 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}}
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	if e.fw, err = newFileWatch(); err != nil {
 		e.log.Warn("inotify is unavailable; running VMs' files are polled", "err", err)
@@ -450,19 +455,31 @@ func (e *Engine) ensureCID(r *record.Record) {
 	}
 }
 
-// allocCID returns the smallest vsock CID ≥ 3 no other record holds. It
-// runs inside a record update, which serializes allocations.
+// allocCID returns the smallest vsock CID ≥ 3 that no other record holds
+// and no other allocation gave out. It runs inside a record update, and
+// the updates of different VMs run side by side, so a CID given out is
+// remembered until its record is stored with it (or is gone).
 func (e *Engine) allocCID(id string) uint32 {
+	e.cidMu.Lock()
+	defer e.cidMu.Unlock()
 	used := map[uint32]bool{}
 	for _, r := range e.recs.List() {
 		if r.ID != id && r.Runtime != nil {
 			used[r.Runtime.VsockCID] = true
 		}
 	}
+	for other, cid := range e.cidsGiven {
+		if r := e.recs.Get(other); other == id || r == nil || (r.Runtime != nil && r.Runtime.VsockCID != 0) {
+			delete(e.cidsGiven, other) // the records say it now
+			continue
+		}
+		used[cid] = true
+	}
 	cid := uint32(3)
 	for used[cid] {
 		cid++
 	}
+	e.cidsGiven[id] = cid
 	return cid
 }
 

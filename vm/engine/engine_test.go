@@ -244,6 +244,66 @@ func TestEngineCreateRecordsResultOnce(t *testing.T) {
 	}
 }
 
+// slowRecords' writes take 50 ms longer once the change is made.
+type slowRecords struct{ vm.HostRecords }
+
+func (r slowRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
+	return r.HostRecords.Update(id, func(rec *record.Record) { f(rec); time.Sleep(50 * time.Millisecond) })
+}
+
+// TestEngineConcurrentCreatesGetDistinctCIDs: record writes of different
+// VMs run side by side, and concurrent creates still get distinct vsock
+// CIDs.
+func TestEngineConcurrentCreatesGetDistinctCIDs(t *testing.T) {
+	root, err := os.MkdirTemp("", "vmc") // short: socket paths
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	cfg := config.Default()
+	cfg.HostPathRoots = []string{root}
+	e, err := New(Options{Config: cfg, StateDir: root + "/s", RunDir: root + "/r",
+		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
+		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Each write lingers after its change is made, so the writes of the
+	// concurrent creates overlap.
+	s := startEngineService(t, e, func(r vm.HostRecords) Records { return slowRecords{r} })
+	t.Cleanup(func() {
+		for _, r := range s.List(record.ModeVM) {
+			s.Delete(context.Background(), record.ModeVM, r.ID, true)
+		}
+		e.Close()
+	})
+	const n = 8
+	cids := make(chan uint32, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		sp := baseSpec(t, root, "cc"+strconv.Itoa(i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rec, _, err := s.CreateVM(context.Background(), sp)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			cids <- rec.Runtime.VsockCID
+		}()
+	}
+	wg.Wait()
+	close(cids)
+	seen := map[uint32]bool{}
+	for c := range cids {
+		if c < 3 || seen[c] {
+			t.Errorf("CID %d given twice or below 3", c)
+		}
+		seen[c] = true
+	}
+}
+
 // TestEngineCreateBootDelete runs the whole path in-process: provision
 // (steps recorded, CID allocated), boot, first sign of life, delete.
 func TestEngineCreateBootDelete(t *testing.T) {
