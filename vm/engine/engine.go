@@ -425,7 +425,7 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 	if rec, err = e.appVMProvision(ctx, rec); err != nil {
 		return &record.HostError{Kind: record.HostStorage, Op: "provisioning AppVM " + id, Err: err}
 	}
-	rec, qsd, err := e.ensureQSD(ctx, rec)
+	qsd, err := e.ensureQSD(ctx, rec)
 	if err != nil {
 		return err
 	}
@@ -662,7 +662,7 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 // record with its result (nil when none was launched); until then the
 // engine holds it, and an agent that dies first leaves a process that the
 // next start reaps.
-func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Record, *record.QSDRuntime, error) {
+func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSDRuntime, error) {
 	e.mu.Lock()
 	q := e.live[rec.ID]
 	e.mu.Unlock()
@@ -672,22 +672,22 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Rec
 			q.Close()
 		default:
 			if err := e.syncExports(ctx, q, rec); err != nil {
-				return nil, nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
+				return nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
 			}
-			return rec, nil, nil
+			return nil, nil
 		}
 	}
 	if rt := rec.Runtime; rt != nil && rt.QSD != nil {
 		// Recorded but not held (an agent restart that did not adopt it):
 		// its sockets and pid file would clash with a new one.
 		if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
-			return nil, nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
+			return nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
 		}
 	}
 	cfg := e.qsdConfig(rec)
 	q, err := qmp.LaunchQSD(ctx, cfg)
 	if err != nil {
-		return nil, nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
+		return nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
 	}
 	e.mu.Lock()
 	e.live[rec.ID] = q
@@ -697,7 +697,7 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.Rec
 	for _, d := range cfg.Data {
 		rt.DataSockets = append(rt.DataSockets, d.Socket)
 	}
-	return rec, rt, nil
+	return rt, nil
 }
 
 // Rollback removes what the record says provisioning made: it stops the

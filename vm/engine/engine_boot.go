@@ -33,7 +33,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 			}
 		}()
 	}
-	rec, qsd, err := e.ensureQSD(ctx, rec)
+	qsd, err := e.ensureQSD(ctx, rec)
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,15 @@ func (g gatedRecords) Update(id string, f func(*record.Record)) (*record.Record,
 // behind the returned gate.
 func gatedEngineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, string, *sync.Mutex) {
 	t.Helper()
+	gate := new(sync.Mutex)
+	s, e, root := wrappedEngineService(t, edit, func(r vm.HostRecords) Records { return gatedRecords{HostRecords: r, gate: gate} })
+	return s, e, root, gate
+}
+
+// wrappedEngineService is engineService with the records as the engine
+// sees them wrapped by wrap.
+func wrappedEngineService(t *testing.T, edit func(*Options), wrap func(vm.HostRecords) Records) (*vm.Service, *Engine, string) {
+	t.Helper()
 	root, err := os.MkdirTemp("", "vme")
 	if err != nil {
 		t.Fatal(err)
@@ -68,15 +77,14 @@ func gatedEngineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := new(sync.Mutex)
-	s := startEngineService(t, e, func(r vm.HostRecords) Records { return gatedRecords{HostRecords: r, gate: gate} })
+	s := startEngineService(t, e, wrap)
 	t.Cleanup(func() {
 		for _, r := range s.List(record.ModeVM) {
 			s.Delete(context.Background(), record.ModeVM, r.ID, true)
 		}
 		e.Close()
 	})
-	return s, e, root, gate
+	return s, e, root
 }
 
 // startEngineService opens the records of e's state directory in a
@@ -205,25 +213,8 @@ func (c countingRecords) Update(id string, f func(*record.Record)) (*record.Reco
 // whatever the number of steps; the record then holds every step, the
 // CID, both processes and the states.
 func TestEngineCreateRecordsResultOnce(t *testing.T) {
-	root, err := os.MkdirTemp("", "vmo") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	cfg := config.Default()
-	cfg.HostPathRoots = []string{root}
-	e, err := New(Options{Config: cfg, StateDir: root + "/s", RunDir: root + "/r",
-		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
-		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var writes atomic.Int32
-	s := startEngineService(t, e, func(r vm.HostRecords) Records { return countingRecords{HostRecords: r, n: &writes} })
-	t.Cleanup(func() {
-		s.Delete(context.Background(), record.ModeVM, "once", true)
-		e.Close()
-	})
+	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return countingRecords{HostRecords: r, n: &writes} })
 	sp := baseSpec(t, root, "once")
 	sp.AutoBoot = true
 	rec, _, err := s.CreateVM(context.Background(), sp)
@@ -255,28 +246,9 @@ func (r slowRecords) Update(id string, f func(*record.Record)) (*record.Record, 
 // VMs run side by side, and concurrent creates still get distinct vsock
 // CIDs.
 func TestEngineConcurrentCreatesGetDistinctCIDs(t *testing.T) {
-	root, err := os.MkdirTemp("", "vmc") // short: socket paths
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	cfg := config.Default()
-	cfg.HostPathRoots = []string{root}
-	e, err := New(Options{Config: cfg, StateDir: root + "/s", RunDir: root + "/r",
-		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
-		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	// Each write lingers after its change is made, so the writes of the
 	// concurrent creates overlap.
-	s := startEngineService(t, e, func(r vm.HostRecords) Records { return slowRecords{r} })
-	t.Cleanup(func() {
-		for _, r := range s.List(record.ModeVM) {
-			s.Delete(context.Background(), record.ModeVM, r.ID, true)
-		}
-		e.Close()
-	})
+	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return slowRecords{r} })
 	const n = 8
 	cids := make(chan uint32, n)
 	var wg sync.WaitGroup
