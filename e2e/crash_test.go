@@ -21,12 +21,12 @@ import (
 // and boot step in turn (the engine blocks there through the
 // VMHOST_TEST_STOP_AT_STEP hook): after each provisioning step, done but
 // not recorded (the image step is recorded), once the storage daemon runs,
-// once the provision's result is recorded, once CH runs, once the guest
-// booted, and once the boot is recorded. It restarts the agent and checks
-// that the VM ends fully provisioned (running, since the create asked for
-// auto_boot, or created when the boot itself was cut short) or failed,
-// and that nothing is left that the record does not own: no process,
-// tap, file or directory.
+// once the provision's result is staged (a create with auto_boot stores it
+// with the boot), once CH runs, once the guest booted, and once the boot
+// is recorded. It restarts the agent and checks that the VM ends fully
+// provisioned and running, since the create asked for auto_boot (the
+// unrecorded steps redone), and that nothing is left that the record does
+// not own: no process, tap, file or directory.
 func TestCrashAtEachStep(t *testing.T) {
 	root := os.Geteuid() == 0
 	steps := []string{"image", "root_disk", "data0", "seed", "run_dir", "tap0", "qsd", "provisioned", "ch", "booted", "running"}
@@ -65,18 +65,12 @@ func TestCrashAtEachStep(t *testing.T) {
 			}
 			s.kill()
 			s.restart()
-			bootCut := step == "provisioned" || step == "ch" || step == "booted"
 			v := s.waitFor("crash", "a settled state", func(v view) bool {
-				return v.State == "failed" || v.DisplayState == "running" || (bootCut && v.State == "created" && v.DisplayState == "created")
+				return v.State == "failed" || v.DisplayState == "running"
 			})
 			t.Logf("crash at %s → %s/%s", step, v.State, v.DisplayState)
-			switch {
-			case bootCut:
-				if v.State != "created" {
-					t.Errorf("boot cut short at %s: state %s/%s, want created (an unrecorded CH is killed)", step, v.State, v.DisplayState)
-				}
-			case v.State != "running":
-				t.Errorf("provision cut short at %s: state %s/%s %+v, want it resumed and booted", step, v.State, v.DisplayState, v.FailureReason)
+			if v.State != "running" {
+				t.Errorf("create cut short at %s: state %s/%s %+v, want it resumed and booted", step, v.State, v.DisplayState, v.FailureReason)
 			}
 			checkOwnedOnly(t, s, "crash", v, digest, root)
 		})
@@ -183,13 +177,13 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 }
 
 // TestCrashDuringSyncCreate kills the agent during a synchronous create
-// (no image: the caller waits for the answer) at provisioning steps: its
-// caller saw the request fail, so at restart the create is rolled back
-// (DESIGN §4) and the VM failed (provision_failed), with nothing left but
-// the record that says why; delete and a retry with the same id work. Cut
-// once the provision's result is recorded or during the boot, the VM
-// stays created, as a create whose boot fails; cut once the boot is
-// recorded, it runs.
+// with auto_boot (no image: the caller waits for the answer) at its
+// provisioning and boot steps: its caller saw the request fail, so at
+// restart the create is rolled back (DESIGN §4) and the VM failed
+// (provision_failed), with nothing left but the record that says why;
+// delete and a retry with the same id work. The provision's result is
+// stored with the boot, so a create cut after the provision, during the
+// boot, is rolled back too; cut once the boot is recorded, it runs.
 func TestCrashDuringSyncCreate(t *testing.T) {
 	root := os.Geteuid() == 0
 	steps := []string{"root_disk", "data0", "seed", "tap0", "qsd", "provisioned", "ch", "running"}
@@ -221,14 +215,10 @@ func TestCrashDuringSyncCreate(t *testing.T) {
 			}
 			s.restart()
 			v := s.waitFor("sync", "a settled state", func(v view) bool {
-				return v.State == "failed" || (v.State == "created" && v.DisplayState == "created") || v.DisplayState == "running"
+				return v.State == "failed" || v.DisplayState == "running"
 			})
 			t.Logf("crash at %s → %s/%s", step, v.State, v.DisplayState)
 			switch step {
-			case "provisioned", "ch":
-				if v.State != "created" {
-					t.Errorf("boot cut short at %s: %s/%s, want created", step, v.State, v.DisplayState)
-				}
 			case "running":
 				if v.State != "running" {
 					t.Errorf("boot recorded: %s/%s, want running", v.State, v.DisplayState)
@@ -245,6 +235,55 @@ func TestCrashDuringSyncCreate(t *testing.T) {
 			checkGone(t, s, "sync")
 			s.create(body, http.StatusCreated)
 			s.waitDisplay("sync", "running", "running")
+		})
+	}
+}
+
+// TestCrashDuringStart kills the agent during the boot of a start, once CH
+// runs and once the guest booted, neither recorded: at restart the VM is
+// created again, as a start that fails leaves it, with its unrecorded CH
+// reaped and its provisioned storage daemon kept; a start then works.
+func TestCrashDuringStart(t *testing.T) {
+	root := os.Geteuid() == 0
+	nets := `,"nets":[{}]`
+	if !root {
+		nets = ""
+	}
+	f := newFixture(t)
+	body := f.body("later", false, `,"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]}`+nets)
+	for _, step := range []string{"ch", "booted"} {
+		t.Run(step, func(t *testing.T) {
+			marker := t.TempDir() + "/stopped"
+			t.Setenv("VMHOST_TEST_STOP_AT_STEP", step)
+			t.Setenv("VMHOST_TEST_STOP_MARKER", marker)
+			s := startServer(t, serverOpts{netns: root})
+			s.create(body, http.StatusCreated)
+			done := make(chan int, 1)
+			go func() { done <- s.act("later", "start") }()
+			deadline := time.Now().Add(20 * time.Second)
+			for !exists(marker) {
+				if time.Now().After(deadline) {
+					t.Fatalf("the agent never reached step %s", step)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			s.kill()
+			if st := <-done; st == http.StatusNoContent {
+				t.Fatalf("the start answered %d although the agent was killed", st)
+			}
+			s.restart()
+			v := s.waitFor("later", "a settled state", func(v view) bool {
+				return v.State == "failed" || v.DisplayState == "running" || (v.State == "created" && v.DisplayState == "created")
+			})
+			t.Logf("crash at %s → %s/%s", step, v.State, v.DisplayState)
+			if v.State != "created" || v.DisplayState != "created" {
+				t.Errorf("start cut short at %s: %s/%s, want created/created", step, v.State, v.DisplayState)
+			}
+			checkOwnedOnly(t, s, "later", v, "", root)
+			if st := s.act("later", "start"); st != http.StatusNoContent {
+				t.Fatalf("start after the restart = %d", st)
+			}
+			s.waitDisplay("later", "running", "running")
 		})
 	}
 }

@@ -33,6 +33,15 @@ func (h HostRecords) Update(id string, f func(*Record)) (*Record, error) {
 	return h.s.reg.update(id, f)
 }
 
+// Stage applies f to a copy of the record of id in memory only: readers
+// see it at once, and the record's next Update, or Save, stores it.
+func (h HostRecords) Stage(id string, f func(*Record)) (*Record, error) {
+	return h.s.reg.stage(id, f)
+}
+
+// Save stores the record of id if it has staged changes not stored yet.
+func (h HostRecords) Save(id string) error { return h.s.reg.save(id) }
+
 // Remove deletes the record of id (recovery finishing a delete the agent
 // did not finish).
 func (h HostRecords) Remove(id string) error {

@@ -49,10 +49,13 @@ type registry struct {
 	// pending are creates that passed admission but are not stored yet;
 	// they hold their id and count in later admissions.
 	pending map[string]*Record
+	// unsaved are the ids of records with staged changes (stage) that
+	// their file does not hold yet.
+	unsaved map[string]bool
 }
 
 func newRegistry(st *store.Store, pub events.Publisher) *registry {
-	return &registry{st: st, pub: pub, recs: map[string]*Record{}, pending: map[string]*Record{}}
+	return &registry{st: st, pub: pub, recs: map[string]*Record{}, pending: map[string]*Record{}, unsaved: map[string]bool{}}
 }
 
 // publish hands evs to the publisher; the record's write lock is held, so
@@ -157,6 +160,7 @@ func (g *registry) put(rec *Record) error {
 	old := g.recs[rec.ID]
 	g.recs[rec.ID] = rec
 	delete(g.pending, rec.ID)
+	delete(g.unsaved, rec.ID)
 	g.mu.Unlock()
 	if old == nil {
 		g.publish(vmEvent(events.Created, rec))
@@ -186,6 +190,7 @@ func (g *registry) remove(id string) error {
 	old := g.recs[id]
 	delete(g.pending, id)
 	delete(g.recs, id)
+	delete(g.unsaved, id)
 	g.mu.Unlock()
 	if old != nil {
 		g.publish(vmEvent(events.Deleted, old))
@@ -193,14 +198,43 @@ func (g *registry) remove(id string) error {
 	return nil
 }
 
-// update replaces the stored record of id with f applied to a copy of it.
+// update replaces the stored record of id with f applied to a copy of it
+// (and to the changes staged since it was last stored).
 func (g *registry) update(id string, f func(*Record)) (*Record, error) {
+	return g.change(id, f, true)
+}
+
+// stage applies f to a copy of the record of id in memory only, as update
+// does, and leaves the record's file as it is: the next update, or save,
+// stores the change. Readers, the events and the record's next change see
+// it at once; an agent that dies before finds the record as last stored.
+// The record must be stored (not a create still in flight).
+func (g *registry) stage(id string, f func(*Record)) (*Record, error) {
+	return g.change(id, f, false)
+}
+
+// save stores the record of id if it has changes stage made and no write
+// stored yet; it does nothing otherwise.
+func (g *registry) save(id string) error {
+	g.mu.RLock()
+	staged := g.unsaved[id]
+	g.mu.RUnlock()
+	if !staged {
+		return nil
+	}
+	_, err := g.update(id, func(*Record) {})
+	return err
+}
+
+// change applies f to a copy of the record of id and, with store, writes
+// it to disk first; without, it marks the record unsaved.
+func (g *registry) change(id string, f func(*Record), store bool) (*Record, error) {
 	w := g.writeLock(id)
 	w.Lock()
 	defer w.Unlock()
 	g.mu.RLock()
 	old, ok := g.recs[id]
-	if !ok {
+	if !ok && store {
 		old, ok = g.pending[id]
 	}
 	g.mu.RUnlock()
@@ -209,17 +243,24 @@ func (g *registry) update(id string, f func(*Record)) (*Record, error) {
 	}
 	rec := old.Clone()
 	f(rec)
-	data, err := record.Encode(rec)
-	if err != nil {
-		return nil, err
-	}
-	if err := g.st.Put(id, data); err != nil {
-		return nil, fmt.Errorf("storing record %q: %w", id, err)
+	if store {
+		data, err := record.Encode(rec)
+		if err != nil {
+			return nil, err
+		}
+		if err := g.st.Put(id, data); err != nil {
+			return nil, fmt.Errorf("storing record %q: %w", id, err)
+		}
 	}
 	g.mu.Lock()
 	_, stored := g.recs[id]
 	g.recs[id] = rec
 	delete(g.pending, id)
+	if store {
+		delete(g.unsaved, id)
+	} else {
+		g.unsaved[id] = true
+	}
 	g.mu.Unlock()
 	if stored {
 		g.publish(changeEvents(old, rec)...)

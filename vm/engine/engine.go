@@ -71,6 +71,12 @@ type Records interface {
 	// Update stores f applied to a copy of the record of id and returns
 	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
 	Update(id string, f func(*record.Record)) (*record.Record, error)
+	// Stage applies f to a copy of the record of id in memory only, for a
+	// write that follows at once (the boot of a create with auto_boot):
+	// readers see it, and the next Update, or Save, stores it too.
+	Stage(id string, f func(*record.Record)) (*record.Record, error)
+	// Save stores the record of id if it has staged changes not stored.
+	Save(id string) error
 	// Remove deletes the record of id.
 	Remove(id string) error
 	// Lock takes the per-VM lock the lifecycle actions hold and returns
@@ -328,8 +334,9 @@ func (e *Engine) cancelProvision(id string) bool {
 // before any host work, is the intent; the steps done, the vsock CID, the
 // storage daemon's identity and display created are its result, recorded
 // together at the end (the image step alone is recorded when done, for
-// its display change). A failed provision records the steps it did, for
-// Rollback. An agent that dies in between needs no record of each step:
+// its display change). The result of a create with auto_boot is staged
+// instead, and stored with the boot's write. A failed provision records
+// the steps it did, for Rollback. An agent that dies in between needs no record of each step:
 // recovery rolls a synchronous create back by name (rollBackInterrupted),
 // redoes a background one's unrecorded steps (removeUnrecordedFiles; taps
 // are created idempotently), and reaps the unrecorded processes.
@@ -430,18 +437,30 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		return err
 	}
 	testStopAt(HookQSD) // crash tests (recover_hook.go): running, not recorded
-	if _, err = e.update(id, func(r *record.Record) {
+	result := func(r *record.Record) {
 		addSteps(r, done...)
 		e.ensureCID(r)
 		if qsd != nil {
 			r.Runtime.QSD = qsd
 		}
 		r.DisplayState = string(record.StateCreated)
-	}); err != nil {
+	}
+	if rec.Spec.AutoBoot {
+		// The boot that follows stores the result with its own write (or,
+		// failing, alone: Boot saves it); an agent that dies in between
+		// finds the create interrupted, as before the result.
+		_, err = e.recs.Stage(id, result)
+		if err != nil {
+			err = &record.HostError{Kind: record.HostStorage, Op: "recording VM " + id, Err: err}
+		}
+	} else {
+		_, err = e.update(id, result)
+	}
+	if err != nil {
 		return err
 	}
 	done = nil
-	testStopAt(HookProvisioned) // crash tests: the result recorded
+	testStopAt(HookProvisioned) // crash tests: the result recorded, or staged (auto_boot)
 	return nil
 }
 

@@ -22,10 +22,21 @@ import (
 // both processes to the VM's monitor (monitor.go) and arms the boot
 // timeout. On error CH is stopped and the VM keeps its state; a stopped or
 // failed VM runs nothing, so its storage daemon is stopped too (a created
-// VM keeps the one provisioning started).
+// VM keeps the one provisioning started). A provision's result staged for
+// the boot (auto_boot) is stored with its write, or alone when it fails.
 func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	rec = e.current(rec)
 	id, l := rec.ID, e.layout()
+	defer func() {
+		// A failed boot stores the provision's result it was to store
+		// (a create with auto_boot stages it): the VM is kept, created.
+		if err == nil {
+			return
+		}
+		if serr := e.recs.Save(id); serr != nil {
+			e.log.Error("recording provisioned VM after a failed boot", "id", id, "err", serr)
+		}
+	}()
 	if rec.State != record.StateCreated {
 		defer func() {
 			if err != nil {

@@ -208,31 +208,76 @@ func (c countingRecords) Update(id string, f func(*record.Record)) (*record.Reco
 }
 
 // TestEngineCreateRecordsResultOnce: a synchronous create with auto_boot
-// (root disk, data volume, run directory, storage daemon, CH) has
-// the engine write the record twice, the provision's result and the boot,
-// whatever the number of steps; the record then holds every step, the
-// CID, both processes and the states.
+// (root disk, data volume, run directory, storage daemon, CH) has the
+// engine store the record once, with the boot, whatever the number of
+// steps: the provision's result is staged into that write. The stored
+// record then holds every step, the CID, both processes and the states.
 func TestEngineCreateRecordsResultOnce(t *testing.T) {
 	var writes atomic.Int32
 	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return countingRecords{HostRecords: r, n: &writes} })
 	sp := baseSpec(t, root, "once")
 	sp.AutoBoot = true
-	rec, _, err := s.CreateVM(context.Background(), sp)
-	if err != nil {
+	if _, _, err := s.CreateVM(context.Background(), sp); err != nil {
 		t.Fatal(err)
 	}
-	if n := writes.Load(); n != 2 {
-		t.Errorf("the engine wrote the record %d times, want 2 (the provision's result, the boot)", n)
+	if n := writes.Load(); n != 1 {
+		t.Errorf("the engine wrote the record %d times, want 1 (the boot, with the provision's result)", n)
 	}
+	rec := storedRecord(t, s, "once")
 	rt := rec.Runtime
 	for _, st := range []string{record.StepRootDisk, record.StepData(0), record.StepRunDir} {
 		if !rt.Done(st) {
-			t.Errorf("step %s not recorded: %v", st, rt.Steps)
+			t.Errorf("step %s not stored: %v", st, rt.Steps)
 		}
 	}
 	if rt.VsockCID < 3 || rt.QSD == nil || rt.CH == nil || rec.State != record.StateRunning || rec.DisplayState != record.DisplayBooting {
-		t.Errorf("record after the create = %+v, runtime %+v", rec, rt)
+		t.Errorf("stored record after the create = %+v, runtime %+v", rec, rt)
 	}
+}
+
+// TestEngineCreateWhoseBootFailsStoresTheResult: a create with auto_boot
+// whose boot fails keeps the VM, created, and its stored record holds the
+// provision's result (steps, CID, storage daemon), which the boot was to
+// store: an agent started again finds it provisioned.
+func TestEngineCreateWhoseBootFailsStoresTheResult(t *testing.T) {
+	s, _, root := engineService(t, func(o *Options) { o.CH.Binary = "/nonexistent/cloud-hypervisor" })
+	sp := baseSpec(t, root, "nobooted")
+	sp.AutoBoot = true
+	if _, _, err := s.CreateVM(context.Background(), sp); err == nil {
+		t.Fatal("a create whose CH cannot start succeeded")
+	}
+	mem, err := s.Get(record.ModeVM, "nobooted")
+	if err != nil {
+		t.Fatalf("the VM was not kept: %v", err)
+	}
+	rec := storedRecord(t, s, "nobooted")
+	if rec.State != record.StateCreated || rec.DisplayState != string(record.StateCreated) {
+		t.Errorf("stored state %s/%s, want created/created", rec.State, rec.DisplayState)
+	}
+	rt := rec.Runtime
+	if rt == nil || !rt.Done(record.StepRootDisk) || !rt.Done(record.StepData(0)) || !rt.Done(record.StepRunDir) || rt.VsockCID != mem.Runtime.VsockCID || rt.QSD == nil || rt.CH != nil {
+		t.Errorf("stored runtime %+v, want the provision's result (in memory: %+v)", rt, mem.Runtime)
+	}
+}
+
+// storedRecord reads the record of id from s's state directory, as an
+// agent started again would.
+func storedRecord(t *testing.T, s *vm.Service, id string) *record.Record {
+	t.Helper()
+	st, err := store.Open(filepath.Join(s.Layout().StateDir, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	data, err := st.Get(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec, err := record.Decode(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
 }
 
 // slowRecords' writes take 50 ms longer once the change is made.

@@ -165,6 +165,32 @@ func (r *testRecords) Update(id string, f func(*record.Record)) (*record.Record,
 	return rec, r.store(rec)
 }
 
+// Stage changes the record in memory only.
+func (r *testRecords) Stage(id string, f func(*record.Record)) (*record.Record, error) {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	old := r.Get(id)
+	if old == nil {
+		return nil, fmt.Errorf("updating record %q: %w", id, fs.ErrNotExist)
+	}
+	rec := old.Clone()
+	f(rec)
+	r.mu.Lock()
+	r.m[id] = rec
+	r.mu.Unlock()
+	return rec, nil
+}
+
+// Save stores the record as it is in memory.
+func (r *testRecords) Save(id string) error {
+	r.wmu.Lock()
+	defer r.wmu.Unlock()
+	if rec := r.Get(id); rec != nil {
+		return r.store(rec)
+	}
+	return nil
+}
+
 func (r *testRecords) Lock(id string) func() {
 	r.lmu.Lock()
 	m := r.l[id]

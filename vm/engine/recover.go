@@ -47,9 +47,10 @@ import (
 //     root disk is gone is failed (disk_missing), never shown healthy.
 //   - A provision that was cut short is resumed when it ran in the
 //     background (a create with an image, answered 202, whose caller polls):
-//     every provisioning step is recorded when done, and files of steps not
-//     recorded (a partial copy, temp files) are removed first, so the
-//     resumed Provision redoes exactly the missing steps. If it fails, it
+//     a provision records its steps with its result (with the boot's write,
+//     for a create with auto_boot), and files of steps not recorded (a
+//     partial copy, temp files) are removed first, so the resumed Provision
+//     redoes exactly the missing steps. If it fails, it
 //     is rolled back and the VM is failed (provision_failed), as any
 //     background provision. A synchronous create (no image) whose caller
 //     saw the request fail is rolled back and failed (provision_failed);

@@ -21,7 +21,7 @@ const (
 // Hooks besides the provisioning steps.
 const (
 	HookQSD         = "qsd"         // qemu-storage-daemon launched, not recorded
-	HookProvisioned = "provisioned" // the provision's result recorded
+	HookProvisioned = "provisioned" // the provision's result recorded (staged, with auto_boot)
 	HookCH          = "ch"          // cloud-hypervisor launched, not recorded
 	HookBooted      = "booted"      // vm.boot done, not recorded
 	HookRunning     = "running"     // the boot recorded: processes, state running
