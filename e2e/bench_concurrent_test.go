@@ -19,8 +19,9 @@ import (
 // BenchmarkCreateConcurrent: 100 creates with auto_boot (2 GiB root copy,
 // one data volume) from 10 concurrent clients through the real server
 // with the simulators ("vmhost"), beside "children": the same child-process
-// work (root disk copy, data volume, qemu-storage-daemon and CH launch,
-// vm.create, vm.boot) for 100 VMs from 10 goroutines without vmhost. Each
+// work (the VM's directory, root disk copy, data volume, qemu-storage-daemon
+// and CH launch, vm.create, vm.boot) for 100 VMs from 10 goroutines
+// without vmhost. Each
 // iteration runs both, in alternating order, so the drift of a busy
 // machine (and of a file system whose inode allocation slows down after
 // many deletes) weighs on both sides alike. Reported, as medians over the
@@ -78,19 +79,24 @@ func BenchmarkCreateConcurrent(b *testing.B) {
 	}
 	withoutAgent := func() {
 		dirs := make([]string, total)
-		for i := range dirs {
-			dir, err := os.MkdirTemp(shortTemp(), "vhb")
-			if err != nil {
-				b.Fatal(err)
+		defer func() {
+			for _, dir := range dirs {
+				if dir != "" {
+					os.RemoveAll(dir)
+				}
 			}
-			defer os.RemoveAll(dir)
-			dirs[i] = dir
-		}
+		}()
 		stops := make([]func(), total)
 		wall, lat := run(func(i int) {
-			dir := dirs[i]
-			// The files vmhost would have made, timed here too: the
-			// sparse copy and the data volume are part of a create.
+			// The files vmhost would have made, timed here too: the VM's
+			// directory, the sparse copy and the data volume are part of
+			// a create.
+			dir, err := os.MkdirTemp(shortTemp(), "vhb")
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			dirs[i] = dir
 			if err := exec.Command("cp", "--sparse=always", f.base, dir+"/root.qcow2").Run(); err != nil {
 				b.Error(err)
 				return

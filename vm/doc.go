@@ -41,6 +41,7 @@
 // killed meanwhile finishes the delete at restart; a forced delete of a VM
 // still provisioning has the Host cancel the provision. HostRecords is the
 // records as the host sees them (engine.Records): get, list, update,
+// stage (a change in memory that the record's next write stores), save,
 // remove, and the same per-VM lock.
 //
 // # Views

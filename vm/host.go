@@ -23,7 +23,10 @@ type Host interface {
 	// image first when rec.Spec.Image is set). On error it leaves nothing
 	// behind that Rollback cannot remove.
 	Provision(ctx context.Context, rec *Record) error
-	// Boot starts the VM's processes and boots it.
+	// Boot starts the VM's processes and boots it. A host that staged its
+	// provision's result (HostRecords.Stage, for a create with auto_boot)
+	// stores it with the boot's record write, or alone when the boot
+	// fails.
 	Boot(ctx context.Context, rec *Record) error
 	// Rollback removes everything Provision created for rec. It is
 	// idempotent.
