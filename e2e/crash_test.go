@@ -29,13 +29,7 @@ import (
 // not own: no process, tap, file or directory.
 func TestCrashAtEachStep(t *testing.T) {
 	root := os.Geteuid() == 0
-	steps := []string{"image", "root_disk", "data0", "seed", "run_dir", "tap0", "qsd", "provisioned", "ch", "booted", "running"}
-	nets := `,"nets":[{}]`
-	if !root {
-		t.Log("not root: no network namespace, so the VM has no interface and the tap step is skipped")
-		steps = slices.DeleteFunc(steps, func(s string) bool { return s == "tap0" })
-		nets = ""
-	}
+	steps := crashSteps(root, "image", "root_disk", "data0", "seed", "run_dir", "tap0", "qsd", "provisioned", "ch", "booted", "running")
 	f := newFixture(t)
 	data, err := os.ReadFile(f.base)
 	if err != nil {
@@ -52,7 +46,7 @@ func TestCrashAtEachStep(t *testing.T) {
 			url := s.imageServer(t, data)
 			body := `{"vm_id":"crash","vcpus":1,"memory_mb":128,"kernel_path":"` + f.kernel + `","disk":{"size_gib":2},"volumes":[{"size_gib":1}],` +
 				`"image":{"image_id":"img","content_sha256":"` + digest + `","fetch_url":"` + url + `"},` +
-				`"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]},"auto_boot":true` + nets + `}`
+				`"auto_boot":true` + crashNetworking(root) + `}`
 			if st, b := s.do("POST", "/api/vms", body); st != http.StatusAccepted {
 				t.Fatalf("POST = %d %s", st, b)
 			}
@@ -77,9 +71,30 @@ func TestCrashAtEachStep(t *testing.T) {
 	}
 }
 
+// crashNetworking is what the crash tests add to a VM's spec: as root, an
+// interface and a cloud-init seed, so the tap and seed steps happen;
+// without root neither, since an agent without root creates no taps (and
+// cloud_init implies an interface).
+func crashNetworking(root bool) string {
+	if !root {
+		return ""
+	}
+	return `,"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]},"nets":[{}]`
+}
+
+// crashSteps is steps without the tap and seed steps when not root (see
+// crashNetworking).
+func crashSteps(root bool, steps ...string) []string {
+	if root {
+		return steps
+	}
+	return slices.DeleteFunc(steps, func(s string) bool { return s == "tap0" || s == "seed" })
+}
+
 // checkOwnedOnly asserts that what is on the host for VM id is exactly
-// what its view says it owns.
-func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, taps bool) {
+// what its view says it owns; root is as for crashNetworking (taps and
+// the seed are expected only then).
+func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, root bool) {
 	t.Helper()
 	var want []int
 	if v.PID != 0 {
@@ -106,7 +121,11 @@ func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, t
 	wantVMs := []string{id + ".json"}
 	if provisioned {
 		wantVMs = append(wantVMs, id)
-		if got := names(s.stateDir + "/vms/" + id); !slices.Equal(got, []string{"data0.qcow2", "root.qcow2", "seed.img"}) {
+		files := []string{"data0.qcow2", "root.qcow2"}
+		if root {
+			files = append(files, "seed.img")
+		}
+		if got := names(s.stateDir + "/vms/" + id); !slices.Equal(got, files) {
 			t.Errorf("VM directory holds %v", got)
 		}
 	}
@@ -128,7 +147,7 @@ func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, t
 	if got := names(s.stateDir + "/images"); !slices.Equal(got, wantImages) {
 		t.Errorf("image cache holds %v, want %v", got, wantImages)
 	}
-	if !taps {
+	if !root {
 		return
 	}
 	var tapNames, wantTaps []string
@@ -186,14 +205,9 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 // boot, is rolled back too; cut once the boot is recorded, it runs.
 func TestCrashDuringSyncCreate(t *testing.T) {
 	root := os.Geteuid() == 0
-	steps := []string{"root_disk", "data0", "seed", "tap0", "qsd", "provisioned", "ch", "running"}
-	nets := `,"nets":[{}]`
-	if !root {
-		steps = slices.DeleteFunc(steps, func(s string) bool { return s == "tap0" })
-		nets = ""
-	}
+	steps := crashSteps(root, "root_disk", "data0", "seed", "tap0", "qsd", "provisioned", "ch", "running")
 	f := newFixture(t)
-	body := f.body("sync", true, `,"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]}`+nets)
+	body := f.body("sync", true, crashNetworking(root))
 	for _, step := range steps {
 		t.Run(step, func(t *testing.T) {
 			marker := t.TempDir() + "/stopped"
@@ -245,12 +259,8 @@ func TestCrashDuringSyncCreate(t *testing.T) {
 // reaped and its provisioned storage daemon kept; a start then works.
 func TestCrashDuringStart(t *testing.T) {
 	root := os.Geteuid() == 0
-	nets := `,"nets":[{}]`
-	if !root {
-		nets = ""
-	}
 	f := newFixture(t)
-	body := f.body("later", false, `,"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza crash@test"]}`+nets)
+	body := f.body("later", false, crashNetworking(root))
 	for _, step := range []string{"ch", "booted"} {
 		t.Run(step, func(t *testing.T) {
 			marker := t.TempDir() + "/stopped"
