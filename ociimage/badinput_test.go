@@ -311,7 +311,7 @@ func TestImportBadInput(t *testing.T) {
 					}
 				}
 
-				img, err := Import(context.Background(), src, dst, Options{})
+				img, err := Import(context.Background(), src, dst, asTestUser(Options{}))
 				if err == nil {
 					t.Fatalf("Import succeeded (%+v), want an error matching %q", img, tt.reason)
 				}

@@ -101,7 +101,7 @@ func BenchmarkImport200MiB(b *testing.B) {
 		b.SetBytes(bi.plainSize)
 		for i := 0; b.Loop(); i++ {
 			dst := filepath.Join(work, "import"+strconv.Itoa(i))
-			if _, err := Import(ctx, bi.layout, dst, Options{}); err != nil {
+			if _, err := Import(ctx, bi.layout, dst, asTestUser(Options{})); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()

@@ -402,3 +402,22 @@ func linkCount(t testing.TB, path string) uint64 {
 	}
 	return uint64(st.Nlink)
 }
+
+// asTestUser is opts as the user running the tests can import: root (CI)
+// keeps the layers' owners; any other user cannot chown, so IgnoreOwners
+// is set for the tests that are not about owners.
+func asTestUser(opts Options) Options {
+	if os.Geteuid() != 0 {
+		opts.IgnoreOwners = true
+	}
+	return opts
+}
+
+// requireRoot skips a test that checks what only root can make: the
+// layers' owners and device nodes.
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("checks the owners and device nodes an import keeps, which needs root (CAP_CHOWN, CAP_MKNOD): run go test as root")
+	}
+}

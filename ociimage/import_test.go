@@ -80,6 +80,7 @@ func testLayers(t testing.TB) [][]byte {
 
 func TestImportSources(t *testing.T) {
 	requireTools(t)
+	requireRoot(t)
 	layers := testLayers(t)
 	tests := []struct {
 		name string
@@ -272,7 +273,7 @@ func TestImportReplacesAndKeepsDstDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		if _, err := Import(context.Background(), src, dst, Options{}); err != nil {
+		if _, err := Import(context.Background(), src, dst, asTestUser(Options{})); err != nil {
 			t.Fatalf("import %d: %v", i+1, err)
 		}
 	}
@@ -303,7 +304,7 @@ func TestImportRefusesNonRegularRootfs(t *testing.T) {
 	if err := os.Symlink(elsewhere, filepath.Join(dst, RootfsName)); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Import(context.Background(), src, dst, Options{})
+	_, err := Import(context.Background(), src, dst, asTestUser(Options{}))
 	if err == nil || !strings.Contains(err.Error(), "not a regular file") {
 		t.Fatalf("Import over a symlinked %s = %v, want a not-a-regular-file error", RootfsName, err)
 	}
@@ -351,7 +352,7 @@ func TestImportSelectsPlatform(t *testing.T) {
 		{"linux/amd64", "amd64", amdDigest},
 		{"linux/arm64", "arm64", armDigest},
 	} {
-		img, err := Import(context.Background(), src, filepath.Join(dir, tt.want), Options{Platform: tt.platform})
+		img, err := Import(context.Background(), src, filepath.Join(dir, tt.want), asTestUser(Options{Platform: tt.platform}))
 		if err != nil {
 			t.Fatalf("Import(%s): %v", tt.platform, err)
 		}
@@ -378,7 +379,7 @@ func TestImportDockerSaveSharedLayer(t *testing.T) {
 	del := layerTar(t, fileEnt(".wh.x", "", 0o644, 0, 0), fileEnt("y", "y", 0o644, 0, 0))
 	src := filepath.Join(dir, "save.tar")
 	dockerSave(t, src, [][]byte{add, del, add})
-	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), Options{})
+	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), asTestUser(Options{}))
 	if err != nil {
 		t.Fatalf("Import: %v", err)
 	}
@@ -405,7 +406,7 @@ func TestImportManySmallFiles(t *testing.T) {
 	files, _ := newLayout(t, true, layerTar(t, ents...)).files(t)
 	src := filepath.Join(dir, "layout")
 	writeDir(t, src, files)
-	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), Options{})
+	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), asTestUser(Options{}))
 	if err != nil {
 		t.Fatalf("Import: %v", err)
 	}
@@ -467,7 +468,7 @@ func TestImportSelectsRef(t *testing.T) {
 	archive(t, src, sortedNames(aFiles), aFiles)
 
 	for _, ref := range []string{"a:1", "b:1"} {
-		img, err := Import(context.Background(), src, filepath.Join(dir, ref), Options{Ref: ref})
+		img, err := Import(context.Background(), src, filepath.Join(dir, ref), asTestUser(Options{Ref: ref}))
 		if err != nil {
 			t.Fatalf("Import(Ref %s): %v", ref, err)
 		}
@@ -526,7 +527,7 @@ func TestImportZeroFilledFile(t *testing.T) {
 	files, _ := newLayout(t, true, layerTar(t, fileEnt("big", string(body), 0o644, 0, 0))).files(t)
 	src := filepath.Join(dir, "layout")
 	writeDir(t, src, files)
-	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), Options{})
+	img, err := Import(context.Background(), src, filepath.Join(dir, "img"), asTestUser(Options{}))
 	if err != nil {
 		t.Fatalf("Import: %v", err)
 	}

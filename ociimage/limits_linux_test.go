@@ -114,7 +114,7 @@ func TestApplyLayerStopsAtMaxBytes(t *testing.T) {
 	var read int64
 	d := digestOf(blob)
 	src := countingSource{memSource{"blobs/sha256/" + d[len("sha256:"):]: blob}, &read}
-	_, err := applyLayers(context.Background(), src, []descriptor{{Digest: d, Size: int64(len(blob)), DiffID: diffID}}, rootfs, Options{MaxBytes: limit})
+	_, err := applyLayers(context.Background(), src, []descriptor{{Digest: d, Size: int64(len(blob)), DiffID: diffID}}, rootfs, asTestUser(Options{MaxBytes: limit}))
 	if !errors.Is(err, ErrLimit) || !regexp.MustCompile(`^layer 1 \(sha256:[0-9a-f]{64}\): over an import limit: the unpacked content passes image_import_max_bytes \(8388608 bytes\)$`).MatchString(err.Error()) {
 		t.Fatalf("applyLayers = %v, want the image_import_max_bytes limit", err)
 	}
@@ -238,7 +238,7 @@ func TestImportLimits(t *testing.T) {
 			opts := tt.opts
 			opts.Mkfs = mkfs
 			dst := filepath.Join(dir, "img")
-			_, err := Import(context.Background(), tt.src(t, dir), dst, opts)
+			_, err := Import(context.Background(), tt.src(t, dir), dst, asTestUser(opts))
 			if !errors.Is(err, ErrLimit) || !regexp.MustCompile(tt.reason).MatchString(err.Error()) {
 				t.Fatalf("Import = %v, want a match for %q", err, tt.reason)
 			}

@@ -87,6 +87,9 @@ func TestNetConvertDefaultRoute(t *testing.T) {
 		}
 		for _, r := range renderers {
 			t.Run(tc.name+"/"+r.kind, func(t *testing.T) {
+				if r.kind == "networkd" && os.Geteuid() != 0 {
+					t.Skip("cloud-init's networkd renderer chowns what it writes to systemd-network, which needs root: run go test as root")
+				}
 				t.Parallel() // each net-convert is a ~1 s Python start
 				out := t.TempDir()
 				cmd := exec.Command(ci, "devel", "net-convert", "-p", in, "-k", "yaml", "-D", r.distro, "-O", r.kind, "-d", out)
