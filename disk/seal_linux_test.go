@@ -115,6 +115,9 @@ func TestSealBuild(t *testing.T) {
 		if err := os.Link(build, build+".link"); !errors.Is(err, syscall.EPERM) {
 			t.Errorf("hard-linking a sealed build = %v, want EPERM", err)
 		}
+		if err := os.Chmod(build, 0o600); !errors.Is(err, syscall.EPERM) {
+			t.Errorf("chmod of a sealed build = %v, want EPERM", err)
+		}
 	}
 	// Still a usable build.
 	if h, err := qcow2.ReadHeaderFile(build); err != nil || h.CheckBase() != nil {

@@ -11,6 +11,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"vmhost/internal/atomicfile"
 )
 
 // longDir makes a directory under dir whose path is about n bytes long.
@@ -281,6 +284,104 @@ func TestCheckOverlay(t *testing.T) {
 		if tc.image != build {
 			if err := h.CheckBase(); err == nil {
 				t.Errorf("CheckBase of %s accepted an image with a backing file", filepath.Base(tc.image))
+			}
+		}
+	}
+}
+
+// overlayLoopEnv makes the test binary write overlays in a loop instead of
+// running the tests, until it is killed: $VMHOST_TEST_OVERLAY_LOOP names
+// the directory, which holds build.qcow2.
+const overlayLoopEnv = "VMHOST_TEST_OVERLAY_LOOP"
+
+func init() {
+	dir := os.Getenv(overlayLoopEnv)
+	if dir == "" {
+		return
+	}
+	os.Stdout.Write([]byte("writing\n"))
+	for i := 0; ; i++ {
+		p := filepath.Join(dir, "root-"+strconv.Itoa(os.Getpid())+"-"+strconv.Itoa(i)+".qcow2")
+		if err := CreateOverlay(p, filepath.Join(dir, "build.qcow2"), 4<<30); err != nil {
+			println(err.Error())
+			os.Exit(1)
+		}
+	}
+}
+
+// TestCreateOverlayKilled kills (SIGKILL) a process writing overlays in a
+// loop 50 times at random moments: every file at a final name is a whole
+// overlay qemu-img accepts, and anything else is a temp file
+// atomicfile.IsTemp recognises, which a startup sweep removes. (A kill
+// tests the publish, not durability across a power loss.)
+func TestCreateOverlayKilled(t *testing.T) {
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	build := filepath.Join(dir, "build.qcow2")
+	if err := Create(build, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		cmd := exec.Command(self, "-test.run=^$")
+		cmd.Env = append(os.Environ(), overlayLoopEnv+"="+dir, "GORACE=atexit_sleep_ms=0")
+		var out bytes.Buffer
+		cmd.Stderr = &out
+		started, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Killed between 0 and 3 ms into the loop (an overlay takes
+		// about 1 ms), so kills land at every step of a write.
+		if _, err := started.Read(make([]byte, 8)); err != nil {
+			t.Fatalf("writer: %v: %s", err, out.String())
+		}
+		time.Sleep(time.Duration(i*61%3000) * time.Microsecond)
+		cmd.Process.Kill()
+		if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+			t.Fatalf("writer ended with %v before the kill: %s", err, out.String())
+		}
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var whole, temps int
+	for _, e := range ents {
+		p := filepath.Join(dir, e.Name())
+		switch {
+		case e.Name() == "build.qcow2":
+		case atomicfile.IsTemp(e.Name()):
+			temps++
+		default:
+			h, err := ReadHeaderFile(p)
+			if err != nil {
+				t.Errorf("%s: %v", e.Name(), err)
+				continue
+			}
+			if err := h.CheckOverlay(build); err != nil {
+				t.Errorf("%s: %v", e.Name(), err)
+			}
+			if b, _ := os.ReadFile(p); len(b) != 3*clusterSize+8*8 {
+				t.Errorf("%s is %d bytes, want %d", e.Name(), len(b), 3*clusterSize+8*8)
+			}
+			whole++
+		}
+	}
+	t.Logf("after 50 kills: %d whole overlays, %d temp files", whole, temps)
+	if whole == 0 {
+		t.Error("no overlay was ever published: the kills came too early to test anything")
+	}
+	if _, err := exec.LookPath("qemu-img"); err == nil {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), "root-") {
+				qemuImg(t, "check", "-q", filepath.Join(dir, e.Name()))
+				break
 			}
 		}
 	}

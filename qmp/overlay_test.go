@@ -122,6 +122,21 @@ func TestQSDOverlayChain(t *testing.T) {
 			if l, err := q.RootLimits(ctx); err != nil || l != (qmp.ThrottleLimits{IopsTotal: 500}) {
 				t.Errorf("root limits = %+v (%v), want iops 500", l, err)
 			}
+			// A second VM's daemon on another overlay of the same build:
+			// read-only opens share the build (QEMU's locks allow it).
+			cfg2 := config(b, socketDir(t))
+			cfg2.Data = nil
+			if err := qcow2.CreateOverlay(cfg2.Root.Path, build, 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			cfg2.Root.Backing = build
+			q2, err := qmp.LaunchQSD(ctx, cfg2)
+			if err != nil {
+				t.Fatalf("a second QSD on the same build: %v\nlog:\n%s", err, proc.LogTail(cfg2.LogFile, 20))
+			}
+			if err := q2.Quit(ctx); err != nil {
+				t.Error(err)
+			}
 			wantQMPError(t, c.BlockdevDel(ctx, qmp.RootBaseNode), "GenericError", "Node 'root-base' is busy: node is used as backing hd of 'root-qcow2'")
 			if immutable {
 				// The build opens only read-only: QSD's plain file node
