@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 go=${GO:-go}
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
-echo "file system of ${TMPDIR:-/tmp}: $(stat -f -c %T "${TMPDIR:-/tmp}"); $rounds rounds"
+echo "file system of ${TMPDIR:-/tmp}: $(df --output=fstype "${TMPDIR:-/tmp}" | tail -1); $rounds rounds"
 "$go" test -run '^$' -bench '^BenchmarkRootDisk$' -benchtime "${rounds}x" ./disk >"$out"
 printf '\n%-8s %20s %15s %10s %18s\n' build qemu-img-create-b CreateOverlay Copy Copy/CreateOverlay
 # Lines look like: BenchmarkRootDisk/1GiB-2  9  123 ns/op  1.2 ms/CreateOverlay  950 ms/Copy  3.4 ms/qemu-img-create-b
