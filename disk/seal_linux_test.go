@@ -51,6 +51,22 @@ func mode(t *testing.T, path string) os.FileMode {
 	return st.Mode().Perm()
 }
 
+// flagFileSystems are those known to support FS_IMMUTABLE_FL (tmpfs since
+// Linux 6.0).
+var flagFileSystems = map[string]bool{"ext4": true, "xfs": true, "btrfs": true, "tmpfs": true}
+
+// hasImmutableCap reports whether the calling thread's effective set holds
+// CAP_LINUX_IMMUTABLE (root in a container may lack it).
+func hasImmutableCap(t *testing.T) bool {
+	t.Helper()
+	hdr := unix.CapUserHeader{Version: 0x20080522} // _LINUX_CAPABILITY_VERSION_3
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		t.Fatalf("capget: %v", err)
+	}
+	return data[0].Effective&(1<<unix.CAP_LINUX_IMMUTABLE) != 0
+}
+
 // fsName names the file system holding dir, for the log.
 func fsName(dir string) string {
 	var st unix.Statfs_t
@@ -91,9 +107,11 @@ func TestSealBuild(t *testing.T) {
 	if m := mode(t, build); m != 0o444 {
 		t.Errorf("mode after SealBuild = %v, want 0444", m)
 	}
-	wantImmutable := os.Geteuid() == 0 && fsName(dir) != "ramfs"
-	if wantImmutable && !s.Immutable {
-		t.Fatalf("SealBuild as root on %s did not set the immutable flag: %v", fsName(dir), s.NotImmutable)
+	switch fs := fsName(dir); {
+	case hasImmutableCap(t) && flagFileSystems[fs] && !s.Immutable:
+		t.Fatalf("SealBuild with CAP_LINUX_IMMUTABLE on %s did not set the immutable flag: %v", fs, s.NotImmutable)
+	case !hasImmutableCap(t) && !errors.Is(s.NotImmutable, ErrNoImmutableCapability) && !errors.Is(s.NotImmutable, ErrImmutableUnsupported):
+		t.Fatalf("SealBuild without CAP_LINUX_IMMUTABLE = %+v, want the flag refused", s)
 	}
 	if s.Immutable != isImmutable(t, build) {
 		t.Errorf("Seal.Immutable = %v, but the inode says %v", s.Immutable, !s.Immutable)
@@ -186,8 +204,8 @@ func TestSealBuild(t *testing.T) {
 // from it: the mode is set, the flag is not, and NotImmutable says why;
 // unsealing a build made immutable elsewhere fails the same way.
 func TestSealBuildWithoutCapability(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("not root: TestSealBuild already runs without CAP_LINUX_IMMUTABLE")
+	if !hasImmutableCap(t) {
+		t.Skip("no CAP_LINUX_IMMUTABLE: TestSealBuild already runs without it")
 	}
 	dir := t.TempDir()
 	plain, sealed := filepath.Join(dir, "plain.qcow2"), filepath.Join(dir, "sealed.qcow2")
@@ -271,8 +289,9 @@ type sealReport struct {
 
 // TestSealBuildFileSystems mounts ext4 (a loop-mounted image made by
 // mkfs.ext4), tmpfs and ramfs in a mount namespace of a child process and
-// seals a build on each: ext4 must take the flag, ramfs has none (mode
-// only), tmpfs has it since Linux 6.0. Needs root.
+// seals a build on each: ext4 must take the flag (given
+// CAP_LINUX_IMMUTABLE), ramfs has none (mode only), tmpfs has it since
+// Linux 6.0. Needs root.
 func TestSealBuildFileSystems(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("mounting file systems needs root")
@@ -322,6 +341,10 @@ func TestSealBuildFileSystems(t *testing.T) {
 				t.Errorf("mode = %#o, want 0444", r.Mode)
 			}
 			switch {
+			case !hasImmutableCap(t):
+				if r.Immutable || !r.NoCapability && !r.Unsupported {
+					t.Errorf("without CAP_LINUX_IMMUTABLE: %+v, want the flag refused", r)
+				}
 			case fsType == "ext4" && !r.Immutable:
 				t.Errorf("ext4 did not take the immutable flag: %s", r.Why)
 			case fsType == "ramfs" && (r.Immutable || !r.Unsupported):
