@@ -28,7 +28,9 @@ var agentSynopses = []cli.Synopsis{
 }
 
 // allSynopses is every command line, the agent's first.
-func allSynopses() []cli.Synopsis { return append(append([]cli.Synopsis{}, agentSynopses...), cli.Synopses...) }
+func allSynopses() []cli.Synopsis {
+	return append(append([]cli.Synopsis{}, agentSynopses...), cli.Synopses...)
+}
 
 // shortUsage is what a bare `vmhost` prints: where to start.
 const shortUsage = `usage: vmhost COMMAND [ARGUMENTS]
