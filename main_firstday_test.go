@@ -2,13 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"vmhost/api"
 	"vmhost/cli"
@@ -200,6 +203,101 @@ func TestDoctorCommand(t *testing.T) {
 	for _, args := range [][]string{{"doctor", "extra"}, {"doctor", "--bogus"}, {"doctor", "-o", "yaml"}} {
 		if _, _, code := vmhost(t, dir, args...); code != 2 {
 			t.Errorf("vmhost %q = %d, want 2", args, code)
+		}
+	}
+}
+
+// routeMention is a route as the API reference writes it: `METHOD /path`.
+var routeMention = regexp.MustCompile("`(GET|POST|PUT|PATCH|DELETE) (/[^` ?]*)`")
+
+// TestAPIReferenceCoversEveryRoute: every route of the OpenAPI document
+// the agent serves has its place in docs/api.md, and every route the
+// reference names is one the agent serves.
+func TestAPIReferenceCoversEveryRoute(t *testing.T) {
+	b, err := os.ReadFile("docs/api.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	routes := openAPIRoutes(t)
+	mentioned := map[string]bool{}
+	for _, m := range routeMention.FindAllStringSubmatch(string(b), -1) {
+		mentioned[m[1]+" "+m[2]] = true
+	}
+	for _, r := range routes {
+		if !mentioned[r] {
+			t.Errorf("docs/api.md does not document %s", r)
+		}
+	}
+	for r := range mentioned {
+		if !slices.Contains(routes, r) {
+			t.Errorf("docs/api.md names %s, which the agent does not serve", r)
+		}
+	}
+}
+
+// outsideReference matches what points outside the repository: the shared
+// specification and design documents a checkout does not have, and the
+// section citations of the contract those documents hold.
+var outsideReference = regexp.MustCompile(`\.\./shared|shared/(spec|ref|DESIGN|STYLE)|DESIGN(\.md| §)|STYLE\.md|extensions(\.md| §)|(^|[^/])api\.md §`)
+
+// readsSharedRef are tests (and their helper) that read reference
+// documents beside the checkout when present, and skip without them.
+var readsSharedRef = map[string]bool{
+	"chclient/openapi_test.go":            true,
+	"chclient/openapitest/openapitest.go": true,
+}
+
+// outsideReferencesPending are files of packages other work was changing
+// while the documentation moved into docs/: their references are to be
+// pointed at docs/ (and the entry removed) as they are merged.
+var outsideReferencesPending = map[string]bool{
+	"api/api.go": true, "api/appvmspec.go": true, "api/catalogs.go": true, "api/events.go": true,
+	"api/images.go": true, "api/lifecycle.go": true, "api/metrics.go": true, "api/openapi.go": true,
+	"api/volumes.go": true, "api/volumes_test.go": true,
+	"appvm/redeploy.go": true, "appvm/specedit.go": true, "appvm/view.go": true, "appvm/volumes.go": true, "appvm/workload.go": true,
+	"auth/auth.go": true, "e2e/crash_test.go": true, "e2e/realguest/prepare.sh": true,
+	"events/events.go": true, "main_deps_test.go": true,
+	"qcow2/header.go": true, "qmp/qmp.go": true, "qmp/qsdsim/qsdsim.go": true,
+	"seed/doc.go": true, "seed/fat/doc.go": true, "seed/fat/fat_test.go": true, "seed/render.go": true, "seed/testdata/README.md": true,
+	"vm/engine/doc.go": true, "vm/engine/engine_boot.go": true, "vm/engine/monitor.go": true, "vm/engine/recover.go": true,
+	"vm/engine/volumes.go": true, "vm/events.go": true, "vm/host.go": true, "vm/lifecycle.go": true,
+	"vm/record/record.go": true, "vm/record/runtime.go": true, "vm/record/spec.go": true,
+	"vm/validate.go": true, "vm/validate_test.go": true, "vm/volumes.go": true, "volume/volume.go": true,
+}
+
+// TestNoReferenceOutsideTheRepository: no document, comment or shipped
+// file of the repository points at documents outside it; docs/ holds the
+// project's own. A file still pending must still need it (so the list
+// only shrinks).
+func TestNoReferenceOutsideTheRepository(t *testing.T) {
+	out, err := exec.Command("git", "ls-files").Output()
+	if err != nil {
+		t.Skipf("git ls-files: %v (a checkout without git)", err)
+	}
+	for _, f := range strings.Fields(string(out)) {
+		if strings.Contains(f, "testdata/") && !strings.HasSuffix(f, ".md") || strings.HasSuffix(f, ".sum") {
+			continue
+		}
+		b, err := os.ReadFile(f)
+		if err != nil || !utf8.Valid(b) {
+			continue
+		}
+		var hits []string
+		for i, line := range strings.Split(string(b), "\n") {
+			if outsideReference.MatchString(line) {
+				hits = append(hits, fmt.Sprintf("%s:%d: %s", f, i+1, strings.TrimSpace(line)))
+			}
+		}
+		switch {
+		case readsSharedRef[f]:
+		case outsideReferencesPending[f] && len(hits) == 0:
+			t.Errorf("%s no longer points outside the repository: remove it from outsideReferencesPending", f)
+		case outsideReferencesPending[f]:
+			t.Logf("pending: %s", strings.Join(hits, "\n"))
+		default:
+			for _, h := range hits {
+				t.Errorf("%s: points outside the repository (use docs/)", h)
+			}
 		}
 	}
 }

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// vmView holds the fields of a VmView (api.md §2.1) the tables show.
+// vmView holds the fields of a VM view (docs/api.md) the tables show.
 type vmView struct {
 	ID           string     `json:"id"`
 	Mode         string     `json:"mode"`
@@ -401,7 +401,7 @@ func (e *env) readFile(name string) ([]byte, error) {
 	return b, nil
 }
 
-// volumeView holds the fields of a Volume (extensions.md §1.1) the table
+// volumeView holds the fields of a Volume (docs/api.md, Volumes) the table
 // shows.
 type volumeView struct {
 	ID         string     `json:"id"`
@@ -429,7 +429,7 @@ func (e *env) volumeTable(vols []volumeView) {
 	tw.Flush()
 }
 
-// volumeCmd runs `vmhost volume …` over the routes of extensions.md §1.
+// volumeCmd runs `vmhost volume …` over the volume routes.
 func (e *env) volumeCmd(args []string) error {
 	if len(args) == 0 {
 		return usageError("volume: no subcommand (list, get, create, delete, attach, detach)")

@@ -85,8 +85,8 @@ type Host struct {
 	Euid int
 }
 
-// Jail is the part of the jail's configuration the checks need (the
-// defaults of extensions §11 come from DefaultJail).
+// Jail is the part of the jail's configuration the checks need (its
+// defaults come from DefaultJail).
 type Jail struct {
 	// Enabled: VMs run confined (the default when the agent runs as root).
 	Enabled bool
