@@ -18,7 +18,7 @@ var agentSynopses = []cli.Synopsis{
 	{Line: "vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow PATTERN]", Summary: "add an API key and print its token (once); --allow repeats"},
 	{Line: "vmhost key list --state-dir DIR", Summary: "list the API keys (never their tokens)"},
 	{Line: "vmhost key remove --state-dir DIR --name NAME", Summary: "remove an API key"},
-	{Line: "vmhost image import --state-dir DIR --id ID [--config FILE] [--ignore-owners] [--skip-devices] FILE", Summary: "import an AppVM image into a state directory, without the agent"},
+	{Line: "vmhost image import (--state-dir DIR | --dev) --id ID [--config FILE] [--ignore-owners] [--skip-devices] FILE", Summary: "import an AppVM image into a state directory, without the agent"},
 	{Line: "vmhost config default", Summary: "print the built-in configuration"},
 	{Line: "vmhost config check FILE", Summary: "check a configuration file as serve reads it (errors name line and column)"},
 	{Line: "vmhost openapi", Summary: "print the API's OpenAPI 3.1 document"},
