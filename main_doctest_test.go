@@ -264,7 +264,8 @@ agent_env() {
 stop_agent() {
 	if [ -n "${agent:-}" ]; then
 		# The agent, or the shell of the README's agent block and what it runs.
-		pkill -TERM -P "$agent" 2>/dev/null || true
+		local c
+		for c in $(cat /proc/"$agent"/task/*/children 2>/dev/null); do kill -TERM "$c" 2>/dev/null || true; done
 		kill -TERM "$agent" 2>/dev/null || true
 		wait "$agent" || true
 		echo "--- the agent's log:"; tail -n 20 "$T/agent.err"
