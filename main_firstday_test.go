@@ -257,7 +257,7 @@ var outsideReferencesPending = map[string]bool{
 	"appvm/redeploy.go": true, "appvm/specedit.go": true, "appvm/view.go": true, "appvm/volumes.go": true, "appvm/workload.go": true,
 	"auth/auth.go": true, "e2e/crash_test.go": true, "e2e/realguest/prepare.sh": true,
 	"events/events.go": true, "main_deps_test.go": true,
-	"qcow2/header.go": true, "qmp/qmp.go": true, "qmp/qsdsim/qsdsim.go": true,
+	"qmp/qmp.go": true,
 	"seed/doc.go": true, "seed/fat/doc.go": true, "seed/fat/fat_test.go": true, "seed/render.go": true, "seed/testdata/README.md": true,
 	"vm/engine/doc.go": true, "vm/engine/engine_boot.go": true, "vm/engine/monitor.go": true, "vm/engine/recover.go": true,
 	"vm/engine/volumes.go": true, "vm/events.go": true, "vm/host.go": true, "vm/lifecycle.go": true,
