@@ -19,9 +19,13 @@ import (
 // execChunk is the most output one frame carries.
 const execChunk = 32 << 10
 
-// execDrain is how long output is still forwarded after the process ended,
-// for a child that keeps the output open.
-const execDrain = time.Second
+// After the process ended its output is forwarded until end of file, or
+// until it stayed silent for execDrainIdle (a child keeps it open), or for
+// at most execDrainMax in all (a child keeps writing).
+const (
+	execDrainIdle = time.Second
+	execDrainMax  = 10 * time.Second
+)
 
 // stdinQueue bounds the input frames held while the process does not read:
 // beyond it the agent stops reading the connection (back-pressure).
@@ -50,8 +54,10 @@ type execOp struct {
 	outputs []*os.File
 	queue   chan stdinItem
 
-	// ended is set once the process was reaped: no kill after it.
-	ended atomic.Bool
+	// ended is set once the process was reaped: no kill after it, and
+	// the output is drained from then on (endedAt).
+	ended   atomic.Bool
+	endedAt time.Time
 	// timedOut is set when the timeout killed the process.
 	timedOut atomic.Bool
 	// gone is closed when the host vanished (or broke the protocol).
@@ -85,7 +91,12 @@ func (a *agent) opExec(c net.Conn, fc *proto.FrameConn, oc *opsContext, req *pro
 	} else if fi, err := os.Stat(h); err != nil || !fi.IsDir() {
 		return opFail(proto.ErrBadRequest, "workdir %q is not a directory in the workload's root", workdir)
 	}
-	cmd, err := a.command(req.Command, mergeEnv(oc.env, req.Env), workdir, acc)
+	env := oc.env
+	if req.User != "" {
+		// Another user's HOME, as a login would give (unless Env sets one).
+		env = mergeEnv(env, []string{"HOME=" + acc.home})
+	}
+	cmd, err := a.command(req.Command, mergeEnv(env, req.Env), workdir, acc)
 	if err != nil {
 		return opFail(proto.ErrBadRequest, "%v", err)
 	}
@@ -188,19 +199,15 @@ wait:
 			gone = nil
 		}
 	}
+	// Output the process wrote before its end comes first, all of it
+	// however slow the host; a child that keeps the output open must not
+	// hold the exit for long.
+	x.endedAt = time.Now()
 	x.ended.Store(true)
-	// Output the process wrote before its end comes first; a child that
-	// keeps the output open must not hold the exit for long.
-	drained := make(chan struct{})
-	go func() { pumps.Wait(); close(drained) }()
-	select {
-	case <-drained:
-	case <-time.After(execDrain):
-		for _, f := range x.outputs {
-			f.SetReadDeadline(time.Now())
-		}
-		<-drained
+	for _, f := range x.outputs {
+		f.SetReadDeadline(x.drainDeadline())
 	}
+	pumps.Wait()
 	// Input nobody reads any more: a feeder blocked on it fails and
 	// drops the rest.
 	x.stdin.Close()
@@ -228,6 +235,16 @@ func exitPayload(ws syscall.WaitStatus, timedOut bool) []byte {
 	return []byte(b.String())
 }
 
+// drainDeadline is when a read of the output gives up once the process
+// ended. Call it only after ended is set.
+func (x *execOp) drainDeadline() time.Time {
+	idle, last := time.Now().Add(execDrainIdle), x.endedAt.Add(execDrainMax)
+	if idle.After(last) {
+		return last
+	}
+	return idle
+}
+
 // write sends one frame; a host that takes none for stallTimeout is gone.
 func (x *execOp) write(t proto.FrameType, p []byte) error {
 	x.c.SetWriteDeadline(time.Now().Add(stallTimeout))
@@ -241,6 +258,9 @@ func (x *execOp) write(t proto.FrameType, p []byte) error {
 func (x *execOp) pump(t proto.FrameType, f *os.File) {
 	buf := make([]byte, execChunk)
 	for {
+		if x.ended.Load() {
+			f.SetReadDeadline(x.drainDeadline())
+		}
 		n, err := f.Read(buf)
 		if n > 0 {
 			if werr := x.write(t, buf[:n]); werr != nil {

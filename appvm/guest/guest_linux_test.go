@@ -57,7 +57,7 @@ func (l *lockedBuffer) String() string {
 // fakeHost is the host side of one agent run: a unix listener standing in
 // for the hybrid vsock socket, speaking proto.
 type fakeHost struct {
-	t      *testing.T
+	t      testing.TB
 	ln     net.Listener
 	root   string
 	cmd    *exec.Cmd
@@ -96,7 +96,7 @@ type agentOpts struct {
 
 // startAgent starts the agent, accepts its connection, checks the Hello
 // and sends spec.
-func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
+func startAgent(t testing.TB, spec *proto.Spec, o agentOpts) *fakeHost {
 	t.Helper()
 	dir := t.TempDir()
 	if o.root == "" {

@@ -8,7 +8,9 @@ import (
 	"io"
 	"net"
 	"os"
+	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -47,7 +49,7 @@ func (h *fakeHost) exec(req *proto.ExecRequest, stdin string) (*proto.ExecExit, 
 }
 
 // running starts an agent whose workload runs until stopped.
-func running(t *testing.T, spec *proto.Spec, o agentOpts) (*fakeHost, *proto.Started) {
+func running(t testing.TB, spec *proto.Spec, o agentOpts) (*fakeHost, *proto.Started) {
 	t.Helper()
 	if len(spec.Command) == 0 {
 		spec.Command = sh("exec sleep 300")
@@ -332,4 +334,77 @@ func TestExecBackPressure(t *testing.T) {
 	if grew := peak - rssBefore; grew > 32<<10 {
 		t.Errorf("the agent's RSS grew by %d kB while passing %d MiB: it buffers", grew, total>>20)
 	}
+}
+
+// TestExecOutputAfterTheEndReachesASlowHost: output still buffered when the
+// process exits reaches a host that pauses longer than the drain's idle
+// limit: the limit is for output nobody writes, not for a slow reader.
+func TestExecOutputAfterTheEndReachesASlowHost(t *testing.T) {
+	const total = 300000 // more than the socket holds, less than socket and pipe
+	h, _ := running(t, &proto.Spec{}, agentOpts{})
+	s, err := proto.StartExec(h.dialOp(), &proto.ExecRequest{Command: []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}, TimeoutSecs: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.CloseStdin()
+	w := &slowWriter{pause: make(chan chan struct{}, 1)}
+	resume := make(chan struct{})
+	w.pause <- resume
+	done := make(chan *proto.ExecExit, 1)
+	go func() {
+		e, err := s.Wait(w, io.Discard)
+		if err != nil {
+			t.Error(err)
+		}
+		done <- e
+	}()
+	eventually(t, "the producer's end", func() bool { return gone(s.PID()) })
+	time.Sleep(execDrainIdle + 500*time.Millisecond)
+	close(resume)
+	if e := <-done; exitCode(e) != "code 0" || w.n != total {
+		t.Errorf("exit %s after %d bytes, want code 0 after %d", exitCode(e), w.n, total)
+	}
+}
+
+// BenchmarkExecTrue measures an exec of true through the agent's operation
+// connection (request, start, exit, as the host's Exec does it) beside the
+// fork and exec of true that a program on the same machine does, one of
+// each per iteration, and reports both medians.
+//
+//	go test ./appvm/guest -run '^$' -bench ExecTrue -benchtime 200x
+func BenchmarkExecTrue(b *testing.B) {
+	h, _ := running(b, &proto.Spec{}, agentOpts{})
+	trueBin, err := exec.LookPath("true")
+	if err != nil {
+		b.Skip("no true")
+	}
+	var viaAgent, direct []time.Duration
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		c, err := net.Dial("unix", h.opsSock)
+		if err != nil {
+			b.Fatal(err)
+		}
+		exit, err := proto.Exec(context.Background(), c, &proto.ExecRequest{Command: []string{trueBin}, TimeoutSecs: 10}, nil, io.Discard, io.Discard)
+		c.Close()
+		if err != nil || exitCode(exit) != "code 0" {
+			b.Fatalf("exec: %v, %s", err, exitCode(exit))
+		}
+		viaAgent = append(viaAgent, time.Since(start))
+		start = time.Now()
+		if err := exec.Command(trueBin).Run(); err != nil {
+			b.Fatal(err)
+		}
+		direct = append(direct, time.Since(start))
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(median(viaAgent).Microseconds()), "agent-µs/exec")
+	b.ReportMetric(float64(median(direct).Microseconds()), "fork-exec-µs/exec")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
