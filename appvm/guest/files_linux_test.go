@@ -300,3 +300,46 @@ func TestSignalOp(t *testing.T) {
 	err := proto.Signal(context.Background(), h.dialOp(), int(syscall.SIGUSR1))
 	wantOpError(t, err, proto.ErrInvalidState, "no workload runs")
 }
+
+// TestFilesLargeRoundTrip copies 32 MiB in and out: the archive goes in
+// chunks, the file arrives whole, comes back byte for byte, and the agent
+// holds none of it in memory (its peak RSS barely moves).
+func TestFilesLargeRoundTrip(t *testing.T) {
+	const size = 32 << 20
+	root := t.TempDir()
+	h, _ := running(t, &proto.Spec{}, agentOpts{root: root})
+	agent := h.cmd.Process.Pid
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", agent), []byte("5"), 0); err != nil {
+		t.Skipf("cannot reset the peak RSS: %v", err)
+	}
+	rssBefore := procField(t, fmt.Sprintf("/proc/%d/status", agent), "VmRSS")
+	content := bytes.Repeat([]byte("0123456789abcdef"), size/16)
+	content[size/2] = 'X'
+	// The archive streams from a pipe: the client never holds it whole.
+	pr, pw := io.Pipe()
+	go func() {
+		tw := tar.NewWriter(pw)
+		tw.WriteHeader(&tar.Header{Name: "big.bin", Typeflag: tar.TypeReg, Mode: 0o600, Size: size})
+		tw.Write(content)
+		pw.CloseWithError(tw.Close())
+	}()
+	res, err := proto.PutFiles(context.Background(), h.dialOp(), "/", size+1<<20, pr)
+	if err != nil || res.Bytes != size {
+		t.Fatalf("put: %+v, %v", res, err)
+	}
+	if got, err := os.ReadFile(filepath.Join(root, "big.bin")); err != nil || !bytes.Equal(got, content) {
+		t.Fatalf("the file in the root: %d bytes, %v", len(got), err)
+	}
+	b, err := h.getFiles("/big.bin")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := readTar(t, b); len(got) != 1 || got[0].body != string(content) {
+		t.Errorf("the file out differs")
+	}
+	peak := procField(t, fmt.Sprintf("/proc/%d/status", agent), "VmHWM")
+	t.Logf("agent RSS %d kB before, peak %d kB while %d MiB went in and out", rssBefore, peak, size>>20)
+	if grew := peak - rssBefore; grew > 32<<10 {
+		t.Errorf("the agent's RSS grew by %d kB: it buffers", grew)
+	}
+}
