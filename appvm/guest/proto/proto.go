@@ -28,9 +28,8 @@
 // things happen; the host may send [Stop], and from version 2 on [Mount] and
 // [Unmount], each answered by one [MountResult] with the same Seq,
 // [ExitAck] once it has recorded an Exit or a Fatal, and from version 3 on
-// [LogAck]. When the
-// connection breaks (a host agent restart), the guest redials and sends a
-// Hello with Resume set instead of expecting a Spec.
+// [LogAck]. When the connection breaks (a host agent restart), the guest
+// redials and sends a Hello with Resume set instead of expecting a Spec.
 //
 // Version history: 1, the first; 2 adds Mount, Unmount and MountResult (a
 // volume hot-plugged into or out of a running AppVM) and ExitAck: a
@@ -60,7 +59,8 @@
 // after hot-plugging a volume
 // and Unmount before unplugging one, and wait for the MountResult; a guest
 // whose Hello says V 1 knows neither. To a guest of version 3, send LogAck
-// once Log messages are stored, so that it forgets them.
+// once Log messages are stored, so that it forgets them; never to an older
+// one, whose strict decoding would fail the session.
 //
 // # Operation connections (version 3)
 //
@@ -102,7 +102,10 @@
 // Secret env values and secret file contents travel only in [Spec], as
 // [Secret] values: they encode their real value in JSON (the guest needs it),
 // and print as "[redacted]" through fmt, slog and errors. They must never be
-// put on the kernel command line, in the initramfs or in a log.
+// put on the kernel command line, in the initramfs or in a log. The guest
+// does not redact what the workload or an exec'd process prints (Log data,
+// exec output may hold secrets; an exec'd process has the secret
+// variables): the host does, before anything reaches an answer or a file.
 package proto
 
 import (
