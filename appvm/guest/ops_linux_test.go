@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -407,4 +408,51 @@ func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// countingWriter counts what the host managed to send.
+type countingWriter struct {
+	s *proto.ExecSession
+	n atomic.Int64
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	n, err := w.s.Write(p)
+	w.n.Add(int64(n))
+	return n, err
+}
+
+// TestExecStdinBackPressure: input for a process that does not read stops
+// being taken after a bounded amount (the agent's queue, the pipe and the
+// socket), so a host cannot make the agent buffer without bound.
+func TestExecStdinBackPressure(t *testing.T) {
+	h, _ := running(t, &proto.Spec{}, agentOpts{})
+	c := h.dialOp()
+	s, err := proto.StartExec(c, &proto.ExecRequest{Command: sh(`sleep 2; cat > /dev/null`), TimeoutSecs: 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &countingWriter{s: s}
+	const total = 32 << 20
+	sent := make(chan error, 1)
+	go func() {
+		_, err := io.Copy(w, io.LimitReader(zeros{}, total))
+		if err == nil {
+			err = s.CloseStdin()
+		}
+		sent <- err
+	}()
+	time.Sleep(time.Second)
+	held := w.n.Load()
+	t.Logf("taken while the process read nothing: %d bytes", held)
+	if held >= 4<<20 {
+		t.Errorf("the agent took %d bytes of input nobody read", held)
+	}
+	// Once the process reads, everything goes through.
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if e, err := s.Wait(io.Discard, io.Discard); err != nil || exitCode(e) != "code 0" {
+		t.Errorf("exit %s, %v", exitCode(e), err)
+	}
 }
