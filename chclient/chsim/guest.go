@@ -105,12 +105,7 @@ func (s *sim) startGuestAgentLocked() error {
 	}
 	defer logFile.Close()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Its own process group (paused and resumed with the VM). The simulator's death
-	// halts it: the agent then kills everything below it, so that a simulator killed
-	// outright leaves no process of the guest behind.
-	cmd.SysProcAttr = childProcAttr()
-	cmd.SysProcAttr.Setpgid = true
-	cmd.SysProcAttr.Pdeathsig = guestHaltSignal
+	cmd.SysProcAttr = agentProcAttr()
 	g := &guestAgent{cmd: cmd, done: make(chan struct{}), listen: GuestListenPrefix(s.vm.Vsock.Socket)}
 	if s.guestNetworkLocked() {
 		// As root, the guest gets a network namespace whose eth0 is wired to the VM's
