@@ -255,7 +255,7 @@ var outsideReferencesPending = map[string]bool{
 	"api/images.go": true, "api/lifecycle.go": true, "api/metrics.go": true, "api/openapi.go": true,
 	"api/volumes.go": true, "api/volumes_test.go": true,
 	"appvm/redeploy.go": true, "appvm/specedit.go": true, "appvm/view.go": true, "appvm/volumes.go": true, "appvm/workload.go": true,
-	"e2e/crash_test.go": true, "e2e/realguest/prepare.sh": true, "main_deps_test.go": true, "seed/render.go": true,
+	"e2e/crash_test.go": true, "main_deps_test.go": true, "seed/render.go": true,
 	"vm/engine/doc.go": true, "vm/engine/engine_boot.go": true, "vm/engine/monitor.go": true, "vm/engine/recover.go": true,
 	"vm/engine/volumes.go": true, "vm/events.go": true, "vm/host.go": true, "vm/lifecycle.go": true,
 	"vm/record/record.go": true, "vm/record/runtime.go": true, "vm/record/spec.go": true,
