@@ -1,4 +1,4 @@
-// Package events is the agent's durable event log (extensions.md §6): every
+// Package events is the agent's durable event log (docs/api.md, Events): every
 // change a control plane watches for (a VM created, deleted, changing state
 // or display state, failing, its guest panicking, an AppVM's heartbeat going
 // stale, its workload exiting or its health changing, a volume attached or
@@ -43,7 +43,7 @@ import (
 // Type is the kind of an event.
 type Type string
 
-// The event types of extensions.md §6.
+// The event types of the API (docs/api.md, Events).
 const (
 	Created             Type = "created"
 	StateChanged        Type = "state_changed"
@@ -118,7 +118,8 @@ type Entry struct {
 	JSON []byte
 }
 
-// DefaultKeep is the fewest events kept (extensions.md §6).
+// DefaultKeep is the fewest events kept (events_keep's default and minimum;
+// docs/api.md, Events).
 const DefaultKeep = 10_000
 
 const (
