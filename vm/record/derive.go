@@ -97,6 +97,22 @@ func DeviceName(i int) string {
 	return deviceName(i)
 }
 
+// VolumeDevice is the guest device of rec's volume i as the next boot
+// presents it: vda is the root disk, then the seed when there is one, then
+// the volumes in order, a hot attach in progress left out.
+func VolumeDevice(rec *Record, i int) string {
+	dev := 1
+	if rec.Spec.CloudInit != nil {
+		dev++
+	}
+	for _, v := range rec.Spec.Volumes[:i] {
+		if v.Pending != PendingAttach {
+			dev++
+		}
+	}
+	return DeviceName(dev)
+}
+
 func deviceName(i int) string {
 	var b []byte
 	for i++; i > 0; i = (i - 1) / 26 {
