@@ -18,6 +18,7 @@ import (
 	"vmhost/tap"
 	"vmhost/vm"
 	"vmhost/vm/engine"
+	"vmhost/vm/records"
 )
 
 // service is what serve runs: the API handler over the VM services.
@@ -74,24 +75,29 @@ func newService(env serveEnv) (*service, error) {
 	if err != nil {
 		return nil, err
 	}
+	recs, err := records.Open(env.Store, records.Options{Logger: env.Log})
+	if err != nil {
+		evs.Close()
+		return nil, err
+	}
+	recs.Watch(records.Publish(evs))
 	vms, err := vm.New(vm.Options{
 		StateDir: env.StateDir,
 		RunDir:   env.RunDir,
 		Config:   env.Config,
-		Store:    env.Store,
+		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
-		Events:   evs,
 	})
 	if err != nil {
 		evs.Close()
 		return nil, err
 	}
-	r := vms.Report()
+	r := recs.Report()
 	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
 		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
 	apps := appvm.NewWithOptions(vms, appvm.Options{Logger: env.Log, Events: evs})
-	eng.Start(vms.HostRecords(), apps.Hooks())
+	eng.Start(recs, apps.Hooks())
 	apps.RecoverRedeploys(context.Background())
 	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())

@@ -24,6 +24,7 @@ import (
 	"vmhost/auth"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/records"
 )
 
 func indent(t testing.TB, body string) string {
@@ -419,7 +420,11 @@ func TestNoHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Store: st, Host: vm.NoHost{}})
+	recs, err := records.Open(st, records.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Records: recs, Host: vm.NoHost{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -510,7 +515,7 @@ func TestRestart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(vmsDir, ".tmp-r1.json-123")); err == nil {
 		t.Error("the torn temp file was left behind")
 	}
-	rep := h.vms.Report()
+	rep := h.e.Records.Report()
 	if len(rep.Damaged) != 1 || rep.Damaged[0].ID != "broken" || len(rep.RemovedTemps) != 1 || len(rep.Invalid) != 1 || rep.Loaded != 4 {
 		t.Errorf("load report = %+v", rep)
 	}
@@ -655,7 +660,7 @@ func TestViewMemo(t *testing.T) {
 		if b != want.String() || strings.Contains(b, "disk_bytes") {
 			t.Fatalf("list:\n%s\nencoding/json:\n%s", b, want.String())
 		}
-		if _, err := h.vms.Update("c", func(r *vm.Record) { r.DisplayState = "changed" }); err != nil {
+		if _, err := h.e.Records.Update("c", func(r *vm.Record) { r.DisplayState = "changed" }); err != nil {
 			t.Fatal(err)
 		}
 	}

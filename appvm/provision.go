@@ -49,7 +49,7 @@ func (h hooks) Provision(ctx context.Context, rec *vm.Record) error {
 			return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}
 		}
 		var err error
-		rec, err = h.s.vms.Update(rec.ID, func(r *vm.Record) {
+		rec, err = h.s.vms.Records().Update(rec.ID, func(r *vm.Record) {
 			if r.Runtime == nil {
 				r.Runtime = &vm.Runtime{}
 			}
@@ -224,7 +224,7 @@ func (h hooks) PrepareBoot(ctx context.Context, rec *vm.Record, cfg *chclient.Vm
 	}
 	// A new boot: the live facts of the previous one, and its workload's
 	// end, no longer hold.
-	_, err := h.s.vms.Update(rec.ID, func(r *vm.Record) {
+	_, err := h.s.vms.Records().Update(rec.ID, func(r *vm.Record) {
 		if g := r.AppVM.Guest; g != nil {
 			g.BootID, g.LastHeartbeatAt, g.Lease, g.Health, g.HealthStreak, g.LogStreamDetached = "", nil, nil, "", 0, false
 			g.ExitCode, g.ExitSignal, g.Fatal = nil, 0, ""

@@ -33,7 +33,7 @@ var errRedeploying = errors.New("a redeploy of this AppVM is in progress")
 // *vm.StateError while a redeploy runs or the AppVM is being deleted or
 // provisioned (409 INVALID_STATE).
 func (s *Service) Redeploy(ctx context.Context, id string) (*vm.Record, error) {
-	unlock := s.vms.HostRecords().Lock(id)
+	unlock := s.vms.Records().Lock(id)
 	rec, err := s.Get(id)
 	if err != nil {
 		unlock()
@@ -65,7 +65,7 @@ func (s *Service) Redeploy(ctx context.Context, id string) (*vm.Record, error) {
 		unlock()
 		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q has no ready build", img.ID)}
 	}
-	out, err := s.vms.Update(id, func(r *vm.Record) {
+	out, err := s.vms.Records().Update(id, func(r *vm.Record) {
 		r.AppVM.Redeploy = &vm.Redeploy{To: img.Workload}
 		r.AppVM.RedeployError = ""
 	})
@@ -93,7 +93,7 @@ func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
 		if derr := s.vms.Host().DropStagedRootDisk(rec); derr != nil {
 			log.Error("removing the staged root disk", "err", derr)
 		}
-		if _, uerr := s.vms.Update(id, func(r *vm.Record) {
+		if _, uerr := s.vms.Records().Update(id, func(r *vm.Record) {
 			r.AppVM.Redeploy = nil
 			r.AppVM.RedeployError = step + ": " + err.Error()
 		}); uerr != nil {
@@ -111,7 +111,7 @@ func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
 			return
 		}
 	}
-	unlock := s.vms.HostRecords().Lock(id)
+	unlock := s.vms.Records().Lock(id)
 	cur, err := s.Get(id)
 	if err != nil {
 		unlock()
@@ -125,7 +125,7 @@ func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
 	}
 	err = s.vms.Host().StageRootDisk(ctx, cur, s.catalog.BuildFile(cur.AppVM.ImageID, cur.AppVM.Redeploy.To.BuildDigest))
 	if err == nil {
-		cur, err = s.vms.Update(id, func(r *vm.Record) { r.AppVM.Redeploy.Staged = true })
+		cur, err = s.vms.Records().Update(id, func(r *vm.Record) { r.AppVM.Redeploy.Staged = true })
 	}
 	if err != nil {
 		unlock()
@@ -150,7 +150,7 @@ func (s *Service) finishRedeploy(ctx context.Context, rec *vm.Record) error {
 	if err := s.vms.Host().SwapRootDisk(ctx, rec); err != nil {
 		return err
 	}
-	_, err := s.vms.Update(rec.ID, func(r *vm.Record) {
+	_, err := s.vms.Records().Update(rec.ID, func(r *vm.Record) {
 		r.AppVM.Image = r.AppVM.Redeploy.To
 		r.AppVM.Redeploy = nil
 		r.AppVM.RedeployError = ""
@@ -168,7 +168,7 @@ func (s *Service) RecoverRedeploys(ctx context.Context) {
 		if rec.AppVM.Redeploy == nil {
 			continue
 		}
-		unlock := s.vms.HostRecords().Lock(rec.ID)
+		unlock := s.vms.Records().Lock(rec.ID)
 		log := s.guests.log.With("id", rec.ID)
 		if rec.AppVM.Redeploy.Staged {
 			if err := s.finishRedeploy(ctx, rec); err != nil {
@@ -182,7 +182,7 @@ func (s *Service) RecoverRedeploys(ctx context.Context) {
 		if err := s.vms.Host().DropStagedRootDisk(rec); err != nil {
 			log.Error("removing the staged root disk of an interrupted redeploy", "err", err)
 		}
-		if _, err := s.vms.Update(rec.ID, func(r *vm.Record) {
+		if _, err := s.vms.Records().Update(rec.ID, func(r *vm.Record) {
 			r.AppVM.Redeploy = nil
 			r.AppVM.RedeployError = "interrupted by an agent restart before the new root disk was ready; the old one is kept"
 		}); err != nil {

@@ -166,7 +166,7 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 func (s *Service) bootAgain(id string, next time.Time, count uint32) {
 	log := s.guests.log.With("id", id)
 	still := false
-	if _, err := s.vms.Update(id, func(r *vm.Record) {
+	if _, err := s.vms.Records().Update(id, func(r *vm.Record) {
 		g := r.AppVM.Guest
 		if r.State != vm.StateStopped || g == nil || g.NextRestartAt == nil || !g.NextRestartAt.Equal(next) {
 			return
@@ -186,7 +186,7 @@ func (s *Service) bootAgain(id string, next time.Time, count uint32) {
 
 // clearNextRestart drops a restart due at next that will not happen.
 func (s *Service) clearNextRestart(id string, next time.Time) {
-	s.vms.Update(id, func(r *vm.Record) {
+	s.vms.Records().Update(id, func(r *vm.Record) {
 		if r.AppVM != nil && r.AppVM.Guest != nil && r.AppVM.Guest.NextRestartAt != nil && r.AppVM.Guest.NextRestartAt.Equal(next) {
 			r.AppVM.Guest.NextRestartAt = nil
 		}

@@ -210,7 +210,7 @@ func (ss *session) accept() {
 
 // update applies f to the AppVM's guest facts in a new record version.
 func (ss *session) update(f func(r *vm.Record, gst *vm.AppVMGuest)) (*vm.Record, error) {
-	rec, err := ss.g.s.vms.Update(ss.id, func(r *vm.Record) {
+	rec, err := ss.g.s.vms.Records().Update(ss.id, func(r *vm.Record) {
 		if r.AppVM == nil {
 			return
 		}
@@ -422,7 +422,7 @@ func (ss *session) flushLogs() {
 // every HeartbeatPersistEvery.
 func (ss *session) heartbeat() {
 	now := ss.now()
-	limit := ss.g.staleLimit(ss.g.s.vms.HostRecords().Get(ss.id))
+	limit := ss.g.staleLimit(ss.g.s.vms.Records().Get(ss.id))
 	ss.mu.Lock()
 	first := ss.upSince.IsZero()
 	if first {
@@ -471,7 +471,7 @@ func (ss *session) armStale(d time.Duration) {
 // staleFired publishes heartbeat_stale for a running AppVM whose guest
 // sent nothing for the stale limit, as its view now shows.
 func (ss *session) staleFired() {
-	rec := ss.g.s.vms.HostRecords().Get(ss.id)
+	rec := ss.g.s.vms.Records().Get(ss.id)
 	if rec == nil || rec.State != vm.StateRunning || rec.AppVM == nil {
 		return
 	}

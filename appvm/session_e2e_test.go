@@ -33,6 +33,7 @@ import (
 	"vmhost/tap"
 	"vmhost/vm"
 	"vmhost/vm/engine"
+	"vmhost/vm/records"
 )
 
 // lockedLog collects the agent's log lines.
@@ -111,13 +112,18 @@ func newHost(t *testing.T) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Store: st, Host: eng, Logger: logger, Events: h.events})
+	recs, err := records.Open(st, records.Options{Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs.Watch(records.Publish(h.events))
+	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Records: recs, Host: eng, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger, Events: h.events,
 		Restart: appvm.RestartOptions{BaseDelay: 300 * time.Millisecond, MaxDelay: 1200 * time.Millisecond, StablePeriod: time.Minute}})
-	eng.Start(h.vms.HostRecords(), h.apps.Hooks())
+	eng.Start(h.vms.Records(), h.apps.Hooks())
 	h.images = h.apps.Catalog()
 	keys := filepath.Join(h.state, "keys.json")
 	h.token, err = auth.Add(keys, "test", auth.ScopeReadWrite, nil)

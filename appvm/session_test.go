@@ -169,7 +169,7 @@ func bootedWithoutGuest(t *testing.T, vms *vm.Service, apps *appvm.Service, req 
 // running records AppVM id as running, as the engine does once it booted.
 func running(t *testing.T, vms *vm.Service, id string) {
 	t.Helper()
-	if _, err := vms.Update(id, func(r *vm.Record) { r.State, r.DisplayState = vm.StateRunning, string(vm.StateRunning) }); err != nil {
+	if _, err := vms.Records().Update(id, func(r *vm.Record) { r.State, r.DisplayState = vm.StateRunning, string(vm.StateRunning) }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -244,7 +244,7 @@ func TestSessionPerRunFields(t *testing.T) {
 	appvmView(t, vms, apps, "r1", "lease shown, waiting over", func(v *appvm.AppvmView) bool { return v.Lease != nil && v.WaitingFor == "" })
 	send(&proto.Health{Status: proto.HealthStarting}, &proto.Exit{Signal: 9})
 	appvmView(t, vms, apps, "r1", "exit by signal 9", func(v *appvm.AppvmView) bool { return v.WorkloadExitSignal == 9 && v.Health == proto.HealthStarting })
-	if _, err := vms.Update("r1", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
+	if _, err := vms.Records().Update("r1", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
 		t.Fatal(err)
 	}
 	if v := appvmView(t, vms, apps, "r1", "stopped", func(*appvm.AppvmView) bool { return true }); v.Health != "" || v.WorkloadExitSignal != 9 {

@@ -56,7 +56,7 @@ const restartWait = 30 * time.Second
 // workload gets its stop grace) and boots on the new spec before EditSpec
 // returns. Secret values go to the record's secrets only.
 func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart bool) (*vm.Record, error) {
-	unlock := s.vms.HostRecords().Lock(id)
+	unlock := s.vms.Records().Lock(id)
 	rec, err := s.Get(id)
 	if err != nil {
 		unlock()
@@ -68,7 +68,7 @@ func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart 
 		return nil, err
 	}
 	up := rec.State == vm.StateRunning || rec.State == vm.StatePaused
-	out, err := s.vms.Update(id, func(r *vm.Record) {
+	out, err := s.vms.Records().Update(id, func(r *vm.Record) {
 		gen := r.AppVM.SpecGen
 		a.Guest, a.Booted, a.DataVolumes = r.AppVM.Guest, r.AppVM.Booted, r.AppVM.DataVolumes
 		r.AppVM = a

@@ -24,7 +24,7 @@ type Host interface {
 	// behind that Rollback cannot remove.
 	Provision(ctx context.Context, rec *Record) error
 	// Boot starts the VM's processes and boots it. A host that staged its
-	// provision's result (HostRecords.Stage, for a create with auto_boot)
+	// provision's result (records.Registry.Stage, for a create with auto_boot)
 	// stores it with the boot's record write, or alone when the boot
 	// fails.
 	Boot(ctx context.Context, rec *Record) error

@@ -46,6 +46,7 @@ type (
 	CloudInitIP   = record.CloudInitIP
 	NetView       = record.NetView
 
+	ExistsError   = record.ExistsError
 	HostError     = record.HostError
 	HostErrorKind = record.HostErrorKind
 	StateError    = record.StateError

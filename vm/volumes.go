@@ -123,7 +123,7 @@ func (s *Service) admitVolume(size uint32) error {
 		return &CapacityError{Resource: "disk", Msg: err.Error()}
 	}
 	need := uint64(size) << 30
-	for _, r := range s.reg.all() {
+	for _, r := range s.recs.All() {
 		if r.Provisioning() {
 			need += diskBytes(r)
 		}
@@ -202,7 +202,7 @@ func (s *Service) volumeInfo(v volume.Volume, at *VolumeAttachment, diskBytes bo
 // attach in progress included: it has the volume reserved).
 func (s *Service) volumeUsers() map[string]*VolumeAttachment {
 	out := map[string]*VolumeAttachment{}
-	for _, r := range s.reg.all() {
+	for _, r := range s.recs.All() {
 		for i, v := range r.Spec.Volumes {
 			if v.VolumeID != "" {
 				out[v.VolumeID] = &VolumeAttachment{VMID: r.ID, Mode: r.Mode, Device: VolumeDevice(r, i)}
@@ -213,20 +213,8 @@ func (s *Service) volumeUsers() map[string]*VolumeAttachment {
 }
 
 // VolumeDevice is the guest device of rec's volume i as the next boot
-// presents it: vda is the root disk, then the seed when there is one, then
-// the volumes in order, a hot attach in progress left out.
-func VolumeDevice(rec *Record, i int) string {
-	dev := 1
-	if rec.Spec.CloudInit != nil {
-		dev++
-	}
-	for _, v := range rec.Spec.Volumes[:i] {
-		if v.Pending != record.PendingAttach {
-			dev++
-		}
-	}
-	return DeviceName(dev)
-}
+// presents it (record.VolumeDevice).
+func VolumeDevice(rec *Record, i int) string { return record.VolumeDevice(rec, i) }
 
 // AttachVolume attaches a volume to the VM id of family mode (extensions.md
 // §1.2): a first-class one (req.VolumeID) or a new blank VM-owned one
@@ -281,14 +269,14 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 	}
 	if hot {
 		if err := s.o.Host.HotAttach(ctx, rec, spec.ID); err != nil {
-			if _, uerr := s.reg.update(id, func(r *Record) { dropVolume(r, spec.ID) }); uerr != nil {
+			if _, uerr := s.recs.Update(id, func(r *Record) { dropVolume(r, spec.ID) }); uerr != nil {
 				s.log.Error("rolling back a failed attach", "id", id, "volume", spec.ID, "err", uerr)
 			} else if spec.VolumeID == "" {
 				os.Remove(s.layout.DataVolume(id, spec.ID))
 			}
 			return nil, err
 		}
-		if rec, err = s.reg.update(id, func(r *Record) {
+		if rec, err = s.recs.Update(id, func(r *Record) {
 			if i := r.Spec.VolumeIndex(spec.ID); i >= 0 {
 				r.Spec.Volumes[i].Pending = ""
 			}
@@ -367,7 +355,7 @@ func (s *Service) reserveVolume(rec *Record, v VolumeSpec, mountpoint string) (*
 			return nil, &StateError{Msg: fmt.Sprintf("volume %q is already attached to VM %q as %s", v.VolumeID, u.VMID, u.Device)}
 		}
 	}
-	rec, err := s.reg.update(rec.ID, func(r *Record) {
+	rec, err := s.recs.Update(rec.ID, func(r *Record) {
 		r.Spec.Volumes = append(r.Spec.Volumes, v)
 		if r.AppVM != nil {
 			r.AppVM.DataVolumes = append(r.AppVM.DataVolumes, DataVolume{SizeGiB: v.SizeGiB, Mountpoint: mountpoint})
@@ -423,11 +411,11 @@ func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (
 	}
 	device := VolumeDevice(rec, i)
 	if rec.State == StateRunning {
-		if rec, err = s.reg.update(id, func(r *Record) { r.Spec.Volumes[i].Pending = record.PendingDetach }); err != nil {
+		if rec, err = s.recs.Update(id, func(r *Record) { r.Spec.Volumes[i].Pending = record.PendingDetach }); err != nil {
 			return nil, &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + id, Err: err}
 		}
 		if err := s.o.Host.HotDetach(ctx, rec, v.ID); err != nil {
-			if _, uerr := s.reg.update(id, func(r *Record) {
+			if _, uerr := s.recs.Update(id, func(r *Record) {
 				if j := r.Spec.VolumeIndex(v.ID); j >= 0 {
 					r.Spec.Volumes[j].Pending = ""
 				}
@@ -441,7 +429,7 @@ func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (
 	if err != nil {
 		return nil, err
 	}
-	rec = s.reg.get(id)
+	rec = s.recs.Get(id)
 	s.log.Info("volume detached", "id", id, "volume", v.ID, "volume_id", kept, "device", device)
 	return rec, nil
 }
@@ -462,7 +450,7 @@ func (s *Service) finishDetach(rec *Record, v VolumeSpec) (string, error) {
 		// First recorded as the first-class volume it now is, so the
 		// detach (the next write) names it, and a crash in between
 		// leaves a record that points at the kept file.
-		if _, err := s.reg.update(rec.ID, func(r *Record) {
+		if _, err := s.recs.Update(rec.ID, func(r *Record) {
 			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
 				r.Spec.Volumes[i].VolumeID = kept
 			}
@@ -470,7 +458,7 @@ func (s *Service) finishDetach(rec *Record, v VolumeSpec) (string, error) {
 			return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
 		}
 	}
-	if _, err := s.reg.update(rec.ID, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
+	if _, err := s.recs.Update(rec.ID, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
 		return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
 	}
 	if v.VolumeID == "" {
@@ -539,7 +527,7 @@ func sameFile(a, b string) bool {
 // called off, one it lacks is finished); on a VM that does not run the
 // step completes in the record alone, as a cold attach or detach would.
 func (s *Service) RecoverVolumes(ctx context.Context) {
-	for _, rec := range s.reg.all() {
+	for _, rec := range s.recs.All() {
 		for _, v := range rec.Spec.Volumes {
 			if v.Pending != "" {
 				s.recoverVolume(ctx, rec.ID, v)
@@ -551,7 +539,7 @@ func (s *Service) RecoverVolumes(ctx context.Context) {
 func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 	unlock := s.lockVM(id)
 	defer unlock()
-	rec := s.reg.get(id)
+	rec := s.recs.Get(id)
 	if rec == nil {
 		return
 	}
@@ -566,7 +554,7 @@ func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 		present = v.Pending == PendingAttach // not running: the record decides
 	}
 	clear := func() {
-		if _, err := s.reg.update(id, func(r *Record) {
+		if _, err := s.recs.Update(id, func(r *Record) {
 			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
 				r.Spec.Volumes[i].Pending = ""
 			}
@@ -579,7 +567,7 @@ func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 		clear()
 		s.log.Info("interrupted volume attach completed", "id", id, "volume", v.ID)
 	case v.Pending == PendingAttach:
-		if _, err := s.reg.update(id, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
+		if _, err := s.recs.Update(id, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
 			s.log.Error("rolling back an interrupted volume attach", "id", id, "volume", v.ID, "err", err)
 			return
 		}

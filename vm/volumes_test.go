@@ -33,7 +33,7 @@ func TestRecoverVolumesNotRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	// What an agent killed in the middle of both leaves in the record.
-	if _, err := s.Update("r", func(r *vm.Record) {
+	if _, err := env.Records.Update("r", func(r *vm.Record) {
 		r.Spec.Volumes[0].Pending = vm.PendingDetach
 		r.Spec.Volumes = append(r.Spec.Volumes, vm.VolumeSpec{ID: "data1", VolumeID: "fc", SizeGiB: 1, Pending: vm.PendingAttach})
 	}); err != nil {

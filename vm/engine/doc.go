@@ -7,7 +7,7 @@
 // after an agent restart (recover.go).
 //
 // The engine does not import package vm: it sees the records through
-// Records (vm.HostRecords implements it) and the AppVM specifics through
+// Records (*records.Registry implements it) and the AppVM specifics through
 // AppVMHooks (appvm.Service.Hooks); both are given to Start. The record
 // types are package vm/record's.
 //

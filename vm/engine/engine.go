@@ -59,15 +59,15 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Records is how the engine sees the VM records (package vm implements it
-// with vm.HostRecords). Records are copy-on-write: a *record.Record is
+// Records is how the engine sees the VM records (package vm/records implements it
+// with *records.Registry). Records are copy-on-write: a *record.Record is
 // never modified; Update stores a new version.
 type Records interface {
 	// Get returns the newest version of the record of id (a create still
 	// in flight included), or nil.
 	Get(id string) *record.Record
-	// List returns every record of both families.
-	List() []*record.Record
+	// All returns every record of both families.
+	All() []*record.Record
 	// Update stores f applied to a copy of the record of id and returns
 	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
 	Update(id string, f func(*record.Record)) (*record.Record, error)
@@ -482,7 +482,7 @@ func (e *Engine) allocCID(id string) uint32 {
 	e.cidMu.Lock()
 	defer e.cidMu.Unlock()
 	used := map[uint32]bool{}
-	for _, r := range e.recs.List() {
+	for _, r := range e.recs.All() {
 		if r.ID != id && r.Runtime != nil {
 			used[r.Runtime.VsockCID] = true
 		}

@@ -23,6 +23,7 @@ import (
 	"vmhost/store"
 	"vmhost/vm"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 )
 
 // engineService is a vm.Service over an Engine whose CH and QSD are this
@@ -36,14 +37,14 @@ func engineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, str
 // gatedRecords are the records as the engine sees them, each of its
 // writes waiting for gate: a test holds gate to slow the writes down.
 type gatedRecords struct {
-	vm.HostRecords
+	*records.Registry
 	gate *sync.Mutex
 }
 
 func (g gatedRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
 	g.gate.Lock()
 	defer g.gate.Unlock()
-	return g.HostRecords.Update(id, f)
+	return g.Registry.Update(id, f)
 }
 
 // gatedEngineService is engineService with the engine's record writes
@@ -51,13 +52,13 @@ func (g gatedRecords) Update(id string, f func(*record.Record)) (*record.Record,
 func gatedEngineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, string, *sync.Mutex) {
 	t.Helper()
 	gate := new(sync.Mutex)
-	s, e, root := wrappedEngineService(t, edit, func(r vm.HostRecords) Records { return gatedRecords{HostRecords: r, gate: gate} })
+	s, e, root := wrappedEngineService(t, edit, func(r *records.Registry) Records { return gatedRecords{Registry: r, gate: gate} })
 	return s, e, root, gate
 }
 
 // wrappedEngineService is engineService with the records as the engine
 // sees them wrapped by wrap.
-func wrappedEngineService(t *testing.T, edit func(*Options), wrap func(vm.HostRecords) Records) (*vm.Service, *Engine, string) {
+func wrappedEngineService(t *testing.T, edit func(*Options), wrap func(*records.Registry) Records) (*vm.Service, *Engine, string) {
 	t.Helper()
 	root, err := os.MkdirTemp("", "vme")
 	if err != nil {
@@ -90,19 +91,23 @@ func wrappedEngineService(t *testing.T, edit func(*Options), wrap func(vm.HostRe
 // startEngineService opens the records of e's state directory in a
 // vm.Service with e as its host and starts e on them (through wrap, when
 // given), as the agent does.
-func startEngineService(t *testing.T, e *Engine, wrap func(vm.HostRecords) Records) *vm.Service {
+func startEngineService(t *testing.T, e *Engine, wrap func(*records.Registry) Records) *vm.Service {
 	t.Helper()
 	st, err := store.Open(filepath.Join(e.o.StateDir, "vms"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := vm.New(vm.Options{StateDir: e.o.StateDir, RunDir: e.o.RunDir, Config: e.o.Config, Store: st, Host: e, Logger: slog.New(slog.DiscardHandler)})
+	reg, err := records.Open(st, records.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var recs Records = s.HostRecords()
+	s, err := vm.New(vm.Options{StateDir: e.o.StateDir, RunDir: e.o.RunDir, Config: e.o.Config, Records: reg, Host: e, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs Records = reg
 	if wrap != nil {
-		recs = wrap(s.HostRecords())
+		recs = wrap(reg)
 	}
 	e.Start(recs, nil)
 	return s
@@ -198,13 +203,13 @@ func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
 
 // countingRecords counts the engine's record writes.
 type countingRecords struct {
-	vm.HostRecords
+	*records.Registry
 	n *atomic.Int32
 }
 
 func (c countingRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
 	c.n.Add(1)
-	return c.HostRecords.Update(id, f)
+	return c.Registry.Update(id, f)
 }
 
 // TestEngineCreateRecordsResultOnce: a synchronous create with auto_boot
@@ -214,7 +219,7 @@ func (c countingRecords) Update(id string, f func(*record.Record)) (*record.Reco
 // record then holds every step, the CID, both processes and the states.
 func TestEngineCreateRecordsResultOnce(t *testing.T) {
 	var writes atomic.Int32
-	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return countingRecords{HostRecords: r, n: &writes} })
+	s, _, root := wrappedEngineService(t, nil, func(r *records.Registry) Records { return countingRecords{Registry: r, n: &writes} })
 	sp := baseSpec(t, root, "once")
 	sp.AutoBoot = true
 	if _, _, err := s.CreateVM(context.Background(), sp); err != nil {
@@ -281,10 +286,10 @@ func storedRecord(t *testing.T, s *vm.Service, id string) *record.Record {
 }
 
 // slowRecords' writes take 50 ms longer once the change is made.
-type slowRecords struct{ vm.HostRecords }
+type slowRecords struct{ *records.Registry }
 
 func (r slowRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
-	return r.HostRecords.Update(id, func(rec *record.Record) { f(rec); time.Sleep(50 * time.Millisecond) })
+	return r.Registry.Update(id, func(rec *record.Record) { f(rec); time.Sleep(50 * time.Millisecond) })
 }
 
 // TestEngineConcurrentCreatesGetDistinctCIDs: record writes of different
@@ -293,7 +298,7 @@ func (r slowRecords) Update(id string, f func(*record.Record)) (*record.Record, 
 func TestEngineConcurrentCreatesGetDistinctCIDs(t *testing.T) {
 	// Each write lingers after its change is made, so the writes of the
 	// concurrent creates overlap.
-	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return slowRecords{r} })
+	s, _, root := wrappedEngineService(t, nil, func(r *records.Registry) Records { return slowRecords{r} })
 	const n = 8
 	cids := make(chan uint32, n)
 	var wg sync.WaitGroup
@@ -516,7 +521,7 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 	}
 	// A guest that reacts to the button has activated its devices (chsim
 	// does so on its own shortly after boot).
-	waitRecord(t, s.HostRecords(), "v", 10*time.Second, "guest up", func(r *record.Record) bool { return r.DisplayState == string(record.StateRunning) })
+	waitRecord(t, s.Records(), "v", 10*time.Second, "guest up", func(r *record.Record) bool { return r.DisplayState == string(record.StateRunning) })
 	gate.Lock()
 	held := true
 	defer func() {
@@ -535,7 +540,7 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	r, _ := waitRecord(t, s.HostRecords(), "v", 10*time.Second, "VM stopped", func(r *record.Record) bool { return r.State != record.StateRunning })
+	r, _ := waitRecord(t, s.Records(), "v", 10*time.Second, "VM stopped", func(r *record.Record) bool { return r.State != record.StateRunning })
 	if f := r.FailureReason; r.State != record.StateStopped || f == nil || f.Cause != record.CauseOperatorShutdown || r.ShuttingDown {
 		t.Errorf("record after an ACPI shutdown: %s", describe(r))
 	}
@@ -558,7 +563,7 @@ func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The record as the stop left it between its two writes.
-	if _, err := s.HostRecords().Update("v", func(r *record.Record) {
+	if _, err := s.Records().Update("v", func(r *record.Record) {
 		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
 	}); err != nil {
 		t.Fatal(err)
@@ -662,7 +667,7 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	if _, err := s.Act(ctx, record.ModeVM, "stopcut", vm.ActionStop); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.HostRecords().Update("stopcut", func(r *record.Record) {
+	if _, err := s.Records().Update("stopcut", func(r *record.Record) {
 		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
 	}); err != nil {
 		t.Fatal(err)
@@ -670,7 +675,7 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 	l := s.Layout()
 	del, _ := s.Get(record.ModeVM, "del")
 	ch, qsd := del.Runtime.CH, del.Runtime.QSD
-	if _, err := s.HostRecords().Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
+	if _, err := s.Records().Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{l.RootDisk("del"), l.RootDisk("nodisk"), l.RootDisk("stopcut")} {
@@ -804,7 +809,7 @@ func TestEngineBalloon(t *testing.T) {
 	if _, err := s.SetBalloon(ctx, record.ModeVM, "bal", 128); err != nil {
 		t.Fatal(err)
 	}
-	c, err := e.client(s.HostRecords().Get("bal"))
+	c, err := e.client(s.Records().Get("bal"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -830,7 +835,7 @@ func TestEngineBalloon(t *testing.T) {
 	if _, err := s.Act(ctx, record.ModeVM, "bal", "start"); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := e.client(s.HostRecords().Get("bal"))
+	c2, err := e.client(s.Records().Get("bal"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"vmhost/store"
 	"vmhost/vm"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 )
 
 // testExecEnv makes the test binary run as a simulator instead of the
@@ -142,7 +143,7 @@ func (r *testRecords) Get(id string) *record.Record {
 	return r.m[id]
 }
 
-func (r *testRecords) List() []*record.Record {
+func (r *testRecords) All() []*record.Record {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	out := make([]*record.Record, 0, len(r.m))
@@ -278,7 +279,11 @@ func newTestServiceWith(t testing.TB, edit func(*Options, *AppVMHooks), dirs ...
 	if err != nil {
 		t.Fatal(err)
 	}
-	views, err := vm.New(vm.Options{StateDir: state, RunDir: run, Config: cfg, Store: vst, Host: vm.NoHost{}})
+	vrecs, err := records.Open(vst, records.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	views, err := vm.New(vm.Options{StateDir: state, RunDir: run, Config: cfg, Records: vrecs, Host: vm.NoHost{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -465,7 +470,7 @@ func simAction(t testing.TB, apiSocket, action, body string) {
 
 // waitRecord polls the record of id until cond holds, failing after
 // within. It returns the record and how long it took.
-// recordGetter is testService or vm.HostRecords.
+// recordGetter is testService or *records.Registry.
 type recordGetter interface {
 	Get(id string) *record.Record
 }

@@ -104,7 +104,7 @@ func (e *Engine) recoverHost() {
 		rep  RecoveryReport
 		keep = map[int]bool{}
 	)
-	recs := e.recs.List()
+	recs := e.recs.All()
 	sem := make(chan struct{}, recoverParallel)
 	var wg sync.WaitGroup
 	var resume []*record.Record

@@ -19,7 +19,7 @@ import (
 func hostVolumes(t *testing.T, e *Engine, s *vm.Service, id string) (ch, qsd []string) {
 	t.Helper()
 	ctx := context.Background()
-	rec := s.HostRecords().Get(id)
+	rec := s.Records().Get(id)
 	c, err := e.client(rec)
 	if err != nil {
 		t.Fatal(err)
@@ -186,7 +186,7 @@ func TestEngineHotPlugFailureRollsBack(t *testing.T) {
 	}
 
 	// CH already has a device data1 (added behind the agent's back).
-	c, err := e.client(s.HostRecords().Get("rb"))
+	c, err := e.client(s.Records().Get("rb"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,14 +255,14 @@ func TestEngineHotDetachRefused(t *testing.T) {
 	if _, _, err := s.CreateVM(ctx, sp); err != nil {
 		t.Fatal(err)
 	}
-	before := s.HostRecords().Get("stuck")
+	before := s.Records().Get("stuck")
 	unchanged := func(step string) {
 		t.Helper()
 		ch, qsd := hostVolumes(t, e, s, "stuck")
 		if !slices.Equal(ch, []string{"data0"}) || !slices.Equal(qsd, []string{"data0"}) {
 			t.Errorf("%s: CH %v, QSD exports %v; want [data0] in both", step, ch, qsd)
 		}
-		rec := s.HostRecords().Get("stuck")
+		rec := s.Records().Get("stuck")
 		if !reflect.DeepEqual(rec.Spec.Volumes, before.Spec.Volumes) || !reflect.DeepEqual(rec.Runtime.QSD.DataSockets, before.Runtime.QSD.DataSockets) {
 			t.Errorf("%s: record volumes %+v sockets %v; want %+v sockets %v", step,
 				rec.Spec.Volumes, rec.Runtime.QSD.DataSockets, before.Spec.Volumes, before.Runtime.QSD.DataSockets)

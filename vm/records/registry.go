@@ -184,19 +184,17 @@ func (g *Registry) All() []*record.Record {
 	return out
 }
 
-// Any reports whether f holds for a stored record or a create in flight.
-// f runs under the registry's read lock: it must only look at the record.
-func (g *Registry) Any(f func(*record.Record) bool) bool {
+// Each calls f for every stored record and every create in flight, in
+// no order. f runs under the registry's read lock: it must only look at
+// the record.
+func (g *Registry) Each(f func(*record.Record)) {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	for _, m := range []map[string]*record.Record{g.recs, g.pending} {
 		for _, r := range m {
-			if f(r) {
-				return true
-			}
+			f(r)
 		}
 	}
-	return false
 }
 
 // Reserve claims rec.ID for a create in flight once admit, called with
