@@ -65,12 +65,9 @@ func newService(env serveEnv) (*service, error) {
 		}
 		env.Log.Info("dev bridge ready", "bridge", env.DevBridge)
 	}
-	eng, err := engine.New(eo)
-	if err != nil {
-		return nil, err
-	}
-	// The event log opens before recovery, so what recovery finds (a VM
-	// that died while the agent was away) is told like any change.
+	// The event log opens first and follows the records, so what recovery
+	// finds (a VM that died while the agent was away) is told like any
+	// change.
 	evs, err := events.Open(filepath.Join(env.StateDir, "events"), events.Options{Keep: env.Config.EventsKeep, Logger: env.Log.With("component", "events")})
 	if err != nil {
 		return nil, err
@@ -81,6 +78,12 @@ func newService(env serveEnv) (*service, error) {
 		return nil, err
 	}
 	recs.Watch(records.Publish(evs))
+	eo.Records = recs
+	eng, err := engine.New(eo)
+	if err != nil {
+		evs.Close()
+		return nil, err
+	}
 	vms, err := vm.New(vm.Options{
 		StateDir: env.StateDir,
 		RunDir:   env.RunDir,
@@ -97,7 +100,7 @@ func newService(env serveEnv) (*service, error) {
 	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
 		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
 	apps := appvm.NewWithOptions(vms, appvm.Options{Logger: env.Log, Events: evs})
-	eng.Start(recs, apps.Hooks())
+	eng.Start(apps.Hooks())
 	apps.RecoverRedeploys(context.Background())
 	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())

@@ -98,12 +98,6 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := engine.New(engine.Options{Config: cfg, StateDir: h.state, RunDir: h.run, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
-		CH:  engine.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
-		QSD: engine.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, err := store.Open(filepath.Join(h.state, "vms"))
 	if err != nil {
 		t.Fatal(err)
@@ -117,13 +111,19 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	recs.Watch(records.Publish(h.events))
+	eng, err := engine.New(engine.Options{Config: cfg, Records: recs, StateDir: h.state, RunDir: h.run, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
+		CH:  engine.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
+		QSD: engine.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
 	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Records: recs, Host: eng, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger, Events: h.events,
 		Restart: appvm.RestartOptions{BaseDelay: 300 * time.Millisecond, MaxDelay: 1200 * time.Millisecond, StablePeriod: time.Minute}})
-	eng.Start(h.vms.Records(), h.apps.Hooks())
+	eng.Start(h.apps.Hooks())
 	h.images = h.apps.Catalog()
 	keys := filepath.Join(h.state, "keys.json")
 	h.token, err = auth.Add(keys, "test", auth.ScopeReadWrite, nil)

@@ -244,7 +244,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		nv.DHCPSnoopedIPv4, nv.LastObservedIPv4 = nic.DHCPSnoopedIPv4, nic.LastObservedIPv4
 		v.Nets = append(v.Nets, nv)
 	}
-	v.DiscoveredIPv4 = discoveredIPv4(rec.NICs)
+	v.DiscoveredIPv4 = record.DiscoveredIPv4(rec.NICs)
 	if d := sp.Disk; d != nil || sp.Image != nil {
 		dv := &v.store.disk
 		*dv = DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}

@@ -6,10 +6,10 @@
 // addresses (facts.go), and at Start reconciles the host with the records
 // after an agent restart (recover.go).
 //
-// The engine does not import package vm: it sees the records through
-// Records (*records.Registry implements it) and the AppVM specifics through
-// AppVMHooks (appvm.Service.Hooks); both are given to Start. The record
-// types are package vm/record's.
+// The engine does not import package vm: it works on the records' owner,
+// package vm/records (Options.Records), and records its results there;
+// the AppVM specifics come through AppVMHooks (appvm.Service.Hooks), given
+// to Start. The record types are package vm/record's.
 //
 // # Provisioning
 //

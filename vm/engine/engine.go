@@ -22,6 +22,7 @@ import (
 	"vmhost/seed"
 	"vmhost/tap"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 )
 
 // Program is an external program the engine runs: a binary and the
@@ -34,9 +35,13 @@ type Program struct {
 	Env []string
 }
 
-// Options configure an Engine. Config, StateDir and RunDir are required.
+// Options configure an Engine. Config, Records, StateDir and RunDir are
+// required.
 type Options struct {
 	Config *config.Config
+	// Records owns the VM records the engine works on and records its
+	// results in (package vm/records).
+	Records *records.Registry
 	// StateDir and RunDir are the agent's state and run directories (the
 	// record.Layout of every VM).
 	StateDir, RunDir string
@@ -59,31 +64,6 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Records is how the engine sees the VM records (package vm/records implements it
-// with *records.Registry). Records are copy-on-write: a *record.Record is
-// never modified; Update stores a new version.
-type Records interface {
-	// Get returns the newest version of the record of id (a create still
-	// in flight included), or nil.
-	Get(id string) *record.Record
-	// All returns every record of both families.
-	All() []*record.Record
-	// Update stores f applied to a copy of the record of id and returns
-	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
-	Update(id string, f func(*record.Record)) (*record.Record, error)
-	// Stage applies f to a copy of the record of id in memory only, for a
-	// write that follows at once (the boot of a create with auto_boot):
-	// readers see it, and the next Update, or Save, stores it too.
-	Stage(id string, f func(*record.Record)) (*record.Record, error)
-	// Save stores the record of id if it has staged changes not stored.
-	Save(id string) error
-	// Remove deletes the record of id.
-	Remove(id string) error
-	// Lock takes the per-VM lock the lifecycle actions hold and returns
-	// its unlock.
-	Lock(id string) (unlock func())
-}
-
 // Engine is the production vm.Host: it provisions VMs (image download,
 // disk copy, data volumes, seed, taps, qemu-storage-daemon), boots them in
 // Cloud Hypervisor, supervises them (monitor.go), carries out lifecycle
@@ -91,15 +71,15 @@ type Records interface {
 // (recover.go). A provision records its steps (Runtime.Steps) with its
 // result, or with its failure, so Rollback removes exactly what was made.
 //
-// New makes it; Start gives it the records and the AppVM hooks and must
-// come before any other call. Its methods are safe for concurrent use; the
-// records' owner serializes the actions on one VM.
+// New makes it; Start gives it the AppVM hooks and must come before any
+// other call. Its methods are safe for concurrent use; the caller holds
+// the VM's action lock (records.Registry.Lock) for each action.
 type Engine struct {
 	o     Options
 	lay   record.Layout
 	log   *slog.Logger
 	cache *disk.Cache
-	recs  Records
+	recs  *records.Registry
 	hooks AppVMHooks // nil without AppVMs
 	bg    sync.WaitGroup
 	mon   watchers // the monitors of running VMs (monitor.go)
@@ -134,8 +114,8 @@ type Engine struct {
 
 // New returns an engine over the directories of o; Start it before use.
 func New(o Options) (*Engine, error) {
-	if o.Config == nil || o.StateDir == "" || o.RunDir == "" {
-		return nil, errors.New("engine.New: Config, StateDir and RunDir are required")
+	if o.Config == nil || o.Records == nil || o.StateDir == "" || o.RunDir == "" {
+		return nil, errors.New("engine.New: Config, Records, StateDir and RunDir are required")
 	}
 	if o.CH.Binary == "" {
 		o.CH.Binary = o.Config.Binaries.CloudHypervisor
@@ -175,7 +155,7 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, recs: o.Records, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	if e.fw, err = newFileWatch(); err != nil {
 		e.log.Warn("inotify is unavailable; running VMs' files are polled", "err", err)
@@ -186,15 +166,14 @@ func New(o Options) (*Engine, error) {
 // ImageCache is the verified image cache classic creates download into.
 func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 
-// Start hands the engine the records it works on and the AppVM hooks (nil
-// on a host without AppVMs), then reconciles the host with the records
-// (recover.go): running VMs are adopted and watched, dead ones ended,
-// interrupted provisions resumed or rolled back, and orphan processes,
-// taps and directories reaped; Recovery reports it. Close releases the
-// watched VMs without stopping them.
-func (e *Engine) Start(recs Records, hooks AppVMHooks) {
+// Start hands the engine the AppVM hooks (nil on a host without AppVMs),
+// then reconciles the host with the records (recover.go): running VMs are
+// adopted and watched, dead ones ended, interrupted provisions resumed or
+// rolled back, and orphan processes, taps and directories reaped; Recovery
+// reports it. Close releases the watched VMs without stopping them.
+func (e *Engine) Start(hooks AppVMHooks) {
 	e.starts.Do(func() {
-		e.recs, e.hooks = recs, hooks
+		e.hooks = hooks
 		e.recoverHost()
 	})
 }

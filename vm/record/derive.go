@@ -121,6 +121,22 @@ func deviceName(i int) string {
 	return "/dev/vd" + string(b)
 }
 
+// DiscoveredIPv4 is a VM's discovered_ipv4: the first DHCP-snooped
+// address of any interface, else the first one the neighbour table showed.
+func DiscoveredIPv4(nics []NIC) string {
+	for _, n := range nics {
+		if n.DHCPSnoopedIPv4 != "" {
+			return n.DHCPSnoopedIPv4
+		}
+	}
+	for _, n := range nics {
+		if n.LastObservedIPv4 != "" {
+			return n.LastObservedIPv4
+		}
+	}
+	return ""
+}
+
 // ClassicHostname derives a hostname from a VM id: '_' and '.' become '-',
 // the result is cut to 63 bytes and trimmed of '-' at either end ("vm" if
 // nothing is left).

@@ -114,6 +114,8 @@ type Host struct {
 	FailProvision error
 	FailBoot      error
 	FailStage     error
+	FailHotAttach error
+	FailHotDetach error
 	// Gate, when set, makes Provision wait until it is closed.
 	Gate chan struct{}
 }
@@ -189,6 +191,20 @@ func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
 		r.FailureReason = nil
 	})
 	return err
+}
+
+// HotAttach records the call ("hot-attach vm1 data1"): the fake's VMs
+// take any volume.
+func (h *Host) HotAttach(_ context.Context, rec *vm.Record, key string) error {
+	h.record("hot-attach", &vm.Record{ID: rec.ID + " " + key})
+	return h.FailHotAttach
+}
+
+// HotDetach records the call ("hot-detach vm1 data1"): the fake's guests
+// release any volume.
+func (h *Host) HotDetach(_ context.Context, rec *vm.Record, key string) error {
+	h.record("hot-detach", &vm.Record{ID: rec.ID + " " + key})
+	return h.FailHotDetach
 }
 
 // Rollback records the call and removes the VM's directory.
