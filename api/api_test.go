@@ -429,7 +429,8 @@ func TestNoHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	keys, _ := auth.Open(h.keysPath)
-	apps := appvm.New(vms)
+	guests := appvm.NewGuests(appvm.GuestOptions{Records: recs, Config: h.e.Config, Layout: vms.Layout()})
+	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: h.e.Host})
 	h.srv = New(Config{Keys: keys, VMs: vms, AppVMs: apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
 	code, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "nb"))
 	if code != 500 || !strings.Contains(body, CodeInternal) || !strings.Contains(body, "creating VM nb: this service does no host work") {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,7 +14,7 @@ import (
 	"vmhost/appvm/guest/proto"
 	"vmhost/store"
 	"vmhost/vm"
-	"vmhost/vm/engine"
+	"vmhost/vm/records"
 )
 
 // RestartPolicy is the restart_policy enum; any other value fails decoding.
@@ -88,32 +87,56 @@ type CreateResponse struct {
 	Booted  bool   `json:"booted"`
 }
 
-// Service creates and views AppVMs on top of a vm.Service.
+// RootDisks rebuilds the root disk of a VM that runs nothing, for a
+// redeploy: the engine's StageRootDisk, SwapRootDisk and
+// DropStagedRootDisk (see there).
+type RootDisks interface {
+	StageRootDisk(ctx context.Context, rec *vm.Record, base string) error
+	SwapRootDisk(ctx context.Context, rec *vm.Record) error
+	DropStagedRootDisk(rec *vm.Record) error
+}
+
+// Config wires a Service; every field but Restart is required.
+type Config struct {
+	// VMs holds the rules of both families' records: create, actions,
+	// volumes, views.
+	VMs *vm.Service
+	// Records owns the records; the AppVM parts are written through it.
+	Records *records.Registry
+	// Guests is the host end of the guest agents, the one the engine was
+	// given.
+	Guests *Guests
+	// RootDisks rebuilds root disks for redeploys (the engine).
+	RootDisks RootDisks
+	// Restart tunes the restart policy.
+	Restart RestartOptions
+}
+
+// Service creates, views, edits, redeploys and restarts AppVMs on top of a
+// vm.Service.
 type Service struct {
 	vms     *vm.Service
+	recs    *records.Registry
+	guests  *Guests
+	disks   RootDisks
 	catalog Catalog
-	guests  *guests
-	initrd  initramfsBuild
-	// binary is the vmhost binary the initramfs holds; os.Executable.
-	binary func() (string, error)
+	// restartMu guards restart (SetRestartStablePeriod).
+	restartMu sync.Mutex
+	restart   RestartOptions
 	// bg counts the background redeploys (Wait).
 	bg sync.WaitGroup
 }
 
-// New returns the AppVM service over vms, which holds the records of both
-// families, with default Options. The catalog is <StateDir>/appvm-images.
-func New(vms *vm.Service) *Service { return NewWithOptions(vms, Options{}) }
-
-// NewWithOptions is New with tuned guest-session and restart options.
-func NewWithOptions(vms *vm.Service, o Options) *Service {
-	s := &Service{vms: vms, catalog: Catalog{Dir: filepath.Join(vms.Layout().StateDir, "appvm-images")}, binary: os.Executable}
-	s.guests = newGuests(s, o)
+// New returns the AppVM service of c. The catalog is
+// <StateDir>/appvm-images. It follows the records' changes: a workload's
+// end that the restart policy answers boots the AppVM again.
+func New(c Config) *Service {
+	c.Restart.defaults()
+	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, restart: c.Restart,
+		catalog: Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")}}
+	s.recs.Watch(s.followRecords)
 	return s
 }
-
-// Hooks returns the AppVM specifics the engine calls (provision.go), for
-// engine.Engine.Start.
-func (s *Service) Hooks() engine.AppVMHooks { return hooks{s} }
 
 // Catalog returns the image catalog.
 func (s *Service) Catalog() Catalog { return s.catalog }

@@ -56,19 +56,32 @@ const restartWait = 30 * time.Second
 // workload gets its stop grace) and boots on the new spec before EditSpec
 // returns. Secret values go to the record's secrets only.
 func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart bool) (*vm.Record, error) {
-	unlock := s.vms.Records().Lock(id)
+	out, up, err := s.storeSpec(id, p)
+	if err != nil {
+		return nil, err
+	}
+	s.guests.log.Info("AppVM spec edited", "id", id, "fields", strings.Join(p.fields(), ","), "pending", up, "restart", restart && up)
+	if !restart || !up {
+		return out, nil
+	}
+	return s.restartNow(ctx, out)
+}
+
+// storeSpec stores p applied to AppVM id's spec under its action lock; up
+// says the AppVM runs on its old spec meanwhile.
+func (s *Service) storeSpec(id string, p SpecPatch) (out *vm.Record, up bool, err error) {
+	unlock := s.recs.Lock(id)
+	defer unlock()
 	rec, err := s.Get(id)
 	if err != nil {
-		unlock()
-		return nil, err
+		return nil, false, err
 	}
 	a, secrets, err := p.merge(rec)
 	if err != nil {
-		unlock()
-		return nil, err
+		return nil, false, err
 	}
-	up := rec.State == vm.StateRunning || rec.State == vm.StatePaused
-	out, err := s.vms.Records().Update(id, func(r *vm.Record) {
+	up = rec.State == vm.StateRunning || rec.State == vm.StatePaused
+	out, err = s.recs.Update(id, func(r *vm.Record) {
 		gen := r.AppVM.SpecGen
 		a.Guest, a.Booted, a.DataVolumes = r.AppVM.Guest, r.AppVM.Booted, r.AppVM.DataVolumes
 		r.AppVM = a
@@ -76,15 +89,10 @@ func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart 
 		r.AppVM.SpecPending = up
 		r.Secrets.SecretEnv, r.Secrets.Files = secrets.SecretEnv, secrets.Files
 	})
-	unlock()
 	if err != nil {
-		return nil, &vm.HostError{Kind: vm.HostStorage, Op: "storing the spec of AppVM " + id, Err: err}
+		return nil, false, &vm.HostError{Kind: vm.HostStorage, Op: "storing the spec of AppVM " + id, Err: err}
 	}
-	s.guests.log.Info("AppVM spec edited", "id", id, "fields", strings.Join(p.fields(), ","), "pending", up, "restart", restart && up)
-	if !restart || !up {
-		return out, nil
-	}
-	return s.restartNow(ctx, out)
+	return out, up, nil
 }
 
 // restartNow stops rec gracefully and boots it.

@@ -39,15 +39,15 @@ func (s *Service) DetachVolume(ctx context.Context, id, key string) (*vm.Record,
 // an Unmount: the guest waits up to 10 s for a hot-plugged disk to probe.
 var MountTimeout = 30 * time.Second
 
-// MountVolume has the guest agent mount hot-plugged volume key at its
-// mountpoint (engine.AppVMHooks).
-func (h hooks) MountVolume(ctx context.Context, rec *vm.Record, key, bdf string) error {
+// Mount has the guest agent of AppVM rec mount its hot-plugged volume key
+// (at PCI address bdf) at the volume's mountpoint (engine.Guest).
+func (g *Guests) Mount(ctx context.Context, rec *vm.Record, key, bdf string) error {
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 || i >= len(rec.AppVM.DataVolumes) {
 		return fmt.Errorf("mounting volume %s of AppVM %q: not in its record", key, rec.ID)
 	}
 	mp := rec.AppVM.DataVolumes[i].Mountpoint
-	res, err := h.s.guests.volumeRequest(ctx, rec.ID, "mount "+mp, func(seq uint64) proto.Message {
+	res, err := g.volumeRequest(ctx, rec.ID, "mount "+mp, func(seq uint64) proto.Message {
 		return &proto.Mount{Seq: seq, BDF: bdf, Mountpoint: mp, ReadOnly: rec.Spec.Volumes[i].Readonly}
 	})
 	if err != nil {
@@ -59,16 +59,16 @@ func (h hooks) MountVolume(ctx context.Context, rec *vm.Record, key, bdf string)
 	return nil
 }
 
-// UnmountVolume has the guest agent unmount volume key before a hot
-// detach (engine.AppVMHooks): a file system in use is a *vm.StateError
+// Unmount has the guest agent of AppVM rec unmount volume key before a
+// hot detach (engine.Guest): a file system in use is a *vm.StateError
 // naming the mountpoint.
-func (h hooks) UnmountVolume(ctx context.Context, rec *vm.Record, key string) error {
+func (g *Guests) Unmount(ctx context.Context, rec *vm.Record, key string) error {
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 || i >= len(rec.AppVM.DataVolumes) {
 		return fmt.Errorf("unmounting volume %s of AppVM %q: not in its record", key, rec.ID)
 	}
 	mp := rec.AppVM.DataVolumes[i].Mountpoint
-	res, err := h.s.guests.volumeRequest(ctx, rec.ID, "unmount "+mp, func(seq uint64) proto.Message {
+	res, err := g.volumeRequest(ctx, rec.ID, "unmount "+mp, func(seq uint64) proto.Message {
 		return &proto.Unmount{Seq: seq, Mountpoint: mp}
 	})
 	if err != nil {
@@ -87,7 +87,7 @@ func (h hooks) UnmountVolume(ctx context.Context, rec *vm.Record, key string) er
 // Seq) to the guest agent of AppVM id and waits for its MountResult. A
 // guest that is not connected, or whose protocol predates the two
 // messages, is a *vm.StateError: nothing was asked of it.
-func (g *guests) volumeRequest(ctx context.Context, id, what string, build func(seq uint64) proto.Message) (*proto.MountResult, error) {
+func (g *Guests) volumeRequest(ctx context.Context, id, what string, build func(seq uint64) proto.Message) (*proto.MountResult, error) {
 	ss := g.get(id)
 	var (
 		nc      net.Conn

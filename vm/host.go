@@ -44,15 +44,6 @@ type Host interface {
 	// Counters reads the device counters of a running or paused VM
 	// (Cloud Hypervisor's vm.counters: device id → counter → value).
 	Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error)
-	// StageRootDisk copies base to the VM's RootDiskNext (replacing a
-	// leftover) for a root disk rebuild; the VM runs nothing (a storage
-	// daemon kept from provisioning is stopped first). SwapRootDisk puts
-	// the staged disk in place of the root disk, durably; with nothing
-	// staged it does nothing (the swap happened). DropStagedRootDisk
-	// removes a staged disk, if any.
-	StageRootDisk(ctx context.Context, rec *Record, base string) error
-	SwapRootDisk(ctx context.Context, rec *Record) error
-	DropStagedRootDisk(rec *Record) error
 	// HotAttach plugs volume key of rec, a running or paused VM (recorded
 	// with Pending attach), into it: the storage daemon exports the image,
 	// CH adds the disk, and a running AppVM's guest mounts it. On failure
@@ -107,19 +98,6 @@ func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
 func (NoHost) Counters(_ context.Context, rec *Record) (map[string]map[string]uint64, error) {
 	return nil, RunsNoVMs("counters of", rec)
 }
-
-// StageRootDisk refuses: no disks here.
-func (NoHost) StageRootDisk(_ context.Context, rec *Record, _ string) error {
-	return RunsNoVMs("rebuild the root disk of", rec)
-}
-
-// SwapRootDisk refuses like StageRootDisk.
-func (NoHost) SwapRootDisk(_ context.Context, rec *Record) error {
-	return RunsNoVMs("rebuild the root disk of", rec)
-}
-
-// DropStagedRootDisk has nothing to remove.
-func (NoHost) DropStagedRootDisk(*Record) error { return nil }
 
 // Shutdown refuses: no VM runs here.
 func (NoHost) Shutdown(_ context.Context, rec *Record) error { return RunsNoVMs("shutdown", rec) }

@@ -137,14 +137,6 @@ func (s *Service) Get(mode Mode, id string) (*Record, error) {
 // List returns the records of family mode, sorted by id.
 func (s *Service) List(mode Mode) []*Record { return s.recs.List(mode) }
 
-// Records is the registry of the records (appvm writes its parts through
-// it).
-func (s *Service) Records() *records.Registry { return s.recs }
-
-// Host is the host the service works on (package appvm's redeploy
-// rebuilds a root disk through it).
-func (s *Service) Host() Host { return s.o.Host }
-
 // Wait blocks until background provisioning started so far has finished.
 func (s *Service) Wait() { s.bg.Wait() }
 

@@ -6,10 +6,13 @@
 // addresses (facts.go), and at Start reconciles the host with the records
 // after an agent restart (recover.go).
 //
-// The engine does not import package vm: it works on the records' owner,
-// package vm/records (Options.Records), and records its results there;
-// the AppVM specifics come through AppVMHooks (appvm.Service.Hooks), given
-// to Start. The record types are package vm/record's.
+// The engine imports neither package vm nor appvm: it works on the
+// records' owner, package vm/records (Options.Records), and records its
+// results there. What the AppVM family adds to a boot is handed down: its
+// data volumes hold ext4 (made here), and the host end of its guest agent
+// is a Guest (guest.go), an interface the engine owns and appvm.Guests
+// implements, wired once in Options. The record types are package
+// vm/record's.
 //
 // # Provisioning
 //

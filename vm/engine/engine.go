@@ -42,6 +42,9 @@ type Options struct {
 	// Records owns the VM records the engine works on and records its
 	// results in (package vm/records).
 	Records *records.Registry
+	// Guest is the host end of the AppVMs' guest agents (appvm.Guests);
+	// nil on a host of classic VMs only.
+	Guest Guest
 	// StateDir and RunDir are the agent's state and run directories (the
 	// record.Layout of every VM).
 	StateDir, RunDir string
@@ -71,16 +74,15 @@ type Options struct {
 // (recover.go). A provision records its steps (Runtime.Steps) with its
 // result, or with its failure, so Rollback removes exactly what was made.
 //
-// New makes it; Start gives it the AppVM hooks and must come before any
-// other call. Its methods are safe for concurrent use; the caller holds
-// the VM's action lock (records.Registry.Lock) for each action.
+// New makes it; Recover must run before any other call. Its methods are
+// safe for concurrent use; the caller holds the VM's action lock
+// (records.Registry.Lock) for each action.
 type Engine struct {
 	o     Options
 	lay   record.Layout
 	log   *slog.Logger
 	cache *disk.Cache
 	recs  *records.Registry
-	hooks AppVMHooks // nil without AppVMs
 	bg    sync.WaitGroup
 	mon   watchers // the monitors of running VMs (monitor.go)
 	// removals are the waiters for CH's device-removed events (volumes.go).
@@ -166,14 +168,14 @@ func New(o Options) (*Engine, error) {
 // ImageCache is the verified image cache classic creates download into.
 func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 
-// Start hands the engine the AppVM hooks (nil on a host without AppVMs),
-// then reconciles the host with the records (recover.go): running VMs are
-// adopted and watched, dead ones ended, interrupted provisions resumed or
-// rolled back, and orphan processes, taps and directories reaped; Recovery
-// reports it. Close releases the watched VMs without stopping them.
-func (e *Engine) Start(hooks AppVMHooks) {
+// Recover reconciles the host with the records (recover.go), once: running
+// VMs are adopted and watched (a running AppVM's guest end too), dead ones
+// ended, interrupted provisions resumed or rolled back, and orphan
+// processes, taps and directories reaped; Recovery reports it. Call it
+// after New and before anything else. Close releases the watched VMs
+// without stopping them.
+func (e *Engine) Recover() {
 	e.starts.Do(func() {
-		e.hooks = hooks
 		e.recoverHost()
 	})
 }
@@ -372,12 +374,12 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		}
 		did(record.StepRootDisk)
 	}
-	for i, v := range sp.Volumes {
+	for i := range sp.Volumes {
 		if rec.Runtime.Done(record.StepData(i)) {
 			continue
 		}
-		if err := qcow2.Create(l.DataVolume(id, v.ID), uint64(v.SizeGiB)<<30); err != nil {
-			return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
+		if err := e.makeDataVolume(ctx, rec, i); err != nil {
+			return err
 		}
 		did(record.StepData(i))
 	}
@@ -405,11 +407,6 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 			return err
 		}
 		did(record.StepTap(i))
-	}
-	// AppVM specifics (ext4 data volumes, which the hook records itself)
-	// before QSD opens the volumes.
-	if rec, err = e.appVMProvision(ctx, rec); err != nil {
-		return &record.HostError{Kind: record.HostStorage, Op: "provisioning AppVM " + id, Err: err}
 	}
 	qsd, err := e.ensureQSD(ctx, rec)
 	if err != nil {
@@ -440,6 +437,27 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 	}
 	done = nil
 	testStopAt(HookProvisioned) // crash tests: the result recorded, or staged (auto_boot)
+	return nil
+}
+
+// makeDataVolume creates data volume i of rec: a blank qcow2 image, or
+// for an AppVM (whose guest mounts it) an ext4 file system made by
+// mkfs.ext4 on a sparse raw file and converted to qcow2 (only written
+// clusters are allocated; e2fsprogs must be installed; it replaces a
+// leftover at its name).
+func (e *Engine) makeDataVolume(ctx context.Context, rec *record.Record, i int) error {
+	v := rec.Spec.Volumes[i]
+	path := e.lay.DataVolume(rec.ID, v.ID)
+	size := uint64(v.SizeGiB) << 30
+	if rec.Mode == record.ModeAppVM {
+		if err := qcow2.CreateExt4(ctx, path, size, v.ID); err != nil {
+			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}
+		}
+		return nil
+	}
+	if err := qcow2.Create(path, size); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
+	}
 	return nil
 }
 
@@ -704,8 +722,8 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 // step runs; the errors are joined.
 func (e *Engine) Rollback(ctx context.Context, rec *record.Record) error {
 	rec = e.current(rec)
-	herr := e.appVMRollback(ctx, rec)
-	return errors.Join(herr, e.teardown(ctx, rec, false))
+	e.endGuest(rec)
+	return e.teardown(ctx, rec, false)
 }
 
 // teardown stops the VM's processes and removes what it owns. all (delete)

@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -740,4 +742,162 @@ func TestEngineCounters(t *testing.T) {
 		t.Errorf("counters of a stopped VM = %v, want a state error", err)
 	}
 	s.remove(ctx, "cnt")
+}
+
+// recordingGuest is a Guest that writes each call as a line and returns
+// initrd from Boot; Stop fails with stopErr when set.
+type recordingGuest struct {
+	initrd  string
+	mu      sync.Mutex
+	calls   []string
+	stopErr error
+	ls      []net.Listener
+}
+
+func (g *recordingGuest) log(f string, args ...any) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, fmt.Sprintf(f, args...))
+}
+
+func (g *recordingGuest) transcript() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return strings.Join(g.calls, "\n")
+}
+
+func (g *recordingGuest) Port() uint32 { return 1024 }
+
+func (g *recordingGuest) Boot(_ context.Context, rec *record.Record, kernel string, l net.Listener) (string, error) {
+	g.log("boot %s kernel=%s listener=%s", rec.ID, filepath.Base(kernel), filepath.Base(l.Addr().String()))
+	g.mu.Lock()
+	g.ls = append(g.ls, l)
+	g.mu.Unlock()
+	return g.initrd, nil
+}
+
+func (g *recordingGuest) Adopt(_ context.Context, rec *record.Record, l net.Listener) error {
+	g.log("adopt %s", rec.ID)
+	return l.Close()
+}
+
+func (g *recordingGuest) End(id string) {
+	g.log("end %s", id)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, l := range g.ls {
+		l.Close()
+	}
+	g.ls = nil
+}
+
+func (g *recordingGuest) Stop(_ context.Context, rec *record.Record) error {
+	g.log("stop %s", rec.ID)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stopErr
+}
+
+func (g *recordingGuest) Settle(id string) { g.log("settle %s", id) }
+
+func (g *recordingGuest) Mount(_ context.Context, rec *record.Record, key, bdf string) error {
+	g.log("mount %s %s", rec.ID, key)
+	return nil
+}
+
+func (g *recordingGuest) Unmount(_ context.Context, rec *record.Record, key string) error {
+	g.log("unmount %s %s", rec.ID, key)
+	return nil
+}
+
+// TestEngineAppVMGuestEdges: the engine drives an AppVM's guest end at the
+// edges of its boots, and a classic VM's never. A boot hands the guest end
+// a listener on the agent's port of the VM's hybrid vsock before CH starts
+// and puts the initramfs it returns in CH's payload; a shutdown asks the
+// guest end first (and presses the power button when that fails); a stop
+// ends the guest end; a guest that powers off is settled before its end
+// is recorded.
+func TestEngineAppVMGuestEdges(t *testing.T) {
+	g := &recordingGuest{}
+	// No guest agent in the simulator: the test plays the guest end.
+	s := newTestServiceWith(t, testOpts{sims: true, guest: g, edit: func(o *Options) { o.CH.PreArgs = []string{"--sim-no-guest-agent"} }})
+	g.initrd = filepath.Join(s.root, "agent.cpio")
+	if err := os.WriteFile(g.initrd, []byte("cpio"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, mode := range []record.Mode{record.ModeVM, record.ModeAppVM} {
+		sp := baseSpec(t, s.root, string(mode))
+		sp.Volumes = nil
+		rec := newRecord(sp)
+		rec.Mode = mode
+		if mode == record.ModeAppVM {
+			rec.AppVM = &record.AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+		}
+		if err := s.recs.Create(rec); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Provision(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.act(ctx, rec.ID, "start"); err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.client(s.recs.Get(rec.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.VMInfo(ctx)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[record.Mode]string{record.ModeAppVM: g.initrd}[mode]; info.Config.Payload.Initramfs != want {
+			t.Errorf("%s booted with initramfs %q, want %q", mode, info.Config.Payload.Initramfs, want)
+		}
+		waitRecord(t, s, rec.ID, 10*time.Second, "guest up", func(r *record.Record) bool {
+			return mode == record.ModeAppVM || r.DisplayState == string(record.StateRunning)
+		})
+		if _, err := s.act(ctx, rec.ID, "shutdown"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.act(ctx, rec.ID, "stop"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The guest end cannot stop the workload: the power button does; the
+	// guest powers off, and what it sent is settled before its end.
+	g.stopErr = errors.New("not connected")
+	if _, err := s.act(ctx, "appvm", "start"); err != nil {
+		t.Fatal(err)
+	}
+	// A guest that reacts to the button has activated its devices (chsim
+	// does so on its own shortly after boot; an AppVM's display does not
+	// show it).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(s.lay.Events("appvm")); strings.Contains(string(b), "activated") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the AppVM's devices were never activated")
+		}
+	}
+	if _, err := s.act(ctx, "appvm", "shutdown"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := waitRecord(t, s, "appvm", 10*time.Second, "powered off", func(r *record.Record) bool { return r.State == record.StateStopped })
+	if f := r.FailureReason; f == nil || f.Cause != record.CauseOperatorShutdown {
+		t.Errorf("record after the power button: %s", describe(r))
+	}
+	want := `end appvm
+boot appvm kernel=vmlinux listener=vsock.sock_1024
+stop appvm
+end appvm
+end appvm
+boot appvm kernel=vmlinux listener=vsock.sock_1024
+stop appvm
+settle appvm`
+	if got := g.transcript(); got != want {
+		t.Errorf("guest end calls:\n%s\nwant\n%s", got, want)
+	}
 }

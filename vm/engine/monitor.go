@@ -533,7 +533,11 @@ func logHint(path string) string {
 // unwatched (Stop) also finds it ended, never still running.
 func (m *monitor) conclude(v verdict) {
 	w, e := &m.e.mon, m.e
-	e.appVMSettle(m.id)
+	if rec := e.recs.Get(m.id); rec != nil {
+		if g := e.guest(rec); g != nil {
+			g.Settle(m.id)
+		}
+	}
 	w.mu.Lock()
 	if w.m[m.id] != m {
 		w.mu.Unlock()

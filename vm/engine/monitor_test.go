@@ -115,8 +115,8 @@ type testOpts struct {
 	sims bool
 	// edit changes the engine's options before New.
 	edit func(*Options)
-	// hooks are the AppVM hooks Start gets.
-	hooks AppVMHooks
+	// guest is the engine's Options.Guest.
+	guest Guest
 	// store wraps the records' store (to count or slow down writes).
 	store func(records.Store) records.Store
 }
@@ -159,7 +159,7 @@ func newTestServiceWith(t testing.TB, o testOpts, dirs ...string) *testService {
 	cfg.PingIntervalSecs, cfg.PingTimeoutSecs = 1, 1
 	logs := new(syncBuffer)
 	log := slog.New(slog.NewTextHandler(logs, nil))
-	eo := Options{Config: cfg, Records: recs, StateDir: state, RunDir: run, Logger: log}
+	eo := Options{Config: cfg, Records: recs, Guest: o.guest, StateDir: state, RunDir: run, Logger: log}
 	if o.sims {
 		eo.Config = config.Default()
 		eo.CH = Program{Binary: os.Args[0], Env: simEnv("sim-ch")}
@@ -172,7 +172,7 @@ func newTestServiceWith(t testing.TB, o testOpts, dirs ...string) *testService {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.Start(o.hooks)
+	e.Recover()
 	t.Cleanup(func() { e.Close() })
 	return &testService{Engine: e, recs: recs, root: root, state: state, run: run, logs: logs, opts: o}
 }

@@ -304,18 +304,8 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 	if rec.DisplayState == record.DisplayBooting {
 		e.rearmBootDeadline(id, ch)
 	}
-	if rec.Mode == record.ModeAppVM && e.hooks != nil {
-		e.bg.Add(1)
-		go func() {
-			defer e.bg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if cur := e.recs.Get(id); cur != nil {
-				if err := e.hooks.Adopt(ctx, cur); err != nil {
-					e.log.Error("adopting the guest agent session of an AppVM", "id", id, "err", err)
-				}
-			}
-		}()
+	if rec.Mode == record.ModeAppVM {
+		e.adoptGuest(id)
 	}
 	e.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1], "qmp", qsd != nil)
 	return recovered{what: "adopted", keep: keep}
@@ -581,7 +571,8 @@ func (e *Engine) rollBackInterrupted(rec *record.Record) {
 	for i := range all.NICs {
 		addSteps(all, record.StepTap(i))
 	}
-	if err := errors.Join(e.appVMRollback(ctx, all), e.teardown(ctx, all, false)); err != nil {
+	e.endGuest(all)
+	if err := e.teardown(ctx, all, false); err != nil {
 		e.log.Error("rolling back an interrupted create", "id", rec.ID, "err", err)
 	}
 	e.failProvision(rec.ID, "the agent restarted during this synchronous create; what it had made was rolled back (delete the VM and create it again)", true)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -448,20 +449,25 @@ func TestRecoverRearmsBootTimeout(t *testing.T) {
 	gone(t, "cloud-hypervisor", r.ch.Done())
 }
 
-// recordingHooks is an AppVMHooks that records Adopt calls.
-type recordingHooks struct {
-	AppVMHooks // nil: only Adopt is called here
-	adopted    chan string
+// adoptingGuest is a Guest that records Adopt calls and the listener each
+// got.
+type adoptingGuest struct {
+	Guest   // nil: only Port and Adopt are called here
+	adopted chan net.Listener
 }
 
-func (h recordingHooks) Adopt(_ context.Context, rec *record.Record) error {
-	h.adopted <- rec.ID
+func (adoptingGuest) Port() uint32 { return 1024 }
+
+func (g adoptingGuest) Adopt(_ context.Context, rec *record.Record, l net.Listener) error {
+	if rec.ID == "app" {
+		g.adopted <- l
+	}
 	return nil
 }
 
 // TestRecoverAdoptsAppVMGuestSession: an adopted AppVM is handed to the
-// AppVM hooks (given to Start), so its guest agent's reconnection is
-// accepted.
+// guest end (Options.Guest) with a listener on its agent's port of the
+// VM's hybrid vsock, so its guest agent's reconnection is accepted.
 func TestRecoverAdoptsAppVMGuestSession(t *testing.T) {
 	a := newTestService(t)
 	r := startVM(t, a, "app")
@@ -473,15 +479,16 @@ func TestRecoverAdoptsAppVMGuestSession(t *testing.T) {
 	}
 	r.qsd.Close()
 	a.Close()
-	h := recordingHooks{adopted: make(chan string, 1)}
-	b := newTestServiceWith(t, testOpts{hooks: h}, a.state, a.run)
+	g := adoptingGuest{adopted: make(chan net.Listener, 1)}
+	b := newTestServiceWith(t, testOpts{guest: g}, a.state, a.run)
 	select {
-	case id := <-h.adopted:
-		if id != "app" {
-			t.Errorf("adopted %q", id)
+	case l := <-g.adopted:
+		defer l.Close()
+		if want := chclient.VsockListenPath(b.lay.VsockSocket("app"), 1024); l.Addr().String() != want {
+			t.Errorf("adopted with a listener on %s, want %s", l.Addr(), want)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the AppVM hooks were not asked to adopt the running AppVM")
+		t.Fatal("the guest end was not asked to adopt the running AppVM")
 	}
 	if !b.watched("app") {
 		t.Error("the AppVM is not watched")

@@ -61,12 +61,12 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 		undoExport()
 		return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("vm.add-disk of volume %s to VM %s", key, rec.ID), Err: err}
 	}
-	if rec.Mode == record.ModeAppVM && e.hooks != nil && rec.State == record.StateRunning {
+	if g := e.guest(rec); g != nil && rec.State == record.StateRunning {
 		bdf := ""
 		if info != nil {
 			bdf = info.Bdf
 		}
-		if err := e.hooks.MountVolume(ctx, rec, key, bdf); err != nil {
+		if err := g.Mount(ctx, rec, key, bdf); err != nil {
 			if rerr := e.removeDisk(context.WithoutCancel(ctx), c, rec.ID, key); rerr != nil {
 				e.log.Error("unplugging a volume its guest did not mount", "id", rec.ID, "volume", key, "err", rerr)
 				return err // the export stays: CH may still use it
@@ -98,16 +98,16 @@ func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) 
 	}
 	defer c.Close()
 	testStopAt(HookDetachStart)
-	appvm := rec.Mode == record.ModeAppVM && e.hooks != nil
-	if appvm {
-		if err := e.hooks.UnmountVolume(ctx, rec, key); err != nil {
+	g := e.guest(rec)
+	if g != nil {
+		if err := g.Unmount(ctx, rec, key); err != nil {
 			return err
 		}
 	}
 	if err := e.removeDisk(ctx, c, rec.ID, key); err != nil {
-		if appvm {
+		if g != nil {
 			if bdf, ok := diskBDF(ctx, c, key); ok {
-				if merr := e.hooks.MountVolume(context.WithoutCancel(ctx), rec, key, bdf); merr != nil {
+				if merr := g.Mount(context.WithoutCancel(ctx), rec, key, bdf); merr != nil {
 					e.log.Error("mounting a volume again after a failed detach", "id", rec.ID, "volume", key, "err", merr)
 				}
 			}

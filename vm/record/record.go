@@ -175,7 +175,7 @@ type AppVMSpec struct {
 	Redeploy      *Redeploy   `json:"redeploy,omitempty"`
 	RedeployError string      `json:"redeploy_error,omitempty"`
 	Image         Workload    `json:"image"`
-	Guest         *AppVMGuest `json:"guest,omitempty"` // appvmhooks.go
+	Guest         *AppVMGuest `json:"guest,omitempty"` // what its guest agent reported (package appvm)
 }
 
 // DataVolume is one AppVM data volume; it is also Spec.Volumes[i].

@@ -97,7 +97,8 @@ func (s Sysfs) Write(t testing.TB, dir string) string {
 	return dir
 }
 
-// Host is a vm.Host that records every call as a line ("provision vm1")
+// Host is a vm.Host (and an appvm.RootDisks) that records every call as a
+// line ("provision vm1")
 // and creates the files provisioning would (sparse), so views can stat
 // them. Like the engine, it records its results through the records'
 // owner: a provision display created, a boot state running, display
