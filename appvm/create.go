@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"vmhost/appvm/guest/proto"
 	"vmhost/store"
@@ -69,7 +68,7 @@ const (
 	MaxEnvEntries    = 100
 	MaxEnvEntryBytes = 8192
 	MaxDataVolumes   = 8
-	MaxMountpoint    = 256
+	MaxMountpoint    = vm.MaxMountpoint
 )
 
 // ConflictError is a create that must wait for a related operation (409
@@ -186,8 +185,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		}
 	}
 	for _, d := range req.DataVolumes {
-		spec.Volumes = append(spec.Volumes, vm.VolumeSpec{SizeGiB: d.SizeGiB})
-		app.DataVolumes = append(app.DataVolumes, vm.DataVolume{SizeGiB: d.SizeGiB, Mountpoint: d.Mountpoint})
+		spec.Volumes = append(spec.Volumes, vm.VolumeSpec{SizeGiB: d.SizeGiB, Mountpoint: d.Mountpoint})
 	}
 	rec, err := s.vms.NewRecord(vm.ModeAppVM, spec, 1)
 	if err != nil {
@@ -273,7 +271,7 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 		if d.SizeGiB < 1 || d.SizeGiB > vm.MaxSizeGiB {
 			return nil, bad(f("size_gib"), "must be 1..%d, got %d", vm.MaxSizeGiB, d.SizeGiB)
 		}
-		if err := checkMountpoint(d.Mountpoint); err != nil {
+		if err := vm.CheckMountpoint(d.Mountpoint); err != nil {
 			return nil, bad(f("mountpoint"), "%s", err)
 		}
 		if j, dup := seen[d.Mountpoint]; dup {
@@ -357,28 +355,6 @@ func checkEnv(field string, entries []string, keys map[string]string) error {
 			return bad(f, "key %s is already set by %s", k, prev)
 		}
 		keys[k] = f
-	}
-	return nil
-}
-
-func checkMountpoint(p string) error {
-	switch {
-	case utf8.RuneCountInString(p) > MaxMountpoint:
-		return fmt.Errorf("longer than %d characters", MaxMountpoint)
-	case strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-		return errors.New("contains NUL or a control character")
-	case !strings.HasPrefix(p, "/"):
-		return errors.New("must be an absolute path")
-	case p == "/":
-		return errors.New("must not be /")
-	}
-	for seg := range strings.SplitSeq(p[1:], "/") {
-		switch seg {
-		case "":
-			return errors.New("contains an empty path segment")
-		case ".", "..":
-			return fmt.Errorf("contains a %q segment", seg)
-		}
 	}
 	return nil
 }

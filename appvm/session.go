@@ -441,7 +441,12 @@ func (ss *session) flushLogs() {
 // every HeartbeatPersistEvery.
 func (ss *session) heartbeat() {
 	now := ss.now()
-	limit := ss.g.staleLimit(ss.g.recs.Get(ss.id))
+	rec := ss.g.recs.Get(ss.id)
+	limit := ss.g.staleLimit(rec)
+	// The guest may be quicker than the boot's record write: until a
+	// heartbeat finds the boot recorded, each one is stored, so the first
+	// that does turns display running.
+	booting := rec != nil && rec.State == vm.StateRunning && rec.DisplayState == vm.DisplayBooting
 	ss.mu.Lock()
 	first := ss.upSince.IsZero()
 	if first {
@@ -449,7 +454,7 @@ func (ss *session) heartbeat() {
 	}
 	ss.lastHB, ss.lastHBMono = now, time.Now()
 	ss.armStale(limit)
-	persist := first || now.Sub(ss.persistedHB) >= ss.g.o.HeartbeatPersistEvery
+	persist := first || booting || now.Sub(ss.persistedHB) >= ss.g.o.HeartbeatPersistEvery
 	if persist {
 		ss.persistedHB = now
 	}

@@ -83,7 +83,7 @@ func (s *Service) storeSpec(id string, p SpecPatch) (out *vm.Record, up bool, er
 	up = rec.State == vm.StateRunning || rec.State == vm.StatePaused
 	out, err = s.recs.Update(id, func(r *vm.Record) {
 		gen := r.AppVM.SpecGen
-		a.Guest, a.Booted, a.DataVolumes = r.AppVM.Guest, r.AppVM.Booted, r.AppVM.DataVolumes
+		a.Guest, a.Booted = r.AppVM.Guest, r.AppVM.Booted
 		r.AppVM = a
 		r.AppVM.SpecGen = gen + 1
 		r.AppVM.SpecPending = up

@@ -27,7 +27,7 @@ func TestSessionVolumeMounts(t *testing.T) {
 	req.AutoBoot = ptr(false)
 	req.DataVolumes = []appvm.DataVolumeRequest{{SizeGiB: 1, Mountpoint: "/var/lib/data"}}
 	rec, guests := bootedWithoutGuest(t, e, vms, apps, &req)
-	key := rec.Spec.Volumes[0].ID
+	key := rec.Spec.Volumes[0]
 	ctx := context.Background()
 	wantState := func(err error, want ...string) {
 		t.Helper()

@@ -441,7 +441,7 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 }
 
 // makeDataVolume creates data volume i of rec: a blank qcow2 image, or
-// for an AppVM (whose guest mounts it) an ext4 file system made by
+// for a volume its guest mounts (an AppVM's) an ext4 file system made by
 // mkfs.ext4 on a sparse raw file and converted to qcow2 (only written
 // clusters are allocated; e2fsprogs must be installed; it replaces a
 // leftover at its name).
@@ -449,7 +449,7 @@ func (e *Engine) makeDataVolume(ctx context.Context, rec *record.Record, i int) 
 	v := rec.Spec.Volumes[i]
 	path := e.lay.DataVolume(rec.ID, v.ID)
 	size := uint64(v.SizeGiB) << 30
-	if rec.Mode == record.ModeAppVM {
+	if v.Mounted() {
 		if err := qcow2.CreateExt4(ctx, path, size, v.ID); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}
 		}

@@ -18,9 +18,9 @@ import (
 // The Engine's lifecycle actions (vm.Host); start is Boot. The Service has
 // checked the state and holds the VM's action lock.
 
-// client is the API client of the VM's recorded CH process.
+// client is the API client of rec's recorded CH process. The caller holds
+// the VM's lock, so rec, as it read or stored it, names the process.
 func (e *Engine) client(rec *record.Record) (*chclient.Client, error) {
-	rec = e.current(rec)
 	if rec.Runtime == nil || rec.Runtime.CH == nil {
 		return nil, &record.StateError{ID: rec.ID, Action: "reach the VMM of", State: "without a running VMM"}
 	}

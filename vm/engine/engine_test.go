@@ -800,13 +800,13 @@ func (g *recordingGuest) Stop(_ context.Context, rec *record.Record) error {
 
 func (g *recordingGuest) Settle(id string) { g.log("settle %s", id) }
 
-func (g *recordingGuest) Mount(_ context.Context, rec *record.Record, key, bdf string) error {
-	g.log("mount %s %s", rec.ID, key)
+func (g *recordingGuest) Mount(_ context.Context, rec *record.Record, v record.VolumeSpec, bdf string) error {
+	g.log("mount %s %s at %s", rec.ID, v.ID, v.Mountpoint)
 	return nil
 }
 
-func (g *recordingGuest) Unmount(_ context.Context, rec *record.Record, key string) error {
-	g.log("unmount %s %s", rec.ID, key)
+func (g *recordingGuest) Unmount(_ context.Context, rec *record.Record, v record.VolumeSpec) error {
+	g.log("unmount %s %s at %s", rec.ID, v.ID, v.Mountpoint)
 	return nil
 }
 

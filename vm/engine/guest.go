@@ -43,8 +43,8 @@ type Guest interface {
 	End(id string)
 	Stop(ctx context.Context, rec *record.Record) error
 	Settle(id string)
-	Mount(ctx context.Context, rec *record.Record, key, bdf string) error
-	Unmount(ctx context.Context, rec *record.Record, key string) error
+	Mount(ctx context.Context, rec *record.Record, v record.VolumeSpec, bdf string) error
+	Unmount(ctx context.Context, rec *record.Record, v record.VolumeSpec) error
 }
 
 // ErrNoAppVMKernel is returned when an AppVM is booted on a host whose

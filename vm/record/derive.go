@@ -121,6 +121,28 @@ func deviceName(i int) string {
 	return "/dev/vd" + string(b)
 }
 
+// Mount is a data volume as its guest mounts it.
+type Mount struct {
+	Device     string
+	Mountpoint string
+	ReadOnly   bool
+}
+
+// Mounts are the volumes rec's guest mounts (those with a mountpoint: an
+// AppVM's), in disk order, each with the device the next boot presents it
+// as; one whose hot attach is still in progress is not mounted yet. It is
+// the one rule of where volumes appear in a guest: the guest agent's spec
+// and the AppVM view both use it.
+func (r *Record) Mounts() []Mount {
+	var out []Mount
+	for i, v := range r.Spec.Volumes {
+		if v.Mounted() && v.Pending != PendingAttach {
+			out = append(out, Mount{Device: VolumeDevice(r, i), Mountpoint: v.Mountpoint, ReadOnly: v.Readonly})
+		}
+	}
+	return out
+}
+
 // DiscoveredIPv4 is a VM's discovered_ipv4: the first DHCP-snooped
 // address of any interface, else the first one the neighbour table showed.
 func DiscoveredIPv4(nics []NIC) string {

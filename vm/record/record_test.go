@@ -3,6 +3,8 @@ package record
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"reflect"
 	"testing"
 	"time"
 )
@@ -86,5 +88,45 @@ func TestFailureDetailCheck(t *testing.T) {
 		if err := tc.d.Check(); (err == nil) != tc.ok {
 			t.Errorf("%+v: Check() = %v", tc.d, err)
 		}
+	}
+}
+
+// TestDecodeMovesV1DataVolumes: an AppVM record written before volumes
+// held their mountpoints (appvm.data_volumes, parallel to spec.volumes;
+// testdata/appvm-v1-data-volumes.json is one as that version wrote it)
+// loads with each mountpoint on its volume, and is written back without
+// the old list; its provisioning steps are kept as they were.
+func TestDecodeMovesV1DataVolumes(t *testing.T) {
+	old, err := os.ReadFile("testdata/appvm-v1-data-volumes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(old, []byte(`"data_volumes"`)) {
+		t.Fatal("the testdata record is not in the old shape")
+	}
+	r, err := Decode(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []VolumeSpec{{ID: "data0", SizeGiB: 1, Mountpoint: "/var/lib/data"}, {ID: "data1", SizeGiB: 2, Mountpoint: "/srv/cache"}}
+	if !reflect.DeepEqual(r.Spec.Volumes, want) {
+		t.Errorf("volumes = %+v, want %+v", r.Spec.Volumes, want)
+	}
+	if got := r.Mounts(); len(got) != 2 || got[0] != (Mount{Device: "/dev/vdb", Mountpoint: "/var/lib/data"}) || got[1] != (Mount{Device: "/dev/vdc", Mountpoint: "/srv/cache"}) {
+		t.Errorf("mounts = %+v", got)
+	}
+	if !r.Runtime.Done(StepData(1)) || r.Runtime.VsockCID != 3 {
+		t.Errorf("runtime = %+v", r.Runtime)
+	}
+	b, err := Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(b, []byte("data_volumes")) || !bytes.Contains(b, []byte(`"mountpoint": "/srv/cache"`)) {
+		t.Errorf("written back:\n%s", b)
+	}
+	again, err := Decode(b)
+	if err != nil || !reflect.DeepEqual(again.Spec.Volumes, want) {
+		t.Errorf("the new shape read again: %+v, %v", again.Spec.Volumes, err)
 	}
 }

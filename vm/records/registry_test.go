@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -257,5 +258,46 @@ func TestRegistryWatchersSeeEachChangeInOrder(t *testing.T) {
 		if got[i] != want[i] {
 			t.Fatalf("watcher saw %q, want %q", got, want)
 		}
+	}
+}
+
+// TestOpenMigratesOldRecords: a store holding an AppVM record written by
+// the previous version (its mountpoints in appvm.data_volumes) loads with
+// the mountpoints on its volumes, and the record's next write stores the
+// new shape.
+func TestOpenMigratesOldRecords(t *testing.T) {
+	old, err := os.ReadFile("../record/testdata/appvm-v1-data-volumes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "old-app.json"), old, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := store.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	g, err := Open(st, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep := g.Report(); rep.Loaded != 1 || len(rep.Undecodable)+len(rep.Damaged) != 0 {
+		t.Fatalf("load report %+v", rep)
+	}
+	r := g.Get("old-app")
+	if r == nil || len(r.Spec.Volumes) != 2 || r.Spec.Volumes[0].Mountpoint != "/var/lib/data" || r.Spec.Volumes[1].Mountpoint != "/srv/cache" {
+		t.Fatalf("loaded record: %+v", r)
+	}
+	if _, err := g.Update("old-app", func(r *record.Record) { r.AppVM.SpecGen++ }); err != nil {
+		t.Fatal(err)
+	}
+	data, err := st.Get("old-app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(data); strings.Contains(s, "data_volumes") || !strings.Contains(s, `"mountpoint": "/var/lib/data"`) {
+		t.Errorf("stored after a write:\n%s", s)
 	}
 }
