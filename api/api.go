@@ -325,15 +325,28 @@ func writeDecodeError(w http.ResponseWriter, err error) {
 	io.WriteString(w, err.Error()+"\n")
 }
 
-// readBody reads a request body of at most MaxBodyBytes within the body
-// read timeout. It answers the request itself and returns false when the
-// body is refused.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	return s.readBodyMax(w, r, MaxBodyBytes)
+// decodeBody is the opening of every handler with a body: it reads the
+// request body (at most max bytes, within the body read timeout) and
+// decodes it strictly into v (decodeStrict). It answers the request itself
+// and returns false when the body is refused (400) or does not decode
+// (422); otherwise it returns the body too, for handlers that look at it
+// again.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, max int64, v any) ([]byte, bool) {
+	body, ok := s.readBody(w, r, max)
+	if !ok {
+		return nil, false
+	}
+	if err := decodeStrict(body, v); err != nil {
+		writeDecodeError(w, err)
+		return nil, false
+	}
+	return body, true
 }
 
-// readBodyMax is readBody with a limit of max bytes.
-func (s *Server) readBodyMax(w http.ResponseWriter, r *http.Request, max int64) ([]byte, bool) {
+// readBody reads a request body of at most max bytes within the body read
+// timeout. It answers the request itself and returns false when the body
+// is refused.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, bool) {
 	if r.ContentLength > max {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", max))
 		return nil, false
@@ -486,13 +499,9 @@ func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return
-	}
 	var spec vm.Spec
-	if err := decodeStrict(body, &spec); err != nil {
-		writeDecodeError(w, err)
+	body, ok := s.decodeBody(w, r, MaxBodyBytes, &spec)
+	if !ok {
 		return
 	}
 	noteID(r, spec.VMID)
@@ -514,13 +523,9 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBodyMax(w, r, MaxWorkloadBodyBytes)
-	if !ok {
-		return
-	}
 	var req appvm.CreateRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeDecodeError(w, err)
+	body, ok := s.decodeBody(w, r, MaxWorkloadBodyBytes, &req)
+	if !ok {
 		return
 	}
 	noteID(r, req.VMID)

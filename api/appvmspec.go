@@ -23,13 +23,9 @@ func (s *Server) editAppVMSpec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, "restart: must be true or false")
 		return
 	}
-	body, ok := s.readBodyMax(w, r, MaxWorkloadBodyBytes)
-	if !ok {
-		return
-	}
 	var edit appvm.SpecEdit
-	if err := decodeStrict(body, &edit); err != nil {
-		writeDecodeError(w, err)
+	body, ok := s.decodeBody(w, r, MaxWorkloadBodyBytes, &edit)
+	if !ok {
 		return
 	}
 	// Which fields were given, and which as null: decodeStrict has checked

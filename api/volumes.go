@@ -21,13 +21,8 @@ type volumeList struct {
 
 // createVolume answers POST /api/volumes: 201 with the Volume.
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return
-	}
 	var req vm.VolumeRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeDecodeError(w, err)
+	if _, ok := s.decodeBody(w, r, MaxBodyBytes, &req); !ok {
 		return
 	}
 	v, err := s.vms.CreateVolume(r.Context(), req)
@@ -96,13 +91,8 @@ func (s *Server) volumeFail(w http.ResponseWriter, r *http.Request, err error) {
 // VM's view as its GET answers it.
 func attachVolume(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 	return func(s *Server, w http.ResponseWriter, r *http.Request) {
-		body, ok := s.readBody(w, r)
-		if !ok {
-			return
-		}
 		var req vm.AttachRequest
-		if err := decodeStrict(body, &req); err != nil {
-			writeDecodeError(w, err)
+		if _, ok := s.decodeBody(w, r, MaxBodyBytes, &req); !ok {
 			return
 		}
 		id := r.PathValue("id")

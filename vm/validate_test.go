@@ -290,7 +290,8 @@ func TestValidateCloudInitMatchesSeed(t *testing.T) {
 			spec.CloudInit = &vm.CloudInitSpec{}
 			c.set(spec.CloudInit, v)
 			verr := svc.ValidateSpec(&spec)
-			sc := seed.Config{VMID: "v1"}
+			id := spec.CloudInit.Identity("v1")
+			sc := seed.Config{InstanceID: id.InstanceID, Hostname: id.Hostname, User: id.User}
 			c.seed(&sc, v)
 			_, rerr := seed.Render(sc)
 			if r == 'x' && (verr != nil || rerr != nil) {

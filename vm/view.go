@@ -269,24 +269,16 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		v.Image = &v.store.image
 	}
 	if ci := sp.CloudInit; ci != nil {
+		id := ci.Identity(rec.ID)
 		cv := &v.store.cloudInit
 		*cv = CloudInitView{
-			Hostname:          record.ClassicHostname(rec.ID),
-			User:              "root",
+			Hostname:          id.Hostname,
+			User:              id.User,
 			SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
 			Network:           ci.Network,
-			InstanceID:        rec.ID,
+			InstanceID:        id.InstanceID,
 			ConsoleAutologin:  ci.ConsoleAutologin,
 			Sudo:              ci.Sudo,
-		}
-		if ci.Hostname != nil {
-			cv.Hostname = *ci.Hostname
-		}
-		if ci.User != nil {
-			cv.User = *ci.User
-		}
-		if ci.InstanceID != nil {
-			cv.InstanceID = *ci.InstanceID
 		}
 		if cv.SSHAuthorizedKeys == nil {
 			cv.SSHAuthorizedKeys = []string{}

@@ -503,23 +503,15 @@ func (e *Engine) allocCID(id string) uint32 {
 // cloud_init.network, the others their own static addresses.
 func (e *Engine) seedConfig(rec *record.Record) seed.Config {
 	ci := rec.Spec.CloudInit
+	id := ci.Identity(rec.ID)
 	c := seed.Config{
-		VMID:              rec.ID,
+		InstanceID:        id.InstanceID,
+		Hostname:          id.Hostname,
+		User:              id.User,
 		SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
 		Password:          rec.Secrets.Password.Reveal(),
 		ConsoleAutologin:  ci.ConsoleAutologin,
 		Sudo:              ci.Sudo,
-		Hostname:          record.ClassicHostname(rec.ID),
-		InstanceID:        rec.ID,
-	}
-	if ci.Hostname != nil {
-		c.Hostname = *ci.Hostname
-	}
-	if ci.User != nil {
-		c.User = *ci.User
-	}
-	if ci.InstanceID != nil {
-		c.InstanceID = *ci.InstanceID
 	}
 	for i, nic := range rec.NICs {
 		itf := seed.Interface{MAC: nic.MAC}

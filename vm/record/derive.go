@@ -159,6 +159,32 @@ func DiscoveredIPv4(nics []NIC) string {
 	return ""
 }
 
+// CloudInitIdentity is who a cloud-init VM is to its guest: its hostname,
+// the user cloud-init configures and its NoCloud instance-id.
+type CloudInitIdentity struct {
+	Hostname   string
+	User       string
+	InstanceID string
+}
+
+// Identity is the identity of VM id with ci: each value the request's, or
+// its default (the hostname ClassicHostname(id), the user root, the
+// instance-id the VM id). It is the one place those defaults are: the view
+// shows what the seed is rendered from.
+func (ci *CloudInitSpec) Identity(id string) CloudInitIdentity {
+	c := CloudInitIdentity{Hostname: ClassicHostname(id), User: "root", InstanceID: id}
+	if ci.Hostname != nil {
+		c.Hostname = *ci.Hostname
+	}
+	if ci.User != nil {
+		c.User = *ci.User
+	}
+	if ci.InstanceID != nil {
+		c.InstanceID = *ci.InstanceID
+	}
+	return c
+}
+
 // ClassicHostname derives a hostname from a VM id: '_' and '.' become '-',
 // the result is cut to 63 bytes and trimmed of '-' at either end ("vm" if
 // nothing is left).

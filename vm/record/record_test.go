@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -128,5 +129,26 @@ func TestDecodeMovesV1DataVolumes(t *testing.T) {
 	again, err := Decode(b)
 	if err != nil || !reflect.DeepEqual(again.Spec.Volumes, want) {
 		t.Errorf("the new shape read again: %+v, %v", again.Spec.Volumes, err)
+	}
+}
+
+// TestCloudInitIdentity: the request's hostname, user and instance-id,
+// else their defaults: the VM id's hostname (ClassicHostname, case kept),
+// root, the VM id.
+func TestCloudInitIdentity(t *testing.T) {
+	h, u, iid := "web", "alice", "migrated-7"
+	for _, tc := range []struct {
+		id   string
+		ci   CloudInitSpec
+		want CloudInitIdentity
+	}{
+		{"My_VM.01", CloudInitSpec{}, CloudInitIdentity{Hostname: "My-VM-01", User: "root", InstanceID: "My_VM.01"}},
+		{"_-_", CloudInitSpec{}, CloudInitIdentity{Hostname: "vm", User: "root", InstanceID: "_-_"}},
+		{"x." + strings.Repeat("y", 70), CloudInitSpec{}, CloudInitIdentity{Hostname: "x-" + strings.Repeat("y", 61), User: "root", InstanceID: "x." + strings.Repeat("y", 70)}},
+		{"vm1", CloudInitSpec{Hostname: &h, User: &u, InstanceID: &iid}, CloudInitIdentity{Hostname: "web", User: "alice", InstanceID: "migrated-7"}},
+	} {
+		if got := tc.ci.Identity(tc.id); got != tc.want {
+			t.Errorf("Identity(%q) = %+v, want %+v", tc.id, got, tc.want)
+		}
 	}
 }
