@@ -4,8 +4,12 @@
 //
 // Every request goes: route match (unknown paths: 404 NOT_FOUND, wrong
 // method: 405 with Allow) → auth (401/403; nothing is read or written
-// before it passes) → body limit and strict decode (422 plain text) →
-// validation (400) → admission (409) → execution (201/202, or 500).
+// before it passes) → body limit and strict decode (422 plain text; one
+// helper, decodeBody) → validation (400) → admission (409) → execution
+// (201/202, or 500). The handlers call down only: into appvm for the
+// AppVM family's create, views, spec edits and redeploys, and into vm for
+// the rules both families share (lifecycle actions, volumes, balloon) and
+// for classic VMs.
 //
 // Knobs: MaxBodyBytes. A body larger than that is refused with 400
 // BAD_REQUEST before decoding (the contract has no 413). A body must

@@ -70,7 +70,7 @@ type Options struct {
 // Engine is the production vm.Host: it provisions VMs (image download,
 // disk copy, data volumes, seed, taps, qemu-storage-daemon), boots them in
 // Cloud Hypervisor, supervises them (monitor.go), carries out lifecycle
-// actions and, at Start, reconciles the host with the records
+// actions and, at Recover, reconciles the host with the records
 // (recover.go). A provision records its steps (Runtime.Steps) with its
 // result, or with its failure, so Rollback removes exactly what was made.
 //

@@ -23,7 +23,7 @@ import (
 
 // Recovery after an agent restart (DESIGN §2: VMs outlive the agent).
 //
-// Start reconciles every record with the host before it returns:
+// Recover reconciles every record with the host before it returns:
 //
 //   - A running or paused VM whose recorded Cloud Hypervisor still runs
 //     (pid and start time match) is adopted: CH through a pidfd, its
@@ -69,7 +69,7 @@ import (
 // Without root, adoption still works for processes of the same user; tap
 // reaping is skipped with a warning when the host cannot list taps.
 
-// RecoveryReport says what Start found on the host and did about it.
+// RecoveryReport says what Recover found on the host and did about it.
 type RecoveryReport struct {
 	Adopted  []string // running VMs adopted and watched again
 	Ended    []string // running VMs whose processes had gone
@@ -83,7 +83,7 @@ type RecoveryReport struct {
 	Duration time.Duration
 }
 
-// Recovery returns what Start's reconciliation found and did.
+// Recovery returns what Recover's reconciliation found and did.
 func (e *Engine) Recovery() RecoveryReport {
 	e.mon.mu.Lock()
 	defer e.mon.mu.Unlock()
@@ -96,7 +96,7 @@ const recoverParallel = 8
 // qmpAttachTimeout bounds re-attaching to a storage daemon's monitor.
 const qmpAttachTimeout = 2 * time.Second
 
-// recoverHost runs at Start.
+// recoverHost runs at Recover.
 func (e *Engine) recoverHost() {
 	start := time.Now()
 	var (

@@ -1,7 +1,9 @@
 // Package vmtest holds test helpers for vm, appvm and api: a fake sysfs
-// tree, a Host that records what it was asked to do, and a Service over a
-// temp state dir with a fixed clock and a deterministic random source.
-// It exists only for tests.
+// tree, a Host that writes a transcript of what it was asked to do and
+// records its results through the records' owner (as the engine does),
+// and a Service over a temp state dir, opened on a records.Registry, with
+// a fixed clock and a deterministic random source. It exists only for
+// tests.
 package vmtest
 
 import (
