@@ -901,3 +901,35 @@ settle appvm`
 		t.Errorf("guest end calls:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestEngineAppVMWithoutKernel: an AppVM on a host whose configuration
+// names no appvm_kernel fails to boot before anything starts, saying so,
+// and its guest end is not asked to boot.
+func TestEngineAppVMWithoutKernel(t *testing.T) {
+	g := &recordingGuest{}
+	s := newTestServiceWith(t, testOpts{sims: true, guest: g})
+	ctx := context.Background()
+	sp := baseSpec(t, s.root, "nokernel")
+	sp.KernelPath, sp.Volumes = nil, nil
+	rec := newRecord(sp)
+	rec.Mode = record.ModeAppVM
+	rec.AppVM = &record.AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+	if err := s.recs.Create(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Provision(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.act(ctx, "nokernel", "start")
+	var he *record.HostError
+	want := "preparing the boot of AppVM nokernel: booting AppVM nokernel: " + ErrNoAppVMKernel.Error()
+	if !errors.As(err, &he) || he.Kind != record.HostInternal || err.Error() != want || !errors.Is(err, ErrNoAppVMKernel) {
+		t.Fatalf("boot without an AppVM kernel = %v, want %q", err, want)
+	}
+	if r := s.recs.Get("nokernel"); r.State != record.StateCreated || r.Runtime.CH != nil {
+		t.Errorf("record after the refused boot: %s", describe(r))
+	}
+	if got := g.transcript(); strings.Contains(got, "boot") {
+		t.Errorf("the guest end was asked to boot: %s", got)
+	}
+}
