@@ -247,25 +247,9 @@ var readsSharedRef = map[string]bool{
 	"chclient/openapitest/openapitest.go": true,
 }
 
-// outsideReferencesPending are files of packages other work was changing
-// while the documentation moved into docs/: their references are to be
-// pointed at docs/ (and the entry removed) as they are merged.
-var outsideReferencesPending = map[string]bool{
-	"api/api.go": true, "api/appvmspec.go": true, "api/catalogs.go": true, "api/events.go": true,
-	"api/images.go": true, "api/lifecycle.go": true, "api/metrics.go": true, "api/openapi.go": true,
-	"api/volumes.go": true, "api/volumes_test.go": true,
-	"appvm/redeploy.go": true, "appvm/specedit.go": true, "appvm/view.go": true, "appvm/volumes.go": true, "appvm/workload.go": true,
-	"e2e/crash_test.go": true, "main_deps_test.go": true, "seed/render.go": true,
-	"vm/engine/doc.go": true, "vm/engine/engine_boot.go": true, "vm/engine/monitor.go": true, "vm/engine/recover.go": true,
-	"vm/engine/volumes.go": true, "vm/events.go": true, "vm/host.go": true, "vm/lifecycle.go": true,
-	"vm/record/record.go": true, "vm/record/runtime.go": true, "vm/record/spec.go": true,
-	"vm/validate.go": true, "vm/validate_test.go": true, "vm/volumes.go": true,
-}
-
 // TestNoReferenceOutsideTheRepository: no document, comment or shipped
 // file of the repository points at documents outside it; docs/ holds the
-// project's own. A file still pending must still need it (so the list
-// only shrinks).
+// project's own.
 func TestNoReferenceOutsideTheRepository(t *testing.T) {
 	out, err := exec.Command("git", "ls-files").Output()
 	if err != nil {
@@ -285,16 +269,11 @@ func TestNoReferenceOutsideTheRepository(t *testing.T) {
 				hits = append(hits, fmt.Sprintf("%s:%d: %s", f, i+1, strings.TrimSpace(line)))
 			}
 		}
-		switch {
-		case readsSharedRef[f]:
-		case outsideReferencesPending[f] && len(hits) == 0:
-			t.Errorf("%s no longer points outside the repository: remove it from outsideReferencesPending", f)
-		case outsideReferencesPending[f]:
-			t.Logf("pending: %s", strings.Join(hits, "\n"))
-		default:
-			for _, h := range hits {
-				t.Errorf("%s: points outside the repository (use docs/)", h)
-			}
+		if readsSharedRef[f] {
+			continue
+		}
+		for _, h := range hits {
+			t.Errorf("%s: points outside the repository (use docs/)", h)
 		}
 	}
 }

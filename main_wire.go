@@ -18,6 +18,7 @@ import (
 	"vmhost/tap"
 	"vmhost/vm"
 	"vmhost/vm/engine"
+	"vmhost/vm/records"
 )
 
 // service is what serve runs: the API handler over the VM services.
@@ -32,12 +33,16 @@ type service struct {
 	CloseStreams func()
 }
 
-// newService loads the VM records and builds the API over them, with the
-// VM engine as host: the engine first (the records' host), then the
-// records, then the AppVM service, whose hooks the engine gets when it
-// starts and reconciles the host with the records. env.SimCH and
-// env.SimQSD run the simulators (this executable as `vmhost sim-ch` /
-// `vmhost sim-qsd`) instead of the configured binaries. An agent that is not root cannot create taps: a
+// newService builds the agent bottom-up, in one pass, then runs it: the
+// event log; the records' owner (vm/records), loaded from env.Store, which
+// the event log follows; the host end of the AppVMs' guest agents; the
+// engine over the records (the VMs' host, driving the guest end); the VM
+// rules (vm) over the records and the engine; the AppVM service over
+// those; the API. Then the engine reconciles the host with the records,
+// and what an agent stop cut short (AppVM redeploys and restarts, volume
+// changes) is finished. env.SimCH and env.SimQSD run the simulators (this
+// executable as `vmhost sim-ch` / `vmhost sim-qsd`) instead of the
+// configured binaries. An agent that is not root cannot create taps: a
 // create with interfaces then answers 500 NETWORK_ERROR saying so.
 func newService(env serveEnv) (*service, error) {
 	eo := engine.Options{Config: env.Config, StateDir: env.StateDir, RunDir: env.RunDir, Logger: env.Log}
@@ -64,34 +69,44 @@ func newService(env serveEnv) (*service, error) {
 		}
 		env.Log.Info("dev bridge ready", "bridge", env.DevBridge)
 	}
-	eng, err := engine.New(eo)
+	// The event log opens first and follows the records, so what recovery
+	// finds (a VM that died while the agent was away) is told like any
+	// change.
+	evs, err := events.Open(filepath.Join(env.StateDir, "events"), events.Options{Keep: env.Config.EventsKeep, Logger: env.Log.With("component", "events")})
 	if err != nil {
 		return nil, err
 	}
-	// The event log opens before recovery, so what recovery finds (a VM
-	// that died while the agent was away) is told like any change.
-	evs, err := events.Open(filepath.Join(env.StateDir, "events"), events.Options{Keep: env.Config.EventsKeep, Logger: env.Log.With("component", "events")})
+	recs, err := records.Open(env.Store, records.Options{Logger: env.Log})
 	if err != nil {
+		evs.Close()
+		return nil, err
+	}
+	recs.Watch(records.Publish(evs))
+	r := recs.Report()
+	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
+		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
+	guests := appvm.NewGuests(appvm.GuestOptions{Records: recs, Config: env.Config,
+		Layout: vm.Layout{StateDir: filepath.Clean(env.StateDir), RunDir: filepath.Clean(env.RunDir)}, Logger: env.Log, Events: evs})
+	eo.Records, eo.Guest = recs, guests
+	eng, err := engine.New(eo)
+	if err != nil {
+		evs.Close()
 		return nil, err
 	}
 	vms, err := vm.New(vm.Options{
 		StateDir: env.StateDir,
 		RunDir:   env.RunDir,
 		Config:   env.Config,
-		Store:    env.Store,
+		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
-		Events:   evs,
 	})
 	if err != nil {
 		evs.Close()
 		return nil, err
 	}
-	r := vms.Report()
-	env.Log.Info("loaded VM records", "loaded", r.Loaded, "invalid_id", len(r.Invalid),
-		"damaged", len(r.Damaged), "undecodable", len(r.Undecodable), "removed_temps", len(r.RemovedTemps))
-	apps := appvm.NewWithOptions(vms, appvm.Options{Logger: env.Log, Events: evs})
-	eng.Start(vms.HostRecords(), apps.Hooks())
+	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng})
+	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
 	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())

@@ -1,11 +1,15 @@
-// Package api serves vmhost's HTTP contract (shared/spec/api.md): the
+// Package api serves vmhost's HTTP contract (docs/api.md): the
 // routes, authentication, the error envelope, strict body decoding (422)
 // and the JSON views.
 //
 // Every request goes: route match (unknown paths: 404 NOT_FOUND, wrong
 // method: 405 with Allow) → auth (401/403; nothing is read or written
-// before it passes) → body limit and strict decode (422 plain text) →
-// validation (400) → admission (409) → execution (201/202, or 500).
+// before it passes) → body limit and strict decode (422 plain text; one
+// helper, decodeBody) → validation (400) → admission (409) → execution
+// (201/202, or 500). The handlers call down only: into appvm for the
+// AppVM family's create, views, spec edits and redeploys, and into vm for
+// the rules both families share (lifecycle actions, volumes, balloon) and
+// for classic VMs.
 //
 // Knobs: MaxBodyBytes. A body larger than that is refused with 400
 // BAD_REQUEST before decoding (the contract has no 413). A body must
@@ -56,7 +60,7 @@ const MaxWorkloadBodyBytes = 12 << 20
 // 30 s needs no more than about 35 KB/s.
 const DefaultBodyReadTimeout = 30 * time.Second
 
-// Error codes of contract §7, plus CAPACITY_CONFLICT (DESIGN §5).
+// Error codes of docs/api.md (Conventions), plus CAPACITY_CONFLICT (docs/design.md §5).
 const (
 	CodeBadRequest       = "BAD_REQUEST"
 	CodeUnauthorized     = "UNAUTHORIZED"
@@ -325,15 +329,28 @@ func writeDecodeError(w http.ResponseWriter, err error) {
 	io.WriteString(w, err.Error()+"\n")
 }
 
-// readBody reads a request body of at most MaxBodyBytes within the body
-// read timeout. It answers the request itself and returns false when the
-// body is refused.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
-	return s.readBodyMax(w, r, MaxBodyBytes)
+// decodeBody is the opening of every handler with a body: it reads the
+// request body (at most max bytes, within the body read timeout) and
+// decodes it strictly into v (decodeStrict). It answers the request itself
+// and returns false when the body is refused (400) or does not decode
+// (422); otherwise it returns the body too, for handlers that look at it
+// again.
+func (s *Server) decodeBody(w http.ResponseWriter, r *http.Request, max int64, v any) ([]byte, bool) {
+	body, ok := s.readBody(w, r, max)
+	if !ok {
+		return nil, false
+	}
+	if err := decodeStrict(body, v); err != nil {
+		writeDecodeError(w, err)
+		return nil, false
+	}
+	return body, true
 }
 
-// readBodyMax is readBody with a limit of max bytes.
-func (s *Server) readBodyMax(w http.ResponseWriter, r *http.Request, max int64) ([]byte, bool) {
+// readBody reads a request body of at most max bytes within the body read
+// timeout. It answers the request itself and returns false when the body
+// is refused.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, bool) {
 	if r.ContentLength > max {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("body: larger than %d bytes", max))
 		return nil, false
@@ -450,7 +467,7 @@ type appvmList struct {
 	VMs []*appvm.View `json:"vms"`
 }
 
-// listVMs writes {"vms":[...]} (DESIGN §5) from each VM's encoded list
+// listVMs writes {"vms":[...]} (docs/design.md §5) from each VM's encoded list
 // view (vm.Service.ViewJSON), piece by piece without copying them: the
 // bytes writeJSON would give for the list.
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
@@ -486,13 +503,9 @@ func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return
-	}
 	var spec vm.Spec
-	if err := decodeStrict(body, &spec); err != nil {
-		writeDecodeError(w, err)
+	body, ok := s.decodeBody(w, r, MaxBodyBytes, &spec)
+	if !ok {
 		return
 	}
 	noteID(r, spec.VMID)
@@ -514,13 +527,9 @@ func (s *Server) createVM(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) createAppVM(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBodyMax(w, r, MaxWorkloadBodyBytes)
-	if !ok {
-		return
-	}
 	var req appvm.CreateRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeDecodeError(w, err)
+	body, ok := s.decodeBody(w, r, MaxWorkloadBodyBytes, &req)
+	if !ok {
 		return
 	}
 	noteID(r, req.VMID)

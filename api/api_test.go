@@ -24,6 +24,7 @@ import (
 	"vmhost/auth"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/records"
 )
 
 func indent(t testing.TB, body string) string {
@@ -419,12 +420,17 @@ func TestNoHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Store: st, Host: vm.NoHost{}})
+	recs, err := records.Open(st, records.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vms, err := vm.New(vm.Options{StateDir: h.e.StateDir, RunDir: h.e.RunDir, Config: h.e.Config, Records: recs, Host: vm.NoHost{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	keys, _ := auth.Open(h.keysPath)
-	apps := appvm.New(vms)
+	guests := appvm.NewGuests(appvm.GuestOptions{Records: recs, Config: h.e.Config, Layout: vms.Layout()})
+	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: h.e.Host})
 	h.srv = New(Config{Keys: keys, VMs: vms, AppVMs: apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil))})
 	code, _, body := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "nb"))
 	if code != 500 || !strings.Contains(body, CodeInternal) || !strings.Contains(body, "creating VM nb: this service does no host work") {
@@ -510,7 +516,7 @@ func TestRestart(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(vmsDir, ".tmp-r1.json-123")); err == nil {
 		t.Error("the torn temp file was left behind")
 	}
-	rep := h.vms.Report()
+	rep := h.e.Records.Report()
 	if len(rep.Damaged) != 1 || rep.Damaged[0].ID != "broken" || len(rep.RemovedTemps) != 1 || len(rep.Invalid) != 1 || rep.Loaded != 4 {
 		t.Errorf("load report = %+v", rep)
 	}
@@ -655,7 +661,7 @@ func TestViewMemo(t *testing.T) {
 		if b != want.String() || strings.Contains(b, "disk_bytes") {
 			t.Fatalf("list:\n%s\nencoding/json:\n%s", b, want.String())
 		}
-		if _, err := h.vms.Update("c", func(r *vm.Record) { r.DisplayState = "changed" }); err != nil {
+		if _, err := h.e.Records.Update("c", func(r *vm.Record) { r.DisplayState = "changed" }); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -68,7 +68,7 @@ func TestAppVMCreateWorkloadSpec(t *testing.T) {
 	if len(a.InjectedFiles) != 2 || len(a.ExtraHosts) != 1 || len(a.TmpfsMounts) != 1 {
 		t.Errorf("injected %+v, hosts %+v, tmpfs %+v", a.InjectedFiles, a.ExtraHosts, a.TmpfsMounts)
 	}
-	rec := h.vms.HostRecords().Get("wl")
+	rec := h.e.Records.Get("wl")
 	sp2 := appvm.GuestSpec(rec, 5)
 	if len(sp2.SecretFiles) != 1 || sp2.SecretFiles[0].Content.Reveal() != plantedFile || len(sp2.ConfigFiles) != 1 ||
 		len(sp2.ExtraHosts) != 1 || sp2.ExtraHosts[0].Host != "db.internal" || len(sp2.TmpfsMounts) != 1 || sp2.TmpfsMounts[0].SizeBytes != 64<<20 ||
@@ -146,7 +146,7 @@ func TestAppVMSpecEdit(t *testing.T) {
 	if st, b := patch(`{"user":null,"workdir":"/srv","extra_hosts":null,"secret_env":["TOKEN","MORE=x"],"secret_files":[{"path":"/run/secrets/key"}],"stop_grace_secs":5}`); st != 200 {
 		t.Fatalf("patch: %d %s", st, b)
 	}
-	rec := h.vms.HostRecords().Get("wl")
+	rec := h.e.Records.Get("wl")
 	a := rec.AppVM
 	if a.User != "" || a.Workdir != "/srv" || len(a.ExtraHosts) != 0 || a.StopGraceSecs != 5 ||
 		strings.Join(a.Command, " ") != "/bin/app --flag" || len(a.ConfigFiles) != 1 || strings.Join(a.Env, ",") != "A=1" {
@@ -171,7 +171,7 @@ func TestAppVMSpecEdit(t *testing.T) {
 			t.Errorf("%s: %d %s, want 400 naming %s", c.body, st, b, c.want)
 		}
 	}
-	if after := h.vms.HostRecords().Get("wl"); after.AppVM.Workdir != "/srv" || len(after.Secrets.SecretEnv) != 2 {
+	if after := h.e.Records.Get("wl"); after.AppVM.Workdir != "/srv" || len(after.Secrets.SecretEnv) != 2 {
 		t.Error("a refused patch changed the spec")
 	}
 	if st, b := patch(`{"zz":1}`); st != 422 {
@@ -184,7 +184,7 @@ func TestAppVMSpecEdit(t *testing.T) {
 		t.Errorf("unknown AppVM: %d %s", st, b)
 	}
 	// A running AppVM keeps its spec until its next boot.
-	if _, err := h.vms.Update("wl", func(r *vm.Record) { r.State = vm.StateRunning }); err != nil {
+	if _, err := h.e.Records.Update("wl", func(r *vm.Record) { r.State = vm.StateRunning }); err != nil {
 		t.Fatal(err)
 	}
 	st, b := patch(`{"command":null}`)
@@ -232,7 +232,7 @@ func TestAppVMRedeploy(t *testing.T) {
 
 	// A failure keeps the old disk and says so. (The fake host cannot
 	// stop a VM: the AppVM is recorded stopped first.)
-	if _, err := h.vms.Update("rd", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
+	if _, err := h.e.Records.Update("rd", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
 		t.Fatal(err)
 	}
 	h.e.Host.FailStage = errors.New("no space left on device")
@@ -253,13 +253,13 @@ func TestAppVMRedeploy(t *testing.T) {
 	}
 
 	// 409s.
-	if _, err := h.vms.Update("rd", func(r *vm.Record) { r.AppVM.Redeploy = &vm.Redeploy{} }); err != nil {
+	if _, err := h.e.Records.Update("rd", func(r *vm.Record) { r.AppVM.Redeploy = &vm.Redeploy{} }); err != nil {
 		t.Fatal(err)
 	}
 	if st, _, b := h.do(t, "POST", "/api/appvm/vms/rd/redeploy", h.rw, ""); st != 409 || !strings.Contains(b, CodeInvalidState) {
 		t.Errorf("redeploy during a redeploy = %d %s", st, b)
 	}
-	if _, err := h.vms.Update("rd", func(r *vm.Record) { r.AppVM.Redeploy = nil }); err != nil {
+	if _, err := h.e.Records.Update("rd", func(r *vm.Record) { r.AppVM.Redeploy = nil }); err != nil {
 		t.Fatal(err)
 	}
 	img.Status = appvm.StatusImporting
@@ -292,13 +292,13 @@ func TestRecoverRedeploys(t *testing.T) {
 		if err := os.WriteFile(l.RootDiskNext(id), []byte("new"), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := h.vms.Update(id, func(r *vm.Record) { r.AppVM.Redeploy = &vm.Redeploy{To: to, Staged: staged} }); err != nil {
+		if _, err := h.e.Records.Update(id, func(r *vm.Record) { r.AppVM.Redeploy = &vm.Redeploy{To: to, Staged: staged} }); err != nil {
 			t.Fatal(err)
 		}
 	}
 	h.start(t) // the agent starts again
 	h.apps.RecoverRedeploys(context.Background())
-	fwd, back := h.vms.HostRecords().Get("fwd"), h.vms.HostRecords().Get("back")
+	fwd, back := h.e.Records.Get("fwd"), h.e.Records.Get("back")
 	if data, _ := os.ReadFile(l.RootDisk("fwd")); string(data) != "new" || fwd.AppVM.Redeploy != nil || fwd.AppVM.Image.BuildDigest != "sha256:next" {
 		t.Errorf("rolled forward: root %q, redeploy %+v, digest %s", data, fwd.AppVM.Redeploy, fwd.AppVM.Image.BuildDigest)
 	}

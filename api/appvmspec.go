@@ -9,7 +9,7 @@ import (
 	"vmhost/vm"
 )
 
-// editAppVMSpec answers PATCH /api/appvm/vms/{id}/spec (extensions.md §5):
+// editAppVMSpec answers PATCH /api/appvm/vms/{id}/spec (docs/api.md, AppVMs):
 // a field absent stays, null resets it to the image's default, a value
 // replaces it; 200 with the AppVM's view. ?restart=true applies the edit
 // to a running AppVM now (graceful stop, then boot).
@@ -23,13 +23,9 @@ func (s *Server) editAppVMSpec(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, CodeBadRequest, "restart: must be true or false")
 		return
 	}
-	body, ok := s.readBodyMax(w, r, MaxWorkloadBodyBytes)
-	if !ok {
-		return
-	}
 	var edit appvm.SpecEdit
-	if err := decodeStrict(body, &edit); err != nil {
-		writeDecodeError(w, err)
+	body, ok := s.decodeBody(w, r, MaxWorkloadBodyBytes, &edit)
+	if !ok {
 		return
 	}
 	// Which fields were given, and which as null: decodeStrict has checked

@@ -12,7 +12,7 @@ import (
 	"vmhost/vm"
 )
 
-// Host catalogs (extensions.md §2–§4): registry images, host PCI devices,
+// Host catalogs (docs/api.md, Host catalogs): registry images, host PCI devices,
 // the verified image cache, and the balloon.
 
 // registryImage is a RegistryImage: what an index lists, and whether the
@@ -168,13 +168,8 @@ type balloonRequest struct {
 // does not run.
 func setBalloon(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 	return func(s *Server, w http.ResponseWriter, r *http.Request) {
-		body, ok := s.readBody(w, r)
-		if !ok {
-			return
-		}
 		var req balloonRequest
-		if err := decodeStrict(body, &req); err != nil {
-			writeDecodeError(w, err)
+		if _, ok := s.decodeBody(w, r, MaxBodyBytes, &req); !ok {
 			return
 		}
 		if _, err := s.vms.SetBalloon(r.Context(), mode, r.PathValue("id"), req.BalloonMB); err != nil {

@@ -8,7 +8,7 @@ import (
 	"vmhost/store"
 )
 
-// streamEvents answers GET /api/events (extensions.md §6): the event log as
+// streamEvents answers GET /api/events (docs/api.md, Events): the event log as
 // Server-Sent Events, resumed after Last-Event-ID (or ?since=), filtered
 // by ?vm_id=. The stream ends when the client goes, the agent shuts down
 // (CloseStreams), or the client falls behind what the log keeps.

@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"vmhost/appvm"
 	"vmhost/audit"
@@ -152,7 +153,7 @@ func (h *harness) start(t testing.TB) {
 	}
 	h.openLogs(t)
 	h.vms = h.e.Service(t)
-	h.apps = appvm.New(h.vms)
+	h.apps = newApps(h.e, h.vms)
 	t.Cleanup(h.apps.Wait) // background redeploys end before the test's files go
 	if h.cache, err = disk.NewCache(filepath.Join(h.e.StateDir, "images"), disk.CacheOptions{}); err != nil {
 		t.Fatal(err)
@@ -169,6 +170,14 @@ func (h *harness) start(t testing.TB) {
 	}
 	h.srv = New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil)),
 		ImageCache: h.cache, Registry: h.registry, PCIIDs: []string{}, Events: h.events, Audit: h.audit})
+}
+
+// newApps is the AppVM service over vms and e's records, with the host
+// end of its guest agents and e's fake host for redeploys.
+func newApps(e *vmtest.Env, vms *vm.Service) *appvm.Service {
+	guests := appvm.NewGuests(appvm.GuestOptions{Records: e.Records, Config: e.Config, Layout: vms.Layout(),
+		Now: func() time.Time { return e.Now }, Logger: e.Logger, Events: e.Events})
+	return appvm.New(appvm.Config{VMs: vms, Records: e.Records, Guests: guests, RootDisks: e.Host})
 }
 
 // openLogs (re)opens the event log and the audit log in the state dir, as

@@ -9,7 +9,7 @@ import (
 	"vmhost/vm"
 )
 
-// imageList is the body of GET /api/appvm/images (DESIGN §5).
+// imageList is the body of GET /api/appvm/images (docs/design.md §5).
 type imageList struct {
 	Images []*appvm.Image `json:"images"`
 }
@@ -43,13 +43,8 @@ func (s *Server) getImage(w http.ResponseWriter, r *http.Request) {
 // (status importing, or a ready entry with reimport importing); the caller
 // polls GET /api/appvm/images/{id}.
 func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return
-	}
 	var req appvm.ImportRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeDecodeError(w, err)
+	if _, ok := s.decodeBody(w, r, MaxBodyBytes, &req); !ok {
 		return
 	}
 	noteID(r, req.ID)

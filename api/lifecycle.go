@@ -8,7 +8,7 @@ import (
 	"vmhost/vm"
 )
 
-// Lifecycle routes (DESIGN §5): POST /api/vms/{id}/{action} and DELETE
+// Lifecycle routes (docs/design.md §5): POST /api/vms/{id}/{action} and DELETE
 // /api/vms/{id}, the same under /api/appvm/vms. 204 on success, 409
 // INVALID_STATE when the VM's state does not allow the action, 404 for an
 // id of the other family.

@@ -11,7 +11,7 @@ import (
 	"vmhost/vm"
 )
 
-// GET /metrics (extensions.md §7): the Prometheus text exposition of every
+// GET /metrics (docs/api.md, Metrics): the Prometheus text exposition of every
 // VM's state, device counters, restarts and heartbeat age, the host's VMs
 // by state, admission capacity and image cache, and the agent's own
 // process metrics.

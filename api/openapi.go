@@ -11,7 +11,7 @@ import (
 	"vmhost/vm"
 )
 
-// The OpenAPI 3.1 document (extensions.md §8), built from the route table
+// The OpenAPI 3.1 document (docs/api.md, The OpenAPI document), built from the route table
 // and the types the handlers encode and decode (package openapi). What
 // reflection cannot see is here: each route's summary, request type and
 // success responses. The error statuses follow from the route: every

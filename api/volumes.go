@@ -9,10 +9,10 @@ import (
 	"vmhost/vm"
 )
 
-// Volumes (extensions.md §1): first-class volumes under /api/volumes, and
+// Volumes (docs/api.md, Volumes): first-class volumes under /api/volumes, and
 // attach and detach under each VM of either family. The work is
-// vm.Service's (and appvm.Service's for an AppVM's mountpoint); these
-// handlers decode, call and answer.
+// vm.Service's, an AppVM's mountpoint included; these handlers decode,
+// call and answer.
 
 // volumeList is GET /api/volumes's body.
 type volumeList struct {
@@ -21,13 +21,8 @@ type volumeList struct {
 
 // createVolume answers POST /api/volumes: 201 with the Volume.
 func (s *Server) createVolume(w http.ResponseWriter, r *http.Request) {
-	body, ok := s.readBody(w, r)
-	if !ok {
-		return
-	}
 	var req vm.VolumeRequest
-	if err := decodeStrict(body, &req); err != nil {
-		writeDecodeError(w, err)
+	if _, ok := s.decodeBody(w, r, MaxBodyBytes, &req); !ok {
 		return
 	}
 	v, err := s.vms.CreateVolume(r.Context(), req)
@@ -96,20 +91,12 @@ func (s *Server) volumeFail(w http.ResponseWriter, r *http.Request, err error) {
 // VM's view as its GET answers it.
 func attachVolume(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request) {
 	return func(s *Server, w http.ResponseWriter, r *http.Request) {
-		body, ok := s.readBody(w, r)
-		if !ok {
-			return
-		}
 		var req vm.AttachRequest
-		if err := decodeStrict(body, &req); err != nil {
-			writeDecodeError(w, err)
+		if _, ok := s.decodeBody(w, r, MaxBodyBytes, &req); !ok {
 			return
 		}
 		id := r.PathValue("id")
 		s.changeVolume(w, r, mode, id, func() (*vm.Record, error) {
-			if mode == vm.ModeAppVM {
-				return s.apps.AttachVolume(r.Context(), id, req)
-			}
 			return s.vms.AttachVolume(r.Context(), mode, id, req)
 		})
 	}
@@ -121,17 +108,14 @@ func detachVolume(mode vm.Mode) func(*Server, http.ResponseWriter, *http.Request
 	return func(s *Server, w http.ResponseWriter, r *http.Request) {
 		id, key := r.PathValue("id"), r.PathValue("vol")
 		s.changeVolume(w, r, mode, id, func() (*vm.Record, error) {
-			if mode == vm.ModeAppVM {
-				return s.apps.DetachVolume(r.Context(), id, key)
-			}
 			return s.vms.DetachVolume(r.Context(), mode, id, key)
 		})
 	}
 }
 
 // changeVolume runs an attach or detach on VM id of family mode and
-// answers it. An id of neither family (or of the other) is a 404 before
-// any rule of the body: the AppVM service checks the mountpoint first.
+// answers it. An id of neither family (or of the other) is a 404 in the
+// words of the family's reads, before any rule of the body.
 func (s *Server) changeVolume(w http.ResponseWriter, r *http.Request, mode vm.Mode, id string, change func() (*vm.Record, error)) {
 	if _, err := s.vms.Get(mode, id); err != nil {
 		s.lifecycleFail(w, r, mode, err)

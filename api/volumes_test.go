@@ -22,7 +22,7 @@ import (
 	"vmhost/vm"
 )
 
-// The volume routes (extensions.md §1) over the real vm.Service and a fake
+// The volume routes (docs/api.md, Volumes) over the real vm.Service and a fake
 // host that runs no VM: every attach and detach here is the cold path,
 // which changes the record only.
 
@@ -123,7 +123,7 @@ func TestVolumeCreate(t *testing.T) {
 		{"format xfs", `{"volume_id":"z","size_gib":1,"format":"xfs"}`, 400, "format"},
 		{"bad id", `{"volume_id":"../z","size_gib":1}`, 400, "volume_id"},
 		{"id too long", `{"volume_id":"` + strings.Repeat("a", 65) + `","size_gib":1}`, 400, "volume_id"},
-		// Undecodable bodies are the framework's 422 (api.md §7).
+		// Undecodable bodies are the framework's 422 (docs/api.md, Conventions).
 		{"unknown field", `{"volume_id":"z","size_gib":1,"fmt":"qcow2"}`, 422, `unknown field "fmt"`},
 		{"no size", `{"volume_id":"z"}`, 422, "size_gib: required field missing"},
 		{"negative size", `{"size_gib":-1}`, 422, "size_gib"},
@@ -211,7 +211,7 @@ func TestVolumeListGetDelete(t *testing.T) {
 }
 
 // TestVolumeAttachDetach: the cold attach and detach of a classic VM, as
-// extensions.md §1.2 and api.md §2.2 describe them.
+// docs/api.md (Attach and detach; The VM view) describes them.
 func TestVolumeAttachDetach(t *testing.T) {
 	h := newHarness(t)
 	// A cloud-init VM: vda root, vdb seed, then data0 (owned, from create).

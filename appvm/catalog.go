@@ -1,7 +1,20 @@
 // Package appvm adds AppVMs to the vm package's machinery: the AppVM image
-// catalog, the create request and its rules (contract §4.3), and the AppVM
-// view (§2.3). An AppVM is a vm.Record of mode appvm: it shares the
-// registry, the id namespace, admission and the Host seam with classic VMs.
+// catalog, the create request and its rules (contract §4.3), the AppVM
+// view (§2.3), spec edits, redeploys and the restart policy (Service), and
+// the host end of the guest agents (Guests). An AppVM is a vm.Record of
+// mode appvm: it shares the records' owner (vm/records), the id namespace,
+// admission and the host (vm/engine) with classic VMs.
+//
+// # Layering
+//
+// appvm calls down only: into vm for the rules, and into vm/records to
+// write its parts of a record. It imports neither vm/engine nor chclient.
+// The engine drives Guests at the edges of a boot through its own
+// interface (engine.Guest: a listener on the agent's vsock port handed
+// over before CH starts, the initramfs handed back, Stop, Settle, Mount,
+// Unmount, End), wired once; Service follows the records' changes
+// (records.Registry.Watch) to learn that a workload ended, and rebuilds
+// root disks for redeploys through RootDisks (the engine).
 //
 // # Image catalog
 //

@@ -6,16 +6,14 @@ import (
 	"fmt"
 	"io/fs"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"vmhost/appvm/guest/proto"
 	"vmhost/store"
 	"vmhost/vm"
-	"vmhost/vm/engine"
+	"vmhost/vm/records"
 )
 
 // RestartPolicy is the restart_policy enum; any other value fails decoding.
@@ -70,7 +68,7 @@ const (
 	MaxEnvEntries    = 100
 	MaxEnvEntryBytes = 8192
 	MaxDataVolumes   = 8
-	MaxMountpoint    = 256
+	MaxMountpoint    = vm.MaxMountpoint
 )
 
 // ConflictError is a create that must wait for a related operation (409
@@ -88,32 +86,56 @@ type CreateResponse struct {
 	Booted  bool   `json:"booted"`
 }
 
-// Service creates and views AppVMs on top of a vm.Service.
+// RootDisks rebuilds the root disk of a VM that runs nothing, for a
+// redeploy: the engine's StageRootDisk, SwapRootDisk and
+// DropStagedRootDisk (see there).
+type RootDisks interface {
+	StageRootDisk(ctx context.Context, rec *vm.Record, base string) error
+	SwapRootDisk(ctx context.Context, rec *vm.Record) error
+	DropStagedRootDisk(rec *vm.Record) error
+}
+
+// Config wires a Service; every field but Restart is required.
+type Config struct {
+	// VMs holds the rules of both families' records: create, actions,
+	// volumes, views.
+	VMs *vm.Service
+	// Records owns the records; the AppVM parts are written through it.
+	Records *records.Registry
+	// Guests is the host end of the guest agents, the one the engine was
+	// given.
+	Guests *Guests
+	// RootDisks rebuilds root disks for redeploys (the engine).
+	RootDisks RootDisks
+	// Restart tunes the restart policy.
+	Restart RestartOptions
+}
+
+// Service creates, views, edits, redeploys and restarts AppVMs on top of a
+// vm.Service.
 type Service struct {
 	vms     *vm.Service
+	recs    *records.Registry
+	guests  *Guests
+	disks   RootDisks
 	catalog Catalog
-	guests  *guests
-	initrd  initramfsBuild
-	// binary is the vmhost binary the initramfs holds; os.Executable.
-	binary func() (string, error)
+	// restartMu guards restart (SetRestartStablePeriod).
+	restartMu sync.Mutex
+	restart   RestartOptions
 	// bg counts the background redeploys (Wait).
 	bg sync.WaitGroup
 }
 
-// New returns the AppVM service over vms, which holds the records of both
-// families, with default Options. The catalog is <StateDir>/appvm-images.
-func New(vms *vm.Service) *Service { return NewWithOptions(vms, Options{}) }
-
-// NewWithOptions is New with tuned guest-session and restart options.
-func NewWithOptions(vms *vm.Service, o Options) *Service {
-	s := &Service{vms: vms, catalog: Catalog{Dir: filepath.Join(vms.Layout().StateDir, "appvm-images")}, binary: os.Executable}
-	s.guests = newGuests(s, o)
+// New returns the AppVM service of c. The catalog is
+// <StateDir>/appvm-images. It follows the records' changes: a workload's
+// end that the restart policy answers boots the AppVM again.
+func New(c Config) *Service {
+	c.Restart.defaults()
+	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, restart: c.Restart,
+		catalog: Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")}}
+	s.recs.Watch(s.followRecords)
 	return s
 }
-
-// Hooks returns the AppVM specifics the engine calls (provision.go), for
-// engine.Engine.Start.
-func (s *Service) Hooks() engine.AppVMHooks { return hooks{s} }
 
 // Catalog returns the image catalog.
 func (s *Service) Catalog() Catalog { return s.catalog }
@@ -163,8 +185,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		}
 	}
 	for _, d := range req.DataVolumes {
-		spec.Volumes = append(spec.Volumes, vm.VolumeSpec{SizeGiB: d.SizeGiB})
-		app.DataVolumes = append(app.DataVolumes, vm.DataVolume{SizeGiB: d.SizeGiB, Mountpoint: d.Mountpoint})
+		spec.Volumes = append(spec.Volumes, vm.VolumeSpec{SizeGiB: d.SizeGiB, Mountpoint: d.Mountpoint})
 	}
 	rec, err := s.vms.NewRecord(vm.ModeAppVM, spec, 1)
 	if err != nil {
@@ -250,7 +271,7 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 		if d.SizeGiB < 1 || d.SizeGiB > vm.MaxSizeGiB {
 			return nil, bad(f("size_gib"), "must be 1..%d, got %d", vm.MaxSizeGiB, d.SizeGiB)
 		}
-		if err := checkMountpoint(d.Mountpoint); err != nil {
+		if err := vm.CheckMountpoint(d.Mountpoint); err != nil {
 			return nil, bad(f("mountpoint"), "%s", err)
 		}
 		if j, dup := seen[d.Mountpoint]; dup {
@@ -334,28 +355,6 @@ func checkEnv(field string, entries []string, keys map[string]string) error {
 			return bad(f, "key %s is already set by %s", k, prev)
 		}
 		keys[k] = f
-	}
-	return nil
-}
-
-func checkMountpoint(p string) error {
-	switch {
-	case utf8.RuneCountInString(p) > MaxMountpoint:
-		return fmt.Errorf("longer than %d characters", MaxMountpoint)
-	case strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }):
-		return errors.New("contains NUL or a control character")
-	case !strings.HasPrefix(p, "/"):
-		return errors.New("must be an absolute path")
-	case p == "/":
-		return errors.New("must not be /")
-	}
-	for seg := range strings.SplitSeq(p[1:], "/") {
-		switch seg {
-		case "":
-			return errors.New("contains an empty path segment")
-		case ".", "..":
-			return fmt.Errorf("contains a %q segment", seg)
-		}
 	}
 	return nil
 }

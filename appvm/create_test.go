@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"vmhost/appvm"
 	"vmhost/vm"
@@ -14,13 +17,34 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
+// appEnv is a vmtest.Env with the host end of its AppVMs' guest agents.
+type appEnv struct {
+	*vmtest.Env
+	guests *appvm.Guests
+}
+
+// newApps returns the AppVM service over vms and the env's records, with
+// the host end of its guest agents; the initramfs holds a small file as
+// the agent's binary.
+func newApps(t testing.TB, e *vmtest.Env, vms *vm.Service) (*appvm.Service, *appvm.Guests) {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "vmhost")
+	if err := os.WriteFile(bin, []byte("agent"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	guests := appvm.NewGuests(appvm.GuestOptions{Records: e.Records, Config: e.Config, Layout: vms.Layout(),
+		Now: func() time.Time { return e.Now }, Binary: bin, Logger: e.Logger, Events: e.Events})
+	return appvm.New(appvm.Config{VMs: vms, Records: e.Records, Guests: guests, RootDisks: e.Host}), guests
+}
+
 // newEnv returns an env with catalog images "web" (ready, 1 GiB),
 // "pending" (importing) and "broken" (failed).
-func newEnv(t *testing.T) (*vmtest.Env, *vm.Service, *appvm.Service) {
+func newEnv(t *testing.T) (*appEnv, *vm.Service, *appvm.Service) {
 	t.Helper()
-	e := vmtest.NewEnv(t)
+	e := &appEnv{Env: vmtest.NewEnv(t)}
 	vms := e.Service(t)
-	apps := appvm.New(vms)
+	var apps *appvm.Service
+	apps, e.guests = newApps(t, e.Env, vms)
 	for _, im := range []*appvm.Image{
 		{ID: "web", Status: appvm.StatusReady, CreatedAt: e.Now, Workload: vm.Workload{
 			BuildDigest: "sha256:1a2b3c4d", SizeBytes: 1 << 30,

@@ -8,7 +8,7 @@ import (
 	"vmhost/vm"
 )
 
-// Redeploy (extensions.md §5): an AppVM gets a fresh root disk from its
+// Redeploy (docs/api.md, AppVMs): an AppVM gets a fresh root disk from its
 // image's current build and boots on it; its data volumes stay. The steps,
 // each recorded before the next so that an agent killed at any point
 // recovers to one consistent root disk (RecoverRedeploys):
@@ -33,45 +33,9 @@ var errRedeploying = errors.New("a redeploy of this AppVM is in progress")
 // *vm.StateError while a redeploy runs or the AppVM is being deleted or
 // provisioned (409 INVALID_STATE).
 func (s *Service) Redeploy(ctx context.Context, id string) (*vm.Record, error) {
-	unlock := s.vms.HostRecords().Lock(id)
-	rec, err := s.Get(id)
+	rec, out, err := s.startRedeploy(id)
 	if err != nil {
-		unlock()
 		return nil, err
-	}
-	state := func(why string) error {
-		return &vm.StateError{ID: id, Action: "redeploy", State: why}
-	}
-	switch {
-	case rec.AppVM.Redeploy != nil:
-		unlock()
-		return nil, state("redeploying: " + errRedeploying.Error())
-	case rec.Deleting:
-		unlock()
-		return nil, state("being deleted")
-	case rec.Provisioning():
-		unlock()
-		return nil, state(rec.DisplayState)
-	}
-	img, err := s.catalog.Get(rec.AppVM.ImageID)
-	switch {
-	case err != nil:
-		unlock()
-		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q cannot be read: %v", rec.AppVM.ImageID, err)}
-	case img.Status == StatusImporting:
-		unlock()
-		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q is still importing", img.ID)}
-	case img.Status != StatusReady:
-		unlock()
-		return nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q has no ready build", img.ID)}
-	}
-	out, err := s.vms.Update(id, func(r *vm.Record) {
-		r.AppVM.Redeploy = &vm.Redeploy{To: img.Workload}
-		r.AppVM.RedeployError = ""
-	})
-	unlock()
-	if err != nil {
-		return nil, &vm.HostError{Kind: vm.HostStorage, Op: "recording the redeploy of AppVM " + id, Err: err}
 	}
 	wasUp := rec.State == vm.StateRunning || rec.State == vm.StatePaused
 	s.bg.Add(1)
@@ -82,6 +46,45 @@ func (s *Service) Redeploy(ctx context.Context, id string) (*vm.Record, error) {
 	return out, nil
 }
 
+// startRedeploy records the redeploy of AppVM id (step 1) under its
+// action lock, and returns the record before and after.
+func (s *Service) startRedeploy(id string) (before, after *vm.Record, err error) {
+	unlock := s.recs.Lock(id)
+	defer unlock()
+	rec, err := s.Get(id)
+	if err != nil {
+		return nil, nil, err
+	}
+	state := func(why string) error {
+		return &vm.StateError{ID: id, Action: "redeploy", State: why}
+	}
+	switch {
+	case rec.AppVM.Redeploy != nil:
+		return nil, nil, state("redeploying: " + errRedeploying.Error())
+	case rec.Deleting:
+		return nil, nil, state("being deleted")
+	case rec.Provisioning():
+		return nil, nil, state(rec.DisplayState)
+	}
+	img, err := s.catalog.Get(rec.AppVM.ImageID)
+	switch {
+	case err != nil:
+		return nil, nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q cannot be read: %v", rec.AppVM.ImageID, err)}
+	case img.Status == StatusImporting:
+		return nil, nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q is still importing", img.ID)}
+	case img.Status != StatusReady:
+		return nil, nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q has no ready build", img.ID)}
+	}
+	out, err := s.recs.Update(id, func(r *vm.Record) {
+		r.AppVM.Redeploy = &vm.Redeploy{To: img.Workload}
+		r.AppVM.RedeployError = ""
+	})
+	if err != nil {
+		return nil, nil, &vm.HostError{Kind: vm.HostStorage, Op: "recording the redeploy of AppVM " + id, Err: err}
+	}
+	return rec, out, nil
+}
+
 // Wait waits for the background redeploys.
 func (s *Service) Wait() { s.bg.Wait() }
 
@@ -90,10 +93,10 @@ func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
 	log := s.guests.log.With("id", id)
 	fail := func(step string, err error) {
 		log.Error("AppVM redeploy failed; the old root disk is kept", "step", step, "err", err)
-		if derr := s.vms.Host().DropStagedRootDisk(rec); derr != nil {
+		if derr := s.disks.DropStagedRootDisk(rec); derr != nil {
 			log.Error("removing the staged root disk", "err", derr)
 		}
-		if _, uerr := s.vms.Update(id, func(r *vm.Record) {
+		if _, uerr := s.recs.Update(id, func(r *vm.Record) {
 			r.AppVM.Redeploy = nil
 			r.AppVM.RedeployError = step + ": " + err.Error()
 		}); uerr != nil {
@@ -111,84 +114,94 @@ func (s *Service) redeploy(ctx context.Context, rec *vm.Record, wasUp bool) {
 			return
 		}
 	}
-	unlock := s.vms.HostRecords().Lock(id)
-	cur, err := s.Get(id)
-	if err != nil {
-		unlock()
+	cur, step, err := s.installRootDisk(ctx, id)
+	switch {
+	case err != nil && step == "":
 		log.Warn("AppVM gone during its redeploy", "err", err)
 		return
-	}
-	if cur.State == vm.StateRunning || cur.State == vm.StatePaused {
-		unlock()
-		fail("stopping the AppVM", &vm.StateError{ID: id, Action: "redeploy", State: cur.DisplayState + " (it was started again meanwhile)"})
+	case err != nil:
+		fail(step, err)
 		return
 	}
-	err = s.vms.Host().StageRootDisk(ctx, cur, s.catalog.BuildFile(cur.AppVM.ImageID, cur.AppVM.Redeploy.To.BuildDigest))
-	if err == nil {
-		cur, err = s.vms.Update(id, func(r *vm.Record) { r.AppVM.Redeploy.Staged = true })
-	}
-	if err != nil {
-		unlock()
-		fail("staging the new root disk", err)
-		return
-	}
-	err = s.finishRedeploy(ctx, cur)
-	unlock()
-	if err != nil {
-		fail("installing the new root disk", err)
-		return
-	}
-	log.Info("AppVM redeployed", "build_digest", cur.AppVM.Redeploy.To.BuildDigest)
+	log.Info("AppVM redeployed", "build_digest", cur.AppVM.Image.BuildDigest)
 	if _, err := s.vms.Act(ctx, vm.ModeAppVM, id, vm.ActionStart); err != nil {
 		log.Error("booting the redeployed AppVM", "err", err)
 	}
 }
 
+// installRootDisk stages the new root disk of AppVM id, which runs
+// nothing, records it staged, and installs it (steps 3 to 6), under the
+// VM's action lock. It returns the record after, or the step that failed
+// ("" when the AppVM is gone).
+func (s *Service) installRootDisk(ctx context.Context, id string) (*vm.Record, string, error) {
+	unlock := s.recs.Lock(id)
+	defer unlock()
+	cur, err := s.Get(id)
+	if err != nil {
+		return nil, "", err
+	}
+	if cur.State == vm.StateRunning || cur.State == vm.StatePaused {
+		return nil, "stopping the AppVM", &vm.StateError{ID: id, Action: "redeploy", State: cur.DisplayState + " (it was started again meanwhile)"}
+	}
+	err = s.disks.StageRootDisk(ctx, cur, s.catalog.BuildFile(cur.AppVM.ImageID, cur.AppVM.Redeploy.To.BuildDigest))
+	if err == nil {
+		cur, err = s.recs.Update(id, func(r *vm.Record) { r.AppVM.Redeploy.Staged = true })
+	}
+	if err != nil {
+		return nil, "staging the new root disk", err
+	}
+	if cur, err = s.finishRedeploy(ctx, cur); err != nil {
+		return nil, "installing the new root disk", err
+	}
+	return cur, "", nil
+}
+
 // finishRedeploy swaps a staged root disk in and records the new build
 // (steps 5 and 6); the VM's action lock is held.
-func (s *Service) finishRedeploy(ctx context.Context, rec *vm.Record) error {
-	if err := s.vms.Host().SwapRootDisk(ctx, rec); err != nil {
-		return err
+func (s *Service) finishRedeploy(ctx context.Context, rec *vm.Record) (*vm.Record, error) {
+	if err := s.disks.SwapRootDisk(ctx, rec); err != nil {
+		return nil, err
 	}
-	_, err := s.vms.Update(rec.ID, func(r *vm.Record) {
+	return s.recs.Update(rec.ID, func(r *vm.Record) {
 		r.AppVM.Image = r.AppVM.Redeploy.To
 		r.AppVM.Redeploy = nil
 		r.AppVM.RedeployError = ""
 		r.AppVM.SpecPending = false
 	})
-	return err
 }
 
 // RecoverRedeploys finishes what an agent killed during a redeploy left
-// (call it after the engine started): a redeploy whose root disk was
-// staged is rolled forward (the AppVM stays stopped; boot it), one that
-// was not is rolled back and its redeploy_error says so.
+// (call it after the engine recovered the host): a redeploy whose root
+// disk was staged is rolled forward (the AppVM stays stopped; boot it),
+// one that was not is rolled back and its redeploy_error says so.
 func (s *Service) RecoverRedeploys(ctx context.Context) {
 	for _, rec := range s.List() {
-		if rec.AppVM.Redeploy == nil {
-			continue
+		if rec.AppVM.Redeploy != nil {
+			s.recoverRedeploy(ctx, rec)
 		}
-		unlock := s.vms.HostRecords().Lock(rec.ID)
-		log := s.guests.log.With("id", rec.ID)
-		if rec.AppVM.Redeploy.Staged {
-			if err := s.finishRedeploy(ctx, rec); err != nil {
-				log.Error("finishing an interrupted redeploy", "err", err)
-			} else {
-				log.Warn("an interrupted redeploy was finished: the AppVM has its new root disk and stays stopped")
-			}
-			unlock()
-			continue
-		}
-		if err := s.vms.Host().DropStagedRootDisk(rec); err != nil {
-			log.Error("removing the staged root disk of an interrupted redeploy", "err", err)
-		}
-		if _, err := s.vms.Update(rec.ID, func(r *vm.Record) {
-			r.AppVM.Redeploy = nil
-			r.AppVM.RedeployError = "interrupted by an agent restart before the new root disk was ready; the old one is kept"
-		}); err != nil {
-			log.Error("recording an interrupted redeploy", "err", err)
-		}
-		log.Warn("an interrupted redeploy was rolled back: the AppVM keeps its old root disk")
-		unlock()
 	}
+}
+
+func (s *Service) recoverRedeploy(ctx context.Context, rec *vm.Record) {
+	unlock := s.recs.Lock(rec.ID)
+	defer unlock()
+	log := s.guests.log.With("id", rec.ID)
+	if rec.AppVM.Redeploy.Staged {
+		if _, err := s.finishRedeploy(ctx, rec); err != nil {
+			log.Error("finishing an interrupted redeploy", "err", err)
+			return
+		}
+		log.Warn("an interrupted redeploy was finished: the AppVM has its new root disk and stays stopped")
+		return
+	}
+	if err := s.disks.DropStagedRootDisk(rec); err != nil {
+		log.Error("removing the staged root disk of an interrupted redeploy", "err", err)
+	}
+	if _, err := s.recs.Update(rec.ID, func(r *vm.Record) {
+		r.AppVM.Redeploy = nil
+		r.AppVM.RedeployError = "interrupted by an agent restart before the new root disk was ready; the old one is kept"
+	}); err != nil {
+		log.Error("recording an interrupted redeploy", "err", err)
+	}
+	log.Warn("an interrupted redeploy was rolled back: the AppVM keeps its old root disk")
 }

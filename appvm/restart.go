@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"vmhost/vm"
+	"vmhost/vm/records"
 )
 
 // RestartOptions tune the restart policy. Zero fields take the defaults.
@@ -41,9 +42,9 @@ func (o *RestartOptions) defaults() {
 // SetRestartStablePeriod changes RestartOptions.StablePeriod for restarts
 // decided from now on (tests and operators tuning a running service).
 func (s *Service) SetRestartStablePeriod(d time.Duration) {
-	s.guests.mu.Lock()
-	s.guests.o.Restart.StablePeriod = d
-	s.guests.mu.Unlock()
+	s.restartMu.Lock()
+	s.restart.StablePeriod = d
+	s.restartMu.Unlock()
 }
 
 // Backoff is the wait before automatic restart number count+1: BaseDelay
@@ -76,13 +77,28 @@ func wantsRestart(a *vm.AppVMSpec, failed bool) bool {
 	return false
 }
 
-// workloadEnded is called when the guest reports the workload's end; the
-// guest then powers off (without keepalive). When the policy asks for it,
-// the VM is booted again once it is recorded stopped by a guest poweroff,
-// after the backoff.
-func (ss *session) workloadEnded(failed bool) {
-	rec, err := ss.g.s.vms.Get(vm.ModeAppVM, ss.id)
-	if err != nil || !wantsRestart(rec.AppVM, failed) {
+// followRecords follows the records' changes (records.Registry.Watch):
+// an AppVM's workload that ended (its guest agent's exit or fatal setup
+// error, just recorded) goes to the restart policy. It runs under the
+// record's write lock: the restart waits in a goroutine of its own.
+func (s *Service) followRecords(c records.Change) {
+	if !records.WorkloadExited(c) {
+		return
+	}
+	g := c.New.AppVM.Guest
+	s.workloadEnded(c.New, g.ExitCode == nil || *g.ExitCode != 0)
+}
+
+// workloadEnded answers the end of rec's workload; the guest then powers
+// off (without keepalive). When the policy asks for it, the VM is booted
+// again once it is recorded stopped by a guest poweroff, after the
+// backoff; not when the operator asked the workload to stop.
+func (s *Service) workloadEnded(rec *vm.Record, failed bool) {
+	if !wantsRestart(rec.AppVM, failed) {
+		return
+	}
+	ss := s.guests.get(rec.ID)
+	if ss == nil {
 		return
 	}
 	ss.mu.Lock()
@@ -92,21 +108,22 @@ func (ss *session) workloadEnded(failed bool) {
 	if stopped {
 		return
 	}
-	go ss.restartWhenStopped(up)
+	go s.restartWhenStopped(ss, up)
 }
 
-// restartWhenStopped waits for the VM to be recorded stopped, then for the
-// backoff, and boots it again. An operator's stop, a VM that failed
-// instead, a delete or a start in the meantime cancel the restart.
-func (ss *session) restartWhenStopped(upSince time.Time) {
-	ss.g.mu.Lock()
-	o := ss.g.o.Restart
-	ss.g.mu.Unlock()
-	log := ss.g.log.With("id", ss.id)
+// restartWhenStopped waits for the VM of session ss to be recorded
+// stopped, then for the backoff, and boots it again. An operator's stop,
+// a VM that failed instead, a delete or a start in the meantime (which
+// closes ss) cancel the restart.
+func (s *Service) restartWhenStopped(ss *session, upSince time.Time) {
+	s.restartMu.Lock()
+	o := s.restart
+	s.restartMu.Unlock()
+	log := s.guests.log.With("id", ss.id)
 	deadline := time.Now().Add(o.StopWait)
 	var rec *vm.Record
 	for {
-		r, err := ss.g.s.vms.Get(vm.ModeAppVM, ss.id)
+		r, err := s.Get(ss.id)
 		if err != nil {
 			return
 		}
@@ -146,7 +163,7 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 	log.Info("restarting AppVM after its workload ended", "restart", count+1, "backoff", delay, "at", next)
 	select {
 	case <-ss.done:
-		ss.g.s.clearNextRestart(ss.id, next)
+		s.clearNextRestart(ss.id, next)
 		return
 	case <-time.After(delay):
 	}
@@ -154,10 +171,10 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 	stopped := ss.stopRequested
 	ss.mu.Unlock()
 	if stopped {
-		ss.g.s.clearNextRestart(ss.id, next)
+		s.clearNextRestart(ss.id, next)
 		return
 	}
-	ss.g.s.bootAgain(ss.id, next, count+1)
+	s.bootAgain(ss.id, next, count+1)
 }
 
 // bootAgain boots AppVM id again for the restart policy, as restart
@@ -166,7 +183,7 @@ func (ss *session) restartWhenStopped(upSince time.Time) {
 func (s *Service) bootAgain(id string, next time.Time, count uint32) {
 	log := s.guests.log.With("id", id)
 	still := false
-	if _, err := s.vms.Update(id, func(r *vm.Record) {
+	if _, err := s.recs.Update(id, func(r *vm.Record) {
 		g := r.AppVM.Guest
 		if r.State != vm.StateStopped || g == nil || g.NextRestartAt == nil || !g.NextRestartAt.Equal(next) {
 			return
@@ -186,7 +203,7 @@ func (s *Service) bootAgain(id string, next time.Time, count uint32) {
 
 // clearNextRestart drops a restart due at next that will not happen.
 func (s *Service) clearNextRestart(id string, next time.Time) {
-	s.vms.Update(id, func(r *vm.Record) {
+	s.recs.Update(id, func(r *vm.Record) {
 		if r.AppVM != nil && r.AppVM.Guest != nil && r.AppVM.Guest.NextRestartAt != nil && r.AppVM.Guest.NextRestartAt.Equal(next) {
 			r.AppVM.Guest.NextRestartAt = nil
 		}

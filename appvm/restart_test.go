@@ -48,7 +48,7 @@ func TestIntegrationNextRestartAt(t *testing.T) {
 	req["restart_policy"] = "always"
 	id = h.create(req)
 	due := time.Now().UTC().Add(200 * time.Millisecond)
-	if _, err := h.vms.Update(id, func(r *vm.Record) {
+	if _, err := h.recs.Update(id, func(r *vm.Record) {
 		r.AppVM.Guest = &vm.AppVMGuest{RestartCount: 2, NextRestartAt: &due}
 		r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped)
 	}); err != nil {

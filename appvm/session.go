@@ -7,18 +7,31 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"vmhost/appvm/guest/proto"
-	"vmhost/chclient"
+	"vmhost/config"
 	"vmhost/events"
 	"vmhost/vm"
+	"vmhost/vm/records"
 )
 
-// Options tune the host side of AppVMs. Zero fields take the defaults.
-type Options struct {
+// GuestOptions configure Guests. Records, Config and Layout are required;
+// zero fields of the rest take the defaults.
+type GuestOptions struct {
+	// Records owns the records the guest facts are stored in.
+	Records *records.Registry
+	// Config is the host configuration: appvm_modules go into the
+	// initramfs.
+	Config *config.Config
+	// Layout is where the VMs' files are (workload logs, the initramfs).
+	Layout vm.Layout
+	// Now gives the time of the guest facts; default time.Now.
+	Now func() time.Time
+	// Binary is the vmhost binary the initramfs holds as the guest agent;
+	// default os.Executable.
+	Binary string
 	// HeartbeatSecs is the guest agent's heartbeat interval, sent in the
 	// Spec; default 5.
 	HeartbeatSecs int
@@ -34,16 +47,14 @@ type Options struct {
 	// HelloTimeout bounds the wait for the guest agent's Hello after it
 	// connects; default 30s.
 	HelloTimeout time.Duration
-	// Restart tunes the restart policy.
-	Restart RestartOptions
 	// Logger receives session events; never a secret.
 	Logger *slog.Logger
 	// Events gets heartbeat_stale events; nil publishes none. (The other
-	// AppVM events come from the records: vm.Options.Events.)
+	// AppVM events come from the records: records.Publish.)
 	Events events.Publisher
 }
 
-func (o *Options) defaults() {
+func (o *GuestOptions) defaults() {
 	if o.HeartbeatSecs <= 0 {
 		o.HeartbeatSecs = 5
 	}
@@ -59,7 +70,9 @@ func (o *Options) defaults() {
 	if o.HelloTimeout <= 0 {
 		o.HelloTimeout = 30 * time.Second
 	}
-	o.Restart.defaults()
+	if o.Now == nil {
+		o.Now = time.Now
+	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -69,11 +82,21 @@ func (o *Options) defaults() {
 // WorkloadLog+".1").
 func WorkloadLog(l vm.Layout, id string) string { return l.VMDir(id) + "/workload.log" }
 
-// guests holds the host end of every AppVM's guest-agent session.
-type guests struct {
-	s   *Service
-	o   Options
-	log *slog.Logger
+// Guests is the host end of every AppVM's guest agent: one session per
+// AppVM, on the listener of its hybrid vsock port, that sends the spec,
+// keeps the workload log and records what the agent reports (heartbeats,
+// lease, health, the workload's end) in the record's guest facts. It is
+// what the engine drives at the edges of an AppVM's boot (engine.Guest:
+// Port, Boot, Adopt, End, Stop, Settle, Mount, Unmount), wired once
+// (engine.Options.Guest); Service reads its live facts for the views and
+// asks it nothing else. It is safe for concurrent use.
+type Guests struct {
+	o      GuestOptions
+	recs   *records.Registry
+	log    *slog.Logger
+	initrd initramfsBuild
+	// binary is the vmhost binary the initramfs holds.
+	binary func() (string, error)
 
 	mu   sync.Mutex
 	byID map[string]*session
@@ -83,9 +106,9 @@ type guests struct {
 // <vsock.sock>_1024, the guest agent's current connection, and the live
 // facts that are not written to the record on every message.
 type session struct {
-	g    *guests
+	g    *Guests
 	id   string
-	l    *net.UnixListener
+	l    net.Listener
 	done chan struct{} // closed by close
 
 	mu sync.Mutex
@@ -115,40 +138,39 @@ type session struct {
 	mountWait map[uint64]chan *proto.MountResult
 }
 
-func newGuests(s *Service, o Options) *guests {
+// NewGuests returns the host end of the AppVMs' guest agents; give it to
+// the engine (engine.Options.Guest) and to the Service (Config.Guests).
+func NewGuests(o GuestOptions) *Guests {
 	o.defaults()
-	return &guests{s: s, o: o, log: o.Logger.With("component", "appvm-session"), byID: map[string]*session{}}
+	g := &Guests{o: o, recs: o.Records, log: o.Logger.With("component", "appvm-session"), binary: os.Executable, byID: map[string]*session{}}
+	if o.Binary != "" {
+		g.binary = func() (string, error) { return o.Binary, nil }
+	}
+	return g
 }
 
-func (g *guests) get(id string) *session {
+func (g *Guests) get(id string) *session {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	return g.byID[id]
 }
 
-// listen starts the host end for VM id, replacing a previous one: it
-// listens on <vsock.sock>_<proto.Port> (before CH boots, as the guest
-// dials at once) and accepts guest agent connections until forgotten.
-func (g *guests) listen(id string) (*session, error) {
+// serve starts the host end for VM id on l, the listener of the guest
+// agent's vsock port (made before CH boots, as the guest dials at once),
+// replacing a previous one, and accepts guest agent connections until
+// forgotten.
+func (g *Guests) serve(id string, l net.Listener) *session {
 	g.forget(id)
-	sock := g.s.vms.Layout().VsockSocket(id)
-	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
-		return nil, fmt.Errorf("creating run directory of AppVM %q: %w", id, err)
-	}
-	l, err := chclient.ListenVsock(sock, proto.Port)
-	if err != nil {
-		return nil, fmt.Errorf("listening for the guest agent of AppVM %q: %w", id, err)
-	}
 	ss := &session{g: g, id: id, l: l, done: make(chan struct{})}
 	g.mu.Lock()
 	g.byID[id] = ss
 	g.mu.Unlock()
 	go ss.accept()
-	return ss, nil
+	return ss
 }
 
 // forget closes the host end of VM id, if any.
-func (g *guests) forget(id string) {
+func (g *Guests) forget(id string) {
 	g.mu.Lock()
 	ss := g.byID[id]
 	delete(g.byID, id)
@@ -210,7 +232,7 @@ func (ss *session) accept() {
 
 // update applies f to the AppVM's guest facts in a new record version.
 func (ss *session) update(f func(r *vm.Record, gst *vm.AppVMGuest)) (*vm.Record, error) {
-	rec, err := ss.g.s.vms.Update(ss.id, func(r *vm.Record) {
+	rec, err := ss.g.recs.Update(ss.id, func(r *vm.Record) {
 		if r.AppVM == nil {
 			return
 		}
@@ -225,7 +247,7 @@ func (ss *session) update(f func(r *vm.Record, gst *vm.AppVMGuest)) (*vm.Record,
 	return rec, err
 }
 
-func (ss *session) now() time.Time { return ss.g.s.vms.Now().UTC() }
+func (ss *session) now() time.Time { return ss.g.o.Now().UTC() }
 
 // serve runs one connection of the guest agent: Hello, the Spec (unless
 // it resumes), then its messages until the connection ends.
@@ -257,8 +279,8 @@ func (ss *session) serve(c net.Conn) {
 		ss.version = hello.V
 	}
 	ss.mu.Unlock()
-	rec, err := ss.g.s.vms.Get(vm.ModeAppVM, ss.id)
-	if err != nil {
+	rec := ss.g.recs.Get(ss.id)
+	if rec == nil || rec.Mode != vm.ModeAppVM {
 		return
 	}
 	if err := ss.openLogs(rec); err != nil {
@@ -309,7 +331,7 @@ func (ss *session) openLogs(rec *vm.Record) error {
 	if ss.logs != nil || ss.closed {
 		return nil
 	}
-	l := ss.g.s.vms.Layout()
+	l := ss.g.o.Layout
 	if err := os.MkdirAll(l.VMDir(ss.id), 0o700); err != nil {
 		return err
 	}
@@ -343,9 +365,7 @@ func (ss *session) handle(m proto.Message) {
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.ExitCode, gst.ExitSignal, gst.Fatal = m.Code, m.Signal, ""
 		})
-		failed := m.Code == nil || *m.Code != 0
 		ss.g.log.Info("workload exited", "id", ss.id, "code", m.Code, "signal", m.Signal)
-		ss.workloadEnded(failed)
 		ss.ackEnd()
 	case *proto.Fatal:
 		ss.flushLogs()
@@ -353,7 +373,6 @@ func (ss *session) handle(m proto.Message) {
 			gst.ExitCode, gst.ExitSignal, gst.Fatal = nil, 0, m.Message
 		})
 		ss.g.log.Warn("workload could not start", "id", ss.id, "fatal", m.Message)
-		ss.workloadEnded(true)
 		ss.ackEnd()
 	case *proto.Health:
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
@@ -422,7 +441,12 @@ func (ss *session) flushLogs() {
 // every HeartbeatPersistEvery.
 func (ss *session) heartbeat() {
 	now := ss.now()
-	limit := ss.g.staleLimit(ss.g.s.vms.HostRecords().Get(ss.id))
+	rec := ss.g.recs.Get(ss.id)
+	limit := ss.g.staleLimit(rec)
+	// The guest may be quicker than the boot's record write: until a
+	// heartbeat finds the boot recorded, each one is stored, so the first
+	// that does turns display running.
+	booting := rec != nil && rec.State == vm.StateRunning && rec.DisplayState == vm.DisplayBooting
 	ss.mu.Lock()
 	first := ss.upSince.IsZero()
 	if first {
@@ -430,7 +454,7 @@ func (ss *session) heartbeat() {
 	}
 	ss.lastHB, ss.lastHBMono = now, time.Now()
 	ss.armStale(limit)
-	persist := first || now.Sub(ss.persistedHB) >= ss.g.o.HeartbeatPersistEvery
+	persist := first || booting || now.Sub(ss.persistedHB) >= ss.g.o.HeartbeatPersistEvery
 	if persist {
 		ss.persistedHB = now
 	}
@@ -448,7 +472,7 @@ func (ss *session) heartbeat() {
 
 // staleLimit is how long rec's guest may send no heartbeat before it is
 // stale: StaleAfter of the interval its Spec asked for.
-func (g *guests) staleLimit(rec *vm.Record) time.Duration {
+func (g *Guests) staleLimit(rec *vm.Record) time.Duration {
 	interval := time.Duration(g.o.HeartbeatSecs) * time.Second
 	if rec != nil && rec.AppVM != nil && rec.AppVM.Guest != nil && rec.AppVM.Guest.HeartbeatSecs > 0 {
 		interval = time.Duration(rec.AppVM.Guest.HeartbeatSecs) * time.Second
@@ -471,7 +495,7 @@ func (ss *session) armStale(d time.Duration) {
 // staleFired publishes heartbeat_stale for a running AppVM whose guest
 // sent nothing for the stale limit, as its view now shows.
 func (ss *session) staleFired() {
-	rec := ss.g.s.vms.HostRecords().Get(ss.id)
+	rec := ss.g.recs.Get(ss.id)
 	if rec == nil || rec.State != vm.StateRunning || rec.AppVM == nil {
 		return
 	}
@@ -485,7 +509,7 @@ func (ss *session) staleFired() {
 
 // liveHeartbeat returns the latest heartbeat time seen by this process
 // and whether it is older than the stale limit.
-func (g *guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
+func (g *Guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
 	limit := g.staleLimit(rec)
 	if ss := g.get(rec.ID); ss != nil {
 		ss.mu.Lock()
@@ -496,15 +520,58 @@ func (g *guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
 		}
 	}
 	if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {
-		return *gst.LastHeartbeatAt, g.s.vms.Now().Sub(*gst.LastHeartbeatAt) > limit
+		return *gst.LastHeartbeatAt, g.o.Now().Sub(*gst.LastHeartbeatAt) > limit
 	}
 	return time.Time{}, false
 }
 
-// settle waits, at most max, until the guest agent's connection of VM id
-// has ended: a guest that powers off right after its last messages (the
-// workload's exit) has them recorded before the host records its end.
-func (g *guests) settle(id string, max time.Duration) {
+// Port is the vsock port the guest agent dials (engine.Guest).
+func (g *Guests) Port() uint32 { return proto.Port }
+
+// Boot readies the host end of AppVM rec for a boot (engine.Guest): it
+// serves the guest agent on l (the engine listened before CH boots, as the
+// agent dials at once; Boot owns l from here), forgets the facts of the
+// previous boot and its workload's end, and returns the initramfs that
+// holds the agent, for a boot of kernel (empty with firmware). The
+// initramfs holds the vmhost binary itself as /init, so in production
+// that binary must be static (CGO_ENABLED=0).
+func (g *Guests) Boot(_ context.Context, rec *vm.Record, kernel string, l net.Listener) (string, error) {
+	bin, err := g.binary()
+	if err != nil {
+		l.Close()
+		return "", &vm.HostError{Kind: vm.HostInternal, Op: "booting AppVM " + rec.ID, Err: fmt.Errorf("finding the vmhost binary for the initramfs: %w", err)}
+	}
+	initrd, err := g.initrd.get(g.o.Layout.RunDir, bin, kernel, g.o.Config.AppVMModules)
+	if err != nil {
+		l.Close()
+		return "", &vm.HostError{Kind: vm.HostInternal, Op: "booting AppVM " + rec.ID, Err: err}
+	}
+	g.serve(rec.ID, l)
+	// A new boot: the live facts of the previous one, and its workload's
+	// end, no longer hold.
+	_, err = g.recs.Update(rec.ID, func(r *vm.Record) {
+		if gst := r.AppVM.Guest; gst != nil {
+			gst.BootID, gst.LastHeartbeatAt, gst.Lease, gst.Health, gst.HealthStreak, gst.LogStreamDetached = "", nil, nil, "", 0, false
+			gst.ExitCode, gst.ExitSignal, gst.Fatal = nil, 0, ""
+		}
+	})
+	if err != nil {
+		g.forget(rec.ID)
+		return "", &vm.HostError{Kind: vm.HostStorage, Op: "booting AppVM " + rec.ID, Err: err}
+	}
+	return initrd, nil
+}
+
+// End closes the host end of AppVM id, if any (engine.Guest: its boot
+// failed, it stopped, it is deleted or rolled back). What the guest
+// reported stays recorded.
+func (g *Guests) End(id string) { g.forget(id) }
+
+// Settle waits, at most a second, until the guest agent's connection of
+// AppVM id has ended (engine.Guest): a guest that powers off right after
+// its last messages (the workload's exit) has them recorded before the
+// host records its end.
+func (g *Guests) Settle(id string) {
 	ss := g.get(id)
 	if ss == nil {
 		return
@@ -515,7 +582,7 @@ func (g *guests) settle(id string, max time.Duration) {
 	if nc == nil {
 		return
 	}
-	t := time.NewTimer(max)
+	t := time.NewTimer(time.Second)
 	defer t.Stop()
 	select {
 	case <-served:
@@ -523,8 +590,11 @@ func (g *guests) settle(id string, max time.Duration) {
 	}
 }
 
-// stop asks the guest agent to stop the workload and power off.
-func (g *guests) stop(id string) error {
+// Stop asks the guest agent of AppVM rec to stop the workload (SIGTERM,
+// then SIGKILL after its grace) and power off (engine.Guest). The
+// workload's end is then the operator's doing, never a reason to restart.
+func (g *Guests) Stop(_ context.Context, rec *vm.Record) error {
+	id := rec.ID
 	ss := g.get(id)
 	if ss == nil {
 		return fmt.Errorf("stopping AppVM %q: no guest agent session", id)
@@ -542,24 +612,23 @@ func (g *guests) stop(id string) error {
 	return nil
 }
 
-// adopt re-listens for a running AppVM found at agent start: the guest
-// agent lost its connection with the previous agent process and redials
-// with resume, until which the view shows log_stream_detached.
-func (g *guests) adopt(ctx context.Context, rec *vm.Record) error {
+// Adopt serves the guest agent of rec, a running AppVM found at agent
+// start, on l (engine.Guest): the agent lost its connection with the
+// previous agent process and redials with resume, until which the view
+// shows log_stream_detached.
+func (g *Guests) Adopt(_ context.Context, rec *vm.Record, l net.Listener) error {
 	if rec.State != vm.StateRunning && rec.State != vm.StatePaused {
+		l.Close()
 		return nil
 	}
-	ss, err := g.listen(rec.ID)
-	if err != nil {
-		return err
-	}
+	ss := g.serve(rec.ID, l)
 	// A guest that never comes back goes stale counting from the last
 	// heartbeat the record has.
 	if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {
 		ss.mu.Lock()
-		ss.armStale(g.staleLimit(rec) - g.s.vms.Now().Sub(*gst.LastHeartbeatAt) + time.Millisecond)
+		ss.armStale(g.staleLimit(rec) - g.o.Now().Sub(*gst.LastHeartbeatAt) + time.Millisecond)
 		ss.mu.Unlock()
 	}
-	_, err = ss.update(func(r *vm.Record, gst *vm.AppVMGuest) { gst.LogStreamDetached = true })
+	_, err := ss.update(func(r *vm.Record, gst *vm.AppVMGuest) { gst.LogStreamDetached = true })
 	return err
 }

@@ -33,6 +33,7 @@ import (
 	"vmhost/tap"
 	"vmhost/vm"
 	"vmhost/vm/engine"
+	"vmhost/vm/records"
 )
 
 // lockedLog collects the agent's log lines.
@@ -59,6 +60,8 @@ func (l *lockedLog) String() string {
 type host struct {
 	t      *testing.T
 	vms    *vm.Service
+	recs   *records.Registry
+	guests *appvm.Guests
 	apps   *appvm.Service
 	srv    *httptest.Server
 	token  string
@@ -97,12 +100,6 @@ func newHost(t *testing.T) *host {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(h.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := engine.New(engine.Options{Config: cfg, StateDir: h.state, RunDir: h.run, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
-		CH:  engine.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
-		QSD: engine.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
-	if err != nil {
-		t.Fatal(err)
-	}
 	st, err := store.Open(filepath.Join(h.state, "vms"))
 	if err != nil {
 		t.Fatal(err)
@@ -111,13 +108,27 @@ func newHost(t *testing.T) *host {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Store: st, Host: eng, Logger: logger, Events: h.events})
+	recs, err := records.Open(st, records.Options{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.apps = appvm.NewWithOptions(h.vms, appvm.Options{HeartbeatSecs: 1, StaleAfter: 2, Logger: logger, Events: h.events,
+	recs.Watch(records.Publish(h.events))
+	h.recs = recs
+	h.guests = appvm.NewGuests(appvm.GuestOptions{Records: recs, Config: cfg, Layout: vm.Layout{StateDir: h.state, RunDir: h.run},
+		HeartbeatSecs: 1, StaleAfter: 2, Logger: logger, Events: h.events})
+	eng, err := engine.New(engine.Options{Config: cfg, Records: recs, Guest: h.guests, StateDir: h.state, RunDir: h.run, Taps: taps, Logger: logger, StopGrace: 2 * time.Second,
+		CH:  engine.Program{Binary: self, PreArgs: []string{"sim-ch", "--sim-guest-heartbeat", "200ms"}},
+		QSD: engine.Program{Binary: self, PreArgs: []string{"sim-qsd"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.vms, err = vm.New(vm.Options{StateDir: h.state, RunDir: h.run, Config: cfg, Records: recs, Host: eng, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.apps = appvm.New(appvm.Config{VMs: h.vms, Records: recs, Guests: h.guests, RootDisks: eng,
 		Restart: appvm.RestartOptions{BaseDelay: 300 * time.Millisecond, MaxDelay: 1200 * time.Millisecond, StablePeriod: time.Minute}})
-	eng.Start(h.vms.HostRecords(), h.apps.Hooks())
+	eng.Recover()
 	h.images = h.apps.Catalog()
 	keys := filepath.Join(h.state, "keys.json")
 	h.token, err = auth.Add(keys, "test", auth.ScopeReadWrite, nil)
@@ -909,7 +920,7 @@ func TestIntegrationShutdownByPowerButton(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.apps.Hooks().Forget(rec) // the host end goes away: no Stop can be sent
+	h.guests.End(rec.ID) // the host end goes away: no Stop can be sent
 	if code, body := h.do("POST", "/api/appvm/vms/"+id+"/shutdown", nil); code != http.StatusNoContent {
 		t.Fatalf("shutdown = %d %s", code, body)
 	}

@@ -42,13 +42,8 @@ func GuestSpec(rec *vm.Record, heartbeatSecs int) *proto.Spec {
 	default:
 		sp.Network = proto.Network{Mode: proto.NetworkDHCP}
 	}
-	for i, d := range a.DataVolumes {
-		// A volume whose attach is still pending is not on this boot's
-		// disks (recovery finishes the attach first).
-		if i >= len(rec.Spec.Volumes) || rec.Spec.Volumes[i].Pending == vm.PendingAttach {
-			continue
-		}
-		sp.DataMounts = append(sp.DataMounts, proto.DataMount{Device: vm.VolumeDevice(rec, i), Mountpoint: d.Mountpoint, ReadOnly: rec.Spec.Volumes[i].Readonly})
+	for _, m := range rec.Mounts() {
+		sp.DataMounts = append(sp.DataMounts, proto.DataMount{Device: m.Device, Mountpoint: m.Mountpoint, ReadOnly: m.ReadOnly})
 	}
 	return sp
 }

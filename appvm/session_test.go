@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -11,7 +12,6 @@ import (
 	"vmhost/appvm/guest/proto"
 	"vmhost/chclient"
 	"vmhost/vm"
-	"vmhost/vm/engine"
 )
 
 // TestSessionProtocol plays the guest agent's side against the host end:
@@ -21,13 +21,13 @@ import (
 // acknowledged; a resumed connection gets
 // no Spec and carries the stop.
 func TestSessionProtocol(t *testing.T) {
-	_, vms, apps := newEnv(t)
+	e, vms, apps := newEnv(t)
 	req := baseReq()
 	req.VMID = "p1"
 	req.AutoBoot = ptr(false)
 	req.SecretEnv = secrets([]string{"TOKEN=hunter2-secret"})
-	rec, hooks := bootedWithoutGuest(t, vms, apps, &req)
-	if err := hooks.Shutdown(context.Background(), rec); err == nil {
+	rec, guests := bootedWithoutGuest(t, e, vms, apps, &req)
+	if err := guests.Stop(context.Background(), rec); err == nil {
 		t.Error("Shutdown without a guest agent connection succeeded")
 	}
 	sock := chclient.VsockListenPath(vms.Layout().VsockSocket("p1"), proto.Port)
@@ -125,7 +125,7 @@ func TestSessionProtocol(t *testing.T) {
 	}
 	deadline = time.Now().Add(5 * time.Second)
 	for {
-		err = hooks.Shutdown(context.Background(), rec)
+		err = guests.Stop(context.Background(), rec)
 		if err == nil || time.Now().After(deadline) {
 			break
 		}
@@ -148,28 +148,46 @@ func TestSessionProtocol(t *testing.T) {
 }
 
 // bootedWithoutGuest creates the AppVM of req and does what the engine
-// does to boot it, except starting a VM: the host end listens for a guest
-// agent, which the test plays.
-func bootedWithoutGuest(t *testing.T, vms *vm.Service, apps *appvm.Service, req *appvm.CreateRequest) (*vm.Record, engine.AppVMHooks) {
+// does to boot it, except starting a VM: the host end serves a listener
+// on the guest agent's port, and the test plays the agent.
+func bootedWithoutGuest(t *testing.T, e *appEnv, vms *vm.Service, apps *appvm.Service, req *appvm.CreateRequest) (*vm.Record, *appvm.Guests) {
 	t.Helper()
 	if _, err := apps.Create(context.Background(), req); err != nil {
 		t.Fatal(err)
 	}
 	rec, _ := vms.Get(vm.ModeAppVM, req.VMID)
-	hooks := apps.Hooks()
-	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
-	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
+	bootGuest(t, e, vms, rec)
+	t.Cleanup(func() { e.guests.End(rec.ID) })
+	running(t, e, req.VMID) // as the engine records the boot
+	return rec, e.guests
+}
+
+// bootGuest readies the host end of rec's boot as the engine does: a
+// listener on the guest agent's port of its hybrid vsock, handed to
+// Guests.Boot, which returns the initramfs.
+func bootGuest(t *testing.T, e *appEnv, vms *vm.Service, rec *vm.Record) {
+	t.Helper()
+	sock := vms.Layout().VsockSocket(rec.ID)
+	if err := os.MkdirAll(filepath.Dir(sock), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { hooks.Forget(rec) })
-	running(t, vms, req.VMID) // as the engine records the boot
-	return rec, hooks
+	l, err := chclient.ListenVsock(sock, e.guests.Port())
+	if err != nil {
+		t.Fatal(err)
+	}
+	initrd, err := e.guests.Boot(context.Background(), rec, "", l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(initrd); err != nil {
+		t.Errorf("the initramfs of the boot: %v", err)
+	}
 }
 
 // running records AppVM id as running, as the engine does once it booted.
-func running(t *testing.T, vms *vm.Service, id string) {
+func running(t *testing.T, e *appEnv, id string) {
 	t.Helper()
-	if _, err := vms.Update(id, func(r *vm.Record) { r.State, r.DisplayState = vm.StateRunning, string(vm.StateRunning) }); err != nil {
+	if _, err := e.Records.Update(id, func(r *vm.Record) { r.State, r.DisplayState = vm.StateRunning, string(vm.StateRunning) }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -199,7 +217,7 @@ func appvmView(t *testing.T, vms *vm.Service, apps *appvm.Service, id, what stri
 // shows only while the AppVM runs; a new boot clears the previous run's
 // workload end (exit code, signal, fatal) and health.
 func TestSessionPerRunFields(t *testing.T) {
-	_, vms, apps := newEnv(t)
+	e, vms, apps := newEnv(t)
 	req := baseReq()
 	req.VMID = "r1"
 	req.AutoBoot = ptr(false)
@@ -207,13 +225,9 @@ func TestSessionPerRunFields(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec, _ := vms.Get(vm.ModeAppVM, "r1")
-	hooks := apps.Hooks()
-	cfg := &chclient.VmConfig{Payload: &chclient.PayloadConfig{Kernel: "/k", Initramfs: "/i"}}
-	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
-		t.Fatal(err)
-	}
-	defer hooks.Forget(rec)
-	running(t, vms, "r1")
+	bootGuest(t, e, vms, rec)
+	defer e.guests.End(rec.ID)
+	running(t, e, "r1")
 	if v := appvmView(t, vms, apps, "r1", "booted", func(*appvm.AppvmView) bool { return true }); v.WaitingFor != "" {
 		t.Errorf("waiting_for %q before the guest agent said hello", v.WaitingFor)
 	}
@@ -244,19 +258,17 @@ func TestSessionPerRunFields(t *testing.T) {
 	appvmView(t, vms, apps, "r1", "lease shown, waiting over", func(v *appvm.AppvmView) bool { return v.Lease != nil && v.WaitingFor == "" })
 	send(&proto.Health{Status: proto.HealthStarting}, &proto.Exit{Signal: 9})
 	appvmView(t, vms, apps, "r1", "exit by signal 9", func(v *appvm.AppvmView) bool { return v.WorkloadExitSignal == 9 && v.Health == proto.HealthStarting })
-	if _, err := vms.Update("r1", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
+	if _, err := e.Records.Update("r1", func(r *vm.Record) { r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped) }); err != nil {
 		t.Fatal(err)
 	}
 	if v := appvmView(t, vms, apps, "r1", "stopped", func(*appvm.AppvmView) bool { return true }); v.Health != "" || v.WorkloadExitSignal != 9 {
 		t.Errorf("stopped AppVM: health %q, workload_exit_signal %d; want no health, the last run's signal 9", v.Health, v.WorkloadExitSignal)
 	}
 	c.Close()
-	hooks.Forget(rec)
+	e.guests.End(rec.ID)
 	rec, _ = vms.Get(vm.ModeAppVM, "r1")
-	if err := hooks.PrepareBoot(context.Background(), rec, cfg); err != nil {
-		t.Fatal(err)
-	}
-	running(t, vms, "r1")
+	bootGuest(t, e, vms, rec)
+	running(t, e, "r1")
 	if v := appvmView(t, vms, apps, "r1", "booted again", func(*appvm.AppvmView) bool { return true }); v.WorkloadExitSignal != 0 || v.WorkloadExitCode != nil ||
 		v.WorkloadFatal != "" || v.Health != "" || v.Lease != nil {
 		t.Errorf("a new boot shows the previous run's facts: %+v", v)

@@ -10,7 +10,7 @@ import (
 	"vmhost/vm"
 )
 
-// SpecEdit is the body of PATCH /api/appvm/vms/{id}/spec (extensions.md
+// SpecEdit is the body of PATCH /api/appvm/vms/{id}/spec (docs/api.md
 // §5): the values of the fields given. SpecPatch says which were given.
 type SpecEdit struct {
 	Keepalive     bool             `json:"keepalive,omitempty"`
@@ -56,35 +56,43 @@ const restartWait = 30 * time.Second
 // workload gets its stop grace) and boots on the new spec before EditSpec
 // returns. Secret values go to the record's secrets only.
 func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart bool) (*vm.Record, error) {
-	unlock := s.vms.HostRecords().Lock(id)
-	rec, err := s.Get(id)
+	out, up, err := s.storeSpec(id, p)
 	if err != nil {
-		unlock()
 		return nil, err
-	}
-	a, secrets, err := p.merge(rec)
-	if err != nil {
-		unlock()
-		return nil, err
-	}
-	up := rec.State == vm.StateRunning || rec.State == vm.StatePaused
-	out, err := s.vms.Update(id, func(r *vm.Record) {
-		gen := r.AppVM.SpecGen
-		a.Guest, a.Booted, a.DataVolumes = r.AppVM.Guest, r.AppVM.Booted, r.AppVM.DataVolumes
-		r.AppVM = a
-		r.AppVM.SpecGen = gen + 1
-		r.AppVM.SpecPending = up
-		r.Secrets.SecretEnv, r.Secrets.Files = secrets.SecretEnv, secrets.Files
-	})
-	unlock()
-	if err != nil {
-		return nil, &vm.HostError{Kind: vm.HostStorage, Op: "storing the spec of AppVM " + id, Err: err}
 	}
 	s.guests.log.Info("AppVM spec edited", "id", id, "fields", strings.Join(p.fields(), ","), "pending", up, "restart", restart && up)
 	if !restart || !up {
 		return out, nil
 	}
 	return s.restartNow(ctx, out)
+}
+
+// storeSpec stores p applied to AppVM id's spec under its action lock; up
+// says the AppVM runs on its old spec meanwhile.
+func (s *Service) storeSpec(id string, p SpecPatch) (out *vm.Record, up bool, err error) {
+	unlock := s.recs.Lock(id)
+	defer unlock()
+	rec, err := s.Get(id)
+	if err != nil {
+		return nil, false, err
+	}
+	a, secrets, err := p.merge(rec)
+	if err != nil {
+		return nil, false, err
+	}
+	up = rec.State == vm.StateRunning || rec.State == vm.StatePaused
+	out, err = s.recs.Update(id, func(r *vm.Record) {
+		gen := r.AppVM.SpecGen
+		a.Guest, a.Booted = r.AppVM.Guest, r.AppVM.Booted
+		r.AppVM = a
+		r.AppVM.SpecGen = gen + 1
+		r.AppVM.SpecPending = up
+		r.Secrets.SecretEnv, r.Secrets.Files = secrets.SecretEnv, secrets.Files
+	})
+	if err != nil {
+		return nil, false, &vm.HostError{Kind: vm.HostStorage, Op: "storing the spec of AppVM " + id, Err: err}
+	}
+	return out, up, nil
 }
 
 // restartNow stops rec gracefully and boots it.

@@ -88,7 +88,7 @@ type InjectedFile struct {
 	Secret bool   `json:"secret"`
 }
 
-// ExtraHost is one extra /etc/hosts entry (extensions.md §5's shape).
+// ExtraHost is one extra /etc/hosts entry (its shape in docs/api.md, AppVMs).
 type ExtraHost = vm.ExtraHost
 
 // ConfigFile is a non-secret injected file with its contents.
@@ -194,13 +194,8 @@ func (s *Service) View(rec *vm.Record, o vm.ViewOptions) *View {
 	if g := a.Guest; g != nil && rec.State == vm.StateStopped {
 		av.NextRestartAt = g.NextRestartAt // a boot since makes it stale
 	}
-	for i, d := range a.DataVolumes {
-		// DataVolumes runs parallel to the spec's volumes; one being hot
-		// attached is not mounted yet.
-		if i >= len(rec.Spec.Volumes) || rec.Spec.Volumes[i].Pending == vm.PendingAttach {
-			continue
-		}
-		av.DataMounts = append(av.DataMounts, DataMount{Device: vm.VolumeDevice(rec, i), Mountpoint: d.Mountpoint, ReadOnly: rec.Spec.Volumes[i].Readonly})
+	for _, m := range rec.Mounts() {
+		av.DataMounts = append(av.DataMounts, DataMount{Device: m.Device, Mountpoint: m.Mountpoint, ReadOnly: m.ReadOnly})
 	}
 	v.AppVM = av
 	return v

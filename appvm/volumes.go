@@ -11,64 +11,32 @@ import (
 	"vmhost/vm"
 )
 
-// AttachVolume attaches a volume to AppVM id (extensions.md §1.2): the
-// mountpoint follows the rules of data_volumes[].mountpoint, the volume
-// must hold ext4 (a new one is made so), and a running AppVM's guest
-// agent mounts it before the answer (vm.Service.AttachVolume does the
-// rest).
-func (s *Service) AttachVolume(ctx context.Context, id string, req vm.AttachRequest) (*vm.Record, error) {
-	if _, err := s.Get(id); err != nil {
-		return nil, err
-	}
-	if req.Mountpoint == "" {
-		return nil, bad("mountpoint", "required on an AppVM")
-	}
-	if err := checkMountpoint(req.Mountpoint); err != nil {
-		return nil, bad("mountpoint", "%s", err)
-	}
-	return s.vms.AttachVolume(ctx, vm.ModeAppVM, id, req)
-}
-
-// DetachVolume detaches volume key from AppVM id; a running AppVM's guest
-// agent unmounts it first.
-func (s *Service) DetachVolume(ctx context.Context, id, key string) (*vm.Record, error) {
-	return s.vms.DetachVolume(ctx, vm.ModeAppVM, id, key)
-}
-
 // MountTimeout bounds the wait for the guest agent's answer to a Mount or
 // an Unmount: the guest waits up to 10 s for a hot-plugged disk to probe.
 var MountTimeout = 30 * time.Second
 
-// MountVolume has the guest agent mount hot-plugged volume key at its
-// mountpoint (engine.AppVMHooks).
-func (h hooks) MountVolume(ctx context.Context, rec *vm.Record, key, bdf string) error {
-	i := rec.Spec.VolumeIndex(key)
-	if i < 0 || i >= len(rec.AppVM.DataVolumes) {
-		return fmt.Errorf("mounting volume %s of AppVM %q: not in its record", key, rec.ID)
-	}
-	mp := rec.AppVM.DataVolumes[i].Mountpoint
-	res, err := h.s.guests.volumeRequest(ctx, rec.ID, "mount "+mp, func(seq uint64) proto.Message {
-		return &proto.Mount{Seq: seq, BDF: bdf, Mountpoint: mp, ReadOnly: rec.Spec.Volumes[i].Readonly}
+// Mount has the guest agent of AppVM rec mount its hot-plugged volume v
+// (at PCI address bdf) at v's mountpoint (engine.Guest).
+func (g *Guests) Mount(ctx context.Context, rec *vm.Record, v vm.VolumeSpec, bdf string) error {
+	mp := v.Mountpoint
+	res, err := g.volumeRequest(ctx, rec.ID, "mount "+mp, func(seq uint64) proto.Message {
+		return &proto.Mount{Seq: seq, BDF: bdf, Mountpoint: mp, ReadOnly: v.Readonly}
 	})
 	if err != nil {
 		return err
 	}
 	if res.Error != "" {
-		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("mounting volume %s at %s in AppVM %q", key, mp, rec.ID), Err: errors.New(res.Error)}
+		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("mounting volume %s at %s in AppVM %q", v.ID, mp, rec.ID), Err: errors.New(res.Error)}
 	}
 	return nil
 }
 
-// UnmountVolume has the guest agent unmount volume key before a hot
-// detach (engine.AppVMHooks): a file system in use is a *vm.StateError
-// naming the mountpoint.
-func (h hooks) UnmountVolume(ctx context.Context, rec *vm.Record, key string) error {
-	i := rec.Spec.VolumeIndex(key)
-	if i < 0 || i >= len(rec.AppVM.DataVolumes) {
-		return fmt.Errorf("unmounting volume %s of AppVM %q: not in its record", key, rec.ID)
-	}
-	mp := rec.AppVM.DataVolumes[i].Mountpoint
-	res, err := h.s.guests.volumeRequest(ctx, rec.ID, "unmount "+mp, func(seq uint64) proto.Message {
+// Unmount has the guest agent of AppVM rec unmount volume v before a hot
+// detach (engine.Guest): a file system in use is a *vm.StateError naming
+// the mountpoint.
+func (g *Guests) Unmount(ctx context.Context, rec *vm.Record, v vm.VolumeSpec) error {
+	mp := v.Mountpoint
+	res, err := g.volumeRequest(ctx, rec.ID, "unmount "+mp, func(seq uint64) proto.Message {
 		return &proto.Unmount{Seq: seq, Mountpoint: mp}
 	})
 	if err != nil {
@@ -78,7 +46,7 @@ func (h hooks) UnmountVolume(ctx context.Context, rec *vm.Record, key string) er
 		return &vm.StateError{Msg: fmt.Sprintf("mountpoint %s of AppVM %q is busy in the guest (%s); the volume stays attached: stop what uses it and retry", mp, rec.ID, res.Error)}
 	}
 	if res.Error != "" {
-		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("unmounting volume %s from %s in AppVM %q", key, mp, rec.ID), Err: errors.New(res.Error)}
+		return &vm.HostError{Kind: vm.HostStorage, Op: fmt.Sprintf("unmounting volume %s from %s in AppVM %q", v.ID, mp, rec.ID), Err: errors.New(res.Error)}
 	}
 	return nil
 }
@@ -87,7 +55,7 @@ func (h hooks) UnmountVolume(ctx context.Context, rec *vm.Record, key string) er
 // Seq) to the guest agent of AppVM id and waits for its MountResult. A
 // guest that is not connected, or whose protocol predates the two
 // messages, is a *vm.StateError: nothing was asked of it.
-func (g *guests) volumeRequest(ctx context.Context, id, what string, build func(seq uint64) proto.Message) (*proto.MountResult, error) {
+func (g *Guests) volumeRequest(ctx context.Context, id, what string, build func(seq uint64) proto.Message) (*proto.MountResult, error) {
 	ss := g.get(id)
 	var (
 		nc      net.Conn

@@ -15,19 +15,19 @@ import (
 )
 
 // TestSessionVolumeMounts plays the guest agent's side of Mount and
-// Unmount against the host hooks: no guest connected and a version 1
+// Unmount against the host end (appvm.Guests): no guest connected and a version 1
 // guest are refused (409) with nothing sent; a version 2 guest gets the
 // volume's mountpoint, PCI address and read-only flag, and its answers
 // become success, a busy 409 naming the mountpoint, or a storage error;
 // a connection that ends mid-request fails the request.
 func TestSessionVolumeMounts(t *testing.T) {
-	_, vms, apps := newEnv(t)
+	e, vms, apps := newEnv(t)
 	req := baseReq()
 	req.VMID = "m1"
 	req.AutoBoot = ptr(false)
 	req.DataVolumes = []appvm.DataVolumeRequest{{SizeGiB: 1, Mountpoint: "/var/lib/data"}}
-	rec, hooks := bootedWithoutGuest(t, vms, apps, &req)
-	key := rec.Spec.Volumes[0].ID
+	rec, guests := bootedWithoutGuest(t, e, vms, apps, &req)
+	key := rec.Spec.Volumes[0]
 	ctx := context.Background()
 	wantState := func(err error, want ...string) {
 		t.Helper()
@@ -41,7 +41,7 @@ func TestSessionVolumeMounts(t *testing.T) {
 			}
 		}
 	}
-	wantState(hooks.MountVolume(ctx, rec, key, "0000:00:06.0"), "not connected")
+	wantState(guests.Mount(ctx, rec, key, "0000:00:06.0"), "not connected")
 
 	sock := chclient.VsockListenPath(vms.Layout().VsockSocket("m1"), proto.Port)
 	connect := func(v int) (net.Conn, *proto.Conn) {
@@ -80,7 +80,7 @@ func TestSessionVolumeMounts(t *testing.T) {
 	deadline := time.Now().Add(5 * time.Second)
 	var err error
 	for {
-		err = hooks.MountVolume(ctx, rec, key, "0000:00:06.0")
+		err = guests.Mount(ctx, rec, key, "0000:00:06.0")
 		if !strings.Contains(err.Error(), "not connected") || time.Now().After(deadline) {
 			break
 		}
@@ -113,7 +113,7 @@ func TestSessionVolumeMounts(t *testing.T) {
 	}
 	got := make(chan proto.Message, 1)
 	answer(func(m proto.Message) { got <- m }, func(seq uint64) *proto.MountResult { return &proto.MountResult{Seq: seq} })
-	if err := retry(func() error { return hooks.MountVolume(ctx, rec, key, "0000:00:06.0") }); err != nil {
+	if err := retry(func() error { return guests.Mount(ctx, rec, key, "0000:00:06.0") }); err != nil {
 		t.Fatalf("mount: %v", err)
 	}
 	if m, ok := (<-got).(*proto.Mount); !ok || m.BDF != "0000:00:06.0" || m.Mountpoint != "/var/lib/data" || m.ReadOnly || m.Seq == 0 {
@@ -123,7 +123,7 @@ func TestSessionVolumeMounts(t *testing.T) {
 	answer(func(m proto.Message) { got <- m }, func(seq uint64) *proto.MountResult {
 		return &proto.MountResult{Seq: seq, Error: "unmounting /var/lib/data: device or resource busy", Busy: true}
 	})
-	wantState(hooks.UnmountVolume(ctx, rec, key), "/var/lib/data", "busy", "stays attached")
+	wantState(guests.Unmount(ctx, rec, key), "/var/lib/data", "busy", "stays attached")
 	if m, ok := (<-got).(*proto.Unmount); !ok || m.Mountpoint != "/var/lib/data" {
 		t.Errorf("guest got %#v, want the volume's Unmount", m)
 	}
@@ -131,7 +131,7 @@ func TestSessionVolumeMounts(t *testing.T) {
 	answer(func(proto.Message) {}, func(seq uint64) *proto.MountResult {
 		return &proto.MountResult{Seq: seq, Error: "mounting /dev/vdc at /var/lib/data: invalid argument"}
 	})
-	err = hooks.MountVolume(ctx, rec, key, "0000:00:06.0")
+	err = guests.Mount(ctx, rec, key, "0000:00:06.0")
 	var he *vm.HostError
 	if !errors.As(err, &he) || he.Kind != vm.HostStorage || !strings.Contains(err.Error(), "invalid argument") {
 		t.Errorf("failed mount: %v (%T), want a storage HostError with the guest's cause", err, err)
@@ -146,13 +146,13 @@ func TestSessionVolumeMounts(t *testing.T) {
 	}()
 	appvm.MountTimeout = 500 * time.Millisecond
 	defer func() { appvm.MountTimeout = 30 * time.Second }()
-	err = hooks.UnmountVolume(ctx, rec, key)
+	err = guests.Unmount(ctx, rec, key)
 	if !errors.As(err, &he) || !strings.Contains(err.Error(), "no answer within") {
 		t.Errorf("unanswered unmount: %v, want no answer", err)
 	}
 	appvm.MountTimeout = 30 * time.Second
 	answer(func(proto.Message) { nc.Close() }, func(uint64) *proto.MountResult { return nil })
-	err = hooks.MountVolume(ctx, rec, key, "0000:00:06.0")
+	err = guests.Mount(ctx, rec, key, "0000:00:06.0")
 	if !errors.As(err, &he) || !strings.Contains(err.Error(), "connection ended") {
 		t.Errorf("mount cut by the guest's connection closing: %v", err)
 	}

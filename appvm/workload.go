@@ -11,7 +11,7 @@ import (
 	"vmhost/vm"
 )
 
-// The editable workload spec beyond env and keepalive (extensions.md §5):
+// The editable workload spec beyond env and keepalive (docs/api.md, AppVMs):
 // the argument vector, working directory, user, health check, /etc/hosts
 // entries, config and secret files, tmpfs mounts and the stop grace. A
 // create may give any of them; the record keeps them (secret file contents

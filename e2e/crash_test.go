@@ -198,7 +198,7 @@ func (s *server) imageServer(t *testing.T, data []byte) string {
 // TestCrashDuringSyncCreate kills the agent during a synchronous create
 // with auto_boot (no image: the caller waits for the answer) at its
 // provisioning and boot steps: its caller saw the request fail, so at
-// restart the create is rolled back (DESIGN §4) and the VM failed
+// restart the create is rolled back (docs/design.md §4) and the VM failed
 // (provision_failed), with nothing left but the record that says why;
 // delete and a retry with the same id work. The provision's result is
 // stored with the boot, so a create cut after the provision, during the

@@ -9,11 +9,11 @@
 //
 // # Documents
 //
-// meta-data holds instance-id and local-hostname. The instance-id is
-// Config.InstanceID when given, else DefaultInstanceID(VMID) = "iid-" + the
-// VM id: stable across reboots of one VM (so cloud-init does not re-run its
-// per-instance modules) and distinct across VMs. The "iid-" prefix marks it
-// as derived. The hostname defaults to DefaultHostname(VMID).
+// meta-data holds instance-id and local-hostname, which the caller gives
+// with every other value (their defaults are vmhost's record rules, not
+// this package's): the instance-id must stay the same across reboots of one
+// VM (so cloud-init does not re-run its per-instance modules) and differ
+// across VMs.
 //
 // user-data is #cloud-config. It sets hostname (plus manage_etc_hosts, so
 // the name resolves for sudo) and one user: root by default (with

@@ -90,7 +90,7 @@ func TestWriteFileEndToEnd(t *testing.T) {
 func TestVolumeIDFollowsInput(t *testing.T) {
 	cfg := renderCases[0].cfg
 	ids := map[uint32]string{}
-	for _, iid := range []string{"", "iid-a", "iid-b"} {
+	for _, iid := range []string{cfg.InstanceID, "iid-a", "iid-b"} {
 		c := cfg
 		c.InstanceID = iid
 		f, err := Render(c)

@@ -77,7 +77,7 @@ func TestNetConvertDefaultRoute(t *testing.T) {
 		}, []route{{"eth1", "inet", "198.51.100.1"}, {"backend", "inet6", "2001:db8:20::1"}}, []string{"eth0"}},
 	}
 	for _, tc := range cases {
-		f, err := Render(Config{VMID: "vm-" + tc.name, Interfaces: tc.ifcs})
+		f, err := Render(Config{InstanceID: "iid-vm-" + tc.name, Hostname: "vm-" + tc.name, User: "root", Interfaces: tc.ifcs})
 		if err != nil {
 			t.Fatalf("%s: Render: %v", tc.name, err)
 		}

@@ -11,19 +11,17 @@ import (
 	"unicode/utf8"
 )
 
-// Config is what the seed is rendered from: the VM id, the API's cloud_init
-// object and, per interface, its MAC and static addresses.
+// Config is what the seed is rendered from: the API's cloud_init object,
+// every default applied by the caller, and, per interface, its MAC and
+// static addresses.
 type Config struct {
-	// VMID is the VM's id; required. It seeds the default instance-id and
-	// hostname.
-	VMID string
-	// InstanceID is the NoCloud instance-id; empty means
-	// DefaultInstanceID(VMID).
+	// InstanceID is the NoCloud instance-id; required.
 	InstanceID string
 	// Hostname is the guest hostname (a DNS label of at most 63 bytes);
-	// empty means DefaultHostname(VMID).
+	// required.
 	Hostname string
-	// User is the account cloud-init configures; empty means root.
+	// User is the account cloud-init configures (root, or a Linux login
+	// name); required.
 	User              string
 	SSHAuthorizedKeys []string
 	// Password is set as the user's password when not empty. It is never
@@ -96,32 +94,6 @@ func (e *ConfigError) Error() string {
 	return "seed config " + e.Field + ": " + e.Reason
 }
 
-// DefaultInstanceID is the instance-id of a VM without an explicit one:
-// "iid-" + vmID, stable for the VM's life and distinct across VMs.
-func DefaultInstanceID(vmID string) string {
-	return "iid-" + vmID
-}
-
-// DefaultHostname derives a hostname from a VM id: lower-cased, every
-// character other than a-z, 0-9 and '-' replaced by '-', cut to 63 bytes,
-// without leading or trailing '-'; "vm" if nothing is left.
-func DefaultHostname(vmID string) string {
-	b := []byte(strings.ToLower(vmID))
-	for i, c := range b {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9') {
-			b[i] = '-'
-		}
-	}
-	h := strings.Trim(string(b), "-")
-	if len(h) > 63 {
-		h = strings.TrimRight(h[:63], "-")
-	}
-	if h == "" {
-		return "vm"
-	}
-	return h
-}
-
 var (
 	hostnameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$`)
 	// userRE is Debian's default NAME_REGEX with '_' allowed first, capped
@@ -149,19 +121,20 @@ func PlainTextProblem(s string) string {
 // Validate reports the first field of c that cannot be rendered, as a
 // *ConfigError. Render calls it.
 func (c *Config) Validate() error {
-	if c.VMID == "" {
-		return &ConfigError{"vm_id", "required"}
-	}
-	if r := PlainTextProblem(c.VMID); r != "" {
-		return &ConfigError{"vm_id", r}
+	if c.InstanceID == "" {
+		return &ConfigError{"instance_id", "required"}
 	}
 	if r := PlainTextProblem(c.InstanceID); r != "" {
 		return &ConfigError{"instance_id", r}
 	}
-	if c.Hostname != "" && !hostnameRE.MatchString(c.Hostname) {
+	switch {
+	case c.Hostname == "":
+		return &ConfigError{"hostname", "required"}
+	case !hostnameRE.MatchString(c.Hostname):
 		return &ConfigError{"hostname", "at most 63 letters, digits and '-', not starting or ending with '-'"}
-	}
-	if c.User != "" && !userRE.MatchString(c.User) {
+	case c.User == "":
+		return &ConfigError{"user", "required"}
+	case !userRE.MatchString(c.User):
 		return &ConfigError{"user", "must match " + userRE.String()}
 	}
 	for i, k := range c.SSHAuthorizedKeys {
@@ -256,35 +229,14 @@ func Render(c Config) (Files, error) {
 	return f, nil
 }
 
-func (c *Config) instanceID() string {
-	if c.InstanceID != "" {
-		return c.InstanceID
-	}
-	return DefaultInstanceID(c.VMID)
-}
-
-func (c *Config) hostname() string {
-	if c.Hostname != "" {
-		return c.Hostname
-	}
-	return DefaultHostname(c.VMID)
-}
-
-func (c *Config) user() string {
-	if c.User != "" {
-		return c.User
-	}
-	return "root"
-}
-
 func renderMetaData(c *Config) []byte {
 	var b strings.Builder
-	fmt.Fprintf(&b, "instance-id: %s\n", quote(c.instanceID()))
-	fmt.Fprintf(&b, "local-hostname: %s\n", quote(c.hostname()))
+	fmt.Fprintf(&b, "instance-id: %s\n", quote(c.InstanceID))
+	fmt.Fprintf(&b, "local-hostname: %s\n", quote(c.Hostname))
 	return []byte(b.String())
 }
 
-// Serial-console auto-login (shared/ref/nocloud-seed.md §2): the empty
+// Serial-console auto-login (docs/ref/nocloud-seed.md §2): the empty
 // ExecStart= clears the packaged command; no -o option, or agetty drops -f.
 const (
 	autologinPath = "/etc/systemd/system/serial-getty@ttyS0.service.d/autologin.conf"
@@ -293,10 +245,10 @@ const (
 
 func renderUserData(c *Config) []byte {
 	var b strings.Builder
-	user := c.user()
+	user := c.User
 	root := user == "root"
 	b.WriteString("#cloud-config\n")
-	fmt.Fprintf(&b, "hostname: %s\n", quote(c.hostname()))
+	fmt.Fprintf(&b, "hostname: %s\n", quote(c.Hostname))
 	b.WriteString("manage_etc_hosts: true\n")
 	if root {
 		b.WriteString("disable_root: false\n")

@@ -29,19 +29,23 @@ var renderCases = []struct {
 	cfg  Config
 }{
 	{"root-dhcp", Config{
-		VMID:              "web-01",
+		InstanceID:        "iid-web-01",
+		Hostname:          "web-01",
+		User:              "root",
 		SSHAuthorizedKeys: []string{keyAlice},
 		Interfaces:        []Interface{{MAC: "02:00:00:AA:BB:01"}},
 	}},
 	{"root-password-autologin", Config{
-		VMID:              "0f3a9c2e-5b7d-4e21-9a6c-1d2e3f405162",
+		InstanceID:        "iid-0f3a9c2e-5b7d-4e21-9a6c-1d2e3f405162",
+		Hostname:          "0f3a9c2e-5b7d-4e21-9a6c-1d2e3f405162",
+		User:              "root",
 		SSHAuthorizedKeys: []string{keyAlice},
 		Password:          "correct horse battery staple",
 		ConsoleAutologin:  true,
 		Interfaces:        []Interface{{MAC: "02:00:00:aa:bb:02"}},
 	}},
 	{"user-sudo-password-static", Config{
-		VMID:              "db_primary.1",
+		InstanceID:        "iid-db_primary.1",
 		Hostname:          "db1",
 		User:              "alice",
 		Sudo:              true,
@@ -52,19 +56,22 @@ var renderCases = []struct {
 		}}},
 	}},
 	{"user-no-sudo-keys-only", Config{
-		VMID:              "build-7",
 		InstanceID:        "migrated-from-host-a-0007",
+		Hostname:          "build-7",
 		User:              "bob",
 		SSHAuthorizedKeys: []string{keyOps},
 		Interfaces:        []Interface{{MAC: "02:00:00:aa:bb:04"}, {MAC: "02:00:00:aa:bb:05"}},
 	}},
 	{"user-autologin-no-password", Config{
-		VMID:             "console-box",
+		InstanceID:       "iid-console-box",
+		Hostname:         "console-box",
 		User:             "carol",
 		ConsoleAutologin: true,
 	}},
 	{"static-dual-stack-multi-nic", Config{
-		VMID:              "router-1",
+		InstanceID:        "iid-router-1",
+		Hostname:          "router-1",
+		User:              "root",
 		SSHAuthorizedKeys: []string{keyAlice},
 		Interfaces: []Interface{
 			{MAC: "02:00:00:aa:bb:06",
@@ -76,7 +83,7 @@ var renderCases = []struct {
 		},
 	}},
 	{"hostile-strings", Config{
-		VMID:       "evil",
+		Hostname:   "evil",
 		InstanceID: `iid: "x" # not a comment ' & *alias !tag {a: b} [c] % @ ` + "`" + ` ünïcödé ✓ 😀 \ end`,
 		User:       "eve",
 		SSHAuthorizedKeys: []string{
@@ -151,12 +158,12 @@ func TestRenderRules(t *testing.T) {
 		}
 		return f
 	}
-	base := Config{VMID: "vm1", Interfaces: []Interface{{MAC: "02:00:00:00:00:01"}}}
+	base := Config{InstanceID: "iid-vm1", Hostname: "vm1", User: "root", Interfaces: []Interface{{MAC: "02:00:00:00:00:01"}}}
 
 	if f := render(base); f.NetworkConfig != nil {
 		t.Errorf("all-DHCP VM got network-config:\n%s", f.NetworkConfig)
 	}
-	if f := render(Config{VMID: "vm1"}); f.NetworkConfig != nil {
+	if f := render(Config{InstanceID: "iid-vm1", Hostname: "vm1", User: "root"}); f.NetworkConfig != nil {
 		t.Errorf("VM without interfaces got network-config")
 	}
 	ud := string(render(base).UserData)
@@ -194,26 +201,24 @@ func TestRenderRules(t *testing.T) {
 		}
 	}
 
-	// Defaults are stable per VM id.
-	md := string(render(Config{VMID: "My_VM.01"}).MetaData)
-	if md != "instance-id: \"iid-My_VM.01\"\nlocal-hostname: \"my-vm-01\"\n" {
+	// meta-data holds the instance-id and hostname as given: their
+	// defaults are the caller's (vm/record's CloudInitSpec.Identity).
+	md := string(render(Config{InstanceID: "My_VM.01", Hostname: "My-VM-01", User: "root"}).MetaData)
+	if md != "instance-id: \"My_VM.01\"\nlocal-hostname: \"My-VM-01\"\n" {
 		t.Errorf("meta-data = %q", md)
-	}
-	for id, want := range map[string]string{"a": "a", "A_": "a", "x." + strings.Repeat("y", 70): "x-" + strings.Repeat("y", 61), "_-_": "vm"} {
-		if got := DefaultHostname(id); got != want || !hostnameRE.MatchString(got) {
-			t.Errorf("DefaultHostname(%q) = %q, want %q", id, got, want)
-		}
 	}
 }
 
 func TestValidate(t *testing.T) {
 	const secret = "hunter2\nroot:owned"
-	ok := Config{VMID: "vm1", Interfaces: []Interface{{MAC: "02:00:00:00:00:01"}}}
+	ok := Config{InstanceID: "iid-vm1", Hostname: "vm1", User: "root", Interfaces: []Interface{{MAC: "02:00:00:00:00:01"}}}
 	tests := []struct {
 		field string
 		edit  func(c *Config)
 	}{
-		{"vm_id", func(c *Config) { c.VMID = "" }},
+		{"instance_id", func(c *Config) { c.InstanceID = "" }},
+		{"hostname", func(c *Config) { c.Hostname = "" }},
+		{"user", func(c *Config) { c.User = "" }},
 		{"instance_id", func(c *Config) { c.InstanceID = "a\nb" }},
 		{"hostname", func(c *Config) { c.Hostname = `a"b` }},
 		{"hostname", func(c *Config) { c.Hostname = "a:b" }},
@@ -448,16 +453,16 @@ func TestRenderedYAMLWithPyYAML(t *testing.T) {
 				t.Fatal(err)
 			}
 			md := parse(f.MetaData).(map[string]any)
-			if md["instance-id"] != c.instanceID() || md["local-hostname"] != c.hostname() {
+			if md["instance-id"] != c.InstanceID || md["local-hostname"] != c.Hostname {
 				t.Errorf("meta-data = %v", md)
 			}
 			ud := parse(f.UserData).(map[string]any)
-			if ud["hostname"] != c.hostname() {
+			if ud["hostname"] != c.Hostname {
 				t.Errorf("hostname = %v", ud["hostname"])
 			}
 			users := ud["users"].([]any)
 			u := users[0].(map[string]any)
-			if len(users) != 1 || u["name"] != c.user() {
+			if len(users) != 1 || u["name"] != c.User {
 				t.Errorf("users = %v", users)
 			}
 			var keys []any
@@ -473,12 +478,12 @@ func TestRenderedYAMLWithPyYAML(t *testing.T) {
 			if c.Password != "" && !reflect.DeepEqual(ud["chpasswd"], map[string]any{"expire": false}) {
 				t.Errorf("chpasswd = %v", ud["chpasswd"])
 			}
-			if _, has := u["sudo"]; has != (c.Sudo && c.user() != "root") {
+			if _, has := u["sudo"]; has != (c.Sudo && c.User != "root") {
 				t.Errorf("sudo = %v with Sudo %v", u["sudo"], c.Sudo)
 			}
 			if c.ConsoleAutologin {
 				wf := ud["write_files"].([]any)[0].(map[string]any)
-				want := "[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin " + c.user() + " --noclear --keep-baud 115200,57600,38400,9600 %I $TERM\n"
+				want := "[Service]\nExecStart=\nExecStart=-/sbin/agetty --autologin " + c.User + " --noclear --keep-baud 115200,57600,38400,9600 %I $TERM\n"
 				if wf["path"] != autologinPath || wf["content"] != want {
 					t.Errorf("write_files = %v", wf)
 				}

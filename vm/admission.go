@@ -156,16 +156,12 @@ func (s *Service) Capacity() (Capacity, error) {
 		VCPUs:    uint64(math.Floor(float64(cpus) * ratio(cfg.Overcommit.CPU, 4))),
 		MemoryMB: uint64(math.Floor(float64(memMB) * ratio(cfg.Overcommit.Memory, 1))),
 	}
-	s.reg.mu.RLock()
-	defer s.reg.mu.RUnlock()
-	for _, m := range []map[string]*Record{s.reg.recs, s.reg.pending} {
-		for _, r := range m {
-			if active(r) {
-				c.VCPUsUsed += uint64(r.Spec.Vcpus)
-				c.MemoryMBUsed += r.Spec.MemoryMB
-			}
+	s.recs.Each(func(r *Record) {
+		if active(r) {
+			c.VCPUsUsed += uint64(r.Spec.Vcpus)
+			c.MemoryMBUsed += r.Spec.MemoryMB
 		}
-	}
+	})
 	return c, nil
 }
 

@@ -202,7 +202,7 @@ func TestCapacity(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if _, err := svc.Update("b", func(r *vm.Record) { r.State = vm.StateStopped }); err != nil {
+	if _, err := e.Records.Update("b", func(r *vm.Record) { r.State = vm.StateStopped }); err != nil {
 		t.Fatal(err)
 	}
 	c, err := svc.Capacity()

@@ -65,7 +65,7 @@ func TestRecordChangesPublishEvents(t *testing.T) {
 		t.Fatalf("start published\n%s\nwant\n%s", got, want)
 	}
 	at := e.Now.Add(time.Minute)
-	if _, err := svc.Update("a", func(r *vm.Record) {
+	if _, err := e.Records.Update("a", func(r *vm.Record) {
 		r.State, r.DisplayState = vm.StateFailed, string(vm.StateFailed)
 		r.FailureReason = &vm.FailureReason{DetectedAt: at, Summary: "exit 1", Cause: "exited", Detail: vm.FailureDetail{Kind: "exited"}}
 		r.GuestPanickedAt = &at
@@ -86,7 +86,7 @@ func TestRecordChangesPublishEvents(t *testing.T) {
 		t.Errorf("failed event's failure = %+v", f)
 	}
 	// Rewriting the same failure is no new event.
-	if _, err := svc.Update("a", func(r *vm.Record) { r.BalloonMB = 1 }); err != nil {
+	if _, err := e.Records.Update("a", func(r *vm.Record) { r.BalloonMB = 1 }); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.take(); got != "" {
@@ -114,12 +114,12 @@ func TestAppVMGuestEvents(t *testing.T) {
 	}
 	c.take()
 	// Give the record an AppVM part, as appvm's create would.
-	if _, err := svc.Update("w", func(r *vm.Record) { r.AppVM = &vm.AppVMSpec{Guest: &vm.AppVMGuest{}} }); err != nil {
+	if _, err := e.Records.Update("w", func(r *vm.Record) { r.AppVM = &vm.AppVMSpec{Guest: &vm.AppVMGuest{}} }); err != nil {
 		t.Fatal(err)
 	}
 	code := 3
 	for range 2 { // the second write of the same outcome publishes nothing
-		if _, err := svc.Update("w", func(r *vm.Record) { r.AppVM.Guest.ExitCode = &code; r.AppVM.Guest.Health = "unhealthy" }); err != nil {
+		if _, err := e.Records.Update("w", func(r *vm.Record) { r.AppVM.Guest.ExitCode = &code; r.AppVM.Guest.Health = "unhealthy" }); err != nil {
 			t.Fatal(err)
 		}
 	}

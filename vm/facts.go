@@ -13,25 +13,9 @@ package vm
 //     the MAC, polled every factsInterval while the VM runs; stored, so it
 //     survives ARP expiry.
 //   - discovered_ipv4: the first interface's snooped address, else the first
-//     observed one (snooped first, since it is authoritative; the neighbour
-//     table only says what the guest asserts).
+//     observed one (record.DiscoveredIPv4: snooped first, since it is
+//     authoritative; the neighbour table only says what the guest asserts).
 //   - disk.qsd_* and disk.runtime: the recorded qemu-storage-daemon serving
 //     the root disk, while one runs.
 //   - pid: the running Cloud Hypervisor (Record.PID, cleared when the VM
 //     ends, even while a hung process is still being killed).
-
-// discoveredIPv4 is the view's discovered_ipv4: the first snooped address
-// of any interface, else the first observed one.
-func discoveredIPv4(nics []NIC) string {
-	for _, n := range nics {
-		if n.DHCPSnoopedIPv4 != "" {
-			return n.DHCPSnoopedIPv4
-		}
-	}
-	for _, n := range nics {
-		if n.LastObservedIPv4 != "" {
-			return n.LastObservedIPv4
-		}
-	}
-	return ""
-}

@@ -24,7 +24,7 @@ type Host interface {
 	// behind that Rollback cannot remove.
 	Provision(ctx context.Context, rec *Record) error
 	// Boot starts the VM's processes and boots it. A host that staged its
-	// provision's result (HostRecords.Stage, for a create with auto_boot)
+	// provision's result (records.Registry.Stage, for a create with auto_boot)
 	// stores it with the boot's record write, or alone when the boot
 	// fails.
 	Boot(ctx context.Context, rec *Record) error
@@ -32,7 +32,7 @@ type Host interface {
 	// idempotent.
 	Rollback(ctx context.Context, rec *Record) error
 
-	// The lifecycle actions of a running or paused VM (DESIGN §5); start
+	// The lifecycle actions of a running or paused VM (docs/design.md §5); start
 	// is Boot.
 	Shutdown(ctx context.Context, rec *Record) error
 	Stop(ctx context.Context, rec *Record) error
@@ -44,15 +44,6 @@ type Host interface {
 	// Counters reads the device counters of a running or paused VM
 	// (Cloud Hypervisor's vm.counters: device id → counter → value).
 	Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error)
-	// StageRootDisk copies base to the VM's RootDiskNext (replacing a
-	// leftover) for a root disk rebuild; the VM runs nothing (a storage
-	// daemon kept from provisioning is stopped first). SwapRootDisk puts
-	// the staged disk in place of the root disk, durably; with nothing
-	// staged it does nothing (the swap happened). DropStagedRootDisk
-	// removes a staged disk, if any.
-	StageRootDisk(ctx context.Context, rec *Record, base string) error
-	SwapRootDisk(ctx context.Context, rec *Record) error
-	DropStagedRootDisk(rec *Record) error
 	// HotAttach plugs volume key of rec, a running or paused VM (recorded
 	// with Pending attach), into it: the storage daemon exports the image,
 	// CH adds the disk, and a running AppVM's guest mounts it. On failure
@@ -107,19 +98,6 @@ func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
 func (NoHost) Counters(_ context.Context, rec *Record) (map[string]map[string]uint64, error) {
 	return nil, RunsNoVMs("counters of", rec)
 }
-
-// StageRootDisk refuses: no disks here.
-func (NoHost) StageRootDisk(_ context.Context, rec *Record, _ string) error {
-	return RunsNoVMs("rebuild the root disk of", rec)
-}
-
-// SwapRootDisk refuses like StageRootDisk.
-func (NoHost) SwapRootDisk(_ context.Context, rec *Record) error {
-	return RunsNoVMs("rebuild the root disk of", rec)
-}
-
-// DropStagedRootDisk has nothing to remove.
-func (NoHost) DropStagedRootDisk(*Record) error { return nil }
 
 // Shutdown refuses: no VM runs here.
 func (NoHost) Shutdown(_ context.Context, rec *Record) error { return RunsNoVMs("shutdown", rec) }

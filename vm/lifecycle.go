@@ -3,10 +3,9 @@ package vm
 import (
 	"context"
 	"fmt"
-	"sync"
 )
 
-// Action is a lifecycle action of DESIGN §5: POST /api/vms/{id}/{action}.
+// Action is a lifecycle action of docs/design.md §5: POST /api/vms/{id}/{action}.
 type Action string
 
 // Lifecycle actions.
@@ -22,7 +21,7 @@ const (
 // Actions lists every lifecycle action, for routes.
 var Actions = []Action{ActionStart, ActionShutdown, ActionStop, ActionPause, ActionResume, ActionReboot}
 
-// allowed reports whether action may run on rec (DESIGN §5): start from
+// allowed reports whether action may run on rec (docs/design.md §5): start from
 // created, stopped or failed (not while provisioning, nor after a failed
 // provision or with an invalid record); shutdown, pause and reboot while
 // running; stop while running or paused; resume while paused.
@@ -49,42 +48,9 @@ func allowed(a Action, rec *Record) bool {
 	return false
 }
 
-// vmLocks serializes lifecycle actions per VM. A VM's entry lives while
-// someone holds or waits for its lock, so deleted VMs leave none behind.
-type vmLocks struct {
-	mu sync.Mutex
-	m  map[string]*vmLock
-}
-
-type vmLock struct {
-	sync.Mutex
-	users int // holders and waiters
-}
-
-// lockVM takes the action lock of VM id and returns its unlock.
-func (s *Service) lockVM(id string) func() {
-	l := &s.locks
-	l.mu.Lock()
-	if l.m == nil {
-		l.m = map[string]*vmLock{}
-	}
-	m := l.m[id]
-	if m == nil {
-		m = new(vmLock)
-		l.m[id] = m
-	}
-	m.users++
-	l.mu.Unlock()
-	m.Lock()
-	return func() {
-		m.Unlock()
-		l.mu.Lock()
-		if m.users--; m.users == 0 {
-			delete(l.m, id)
-		}
-		l.mu.Unlock()
-	}
-}
+// lockVM takes the action lock of VM id (records.Registry.Lock) and
+// returns its unlock.
+func (s *Service) lockVM(id string) func() { return s.recs.Lock(id) }
 
 // Act runs a lifecycle action on the VM id of family mode and returns the
 // record after it. Not found satisfies errors.Is(err, fs.ErrNotExist); a
@@ -105,7 +71,7 @@ func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Rec
 			return nil, err
 		}
 		s.log.Info("VM lifecycle action", "id", id, "action", a)
-		return s.reg.get(id), nil
+		return s.recs.Get(id), nil
 	}
 	lc := s.o.Host
 	switch a {
@@ -126,11 +92,11 @@ func (s *Service) Act(ctx context.Context, mode Mode, id string, a Action) (*Rec
 		return nil, err
 	}
 	s.log.Info("VM lifecycle action", "id", id, "action", a)
-	return s.reg.get(id), nil
+	return s.recs.Get(id), nil
 }
 
 // SetBalloon sets the balloon target of the VM id of family mode to mb
-// MiB (extensions.md §4): a running or paused VM's balloon changes at once
+// MiB (docs/api.md, balloon): a running or paused VM's balloon changes at once
 // (Host.Balloon) and the target is recorded; any other VM only records it
 // for its next boot. mb must be below the VM's memory (*FieldError).
 func (s *Service) SetBalloon(ctx context.Context, mode Mode, id string, mb uint64) (*Record, error) {
@@ -151,7 +117,7 @@ func (s *Service) SetBalloon(ctx context.Context, mode Mode, id string, mb uint6
 			return nil, err
 		}
 	}
-	rec, err = s.reg.update(id, func(r *Record) { r.BalloonMB = mb })
+	rec, err = s.recs.Update(id, func(r *Record) { r.BalloonMB = mb })
 	if err != nil {
 		return nil, &HostError{Kind: HostStorage, Op: "recording the balloon of VM " + id, Err: err}
 	}
@@ -189,16 +155,15 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 	// The intent is stored first: an agent killed during the teardown
 	// finishes the delete at restart rather than keep a VM that looks
 	// healthy without its disks.
-	if rec, err = s.reg.update(id, func(r *Record) { r.Deleting = true }); err != nil {
+	if rec, err = s.recs.Update(id, func(r *Record) { r.Deleting = true }); err != nil {
 		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
 	}
 	if err := s.o.Host.Delete(ctx, rec); err != nil {
 		return &HostError{Kind: HostInternal, Op: "deleting VM " + id, Err: err}
 	}
-	if err := s.reg.remove(id); err != nil {
+	if err := s.recs.Remove(id); err != nil {
 		return &HostError{Kind: HostStorage, Op: "deleting VM " + id, Err: err}
 	}
-	s.forgetView(id)
 	s.log.Info("VM deleted", "id", id)
 	return nil
 }
@@ -208,7 +173,7 @@ func (s *Service) Delete(ctx context.Context, mode Mode, id string, force bool) 
 func (s *Service) autoBoot(ctx context.Context, rec *Record) (*Record, bool, error) {
 	unlock := s.lockVM(rec.ID)
 	defer unlock()
-	cur := s.reg.get(rec.ID)
+	cur := s.recs.Get(rec.ID)
 	if cur == nil {
 		// A delete won the race: the create's outcome is a state that
 		// changed under it (409 INVALID_STATE), not a missing id.

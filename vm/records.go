@@ -20,7 +20,6 @@ type (
 	AppVMSpec     = record.AppVMSpec
 	AppVMGuest    = record.AppVMGuest
 	GuestLease    = record.GuestLease
-	DataVolume    = record.DataVolume
 	Workload      = record.Workload
 	Healthcheck   = record.Healthcheck
 	ExtraHost     = record.ExtraHost
@@ -28,6 +27,7 @@ type (
 	TmpfsMount    = record.TmpfsMount
 	SecretFile    = record.SecretFile
 	Redeploy      = record.Redeploy
+	Mount         = record.Mount
 	Layout        = record.Layout
 	Runtime       = record.Runtime
 	CHRuntime     = record.CHRuntime
@@ -46,6 +46,7 @@ type (
 	CloudInitIP   = record.CloudInitIP
 	NetView       = record.NetView
 
+	ExistsError   = record.ExistsError
 	HostError     = record.HostError
 	HostErrorKind = record.HostErrorKind
 	StateError    = record.StateError

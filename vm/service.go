@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"path/filepath"
@@ -18,25 +17,26 @@ import (
 	"github.com/google/uuid"
 
 	"vmhost/config"
-	"vmhost/events"
-	"vmhost/store"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 	"vmhost/volume"
 )
 
-var errNotFound = fmt.Errorf("no such VM: %w", fs.ErrNotExist)
+var errNotFound = records.ErrNotFound
 
-// Options configure a Service. StateDir, RunDir, Config, Store and Host are
-// required; the rest have defaults.
+// Options configure a Service. StateDir, RunDir, Config, Records and Host
+// are required; the rest have defaults.
 type Options struct {
-	// StateDir is the agent's state directory; records live in the Store,
-	// normally opened on <StateDir>/vms.
+	// StateDir is the agent's state directory.
 	StateDir string
 	// RunDir holds sockets and logs.
 	RunDir string
 	Config *config.Config
-	Store  *store.Store
-	// Host carries out host work: the Engine in production.
+	// Records owns the records of both families (package vm/records):
+	// the Service changes them only through it.
+	Records *records.Registry
+	// Host carries out host work, and records its results through
+	// Records: the Engine in production.
 	Host   Host
 	Logger *slog.Logger
 	// Now gives the time; default time.Now. Tests fix it.
@@ -48,49 +48,33 @@ type Options struct {
 	DiskFree func() (uint64, error)
 	// Meminfo is the path of /proc/meminfo; tests point it elsewhere.
 	Meminfo string
-	// Events gets an event for each change of a record (vm/events.go);
-	// nil publishes none.
-	Events events.Publisher
 }
 
-// Service owns the records of both VM families: one registry, one id
-// namespace, one create path. It is safe for concurrent use.
+// Service holds the rules of the records of both VM families: one id
+// namespace, one create path, the lifecycle actions' states, volumes and
+// views. It is safe for concurrent use.
 type Service struct {
 	o      Options
 	log    *slog.Logger
 	facts  HostFacts
 	layout Layout
-	reg    *registry
+	recs   *records.Registry
 	bg     sync.WaitGroup
 
 	randMu sync.Mutex
 	usage  diskUsage
 
-	report LoadReport
-	views  viewMemo
-	locks  vmLocks
+	views viewMemo
 
 	vols  *volume.Store
 	volMu sync.Mutex // see volumes.go
 }
 
-// LoadReport says what New found in the store.
-type LoadReport struct {
-	Loaded       int
-	Invalid      []string        // file names that are not valid ids: loaded as failed VMs
-	Damaged      []store.Damaged // moved aside by the store
-	Undecodable  []string        // JSON objects that are not records: left in place
-	RemovedTemps []string
-}
-
-// New opens the service on the records in o.Store. Damaged records are moved
-// aside and logged; a record whose file name is not a valid id loads as a
-// failed VM (detail.kind invalid_vm_id, cause record_invalid). Reconciling
-// the host with the records is the host's job (engine.Engine.Start, given
-// HostRecords).
+// New returns the service over the records of o.Records. Reconciling the
+// host with the records is the host's job (engine.Engine.Recover).
 func New(o Options) (*Service, error) {
-	if o.Config == nil || o.Store == nil || o.Host == nil || o.StateDir == "" || o.RunDir == "" {
-		return nil, errors.New("vm.New: StateDir, RunDir, Config, Store and Host are required")
+	if o.Config == nil || o.Records == nil || o.Host == nil || o.StateDir == "" || o.RunDir == "" {
+		return nil, errors.New("vm.New: StateDir, RunDir, Config, Records and Host are required")
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -114,69 +98,21 @@ func New(o Options) (*Service, error) {
 		log:    o.Logger,
 		facts:  HostFacts{Sysfs: sysfs, Nested: o.Config.Nested, Meminfo: o.Meminfo},
 		layout: Layout{StateDir: filepath.Clean(o.StateDir), RunDir: filepath.Clean(o.RunDir)},
-		reg:    newRegistry(o.Store, o.Events),
+		recs:   o.Records,
 	}
 	vols, err := volume.Open(s.layout.VolumesDir(), o.Logger.With("component", "volumes"))
 	if err != nil {
 		return nil, err
 	}
 	s.vols = vols
-	if err := s.load(); err != nil {
-		return nil, err
-	}
+	// The memo of a view goes with its VM.
+	s.recs.Watch(func(c records.Change) {
+		if c.New == nil {
+			s.forgetView(c.Old.ID)
+		}
+	})
 	return s, nil
 }
-
-func (s *Service) load() error {
-	l, err := s.o.Store.Load()
-	if err != nil {
-		return fmt.Errorf("loading VM records: %w", err)
-	}
-	s.report.RemovedTemps = l.RemovedTemps
-	for _, t := range l.RemovedTemps {
-		s.log.Warn("removed leftover temp file of an interrupted record write", "file", t)
-	}
-	s.report.Damaged = l.Damaged
-	for _, d := range l.Damaged {
-		s.log.Error("damaged VM record moved aside", "id", d.ID, "moved_to", d.MovedTo, "err", d.Err)
-	}
-	for _, r := range l.Records {
-		rec, err := record.Decode(r.Data)
-		if err == nil && rec.ID != r.ID {
-			err = fmt.Errorf("record holds id %q", rec.ID)
-		}
-		if err != nil {
-			s.report.Undecodable = append(s.report.Undecodable, r.ID)
-			s.log.Error("VM record is not a valid record; left in place", "id", r.ID, "err", err)
-			continue
-		}
-		s.reg.adopt(rec)
-		s.report.Loaded++
-	}
-	for _, r := range l.Invalid {
-		rec, err := record.Decode(r.Data)
-		if err != nil {
-			rec = &Record{Mode: ModeVM}
-		}
-		rec.ID = r.ID
-		rec.State = StateFailed
-		rec.DisplayState = string(StateFailed)
-		rec.PID = 0
-		rec.FailureReason = &FailureReason{
-			DetectedAt: s.o.Now().UTC(),
-			Summary:    fmt.Sprintf("record file name %q is not a valid VM id", r.ID),
-			Detail:     FailureDetail{Kind: "invalid_vm_id", ID: r.ID},
-			Cause:      "record_invalid",
-		}
-		s.reg.adopt(rec)
-		s.report.Invalid = append(s.report.Invalid, r.ID)
-		s.log.Error("VM record has an invalid id; loaded as failed", "id", r.ID)
-	}
-	return nil
-}
-
-// Report returns what New found in the store.
-func (s *Service) Report() LoadReport { return s.report }
 
 // Layout returns the service's path layout.
 func (s *Service) Layout() Layout { return s.layout }
@@ -191,7 +127,7 @@ func (s *Service) Now() time.Time { return s.o.Now() }
 // error satisfies errors.Is(err, fs.ErrNotExist): an AppVM id read as a
 // classic VM is not found, and the reverse.
 func (s *Service) Get(mode Mode, id string) (*Record, error) {
-	r := s.reg.get(id)
+	r := s.recs.Get(id)
 	if r == nil || r.Mode != mode {
 		return nil, fmt.Errorf("VM %q: %w", id, errNotFound)
 	}
@@ -199,15 +135,7 @@ func (s *Service) Get(mode Mode, id string) (*Record, error) {
 }
 
 // List returns the records of family mode, sorted by id.
-func (s *Service) List(mode Mode) []*Record { return s.reg.list(mode) }
-
-// Update stores a new version of the record of id: f is applied to a copy
-// of the current record (records are copy-on-write), which is then
-// persisted and returned. The error satisfies errors.Is(err,
-// fs.ErrNotExist) when id has no record.
-func (s *Service) Update(id string, f func(*Record)) (*Record, error) {
-	return s.reg.update(id, f)
-}
+func (s *Service) List(mode Mode) []*Record { return s.recs.List(mode) }
 
 // Wait blocks until background provisioning started so far has finished.
 func (s *Service) Wait() { s.bg.Wait() }
@@ -302,19 +230,13 @@ func (s *Service) generateMAC() (string, error) {
 	return "", errors.New("generating MAC: every candidate is in use")
 }
 
+// macInUse reports whether a stored VM or a create in flight has mac.
 func (s *Service) macInUse(mac string) bool {
-	s.reg.mu.RLock()
-	defer s.reg.mu.RUnlock()
-	for _, m := range []map[string]*Record{s.reg.recs, s.reg.pending} {
-		for _, r := range m {
-			for _, n := range r.NICs {
-				if n.MAC == mac {
-					return true
-				}
-			}
-		}
-	}
-	return false
+	used := false
+	s.recs.Each(func(r *Record) {
+		used = used || slices.ContainsFunc(r.NICs, func(n NIC) bool { return n.MAC == mac })
+	})
+	return used
 }
 
 // Launch admits rec (409: *ExistsError, *CapacityError), then has the host
@@ -323,15 +245,15 @@ func (s *Service) macInUse(mac string) bool {
 // A synchronous failure before boot rolls back everything, record
 // included, so a retry with the same id works; a boot failure keeps the VM.
 func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async bool, err error) {
-	if err := s.reg.reserve(rec, s.admission(rec)); err != nil {
+	if err := s.recs.Reserve(rec, s.admission(rec)); err != nil {
 		return nil, false, err
 	}
 	if err := s.o.Host.Preflight(ctx, rec); err != nil {
-		s.reg.release(rec.ID)
+		s.recs.Release(rec.ID)
 		return nil, false, err
 	}
-	if err := s.reg.put(rec); err != nil {
-		s.reg.release(rec.ID)
+	if err := s.recs.Create(rec); err != nil {
+		s.recs.Release(rec.ID)
 		return nil, false, &HostError{Kind: HostStorage, Op: "creating VM " + rec.ID, Err: err}
 	}
 	s.log.Info("VM created", "id", rec.ID, "mode", rec.Mode)
@@ -350,10 +272,9 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 		s.rollback(rec)
 		return nil, false, err
 	}
-	out, err = s.markCreated(rec.ID)
-	if err != nil {
-		s.rollback(rec)
-		return nil, false, &HostError{Kind: HostStorage, Op: "creating VM " + rec.ID, Err: err}
+	// The host recorded the provision's result (display created).
+	if out = s.recs.Get(rec.ID); out == nil {
+		return nil, false, &StateError{ID: rec.ID, Action: "create", State: "deleted"}
 	}
 	if out.Spec.AutoBoot {
 		return s.autoBoot(ctx, out)
@@ -361,40 +282,18 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 	return out, false, nil
 }
 
-// markCreated records display created after a successful provision,
-// unless the host recorded it with its result (the Engine does).
-func (s *Service) markCreated(id string) (*Record, error) {
-	if cur := s.reg.get(id); cur != nil && cur.DisplayState == string(StateCreated) {
-		return cur, nil
-	}
-	return s.reg.update(id, func(r *Record) { r.DisplayState = string(StateCreated) })
-}
-
+// boot has the host boot rec, which records the boot (and may, by then,
+// have recorded the guest's end: one that powered off at once), and
+// returns the record after it.
 func (s *Service) boot(ctx context.Context, rec *Record) (*Record, bool, error) {
 	if err := s.o.Host.Boot(ctx, rec); err != nil {
 		s.log.Error("booting new VM failed; VM kept", "id", rec.ID, "err", err)
 		return rec, false, err
 	}
-	// A host that records the boot itself (the Engine) hands the VM to its
-	// monitor, which may already have recorded the guest's end (a guest
-	// that powered off at once): that must stand. Only when the record is
-	// still the one booted (a host that records nothing) is the boot
-	// recorded here.
-	if cur := s.reg.get(rec.ID); cur != rec {
-		if cur == nil {
-			return rec, false, nil
-		}
+	if cur := s.recs.Get(rec.ID); cur != nil {
 		return cur, false, nil
 	}
-	out, err := s.reg.update(rec.ID, func(r *Record) {
-		r.State = StateRunning
-		r.DisplayState = DisplayBooting
-		r.FailureReason = nil
-	})
-	if err != nil {
-		return rec, false, &HostError{Kind: HostStorage, Op: "recording boot of VM " + rec.ID, Err: err}
-	}
-	return out, false, nil
+	return rec, false, nil
 }
 
 func (s *Service) rollback(rec *Record) {
@@ -402,10 +301,9 @@ func (s *Service) rollback(rec *Record) {
 	if err := s.o.Host.Rollback(ctx, rec); err != nil {
 		s.log.Error("rolling back failed create", "id", rec.ID, "err", err)
 	}
-	if err := s.reg.remove(rec.ID); err != nil {
+	if err := s.recs.Remove(rec.ID); err != nil {
 		s.log.Error("removing record of failed create", "id", rec.ID, "err", err)
 	}
-	s.forgetView(rec.ID)
 }
 
 func (s *Service) provisionInBackground(rec *Record) {
@@ -419,7 +317,7 @@ func (s *Service) provisionInBackground(rec *Record) {
 		if rerr := s.o.Host.Rollback(ctx, rec); rerr != nil {
 			s.log.Error("rolling back failed provision", "id", rec.ID, "err", rerr)
 		}
-		_, uerr := s.reg.update(rec.ID, func(r *Record) {
+		_, uerr := s.recs.Update(rec.ID, func(r *Record) {
 			r.State = StateFailed
 			r.DisplayState = DisplayProvisionFailed
 			r.FailureReason = &FailureReason{
@@ -434,12 +332,7 @@ func (s *Service) provisionInBackground(rec *Record) {
 		}
 		return
 	}
-	out, err := s.markCreated(rec.ID)
-	if err != nil {
-		s.log.Error("recording provisioned VM", "id", rec.ID, "err", err)
-		return
-	}
-	if out.Spec.AutoBoot {
+	if out := s.recs.Get(rec.ID); out != nil && out.Spec.AutoBoot {
 		s.autoBoot(ctx, out)
 	}
 }

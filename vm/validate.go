@@ -12,6 +12,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"unicode/utf8"
 
 	"vmhost/config"
 	"vmhost/qcow2"
@@ -21,6 +22,32 @@ import (
 
 func bad(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// CheckMountpoint applies the rule of an AppVM volume's mountpoint (at
+// create and at attach): an absolute path of at most MaxMountpoint
+// characters, not the root, without control characters, empty, "." or
+// ".." segments.
+func CheckMountpoint(p string) error {
+	switch {
+	case utf8.RuneCountInString(p) > MaxMountpoint:
+		return fmt.Errorf("longer than %d characters", MaxMountpoint)
+	case strings.ContainsFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return errors.New("contains NUL or a control character")
+	case !strings.HasPrefix(p, "/"):
+		return errors.New("must be an absolute path")
+	case p == "/":
+		return errors.New("must not be /")
+	}
+	for seg := range strings.SplitSeq(p[1:], "/") {
+		switch seg {
+		case "":
+			return errors.New("contains an empty path segment")
+		case ".", "..":
+			return fmt.Errorf("contains a %q segment", seg)
+		}
+	}
+	return nil
 }
 
 // Limits of the contract (§8) and of the hypervisor.
@@ -36,6 +63,10 @@ const (
 	// each is a disk (and a QSD export) on the hypervisor's command line,
 	// and thousands overflow it ("argument list too long").
 	MaxVolumes = 16
+
+	// MaxMountpoint is the longest mountpoint of an AppVM's volume, in
+	// characters.
+	MaxMountpoint = 256
 
 	maxCmdlineBytes = 4096
 	maxUserBytes    = 32
@@ -185,7 +216,7 @@ func checkHostFile(field, path string, paths hostPaths) error {
 	return paths.check(field, path, canon)
 }
 
-// hostPaths are the places a create may name host files in (extensions.md
+// hostPaths are the places a create may name host files in (docs/api.md
 // §9, host_path_roots): under one of roots (any, when there are none), and
 // never under a refused directory (the agent's state and run directories:
 // another VM's live disk, a socket, a key file).

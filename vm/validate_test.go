@@ -290,7 +290,8 @@ func TestValidateCloudInitMatchesSeed(t *testing.T) {
 			spec.CloudInit = &vm.CloudInitSpec{}
 			c.set(spec.CloudInit, v)
 			verr := svc.ValidateSpec(&spec)
-			sc := seed.Config{VMID: "v1"}
+			id := spec.CloudInit.Identity("v1")
+			sc := seed.Config{InstanceID: id.InstanceID, Hostname: id.Hostname, User: id.User}
 			c.seed(&sc, v)
 			_, rerr := seed.Render(sc)
 			if r == 'x' && (verr != nil || rerr != nil) {
@@ -399,7 +400,7 @@ func TestValidateHostPaths(t *testing.T) {
 			}
 		})
 	}
-	// The defaults (extensions.md §9) refuse what the probes used.
+	// The defaults (docs/operating.md) refuse what the probes used.
 	e.Config.HostPathRoots = config.Default().HostPathRoots
 	svc := e.Service(t)
 	for _, p := range []string{"/etc/shadow", "/etc/passwd", "/proc/self/environ"} {

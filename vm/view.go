@@ -244,7 +244,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		nv.DHCPSnoopedIPv4, nv.LastObservedIPv4 = nic.DHCPSnoopedIPv4, nic.LastObservedIPv4
 		v.Nets = append(v.Nets, nv)
 	}
-	v.DiscoveredIPv4 = discoveredIPv4(rec.NICs)
+	v.DiscoveredIPv4 = record.DiscoveredIPv4(rec.NICs)
 	if d := sp.Disk; d != nil || sp.Image != nil {
 		dv := &v.store.disk
 		*dv = DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
@@ -269,24 +269,16 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		v.Image = &v.store.image
 	}
 	if ci := sp.CloudInit; ci != nil {
+		id := ci.Identity(rec.ID)
 		cv := &v.store.cloudInit
 		*cv = CloudInitView{
-			Hostname:          record.ClassicHostname(rec.ID),
-			User:              "root",
+			Hostname:          id.Hostname,
+			User:              id.User,
 			SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
 			Network:           ci.Network,
-			InstanceID:        rec.ID,
+			InstanceID:        id.InstanceID,
 			ConsoleAutologin:  ci.ConsoleAutologin,
 			Sudo:              ci.Sudo,
-		}
-		if ci.Hostname != nil {
-			cv.Hostname = *ci.Hostname
-		}
-		if ci.User != nil {
-			cv.User = *ci.User
-		}
-		if ci.InstanceID != nil {
-			cv.InstanceID = *ci.InstanceID
 		}
 		if cv.SSHAuthorizedKeys == nil {
 			cv.SSHAuthorizedKeys = []string{}

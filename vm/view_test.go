@@ -9,6 +9,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/store"
+	"vmhost/vm/records"
 )
 
 // TestViewGuestFacts: the view shows the recorded guest facts (snooped
@@ -81,7 +82,11 @@ func newNoHostService(t *testing.T) *Service {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Options{StateDir: filepath.Join(dir, "s"), RunDir: filepath.Join(dir, "r"), Config: config.Default(), Store: st, Host: NoHost{}})
+	recs, err := records.Open(st, records.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Options{StateDir: filepath.Join(dir, "s"), RunDir: filepath.Join(dir, "r"), Config: config.Default(), Records: recs, Host: NoHost{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -55,8 +55,8 @@ func (s *Service) ViewJSON(rec *Record, o ViewOptions) []byte {
 	b := encodeView(v)
 	s.views.mu.Lock()
 	defer s.views.mu.Unlock()
-	if s.reg.get(rec.ID) != rec {
-		return b // an old version, or a removed VM (forgetView runs after the removal): nothing to keep
+	if s.recs.Get(rec.ID) != rec {
+		return b // an old version, or a removed VM (forgotten after the removal): nothing to keep
 	}
 	if s.views.m == nil {
 		s.views.m = map[string]*encodedView{}

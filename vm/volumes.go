@@ -17,14 +17,14 @@ import (
 	"vmhost/volume"
 )
 
-// Volumes (extensions.md §1): first-class volumes live in package volume;
+// Volumes (docs/api.md, Volumes): first-class volumes live in package volume;
 // which VM uses one is said only by that VM's record (VolumeSpec.VolumeID),
 // so the two cannot disagree. volMu serializes what reads that across all
 // records and then changes it: an attach's check and its reservation, and
 // a volume's delete. (A VM's delete needs no part in it: removing the
 // record is what frees its first-class volumes.)
 
-// Limits of attach (extensions.md §1.2).
+// Limits of attach (docs/api.md, Attach and detach).
 const (
 	// MaxAppVMVolumes is how many data volumes an AppVM may have, as at
 	// create.
@@ -66,8 +66,8 @@ type AttachRequest struct {
 	VolumeID string  `json:"volume_id,omitempty"`
 	SizeGiB  *uint32 `json:"size_gib,omitempty"`
 	Readonly bool    `json:"readonly,omitempty"`
-	// Mountpoint is an AppVM's (required there, refused on a classic VM);
-	// package appvm checks its form.
+	// Mountpoint is where an AppVM's guest mounts the volume (required
+	// there, CheckMountpoint's rule; refused on a classic VM).
 	Mountpoint string `json:"mountpoint,omitempty"`
 }
 
@@ -123,7 +123,7 @@ func (s *Service) admitVolume(size uint32) error {
 		return &CapacityError{Resource: "disk", Msg: err.Error()}
 	}
 	need := uint64(size) << 30
-	for _, r := range s.reg.all() {
+	for _, r := range s.recs.All() {
 		if r.Provisioning() {
 			need += diskBytes(r)
 		}
@@ -202,7 +202,7 @@ func (s *Service) volumeInfo(v volume.Volume, at *VolumeAttachment, diskBytes bo
 // attach in progress included: it has the volume reserved).
 func (s *Service) volumeUsers() map[string]*VolumeAttachment {
 	out := map[string]*VolumeAttachment{}
-	for _, r := range s.reg.all() {
+	for _, r := range s.recs.All() {
 		for i, v := range r.Spec.Volumes {
 			if v.VolumeID != "" {
 				out[v.VolumeID] = &VolumeAttachment{VMID: r.ID, Mode: r.Mode, Device: VolumeDevice(r, i)}
@@ -213,28 +213,18 @@ func (s *Service) volumeUsers() map[string]*VolumeAttachment {
 }
 
 // VolumeDevice is the guest device of rec's volume i as the next boot
-// presents it: vda is the root disk, then the seed when there is one, then
-// the volumes in order, a hot attach in progress left out.
-func VolumeDevice(rec *Record, i int) string {
-	dev := 1
-	if rec.Spec.CloudInit != nil {
-		dev++
-	}
-	for _, v := range rec.Spec.Volumes[:i] {
-		if v.Pending != record.PendingAttach {
-			dev++
-		}
-	}
-	return DeviceName(dev)
-}
+// presents it (record.VolumeDevice).
+func VolumeDevice(rec *Record, i int) string { return record.VolumeDevice(rec, i) }
 
-// AttachVolume attaches a volume to the VM id of family mode (extensions.md
+// AttachVolume attaches a volume to the VM id of family mode (docs/api.md
 // §1.2): a first-class one (req.VolumeID) or a new blank VM-owned one
-// (req.SizeGiB; ext4 on an AppVM). A VM that is not running only changes
-// its record; a running or paused one gets the disk hot-plugged
-// (Host.HotAttach), and a running AppVM's guest mounts it. The attach is
-// recorded as pending before the host changes anything, so that recovery
-// finishes or rolls back an interrupted one. It returns the record after.
+// (req.SizeGiB). An AppVM's volume has a mountpoint, so it holds ext4 (a
+// new one is made so; a first-class one must be). A VM that is not
+// running only changes its record; a running or paused one gets the disk
+// hot-plugged (Host.HotAttach), and a running AppVM's guest mounts it. The
+// attach is recorded as pending before the host changes anything, so that
+// recovery finishes or rolls back an interrupted one. It returns the
+// record after.
 func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req AttachRequest) (*Record, error) {
 	unlock := s.lockVM(id)
 	defer unlock()
@@ -249,17 +239,16 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 	if hot && mode == ModeAppVM && rec.State == StatePaused {
 		return nil, &StateError{ID: id, Action: "attach a volume to", State: rec.DisplayState, Hint: "resume it first: its guest agent mounts the volume"}
 	}
-	spec := VolumeSpec{ID: rec.Spec.FreeVolumeID(), Readonly: req.Readonly}
+	spec := VolumeSpec{ID: rec.Spec.FreeVolumeID(), Readonly: req.Readonly, Mountpoint: req.Mountpoint}
 	if hot {
 		spec.Pending = record.PendingAttach
 	}
-	ext4 := mode == ModeAppVM
 	if req.VolumeID != "" {
 		v, err := s.getVolume(req.VolumeID)
 		if err != nil {
 			return nil, err
 		}
-		if ext4 && v.Format != volume.FormatExt4 {
+		if spec.Mounted() && v.Format != volume.FormatExt4 {
 			return nil, bad("volume_id", "volume %q holds no file system (format %s); an AppVM mounts ext4 volumes", v.ID, v.Format)
 		}
 		spec.VolumeID, spec.SizeGiB = v.ID, v.SizeGiB
@@ -268,11 +257,11 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 		if err := s.admitVolume(spec.SizeGiB); err != nil {
 			return nil, err
 		}
-		if err := s.makeOwnedVolume(ctx, rec, spec, ext4); err != nil {
+		if err := s.makeOwnedVolume(ctx, rec, spec); err != nil {
 			return nil, err
 		}
 	}
-	rec, err = s.reserveVolume(rec, spec, req.Mountpoint)
+	rec, err = s.reserveVolume(rec, spec)
 	if err != nil {
 		if spec.VolumeID == "" {
 			os.Remove(s.layout.DataVolume(id, spec.ID))
@@ -281,14 +270,14 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 	}
 	if hot {
 		if err := s.o.Host.HotAttach(ctx, rec, spec.ID); err != nil {
-			if _, uerr := s.reg.update(id, func(r *Record) { dropVolume(r, spec.ID) }); uerr != nil {
+			if _, uerr := s.recs.Update(id, func(r *Record) { dropVolume(r, spec.ID) }); uerr != nil {
 				s.log.Error("rolling back a failed attach", "id", id, "volume", spec.ID, "err", uerr)
 			} else if spec.VolumeID == "" {
 				os.Remove(s.layout.DataVolume(id, spec.ID))
 			}
 			return nil, err
 		}
-		if rec, err = s.reg.update(id, func(r *Record) {
+		if rec, err = s.recs.Update(id, func(r *Record) {
 			if i := r.Spec.VolumeIndex(spec.ID); i >= 0 {
 				r.Spec.Volumes[i].Pending = ""
 			}
@@ -301,8 +290,18 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 	return rec, nil
 }
 
-// checkAttach applies the request rules that need only the record.
+// checkAttach applies the request rules that need only the record. An
+// AppVM's volume needs a mountpoint of its own (its form checked first); a
+// classic VM's may have none.
 func checkAttach(rec *Record, req AttachRequest) error {
+	if rec.Mode == ModeAppVM {
+		if req.Mountpoint == "" {
+			return bad("mountpoint", "required on an AppVM")
+		}
+		if err := CheckMountpoint(req.Mountpoint); err != nil {
+			return bad("mountpoint", "%s", err)
+		}
+	}
 	if (req.VolumeID == "") == (req.SizeGiB == nil) {
 		return bad("volume_id", "give exactly one of volume_id (attach a volume) and size_gib (make a new one)")
 	}
@@ -312,13 +311,8 @@ func checkAttach(rec *Record, req AttachRequest) error {
 	max := MaxVolumes
 	if rec.Mode == ModeAppVM {
 		max = MaxAppVMVolumes
-		if req.Mountpoint == "" {
-			return bad("mountpoint", "required on an AppVM")
-		}
-		for _, d := range rec.AppVM.DataVolumes {
-			if d.Mountpoint == req.Mountpoint {
-				return bad("mountpoint", "%s is already a data volume's mountpoint", req.Mountpoint)
-			}
+		if slices.ContainsFunc(rec.Spec.Volumes, func(v VolumeSpec) bool { return v.Mountpoint == req.Mountpoint }) {
+			return bad("mountpoint", "%s is already a data volume's mountpoint", req.Mountpoint)
 		}
 	} else if req.Mountpoint != "" {
 		return bad("mountpoint", "only an AppVM mounts its volumes")
@@ -338,13 +332,13 @@ func checkAttach(rec *Record, req AttachRequest) error {
 }
 
 // makeOwnedVolume writes the image of a new VM-owned volume (an ext4 file
-// system for an AppVM). A leftover at its name (an attach cut short before
-// its record was stored) is replaced.
-func (s *Service) makeOwnedVolume(ctx context.Context, rec *Record, v VolumeSpec, ext4 bool) error {
+// system for one its guest mounts). A leftover at its name (an attach cut
+// short before its record was stored) is replaced.
+func (s *Service) makeOwnedVolume(ctx context.Context, rec *Record, v VolumeSpec) error {
 	path := s.layout.DataVolume(rec.ID, v.ID)
 	os.Remove(path)
 	var err error
-	if ext4 {
+	if v.Mounted() {
 		err = qcow2.CreateExt4(ctx, path, uint64(v.SizeGiB)<<30, v.ID)
 	} else {
 		err = qcow2.Create(path, uint64(v.SizeGiB)<<30)
@@ -359,7 +353,7 @@ func (s *Service) makeOwnedVolume(ctx context.Context, rec *Record, v VolumeSpec
 // reserveVolume records v on rec's VM, unless v's first-class volume is
 // attached anywhere (*StateError): the check and the record are one step
 // under volMu.
-func (s *Service) reserveVolume(rec *Record, v VolumeSpec, mountpoint string) (*Record, error) {
+func (s *Service) reserveVolume(rec *Record, v VolumeSpec) (*Record, error) {
 	s.volMu.Lock()
 	defer s.volMu.Unlock()
 	if v.VolumeID != "" {
@@ -367,28 +361,17 @@ func (s *Service) reserveVolume(rec *Record, v VolumeSpec, mountpoint string) (*
 			return nil, &StateError{Msg: fmt.Sprintf("volume %q is already attached to VM %q as %s", v.VolumeID, u.VMID, u.Device)}
 		}
 	}
-	rec, err := s.reg.update(rec.ID, func(r *Record) {
-		r.Spec.Volumes = append(r.Spec.Volumes, v)
-		if r.AppVM != nil {
-			r.AppVM.DataVolumes = append(r.AppVM.DataVolumes, DataVolume{SizeGiB: v.SizeGiB, Mountpoint: mountpoint})
-		}
-	})
+	rec, err := s.recs.Update(rec.ID, func(r *Record) { r.Spec.Volumes = append(r.Spec.Volumes, v) })
 	if err != nil {
 		return nil, &HostError{Kind: HostStorage, Op: "recording a volume of VM " + rec.ID, Err: err}
 	}
 	return rec, nil
 }
 
-// dropVolume removes volume key from r's spec (and an AppVM's mount list,
-// which runs parallel to it).
+// dropVolume removes volume key from r's spec.
 func dropVolume(r *Record, key string) {
-	i := r.Spec.VolumeIndex(key)
-	if i < 0 {
-		return
-	}
-	r.Spec.Volumes = slices.Delete(r.Spec.Volumes, i, i+1)
-	if r.AppVM != nil && i < len(r.AppVM.DataVolumes) {
-		r.AppVM.DataVolumes = slices.Delete(r.AppVM.DataVolumes, i, i+1)
+	if i := r.Spec.VolumeIndex(key); i >= 0 {
+		r.Spec.Volumes = slices.Delete(r.Spec.Volumes, i, i+1)
 	}
 }
 
@@ -423,11 +406,11 @@ func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (
 	}
 	device := VolumeDevice(rec, i)
 	if rec.State == StateRunning {
-		if rec, err = s.reg.update(id, func(r *Record) { r.Spec.Volumes[i].Pending = record.PendingDetach }); err != nil {
+		if rec, err = s.recs.Update(id, func(r *Record) { r.Spec.Volumes[i].Pending = record.PendingDetach }); err != nil {
 			return nil, &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + id, Err: err}
 		}
 		if err := s.o.Host.HotDetach(ctx, rec, v.ID); err != nil {
-			if _, uerr := s.reg.update(id, func(r *Record) {
+			if _, uerr := s.recs.Update(id, func(r *Record) {
 				if j := r.Spec.VolumeIndex(v.ID); j >= 0 {
 					r.Spec.Volumes[j].Pending = ""
 				}
@@ -437,48 +420,49 @@ func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (
 			return nil, err
 		}
 	}
-	kept, err := s.finishDetach(rec, v)
+	rec, kept, err := s.finishDetach(rec, v)
 	if err != nil {
 		return nil, err
 	}
-	rec = s.reg.get(id)
 	s.log.Info("volume detached", "id", id, "volume", v.ID, "volume_id", kept, "device", device)
 	return rec, nil
 }
 
 // finishDetach drops v from its VM's record after the host let go of it
 // (or the VM does not run): a VM-owned volume is first kept as a
-// first-class one, then its old name goes. It returns the first-class
-// volume's id. Recovery calls it for a detach the agent did not finish.
-func (s *Service) finishDetach(rec *Record, v VolumeSpec) (string, error) {
+// first-class one, then its old name goes. It returns the record after
+// and the first-class volume's id. Recovery calls it for a detach the
+// agent did not finish.
+func (s *Service) finishDetach(rec *Record, v VolumeSpec) (*Record, string, error) {
 	kept := v.VolumeID
 	if kept == "" {
 		var err error
 		if kept, err = s.keepOwned(rec, v); err != nil {
-			return "", err
+			return nil, "", err
 		}
 	}
 	if v.VolumeID == "" {
 		// First recorded as the first-class volume it now is, so the
 		// detach (the next write) names it, and a crash in between
 		// leaves a record that points at the kept file.
-		if _, err := s.reg.update(rec.ID, func(r *Record) {
+		if _, err := s.recs.Update(rec.ID, func(r *Record) {
 			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
 				r.Spec.Volumes[i].VolumeID = kept
 			}
 		}); err != nil {
-			return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
+			return nil, "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
 		}
 	}
-	if _, err := s.reg.update(rec.ID, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
-		return "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
+	out, err := s.recs.Update(rec.ID, func(r *Record) { dropVolume(r, v.ID) })
+	if err != nil {
+		return nil, "", &HostError{Kind: HostStorage, Op: "recording the detach of " + v.ID + " from VM " + rec.ID, Err: err}
 	}
 	if v.VolumeID == "" {
 		if err := os.Remove(s.layout.DataVolume(rec.ID, v.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			s.log.Warn("removing the old name of a kept volume", "id", rec.ID, "volume", v.ID, "err", err)
 		}
 	}
-	return kept, nil
+	return out, kept, nil
 }
 
 // keepOwned makes VM-owned volume v of rec a first-class volume, named
@@ -488,7 +472,7 @@ func (s *Service) finishDetach(rec *Record, v VolumeSpec) (string, error) {
 func (s *Service) keepOwned(rec *Record, v VolumeSpec) (string, error) {
 	src := s.layout.DataVolume(rec.ID, v.ID)
 	format := volume.FormatRaw
-	if rec.Mode == ModeAppVM {
+	if v.Mounted() {
 		format = volume.FormatExt4
 	}
 	for n := 1; n <= 100; n++ {
@@ -539,7 +523,7 @@ func sameFile(a, b string) bool {
 // called off, one it lacks is finished); on a VM that does not run the
 // step completes in the record alone, as a cold attach or detach would.
 func (s *Service) RecoverVolumes(ctx context.Context) {
-	for _, rec := range s.reg.all() {
+	for _, rec := range s.recs.All() {
 		for _, v := range rec.Spec.Volumes {
 			if v.Pending != "" {
 				s.recoverVolume(ctx, rec.ID, v)
@@ -551,7 +535,7 @@ func (s *Service) RecoverVolumes(ctx context.Context) {
 func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 	unlock := s.lockVM(id)
 	defer unlock()
-	rec := s.reg.get(id)
+	rec := s.recs.Get(id)
 	if rec == nil {
 		return
 	}
@@ -566,7 +550,7 @@ func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 		present = v.Pending == PendingAttach // not running: the record decides
 	}
 	clear := func() {
-		if _, err := s.reg.update(id, func(r *Record) {
+		if _, err := s.recs.Update(id, func(r *Record) {
 			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
 				r.Spec.Volumes[i].Pending = ""
 			}
@@ -579,7 +563,7 @@ func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 		clear()
 		s.log.Info("interrupted volume attach completed", "id", id, "volume", v.ID)
 	case v.Pending == PendingAttach:
-		if _, err := s.reg.update(id, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
+		if _, err := s.recs.Update(id, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
 			s.log.Error("rolling back an interrupted volume attach", "id", id, "volume", v.ID, "err", err)
 			return
 		}
@@ -591,7 +575,7 @@ func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
 		clear()
 		s.log.Info("interrupted volume detach called off: the VM still has the disk", "id", id, "volume", v.ID)
 	default:
-		kept, err := s.finishDetach(rec, v)
+		_, kept, err := s.finishDetach(rec, v)
 		if err != nil {
 			s.log.Error("finishing an interrupted volume detach", "id", id, "volume", v.ID, "err", err)
 			return

@@ -3,13 +3,16 @@
 // taps, qemu-storage-daemon), builds the Cloud Hypervisor config
 // (chconfig.go), boots and carries out the lifecycle actions
 // (engine*.go), watches every running VM (monitor.go) and learns guest
-// addresses (facts.go), and at Start reconciles the host with the records
+// addresses (facts.go), and at Recover reconciles the host with the records
 // after an agent restart (recover.go).
 //
-// The engine does not import package vm: it sees the records through
-// Records (vm.HostRecords implements it) and the AppVM specifics through
-// AppVMHooks (appvm.Service.Hooks); both are given to Start. The record
-// types are package vm/record's.
+// The engine imports neither package vm nor appvm: it works on the
+// records' owner, package vm/records (Options.Records), and records its
+// results there. What the AppVM family adds to a boot is handed down: its
+// data volumes hold ext4 (made here), and the host end of its guest agent
+// is a Guest (guest.go), an interface the engine owns and appvm.Guests
+// implements, wired once in Options. The record types are package
+// vm/record's.
 //
 // # Provisioning
 //
@@ -29,7 +32,7 @@
 // a process adopted after an agent restart, its pidfd), the event stream
 // (root disk activated, guest panic, shutdown), the API socket's presence
 // and answers, pings, the root disk file, and QSD's death; each ends the
-// VM with the failure_reason DESIGN §5 maps it to. At Start, live
+// VM with the failure_reason docs/design.md §5 maps it to. At Recover, live
 // processes whose pid and start time match are adopted, dead ones end
 // their VM, cut-short provisions are resumed or rolled back, cut-short
 // deletes finished, VMs that lost their root disk failed, and taps,

@@ -22,6 +22,7 @@ import (
 	"vmhost/seed"
 	"vmhost/tap"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 )
 
 // Program is an external program the engine runs: a binary and the
@@ -34,9 +35,16 @@ type Program struct {
 	Env []string
 }
 
-// Options configure an Engine. Config, StateDir and RunDir are required.
+// Options configure an Engine. Config, Records, StateDir and RunDir are
+// required.
 type Options struct {
 	Config *config.Config
+	// Records owns the VM records the engine works on and records its
+	// results in (package vm/records).
+	Records *records.Registry
+	// Guest is the host end of the AppVMs' guest agents (appvm.Guests);
+	// nil on a host of classic VMs only.
+	Guest Guest
 	// StateDir and RunDir are the agent's state and run directories (the
 	// record.Layout of every VM).
 	StateDir, RunDir string
@@ -59,48 +67,22 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Records is how the engine sees the VM records (package vm implements it
-// with vm.HostRecords). Records are copy-on-write: a *record.Record is
-// never modified; Update stores a new version.
-type Records interface {
-	// Get returns the newest version of the record of id (a create still
-	// in flight included), or nil.
-	Get(id string) *record.Record
-	// List returns every record of both families.
-	List() []*record.Record
-	// Update stores f applied to a copy of the record of id and returns
-	// the new version; errors.Is(err, fs.ErrNotExist) when there is none.
-	Update(id string, f func(*record.Record)) (*record.Record, error)
-	// Stage applies f to a copy of the record of id in memory only, for a
-	// write that follows at once (the boot of a create with auto_boot):
-	// readers see it, and the next Update, or Save, stores it too.
-	Stage(id string, f func(*record.Record)) (*record.Record, error)
-	// Save stores the record of id if it has staged changes not stored.
-	Save(id string) error
-	// Remove deletes the record of id.
-	Remove(id string) error
-	// Lock takes the per-VM lock the lifecycle actions hold and returns
-	// its unlock.
-	Lock(id string) (unlock func())
-}
-
 // Engine is the production vm.Host: it provisions VMs (image download,
 // disk copy, data volumes, seed, taps, qemu-storage-daemon), boots them in
 // Cloud Hypervisor, supervises them (monitor.go), carries out lifecycle
-// actions and, at Start, reconciles the host with the records
+// actions and, at Recover, reconciles the host with the records
 // (recover.go). A provision records its steps (Runtime.Steps) with its
 // result, or with its failure, so Rollback removes exactly what was made.
 //
-// New makes it; Start gives it the records and the AppVM hooks and must
-// come before any other call. Its methods are safe for concurrent use; the
-// records' owner serializes the actions on one VM.
+// New makes it; Recover must run before any other call. Its methods are
+// safe for concurrent use; the caller holds the VM's action lock
+// (records.Registry.Lock) for each action.
 type Engine struct {
 	o     Options
 	lay   record.Layout
 	log   *slog.Logger
 	cache *disk.Cache
-	recs  Records
-	hooks AppVMHooks // nil without AppVMs
+	recs  *records.Registry
 	bg    sync.WaitGroup
 	mon   watchers // the monitors of running VMs (monitor.go)
 	// removals are the waiters for CH's device-removed events (volumes.go).
@@ -134,8 +116,8 @@ type Engine struct {
 
 // New returns an engine over the directories of o; Start it before use.
 func New(o Options) (*Engine, error) {
-	if o.Config == nil || o.StateDir == "" || o.RunDir == "" {
-		return nil, errors.New("engine.New: Config, StateDir and RunDir are required")
+	if o.Config == nil || o.Records == nil || o.StateDir == "" || o.RunDir == "" {
+		return nil, errors.New("engine.New: Config, Records, StateDir and RunDir are required")
 	}
 	if o.CH.Binary == "" {
 		o.CH.Binary = o.Config.Binaries.CloudHypervisor
@@ -175,7 +157,7 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, recs: o.Records, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	if e.fw, err = newFileWatch(); err != nil {
 		e.log.Warn("inotify is unavailable; running VMs' files are polled", "err", err)
@@ -186,15 +168,14 @@ func New(o Options) (*Engine, error) {
 // ImageCache is the verified image cache classic creates download into.
 func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 
-// Start hands the engine the records it works on and the AppVM hooks (nil
-// on a host without AppVMs), then reconciles the host with the records
-// (recover.go): running VMs are adopted and watched, dead ones ended,
-// interrupted provisions resumed or rolled back, and orphan processes,
-// taps and directories reaped; Recovery reports it. Close releases the
-// watched VMs without stopping them.
-func (e *Engine) Start(recs Records, hooks AppVMHooks) {
+// Recover reconciles the host with the records (recover.go), once: running
+// VMs are adopted and watched (a running AppVM's guest end too), dead ones
+// ended, interrupted provisions resumed or rolled back, and orphan
+// processes, taps and directories reaped; Recovery reports it. Call it
+// after New and before anything else. Close releases the watched VMs
+// without stopping them.
+func (e *Engine) Recover() {
 	e.starts.Do(func() {
-		e.recs, e.hooks = recs, hooks
 		e.recoverHost()
 	})
 }
@@ -393,12 +374,12 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		}
 		did(record.StepRootDisk)
 	}
-	for i, v := range sp.Volumes {
+	for i := range sp.Volumes {
 		if rec.Runtime.Done(record.StepData(i)) {
 			continue
 		}
-		if err := qcow2.Create(l.DataVolume(id, v.ID), uint64(v.SizeGiB)<<30); err != nil {
-			return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
+		if err := e.makeDataVolume(ctx, rec, i); err != nil {
+			return err
 		}
 		did(record.StepData(i))
 	}
@@ -426,11 +407,6 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 			return err
 		}
 		did(record.StepTap(i))
-	}
-	// AppVM specifics (ext4 data volumes, which the hook records itself)
-	// before QSD opens the volumes.
-	if rec, err = e.appVMProvision(ctx, rec); err != nil {
-		return &record.HostError{Kind: record.HostStorage, Op: "provisioning AppVM " + id, Err: err}
 	}
 	qsd, err := e.ensureQSD(ctx, rec)
 	if err != nil {
@@ -464,6 +440,27 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 	return nil
 }
 
+// makeDataVolume creates data volume i of rec: a blank qcow2 image, or
+// for a volume its guest mounts (an AppVM's) an ext4 file system made by
+// mkfs.ext4 on a sparse raw file and converted to qcow2 (only written
+// clusters are allocated; e2fsprogs must be installed; it replaces a
+// leftover at its name).
+func (e *Engine) makeDataVolume(ctx context.Context, rec *record.Record, i int) error {
+	v := rec.Spec.Volumes[i]
+	path := e.lay.DataVolume(rec.ID, v.ID)
+	size := uint64(v.SizeGiB) << 30
+	if v.Mounted() {
+		if err := qcow2.CreateExt4(ctx, path, size, v.ID); err != nil {
+			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}
+		}
+		return nil
+	}
+	if err := qcow2.Create(path, size); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: "creating data volume " + record.VolumeID(i), Err: err}
+	}
+	return nil
+}
+
 // ensureCID gives r a vsock CID unless it has one.
 func (e *Engine) ensureCID(r *record.Record) {
 	if r.Runtime == nil {
@@ -482,7 +479,7 @@ func (e *Engine) allocCID(id string) uint32 {
 	e.cidMu.Lock()
 	defer e.cidMu.Unlock()
 	used := map[uint32]bool{}
-	for _, r := range e.recs.List() {
+	for _, r := range e.recs.All() {
 		if r.ID != id && r.Runtime != nil {
 			used[r.Runtime.VsockCID] = true
 		}
@@ -506,23 +503,15 @@ func (e *Engine) allocCID(id string) uint32 {
 // cloud_init.network, the others their own static addresses.
 func (e *Engine) seedConfig(rec *record.Record) seed.Config {
 	ci := rec.Spec.CloudInit
+	id := ci.Identity(rec.ID)
 	c := seed.Config{
-		VMID:              rec.ID,
+		InstanceID:        id.InstanceID,
+		Hostname:          id.Hostname,
+		User:              id.User,
 		SSHAuthorizedKeys: ci.SSHAuthorizedKeys,
 		Password:          rec.Secrets.Password.Reveal(),
 		ConsoleAutologin:  ci.ConsoleAutologin,
 		Sudo:              ci.Sudo,
-		Hostname:          record.ClassicHostname(rec.ID),
-		InstanceID:        rec.ID,
-	}
-	if ci.Hostname != nil {
-		c.Hostname = *ci.Hostname
-	}
-	if ci.User != nil {
-		c.User = *ci.User
-	}
-	if ci.InstanceID != nil {
-		c.InstanceID = *ci.InstanceID
 	}
 	for i, nic := range rec.NICs {
 		itf := seed.Interface{MAC: nic.MAC}
@@ -725,8 +714,8 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 // step runs; the errors are joined.
 func (e *Engine) Rollback(ctx context.Context, rec *record.Record) error {
 	rec = e.current(rec)
-	herr := e.appVMRollback(ctx, rec)
-	return errors.Join(herr, e.teardown(ctx, rec, false))
+	e.endGuest(rec)
+	return e.teardown(ctx, rec, false)
 }
 
 // teardown stops the VM's processes and removes what it owns. all (delete)

@@ -62,8 +62,10 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	if err != nil {
 		return &record.HostError{Kind: record.HostInternal, Op: "booting VM " + id, Err: err}
 	}
-	if err := e.appVMPrepareBoot(ctx, rec, cfg); err != nil {
-		return &record.HostError{Kind: record.HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
+	if g := e.guest(rec); g != nil {
+		if err := e.bootGuest(ctx, g, rec, cfg); err != nil {
+			return &record.HostError{Kind: record.HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
+		}
 	}
 	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
 		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
@@ -73,7 +75,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
 	})
 	if err != nil {
-		e.appVMForget(rec)
+		e.endGuest(rec)
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
@@ -87,7 +89,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 			e.o.Logger.Error("stopping cloud-hypervisor after a failed boot", "id", id, "pid", p.Pid, "err", serr)
 		}
 		p.Close()
-		e.appVMForget(rec)
+		e.endGuest(rec)
 		return err
 	}
 	testStopAt(HookCH) // crash tests (recover_hook.go): running, not recorded
@@ -169,7 +171,7 @@ func (e *Engine) ensureTaps(ctx context.Context, rec *record.Record) error {
 	return nil
 }
 
-// lifeSign names what counts as a guest's first sign of life (DESIGN §5).
+// lifeSign names what counts as a guest's first sign of life (docs/design.md §5).
 func lifeSign(m record.Mode) string {
 	if m == record.ModeAppVM {
 		return "guest agent heartbeat"

@@ -18,9 +18,9 @@ import (
 // The Engine's lifecycle actions (vm.Host); start is Boot. The Service has
 // checked the state and holds the VM's action lock.
 
-// client is the API client of the VM's recorded CH process.
+// client is the API client of rec's recorded CH process. The caller holds
+// the VM's lock, so rec, as it read or stored it, names the process.
 func (e *Engine) client(rec *record.Record) (*chclient.Client, error) {
-	rec = e.current(rec)
 	if rec.Runtime == nil || rec.Runtime.CH == nil {
 		return nil, &record.StateError{ID: rec.ID, Action: "reach the VMM of", State: "without a running VMM"}
 	}
@@ -81,7 +81,8 @@ func (e *Engine) Shutdown(ctx context.Context, rec *record.Record) error {
 // agent is not connected, get CH's power button (the guest agent watches
 // it and stops the workload the same way).
 func (e *Engine) pressPowerButton(ctx context.Context, rec *record.Record) error {
-	if handled, err := e.appVMShutdown(ctx, rec); handled {
+	if g := e.guest(rec); g != nil {
+		err := g.Stop(ctx, rec)
 		if err == nil {
 			return nil
 		}
@@ -127,9 +128,11 @@ func (e *Engine) Balloon(ctx context.Context, rec *record.Record, mb uint64) err
 	return nil
 }
 
-// StageRootDisk copies base to the VM's staged root disk, for a rebuild
-// (vm.Host). A storage daemon kept from provisioning holds the old root
-// disk open, so it stops first; the next boot starts one on the new disk.
+// StageRootDisk copies base to the VM's staged root disk (RootDiskNext,
+// replacing a leftover), for a rebuild of the root disk of a VM that runs
+// nothing (appvm.RootDisks: an AppVM redeploy). A storage daemon kept from
+// provisioning holds the old root disk open, so it stops first; the next
+// boot starts one on the new disk.
 func (e *Engine) StageRootDisk(ctx context.Context, rec *record.Record, base string) error {
 	e.stopHeldQSD(rec.ID)
 	next := e.layout().RootDiskNext(rec.ID)
@@ -143,7 +146,8 @@ func (e *Engine) StageRootDisk(ctx context.Context, rec *record.Record, base str
 }
 
 // SwapRootDisk renames the staged root disk over the root disk and syncs
-// the directory; without a staged disk it does nothing.
+// the directory, durably; without a staged disk it does nothing (the swap
+// happened).
 func (e *Engine) SwapRootDisk(_ context.Context, rec *record.Record) error {
 	l := e.layout()
 	err := atomicfile.Rename(l.RootDiskNext(rec.ID), l.RootDisk(rec.ID))
@@ -214,7 +218,7 @@ func (e *Engine) Stop(ctx context.Context, rec *record.Record) error {
 		delete(e.live, id)
 	}
 	e.mu.Unlock()
-	e.appVMForget(rec)
+	e.endGuest(rec)
 	return e.recordStopped(id, ch)
 }
 
@@ -254,7 +258,7 @@ func (e *Engine) Delete(ctx context.Context, rec *record.Record) error {
 	defer cancel()
 	cancelled := e.cancelProvision(rec.ID)
 	rec = e.current(rec)
-	e.appVMForget(rec)
+	e.endGuest(rec)
 	err := e.teardown(ctx, rec, true)
 	if cancelled && e.o.Taps != nil {
 		for _, n := range rec.NICs {

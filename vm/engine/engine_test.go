@@ -3,7 +3,8 @@ package engine
 import (
 	"context"
 	"errors"
-	"log/slog"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,126 +13,45 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
-	"vmhost/config"
 	"vmhost/proc"
-	"vmhost/qcow2"
 	"vmhost/store"
-	"vmhost/vm"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 )
 
-// engineService is a vm.Service over an Engine whose CH and QSD are this
-// test binary running chsim and qsdsim (TestMain in monitor_test.go).
-func engineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, string) {
-	t.Helper()
-	s, e, root, _ := gatedEngineService(t, edit)
-	return s, e, root
-}
-
-// gatedRecords are the records as the engine sees them, each of its
-// writes waiting for gate: a test holds gate to slow the writes down.
-type gatedRecords struct {
-	vm.HostRecords
+// gatedStore is the records' store with every write waiting for gate: a
+// test holds gate to slow the writes down.
+type gatedStore struct {
+	records.Store
 	gate *sync.Mutex
 }
 
-func (g gatedRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
+func (g gatedStore) Put(id string, data []byte) error {
 	g.gate.Lock()
 	defer g.gate.Unlock()
-	return g.HostRecords.Update(id, f)
+	return g.Store.Put(id, data)
 }
 
-// gatedEngineService is engineService with the engine's record writes
-// behind the returned gate.
-func gatedEngineService(t *testing.T, edit func(*Options)) (*vm.Service, *Engine, string, *sync.Mutex) {
+// gatedService is simService with the record writes behind the returned
+// gate.
+func gatedService(t *testing.T) (*testService, *sync.Mutex) {
 	t.Helper()
 	gate := new(sync.Mutex)
-	s, e, root := wrappedEngineService(t, edit, func(r vm.HostRecords) Records { return gatedRecords{HostRecords: r, gate: gate} })
-	return s, e, root, gate
-}
-
-// wrappedEngineService is engineService with the records as the engine
-// sees them wrapped by wrap.
-func wrappedEngineService(t *testing.T, edit func(*Options), wrap func(vm.HostRecords) Records) (*vm.Service, *Engine, string) {
-	t.Helper()
-	root, err := os.MkdirTemp("", "vme")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(root) })
-	state, run := root+"/s", root+"/r"
-	cfg := config.Default()
-	cfg.HostPathRoots = []string{root} // the test's kernel and base image
-	eo := Options{Config: cfg, StateDir: state, RunDir: run,
-		CH:  Program{Binary: os.Args[0], Env: simEnv("sim-ch")},
-		QSD: Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}}
-	if edit != nil {
-		edit(&eo)
-	}
-	e, err := New(eo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := startEngineService(t, e, wrap)
-	t.Cleanup(func() {
-		for _, r := range s.List(record.ModeVM) {
-			s.Delete(context.Background(), record.ModeVM, r.ID, true)
-		}
-		e.Close()
-	})
-	return s, e, root
-}
-
-// startEngineService opens the records of e's state directory in a
-// vm.Service with e as its host and starts e on them (through wrap, when
-// given), as the agent does.
-func startEngineService(t *testing.T, e *Engine, wrap func(vm.HostRecords) Records) *vm.Service {
-	t.Helper()
-	st, err := store.Open(filepath.Join(e.o.StateDir, "vms"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := vm.New(vm.Options{StateDir: e.o.StateDir, RunDir: e.o.RunDir, Config: e.o.Config, Store: st, Host: e, Logger: slog.New(slog.DiscardHandler)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var recs Records = s.HostRecords()
-	if wrap != nil {
-		recs = wrap(s.HostRecords())
-	}
-	e.Start(recs, nil)
-	return s
-}
-
-// baseSpec is a VM without interfaces on a fresh base image.
-func baseSpec(t *testing.T, root, id string) *record.Spec {
-	t.Helper()
-	kernel, base := root+"/vmlinux", root+"/base.qcow2"
-	if err := os.WriteFile(kernel, []byte("k"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(base); err != nil {
-		if err := qcow2.Create(base, 1<<30); err != nil {
-			t.Fatal(err)
-		}
-	}
-	size := uint32(2)
-	return &record.Spec{VMID: id, Vcpus: 1, MemoryMB: 128, KernelPath: &kernel,
-		Disk: &record.DiskSpec{BasePath: base, SizeGiB: &size}, Volumes: []record.VolumeSpec{{ID: "data0", SizeGiB: 1}}}
+	s := newTestServiceWith(t, testOpts{sims: true, store: func(st records.Store) records.Store { return gatedStore{st, gate} }})
+	return s, gate
 }
 
 // TestEngineFailedCreateRollsBack: the storage daemon cannot start, after
-// the disks were made. The create fails with a storage error and nothing
-// of the VM is left, while a neighbour's directory and the base image are
-// untouched.
+// the disks were made. The create fails with a storage error and its
+// rollback leaves nothing of the VM, while a neighbour's directory and the
+// base image are untouched.
 func TestEngineFailedCreateRollsBack(t *testing.T) {
-	s, _, root := engineService(t, func(o *Options) { o.QSD = Program{Binary: "/nonexistent/qemu-storage-daemon"} })
-	l := s.Layout()
+	s := simService(t, func(o *Options) { o.QSD = Program{Binary: "/nonexistent/qemu-storage-daemon"} })
+	l := s.lay
 	neighbour := l.VMDir("other") + "/keep.qcow2"
 	if err := os.MkdirAll(filepath.Dir(neighbour), 0o700); err != nil {
 		t.Fatal(err)
@@ -139,18 +59,18 @@ func TestEngineFailedCreateRollsBack(t *testing.T) {
 	if err := os.WriteFile(neighbour, []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sp := baseSpec(t, root, "doomed")
-	_, _, err := s.CreateVM(context.Background(), sp)
+	sp := baseSpec(t, s.root, "doomed")
+	_, err := s.create(context.Background(), sp)
 	var he *record.HostError
 	if !errors.As(err, &he) || he.Kind != record.HostStorage {
-		t.Fatalf("CreateVM = %v, want a storage HostError", err)
+		t.Fatalf("create = %v, want a storage HostError", err)
 	}
 	for _, p := range []string{l.VMDir("doomed"), l.RunVMDir("doomed"), l.StateDir + "/vms/doomed.json"} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s left behind", p)
 		}
 	}
-	if _, err := s.Get(record.ModeVM, "doomed"); err == nil {
+	if s.recs.Get("doomed") != nil {
 		t.Error("record left behind")
 	}
 	for _, p := range []string{neighbour, sp.Disk.BasePath} {
@@ -168,7 +88,7 @@ func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
 	e, l := s.Engine, s.lay
 	rec := &record.Record{ID: "half", Mode: record.ModeVM, State: record.StateCreated, Spec: *baseSpec(t, t.TempDir(), "half"),
 		Runtime: &record.Runtime{Steps: []string{record.StepRootDisk, record.StepRunDir}}}
-	if err := s.recs.put(rec); err != nil {
+	if err := s.recs.Create(rec); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{l.RootDisk("half"), l.DataVolume("half", "data0")} {
@@ -196,32 +116,37 @@ func TestEngineRollbackRemovesOnlyRecorded(t *testing.T) {
 	}
 }
 
-// countingRecords counts the engine's record writes.
-type countingRecords struct {
-	vm.HostRecords
-	n *atomic.Int32
+// countingStore counts the record writes of each id.
+type countingStore struct {
+	records.Store
+	mu   *sync.Mutex
+	puts map[string]int
 }
 
-func (c countingRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
-	c.n.Add(1)
-	return c.HostRecords.Update(id, f)
+func (c countingStore) Put(id string, data []byte) error {
+	c.mu.Lock()
+	c.puts[id]++
+	c.mu.Unlock()
+	return c.Store.Put(id, data)
 }
 
 // TestEngineCreateRecordsResultOnce: a synchronous create with auto_boot
-// (root disk, data volume, run directory, storage daemon, CH) has the
-// engine store the record once, with the boot, whatever the number of
-// steps: the provision's result is staged into that write. The stored
-// record then holds every step, the CID, both processes and the states.
+// (root disk, data volume, run directory, storage daemon, CH) stores its
+// record twice, whatever the number of steps: the create's intent, and
+// the boot, whose write holds the provision's result (staged into it); the
+// engine itself writes once. The stored record then holds every step, the
+// CID, both processes and the states.
 func TestEngineCreateRecordsResultOnce(t *testing.T) {
-	var writes atomic.Int32
-	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return countingRecords{HostRecords: r, n: &writes} })
-	sp := baseSpec(t, root, "once")
+	cs := countingStore{mu: new(sync.Mutex), puts: map[string]int{}}
+	s := newTestServiceWith(t, testOpts{sims: true, store: func(st records.Store) records.Store { cs.Store = st; return cs }})
+	sp := baseSpec(t, s.root, "once")
 	sp.AutoBoot = true
-	if _, _, err := s.CreateVM(context.Background(), sp); err != nil {
-		t.Fatal(err)
-	}
-	if n := writes.Load(); n != 1 {
-		t.Errorf("the engine wrote the record %d times, want 1 (the boot, with the provision's result)", n)
+	s.mustCreate(t, sp)
+	cs.mu.Lock()
+	n := cs.puts["once"]
+	cs.mu.Unlock()
+	if n != 2 {
+		t.Errorf("the record was stored %d times, want 2 (the create's intent; the boot, with the provision's result)", n)
 	}
 	rec := storedRecord(t, s, "once")
 	rt := rec.Runtime
@@ -240,15 +165,15 @@ func TestEngineCreateRecordsResultOnce(t *testing.T) {
 // provision's result (steps, CID, storage daemon), which the boot was to
 // store: an agent started again finds it provisioned.
 func TestEngineCreateWhoseBootFailsStoresTheResult(t *testing.T) {
-	s, _, root := engineService(t, func(o *Options) { o.CH.Binary = "/nonexistent/cloud-hypervisor" })
-	sp := baseSpec(t, root, "nobooted")
+	s := simService(t, func(o *Options) { o.CH.Binary = "/nonexistent/cloud-hypervisor" })
+	sp := baseSpec(t, s.root, "nobooted")
 	sp.AutoBoot = true
-	if _, _, err := s.CreateVM(context.Background(), sp); err == nil {
+	if _, err := s.create(context.Background(), sp); err == nil {
 		t.Fatal("a create whose CH cannot start succeeded")
 	}
-	mem, err := s.Get(record.ModeVM, "nobooted")
-	if err != nil {
-		t.Fatalf("the VM was not kept: %v", err)
+	mem := s.recs.Get("nobooted")
+	if mem == nil {
+		t.Fatal("the VM was not kept")
 	}
 	rec := storedRecord(t, s, "nobooted")
 	if rec.State != record.StateCreated || rec.DisplayState != string(record.StateCreated) {
@@ -262,9 +187,9 @@ func TestEngineCreateWhoseBootFailsStoresTheResult(t *testing.T) {
 
 // storedRecord reads the record of id from s's state directory, as an
 // agent started again would.
-func storedRecord(t *testing.T, s *vm.Service, id string) *record.Record {
+func storedRecord(t *testing.T, s *testService, id string) *record.Record {
 	t.Helper()
-	st, err := store.Open(filepath.Join(s.Layout().StateDir, "vms"))
+	st, err := store.Open(filepath.Join(s.state, "vms"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,11 +205,12 @@ func storedRecord(t *testing.T, s *vm.Service, id string) *record.Record {
 	return rec
 }
 
-// slowRecords' writes take 50 ms longer once the change is made.
-type slowRecords struct{ vm.HostRecords }
+// slowStore's writes take 50 ms longer.
+type slowStore struct{ records.Store }
 
-func (r slowRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
-	return r.HostRecords.Update(id, func(rec *record.Record) { f(rec); time.Sleep(50 * time.Millisecond) })
+func (s slowStore) Put(id string, data []byte) error {
+	time.Sleep(50 * time.Millisecond)
+	return s.Store.Put(id, data)
 }
 
 // TestEngineConcurrentCreatesGetDistinctCIDs: record writes of different
@@ -293,16 +219,16 @@ func (r slowRecords) Update(id string, f func(*record.Record)) (*record.Record, 
 func TestEngineConcurrentCreatesGetDistinctCIDs(t *testing.T) {
 	// Each write lingers after its change is made, so the writes of the
 	// concurrent creates overlap.
-	s, _, root := wrappedEngineService(t, nil, func(r vm.HostRecords) Records { return slowRecords{r} })
+	s := newTestServiceWith(t, testOpts{sims: true, store: func(st records.Store) records.Store { return slowStore{st} }})
 	const n = 8
 	cids := make(chan uint32, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		sp := baseSpec(t, root, "cc"+strconv.Itoa(i))
+		sp := baseSpec(t, s.root, "cc"+strconv.Itoa(i))
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			rec, _, err := s.CreateVM(context.Background(), sp)
+			rec, err := s.create(context.Background(), sp)
 			if err != nil {
 				t.Error(err)
 				return
@@ -324,15 +250,15 @@ func TestEngineConcurrentCreatesGetDistinctCIDs(t *testing.T) {
 // TestEngineCreateBootDelete runs the whole path in-process: provision
 // (steps recorded, CID allocated), boot, first sign of life, delete.
 func TestEngineCreateBootDelete(t *testing.T) {
-	s, _, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
 	var cids []uint32
 	for _, id := range []string{"a", "b"} {
-		sp := baseSpec(t, root, id)
+		sp := baseSpec(t, s.root, id)
 		sp.AutoBoot = id == "a"
-		rec, async, err := s.CreateVM(ctx, sp)
-		if err != nil || async {
-			t.Fatalf("CreateVM(%s) = %v, async %t", id, err, async)
+		rec, err := s.create(ctx, sp)
+		if err != nil {
+			t.Fatalf("create(%s) = %v", id, err)
 		}
 		rt := rec.Runtime
 		if rt == nil || rt.QSD == nil || !rt.Done(record.StepRootDisk) || !rt.Done(record.StepData(0)) || !rt.Done(record.StepRunDir) || rt.Done(record.StepSeed) {
@@ -346,18 +272,14 @@ func TestEngineCreateBootDelete(t *testing.T) {
 	if cids[0] < 3 || cids[0] == cids[1] {
 		t.Errorf("vsock CIDs = %v, want distinct and ≥ 3", cids)
 	}
-	if err := s.Delete(ctx, record.ModeVM, "a", false); err == nil {
-		t.Error("deleting a running VM without force succeeded")
-	}
-	if err := s.Delete(ctx, record.ModeVM, "a", true); err != nil {
+	if err := s.remove(ctx, "a"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(s.Layout().VMDir("a")); err == nil {
+	if _, err := os.Stat(s.lay.VMDir("a")); err == nil {
 		t.Error("VM directory left after delete")
 	}
 	// The freed CID is given again.
-	sp := baseSpec(t, root, "c")
-	rec, _, err := s.CreateVM(ctx, sp)
+	rec, err := s.create(ctx, baseSpec(t, s.root, "c"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -367,21 +289,21 @@ func TestEngineCreateBootDelete(t *testing.T) {
 }
 
 // TestEngineWithoutTaps: an engine that cannot create taps (an agent
-// without root) refuses a VM with interfaces before anything is stored,
-// naming the reason.
+// without root) refuses a VM with interfaces in Preflight, before
+// anything is stored, naming the reason.
 func TestEngineWithoutTaps(t *testing.T) {
-	s, _, root := engineService(t, func(o *Options) { o.NoTapsReason = "creating taps needs root" })
-	sp := baseSpec(t, root, "nic")
+	s := simService(t, func(o *Options) { o.NoTapsReason = "creating taps needs root" })
+	sp := baseSpec(t, s.root, "nic")
 	sp.Nets = []record.NetSpec{{}}
-	_, _, err := s.CreateVM(context.Background(), sp)
+	_, err := s.create(context.Background(), sp)
 	var he *record.HostError
 	if !errors.As(err, &he) || he.Kind != record.HostNetwork || !strings.Contains(err.Error(), "creating taps needs root") {
-		t.Fatalf("CreateVM with a NIC = %v, want a network HostError with the reason", err)
+		t.Fatalf("create with a NIC = %v, want a network HostError with the reason", err)
 	}
-	if _, err := os.Stat(s.Layout().VMDir("nic")); err == nil {
+	if _, err := os.Stat(s.lay.VMDir("nic")); err == nil {
 		t.Error("files were made before the refusal")
 	}
-	if _, err := s.Get(record.ModeVM, "nic"); err == nil {
+	if s.recs.Get("nic") != nil {
 		t.Error("a record was stored")
 	}
 }
@@ -391,13 +313,11 @@ func TestEngineWithoutTaps(t *testing.T) {
 // failed boot still ends it (SIGKILL) instead of leaving it running with
 // its identity cleared from the record.
 func TestEngineFailedBootKillsHungVMM(t *testing.T) {
-	s, e, root := engineService(t, func(o *Options) { o.StopGrace = 100 * time.Millisecond })
+	s := simService(t, func(o *Options) { o.StopGrace = 100 * time.Millisecond })
 	ctx := context.Background()
-	if _, _, err := s.CreateVM(ctx, baseSpec(t, root, "hung")); err != nil {
-		t.Fatal(err)
-	}
-	sock := s.Layout().APISocket("hung")
-	e.o.CH.Env = append(simEnv("sim-ch"), freezeOnEnv+"="+sock)
+	s.mustCreate(t, baseSpec(t, s.root, "hung"))
+	sock := s.lay.APISocket("hung")
+	s.o.CH.Env = append(simEnv("sim-ch"), freezeOnEnv+"="+sock)
 	t.Cleanup(func() {
 		for _, pid := range processesNaming(sock) {
 			syscall.Kill(pid, syscall.SIGKILL)
@@ -405,13 +325,13 @@ func TestEngineFailedBootKillsHungVMM(t *testing.T) {
 	})
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := s.Act(actx, record.ModeVM, "hung", vm.ActionStart); err == nil {
+	if _, err := s.act(actx, "hung", "start"); err == nil {
 		t.Fatal("starting a VM whose VMM hangs succeeded")
 	}
 	if pids := processesNaming(sock); len(pids) > 0 {
 		t.Errorf("the hung VMM (pids %v) still runs after the failed boot", pids)
 	}
-	if r, _ := s.Get(record.ModeVM, "hung"); r.Runtime.CH != nil || r.State != record.StateCreated {
+	if r := s.recs.Get("hung"); r.Runtime.CH != nil || r.State != record.StateCreated {
 		t.Errorf("record after the failed boot: state %s, CH %+v", r.State, r.Runtime.CH)
 	}
 }
@@ -441,10 +361,10 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		kill   func(*record.Record) int // the pid to SIGKILL
-		action vm.Action
+		action string
 		ok     func(*record.Record) bool // the record keeps the failure
 	}{
-		{name: "stop after a CH crash", action: vm.ActionStop,
+		{name: "stop after a CH crash", action: "stop",
 			kill: func(r *record.Record) int { return r.Runtime.CH.Pid },
 			ok: func(r *record.Record) bool {
 				f := r.FailureReason
@@ -452,7 +372,7 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 			}},
 		// vm.pause reaches CH, which still runs, while the storage failure
 		// is being recorded.
-		{name: "pause after a storage failure", action: vm.ActionPause,
+		{name: "pause after a storage failure", action: "pause",
 			kill: func(r *record.Record) int { return r.Runtime.QSD.Pid },
 			ok: func(r *record.Record) bool {
 				f := r.FailureReason
@@ -460,13 +380,13 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, _, root, gate := gatedEngineService(t, nil)
+			s, gate := gatedService(t)
 			ctx := context.Background()
-			sp := baseSpec(t, root, "v")
+			sp := baseSpec(t, s.root, "v")
 			sp.AutoBoot = true
-			rec, _, err := s.CreateVM(ctx, sp)
+			rec, err := s.create(ctx, sp)
 			if err != nil || rec.State != record.StateRunning {
-				t.Fatalf("CreateVM = %v, %v", rec, err)
+				t.Fatalf("create = %v, %v", rec, err)
 			}
 			gate.Lock()
 			held := true
@@ -481,7 +401,7 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 			time.Sleep(300 * time.Millisecond) // the monitor sees the exit at once and waits to record it
 			acted := make(chan error, 1)
 			go func() {
-				_, err := s.Act(ctx, record.ModeVM, "v", tc.action)
+				_, err := s.act(ctx, "v", tc.action)
 				acted <- err
 			}()
 			time.Sleep(300 * time.Millisecond) // the action decides what to do
@@ -490,11 +410,7 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 			if err := <-acted; !errors.As(err, new(*record.StateError)) {
 				t.Errorf("%s during the verdict = %v, want *StateError", tc.action, err)
 			}
-			r, err := s.Get(record.ModeVM, "v")
-			if err != nil {
-				t.Fatal(err)
-			}
-			if !tc.ok(r) {
+			if r := s.recs.Get("v"); !tc.ok(r) {
 				t.Errorf("record after the failure and the %s: %s", tc.action, describe(r))
 			}
 		})
@@ -506,17 +422,17 @@ func TestEngineActionDuringVerdict(t *testing.T) {
 // slow (held back here) still ends as an operator shutdown, not as a
 // guest shutdown: shutting_down is stored before the button is pressed.
 func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
-	s, _, root, gate := gatedEngineService(t, nil)
+	s, gate := gatedService(t)
 	ctx := context.Background()
-	sp := baseSpec(t, root, "v")
+	sp := baseSpec(t, s.root, "v")
 	sp.AutoBoot = true
-	rec, _, err := s.CreateVM(ctx, sp)
+	rec, err := s.create(ctx, sp)
 	if err != nil || rec.State != record.StateRunning {
-		t.Fatalf("CreateVM = %v, %v", rec, err)
+		t.Fatalf("create = %v, %v", rec, err)
 	}
 	// A guest that reacts to the button has activated its devices (chsim
 	// does so on its own shortly after boot).
-	waitRecord(t, s.HostRecords(), "v", 10*time.Second, "guest up", func(r *record.Record) bool { return r.DisplayState == string(record.StateRunning) })
+	waitRecord(t, s, "v", 10*time.Second, "guest up", func(r *record.Record) bool { return r.DisplayState == string(record.StateRunning) })
 	gate.Lock()
 	held := true
 	defer func() {
@@ -526,7 +442,7 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 	}()
 	done := make(chan error, 1)
 	go func() {
-		_, err := s.Act(ctx, record.ModeVM, "v", vm.ActionShutdown)
+		_, err := s.act(ctx, "v", "shutdown")
 		done <- err
 	}()
 	time.Sleep(300 * time.Millisecond) // time for the guest to power off, were the button pressed
@@ -535,7 +451,7 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	r, _ := waitRecord(t, s.HostRecords(), "v", 10*time.Second, "VM stopped", func(r *record.Record) bool { return r.State != record.StateRunning })
+	r, _ := waitRecord(t, s, "v", 10*time.Second, "VM stopped", func(r *record.Record) bool { return r.State != record.StateRunning })
 	if f := r.FailureReason; r.State != record.StateStopped || f == nil || f.Cause != record.CauseOperatorShutdown || r.ShuttingDown {
 		t.Errorf("record after an ACPI shutdown: %s", describe(r))
 	}
@@ -547,37 +463,25 @@ func TestEngineShutdownRecordedBeforeThePress(t *testing.T) {
 // The next agent finishes the stop instead of showing a VM that runs
 // nothing as running.
 func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
-	s, e, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
-	sp := baseSpec(t, root, "v")
+	sp := baseSpec(t, s.root, "v")
 	sp.AutoBoot = true
-	if _, _, err := s.CreateVM(ctx, sp); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := s.Act(ctx, record.ModeVM, "v", vm.ActionStop); err != nil {
+	s.mustCreate(t, sp)
+	if _, err := s.act(ctx, "v", "stop"); err != nil {
 		t.Fatal(err)
 	}
 	// The record as the stop left it between its two writes.
-	if _, err := s.HostRecords().Update("v", func(r *record.Record) {
+	if _, err := s.recs.Update("v", func(r *record.Record) {
 		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	e.Close()
-	e2, err := New(e.o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := startEngineService(t, e2, nil)
-	defer e2.Close()
-	r, err := b.Get(record.ModeVM, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if f := r.FailureReason; r.State != record.StateStopped || f == nil || f.Cause != record.CauseOperatorShutdown {
+	b := s.restart(t)
+	if r := b.recs.Get("v"); r.State != record.StateStopped || r.FailureReason == nil || r.FailureReason.Cause != record.CauseOperatorShutdown {
 		t.Errorf("record after the restart: %s", describe(r))
 	}
-	if rep := e2.Recovery(); !slices.Equal(rep.Ended, []string{"v"}) {
+	if rep := b.Recovery(); !slices.Equal(rep.Ended, []string{"v"}) {
 		t.Errorf("recovery = %+v, want v ended", rep)
 	}
 }
@@ -586,28 +490,22 @@ func TestEngineRecoverFinishesInterruptedStop(t *testing.T) {
 // cannot be launched) is left running nothing: the storage daemon the
 // start launched is stopped and forgotten.
 func TestEngineFailedStartStopsStorage(t *testing.T) {
-	s, e, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
-	sp := baseSpec(t, root, "v")
+	sp := baseSpec(t, s.root, "v")
 	sp.AutoBoot = true
-	if _, _, err := s.CreateVM(ctx, sp); err != nil {
+	s.mustCreate(t, sp)
+	if _, err := s.act(ctx, "v", "stop"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Act(ctx, record.ModeVM, "v", vm.ActionStop); err != nil {
-		t.Fatal(err)
-	}
-	e.o.CH.Binary = "/nonexistent/cloud-hypervisor"
-	if _, err := s.Act(ctx, record.ModeVM, "v", vm.ActionStart); err == nil {
+	s.o.CH.Binary = "/nonexistent/cloud-hypervisor"
+	if _, err := s.act(ctx, "v", "start"); err == nil {
 		t.Fatal("start without a hypervisor binary succeeded")
 	}
-	r, err := s.Get(record.ModeVM, "v")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r.State != record.StateStopped || r.Runtime.QSD != nil || r.Runtime.CH != nil {
+	if r := s.recs.Get("v"); r.State != record.StateStopped || r.Runtime.QSD != nil || r.Runtime.CH != nil {
 		t.Errorf("record after the failed start: %s", describe(r))
 	}
-	if pids := processesNaming(s.Layout().QMPSocket("v")); len(pids) > 0 {
+	if pids := processesNaming(s.lay.QMPSocket("v")); len(pids) > 0 {
 		t.Errorf("qemu-storage-daemon (pids %v) still runs after the failed start", pids)
 	}
 }
@@ -617,26 +515,15 @@ func TestEngineFailedStartStopsStorage(t *testing.T) {
 // down before the engine's state check, yet it did boot: the create
 // succeeds and the monitor records the guest's shutdown.
 func TestEngineGuestPowersOffAtBoot(t *testing.T) {
-	s, _, root := engineService(t, func(o *Options) { o.CH.PreArgs = []string{"--sim-poweroff-at-boot"} })
-	sp := baseSpec(t, root, "off")
+	s := simService(t, func(o *Options) { o.CH.PreArgs = []string{"--sim-poweroff-at-boot"} })
+	sp := baseSpec(t, s.root, "off")
 	sp.AutoBoot = true
-	if _, _, err := s.CreateVM(context.Background(), sp); err != nil {
-		t.Fatalf("CreateVM = %v, want the boot to count", err)
+	if _, err := s.create(context.Background(), sp); err != nil {
+		t.Fatalf("create = %v, want the boot to count", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		r, err := s.Get(record.ModeVM, "off")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.State == record.StateStopped && r.FailureReason != nil && r.FailureReason.Cause == record.CauseGuestShutdown {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record %+v (failure %+v), want stopped by the guest", r, r.FailureReason)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitRecord(t, s, "off", 5*time.Second, "stopped by the guest", func(r *record.Record) bool {
+		return r.State == record.StateStopped && r.FailureReason != nil && r.FailureReason.Cause == record.CauseGuestShutdown
+	})
 }
 
 // TestEngineRecoverFinishesInterruptedDelete: the agent died during a
@@ -648,29 +535,27 @@ func TestEngineGuestPowersOffAtBoot(t *testing.T) {
 // healthy, and so is one whose end recovery records (here an interrupted
 // stop); an intact neighbour is untouched.
 func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
-	s, e, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
 	for _, id := range []string{"del", "nodisk", "keep", "stopcut"} {
-		sp := baseSpec(t, root, id)
+		sp := baseSpec(t, s.root, id)
 		sp.AutoBoot = id == "del" || id == "stopcut"
-		if _, _, err := s.CreateVM(ctx, sp); err != nil {
-			t.Fatal(err)
-		}
+		s.mustCreate(t, sp)
 	}
 	// stopcut: an operator stop cut short (processes ended, not recorded)
 	// by a delete's teardown that removed its disk.
-	if _, err := s.Act(ctx, record.ModeVM, "stopcut", vm.ActionStop); err != nil {
+	if _, err := s.act(ctx, "stopcut", "stop"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.HostRecords().Update("stopcut", func(r *record.Record) {
+	if _, err := s.recs.Update("stopcut", func(r *record.Record) {
 		r.State, r.DisplayState, r.FailureReason = record.StateRunning, string(record.StateRunning), nil
 	}); err != nil {
 		t.Fatal(err)
 	}
-	l := s.Layout()
-	del, _ := s.Get(record.ModeVM, "del")
+	l := s.lay
+	del := s.recs.Get("del")
 	ch, qsd := del.Runtime.CH, del.Runtime.QSD
-	if _, err := s.HostRecords().Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
+	if _, err := s.recs.Update("del", func(r *record.Record) { r.Deleting = true }); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range []string{l.RootDisk("del"), l.RootDisk("nodisk"), l.RootDisk("stopcut")} {
@@ -678,18 +563,12 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	e.Close()
-	e2, err := New(e.o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := startEngineService(t, e2, nil)
-	defer e2.Close()
-	rep := e2.Recovery()
+	b := s.restart(t)
+	rep := b.Recovery()
 	if !slices.Equal(rep.Deleted, []string{"del"}) || !slices.Equal(rep.NoDisk, []string{"nodisk"}) {
 		t.Errorf("recovery deleted %v, no disk %v; want [del], [nodisk]", rep.Deleted, rep.NoDisk)
 	}
-	if _, err := b.Get(record.ModeVM, "del"); err == nil {
+	if b.recs.Get("del") != nil {
 		t.Error("the interrupted delete's record is still there")
 	}
 	for _, p := range []string{l.VMDir("del"), l.RunVMDir("del"), l.StateDir + "/vms/del.json"} {
@@ -701,23 +580,19 @@ func TestEngineRecoverFinishesInterruptedDelete(t *testing.T) {
 		t.Error("the interrupted delete's processes still run")
 	}
 	for _, id := range []string{"nodisk", "stopcut"} {
-		r, err := b.Get(record.ModeVM, id)
-		if err != nil {
-			t.Fatal(err)
-		}
+		r := b.recs.Get(id)
 		if f := r.FailureReason; r.State != record.StateFailed || f == nil || f.Detail.Kind != record.KindDiskMissing ||
 			f.Cause != record.CauseDiskMissing || f.Detail.Path != l.RootDisk(id) {
 			t.Errorf("VM without its root disk after the restart: %s", describe(r))
 		}
 	}
-	if r, _ := b.Get(record.ModeVM, "keep"); r == nil || r.State != record.StateCreated || r.FailureReason != nil {
+	if r := b.recs.Get("keep"); r == nil || r.State != record.StateCreated || r.FailureReason != nil {
 		t.Errorf("intact VM after the restart: %s", describe(r))
 	}
-	if _, err := b.Act(ctx, record.ModeVM, "keep", vm.ActionStart); err != nil {
+	if _, err := b.act(ctx, "keep", "start"); err != nil {
 		t.Errorf("start of the intact VM: %v", err)
 	}
-	// Through b: the first service's cleanup does not know this boot.
-	defer b.Delete(ctx, record.ModeVM, "keep", true)
+	defer b.remove(ctx, "keep")
 }
 
 // stalledImageServer answers every request with headers and then nothing,
@@ -739,20 +614,23 @@ func stalledImageServer(t *testing.T) string {
 }
 
 // TestEngineDeleteCancelsProvision: a VM whose image download stalls
-// (headers, then nothing) stays downloading; a delete without force is
-// refused, a forced delete cancels the download and removes the VM, its
-// directories and the download's temp file, and the cancelled background
-// provision records nothing afterwards.
+// (headers, then nothing) stays downloading; a delete cancels the
+// download and removes the VM, its directories and the download's temp
+// file, and the cancelled provision answers record.ErrDeleted and records
+// nothing afterwards.
 func TestEngineDeleteCancelsProvision(t *testing.T) {
-	s, _, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
-	sp := baseSpec(t, root, "stall")
+	sp := baseSpec(t, s.root, "stall")
 	sp.Disk.BasePath = ""
 	sp.Image = &record.ImageSpec{ImageID: "img", ContentSHA256: strings.Repeat("ab", 32), FetchURL: stalledImageServer(t)}
-	if _, async, err := s.CreateVM(ctx, sp); err != nil || !async {
-		t.Fatalf("CreateVM = %v, async %v", err, async)
+	rec := newRecord(sp)
+	if err := s.recs.Create(rec); err != nil {
+		t.Fatal(err)
 	}
-	l := s.Layout()
+	provisioned := make(chan error, 1)
+	go func() { provisioned <- s.Provision(ctx, rec) }() // in the background, as for a create answered 202
+	l := s.lay
 	// Wait until the download has begun (its temp file exists).
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -765,17 +643,18 @@ func TestEngineDeleteCancelsProvision(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	var se *record.StateError
-	if err := s.Delete(ctx, record.ModeVM, "stall", false); !errors.As(err, &se) {
-		t.Fatalf("delete without force while downloading = %v, want a StateError", err)
+	if r := s.recs.Get("stall"); !r.Provisioning() {
+		t.Fatalf("VM with a stalled download: %s, want provisioning", describe(r))
 	}
 	start := time.Now()
-	if err := s.Delete(ctx, record.ModeVM, "stall", true); err != nil {
-		t.Fatalf("forced delete while downloading: %v", err)
+	if err := s.remove(ctx, "stall"); err != nil {
+		t.Fatalf("delete while downloading: %v", err)
 	}
-	t.Logf("forced delete of a stalled download took %v", time.Since(start))
-	s.Wait() // the background provision has returned
-	if _, err := s.Get(record.ModeVM, "stall"); err == nil {
+	t.Logf("delete of a stalled download took %v", time.Since(start))
+	if err := <-provisioned; !errors.Is(err, record.ErrDeleted) {
+		t.Errorf("the cancelled provision returned %v, want record.ErrDeleted", err)
+	}
+	if s.recs.Get("stall") != nil {
 		t.Error("the record survived the delete")
 	}
 	for _, p := range []string{l.VMDir("stall"), l.RunVMDir("stall"), l.StateDir + "/vms/stall.json"} {
@@ -789,22 +668,22 @@ func TestEngineDeleteCancelsProvision(t *testing.T) {
 }
 
 // TestEngineBalloon: a running VM's balloon changes through CH vm.resize
-// (vm.info shows the new size and the memory the guest has left); the
-// target is recorded, and a VM booted later gets its balloon at that size.
+// (vm.info shows the new size and the memory the guest has left); a VM
+// booted later gets its balloon at the recorded target.
 func TestEngineBalloon(t *testing.T) {
-	s, e, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
-	sp := baseSpec(t, root, "bal")
+	sp := baseSpec(t, s.root, "bal")
 	sp.AutoBoot = true
 	sp.MemoryMB = 512
-	rec, _, err := s.CreateVM(ctx, sp)
-	if err != nil || rec.State != record.StateRunning {
-		t.Fatalf("CreateVM = %+v, %v", rec, err)
+	rec := s.mustCreate(t, sp)
+	if rec.State != record.StateRunning {
+		t.Fatalf("create = %+v", rec)
 	}
-	if _, err := s.SetBalloon(ctx, record.ModeVM, "bal", 128); err != nil {
+	if err := s.Balloon(ctx, rec, 128); err != nil {
 		t.Fatal(err)
 	}
-	c, err := e.client(s.HostRecords().Get("bal"))
+	c, err := s.client(s.recs.Get("bal"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -817,20 +696,18 @@ func TestEngineBalloon(t *testing.T) {
 	if info.Config.Balloon == nil || info.Config.Balloon.Size != 128<<20 || !info.Config.Balloon.DeflateOnOom || info.MemoryActualSize != mem-128<<20 {
 		t.Errorf("after balloon 128: balloon %+v, memory_actual_size %d (memory %d)", info.Config.Balloon, info.MemoryActualSize, mem)
 	}
-	if got, _ := s.Get(record.ModeVM, "bal"); got.BalloonMB != 128 {
-		t.Errorf("recorded balloon_mb = %d", got.BalloonMB)
-	}
-	// Stopped: recorded only; the next boot's config carries it.
-	if _, err := s.Act(ctx, record.ModeVM, "bal", "stop"); err != nil {
+	// Stopped: the target is only recorded (vm's part); the next boot's
+	// config carries it.
+	if _, err := s.act(ctx, "bal", "stop"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.SetBalloon(ctx, record.ModeVM, "bal", 64); err != nil {
+	if _, err := s.recs.Update("bal", func(r *record.Record) { r.BalloonMB = 64 }); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Act(ctx, record.ModeVM, "bal", "start"); err != nil {
+	if _, err := s.act(ctx, "bal", "start"); err != nil {
 		t.Fatal(err)
 	}
-	c2, err := e.client(s.HostRecords().Get("bal"))
+	c2, err := s.client(s.recs.Get("bal"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -838,20 +715,17 @@ func TestEngineBalloon(t *testing.T) {
 	if info, err = c2.VMInfo(ctx); err != nil || info.Config.Balloon == nil || info.Config.Balloon.Size != 64<<20 {
 		t.Errorf("booted after balloon 64 while stopped: %+v, %v", info, err)
 	}
-	s.Delete(ctx, record.ModeVM, "bal", true)
+	s.remove(ctx, "bal")
 }
 
 // TestEngineCounters: the counters of a running VM are Cloud Hypervisor's
 // vm.counters, per device; a stopped VM has none (a state error).
 func TestEngineCounters(t *testing.T) {
-	s, _, root := engineService(t, nil)
+	s := simService(t, nil)
 	ctx := context.Background()
-	sp := baseSpec(t, root, "cnt")
+	sp := baseSpec(t, s.root, "cnt")
 	sp.AutoBoot = true
-	rec, _, err := s.CreateVM(ctx, sp)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rec := s.mustCreate(t, sp)
 	got, err := s.Counters(ctx, rec)
 	if err != nil {
 		t.Fatal(err)
@@ -859,7 +733,7 @@ func TestEngineCounters(t *testing.T) {
 	if d, ok := got["_disk0"]; !ok || len(d) != 10 {
 		t.Errorf("counters = %v, want _disk0 with CH's 10 block counters", got)
 	}
-	rec, err = s.Act(ctx, record.ModeVM, "cnt", "stop")
+	rec, err = s.act(ctx, "cnt", "stop")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -867,5 +741,195 @@ func TestEngineCounters(t *testing.T) {
 	if _, err := s.Counters(ctx, rec); !errors.As(err, &se) {
 		t.Errorf("counters of a stopped VM = %v, want a state error", err)
 	}
-	s.Delete(ctx, record.ModeVM, "cnt", true)
+	s.remove(ctx, "cnt")
+}
+
+// recordingGuest is a Guest that writes each call as a line and returns
+// initrd from Boot; Stop fails with stopErr when set.
+type recordingGuest struct {
+	initrd  string
+	mu      sync.Mutex
+	calls   []string
+	stopErr error
+	ls      []net.Listener
+}
+
+func (g *recordingGuest) log(f string, args ...any) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.calls = append(g.calls, fmt.Sprintf(f, args...))
+}
+
+func (g *recordingGuest) transcript() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return strings.Join(g.calls, "\n")
+}
+
+func (g *recordingGuest) Port() uint32 { return 1024 }
+
+func (g *recordingGuest) Boot(_ context.Context, rec *record.Record, kernel string, l net.Listener) (string, error) {
+	g.log("boot %s kernel=%s listener=%s", rec.ID, filepath.Base(kernel), filepath.Base(l.Addr().String()))
+	g.mu.Lock()
+	g.ls = append(g.ls, l)
+	g.mu.Unlock()
+	return g.initrd, nil
+}
+
+func (g *recordingGuest) Adopt(_ context.Context, rec *record.Record, l net.Listener) error {
+	g.log("adopt %s", rec.ID)
+	return l.Close()
+}
+
+func (g *recordingGuest) End(id string) {
+	g.log("end %s", id)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, l := range g.ls {
+		l.Close()
+	}
+	g.ls = nil
+}
+
+func (g *recordingGuest) Stop(_ context.Context, rec *record.Record) error {
+	g.log("stop %s", rec.ID)
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.stopErr
+}
+
+func (g *recordingGuest) Settle(id string) { g.log("settle %s", id) }
+
+func (g *recordingGuest) Mount(_ context.Context, rec *record.Record, v record.VolumeSpec, bdf string) error {
+	g.log("mount %s %s at %s", rec.ID, v.ID, v.Mountpoint)
+	return nil
+}
+
+func (g *recordingGuest) Unmount(_ context.Context, rec *record.Record, v record.VolumeSpec) error {
+	g.log("unmount %s %s at %s", rec.ID, v.ID, v.Mountpoint)
+	return nil
+}
+
+// TestEngineAppVMGuestEdges: the engine drives an AppVM's guest end at the
+// edges of its boots, and a classic VM's never. A boot hands the guest end
+// a listener on the agent's port of the VM's hybrid vsock before CH starts
+// and puts the initramfs it returns in CH's payload; a shutdown asks the
+// guest end first (and presses the power button when that fails); a stop
+// ends the guest end; a guest that powers off is settled before its end
+// is recorded.
+func TestEngineAppVMGuestEdges(t *testing.T) {
+	g := &recordingGuest{}
+	// No guest agent in the simulator: the test plays the guest end.
+	s := newTestServiceWith(t, testOpts{sims: true, guest: g, edit: func(o *Options) { o.CH.PreArgs = []string{"--sim-no-guest-agent"} }})
+	g.initrd = filepath.Join(s.root, "agent.cpio")
+	if err := os.WriteFile(g.initrd, []byte("cpio"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for _, mode := range []record.Mode{record.ModeVM, record.ModeAppVM} {
+		sp := baseSpec(t, s.root, string(mode))
+		sp.Volumes = nil
+		rec := newRecord(sp)
+		rec.Mode = mode
+		if mode == record.ModeAppVM {
+			rec.AppVM = &record.AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+		}
+		if err := s.recs.Create(rec); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Provision(ctx, rec); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.act(ctx, rec.ID, "start"); err != nil {
+			t.Fatal(err)
+		}
+		c, err := s.client(s.recs.Get(rec.ID))
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := c.VMInfo(ctx)
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[record.Mode]string{record.ModeAppVM: g.initrd}[mode]; info.Config.Payload.Initramfs != want {
+			t.Errorf("%s booted with initramfs %q, want %q", mode, info.Config.Payload.Initramfs, want)
+		}
+		waitRecord(t, s, rec.ID, 10*time.Second, "guest up", func(r *record.Record) bool {
+			return mode == record.ModeAppVM || r.DisplayState == string(record.StateRunning)
+		})
+		if _, err := s.act(ctx, rec.ID, "shutdown"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.act(ctx, rec.ID, "stop"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The guest end cannot stop the workload: the power button does; the
+	// guest powers off, and what it sent is settled before its end.
+	g.stopErr = errors.New("not connected")
+	if _, err := s.act(ctx, "appvm", "start"); err != nil {
+		t.Fatal(err)
+	}
+	// A guest that reacts to the button has activated its devices (chsim
+	// does so on its own shortly after boot; an AppVM's display does not
+	// show it).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if b, _ := os.ReadFile(s.lay.Events("appvm")); strings.Contains(string(b), "activated") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the AppVM's devices were never activated")
+		}
+	}
+	if _, err := s.act(ctx, "appvm", "shutdown"); err != nil {
+		t.Fatal(err)
+	}
+	r, _ := waitRecord(t, s, "appvm", 10*time.Second, "powered off", func(r *record.Record) bool { return r.State == record.StateStopped })
+	if f := r.FailureReason; f == nil || f.Cause != record.CauseOperatorShutdown {
+		t.Errorf("record after the power button: %s", describe(r))
+	}
+	want := `end appvm
+boot appvm kernel=vmlinux listener=vsock.sock_1024
+stop appvm
+end appvm
+end appvm
+boot appvm kernel=vmlinux listener=vsock.sock_1024
+stop appvm
+settle appvm`
+	if got := g.transcript(); got != want {
+		t.Errorf("guest end calls:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestEngineAppVMWithoutKernel: an AppVM on a host whose configuration
+// names no appvm_kernel fails to boot before anything starts, saying so,
+// and its guest end is not asked to boot.
+func TestEngineAppVMWithoutKernel(t *testing.T) {
+	g := &recordingGuest{}
+	s := newTestServiceWith(t, testOpts{sims: true, guest: g})
+	ctx := context.Background()
+	sp := baseSpec(t, s.root, "nokernel")
+	sp.KernelPath, sp.Volumes = nil, nil
+	rec := newRecord(sp)
+	rec.Mode = record.ModeAppVM
+	rec.AppVM = &record.AppVMSpec{ImageID: "img", NetworkMode: "dhcp", RestartPolicy: "no"}
+	if err := s.recs.Create(rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Provision(ctx, rec); err != nil {
+		t.Fatal(err)
+	}
+	_, err := s.act(ctx, "nokernel", "start")
+	var he *record.HostError
+	want := "preparing the boot of AppVM nokernel: booting AppVM nokernel: " + ErrNoAppVMKernel.Error()
+	if !errors.As(err, &he) || he.Kind != record.HostInternal || err.Error() != want || !errors.Is(err, ErrNoAppVMKernel) {
+		t.Fatalf("boot without an AppVM kernel = %v, want %q", err, want)
+	}
+	if r := s.recs.Get("nokernel"); r.State != record.StateCreated || r.Runtime.CH != nil {
+		t.Errorf("record after the refused boot: %s", describe(r))
+	}
+	if got := g.transcript(); strings.Contains(got, "boot") {
+		t.Errorf("the guest end was asked to boot: %s", got)
+	}
 }

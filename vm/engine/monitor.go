@@ -24,7 +24,7 @@ import (
 	"vmhost/vm/record"
 )
 
-// Supervision of running VMs (DESIGN §5).
+// Supervision of running VMs (docs/design.md §5).
 //
 // Every running or paused VM has one monitor. It owns the VM's live
 // process handles (Cloud Hypervisor and qemu-storage-daemon) from watch
@@ -533,7 +533,11 @@ func logHint(path string) string {
 // unwatched (Stop) also finds it ended, never still running.
 func (m *monitor) conclude(v verdict) {
 	w, e := &m.e.mon, m.e
-	e.appVMSettle(m.id)
+	if rec := e.recs.Get(m.id); rec != nil {
+		if g := e.guest(rec); g != nil {
+			g.Settle(m.id)
+		}
+	}
 	w.mu.Lock()
 	if w.m[m.id] != m {
 		w.mu.Unlock()
@@ -740,7 +744,7 @@ func (m *monitor) onEvent(ev chclient.Event) {
 	case ev.Source == "virtio-device" && ev.Event == "activated" && ev.Properties["id"] == "_disk0":
 		m.update(func(r *record.Record) bool {
 			// An AppVM's sign of life is its guest agent's first
-			// heartbeat (DESIGN §5), which package appvm records; its
+			// heartbeat (docs/design.md §5), which package appvm records; its
 			// root disk activating only means the kernel found it.
 			if r.Mode == record.ModeAppVM || r.State != record.StateRunning || r.DisplayState != record.DisplayBooting {
 				return false

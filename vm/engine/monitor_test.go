@@ -5,13 +5,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -25,8 +23,8 @@ import (
 	"vmhost/qmp"
 	"vmhost/qmp/qsdsim"
 	"vmhost/store"
-	"vmhost/vm"
 	"vmhost/vm/record"
+	"vmhost/vm/records"
 )
 
 // testExecEnv makes the test binary run as a simulator instead of the
@@ -80,15 +78,17 @@ func simEnv(which string) []string {
 }
 
 // testService is an Engine over short temp dirs (socket paths must fit
-// 107 bytes) with ping knobs of one second, started on testRecords. Its
-// CH and QSD are the configured defaults: tests launch the simulators
-// themselves (launchVM) and hand them to the engine.
+// 107 bytes) and the records of the state directory (a real
+// records.Registry over its store), with ping knobs of one second. Unless
+// testOpts.sims is set, its CH and QSD are the configured defaults: tests
+// launch the simulators themselves (launchVM) and hand them to the engine.
 type testService struct {
 	*Engine
-	recs       *testRecords
-	views      *vm.Service // renders views of the records
+	recs       *records.Registry
+	root       string // the temp dir holding state and run (and a test's kernel and base image)
 	state, run string
 	logs       *syncBuffer
+	opts       testOpts // what newTestServiceWith was given
 }
 
 type syncBuffer struct {
@@ -108,150 +108,35 @@ func (b *syncBuffer) String() string {
 	return b.b.String()
 }
 
-// testRecords are the records of the engine tests: in memory and in a
-// store, so an engine started again on the same directories finds them.
-type testRecords struct {
-	st  *store.Store
-	wmu sync.Mutex // serializes writes
-	mu  sync.Mutex
-	m   map[string]*record.Record
-	lmu sync.Mutex
-	l   map[string]*sync.Mutex
-}
-
-func loadTestRecords(t testing.TB, st *store.Store) *testRecords {
-	t.Helper()
-	l, err := st.Load()
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &testRecords{st: st, m: map[string]*record.Record{}, l: map[string]*sync.Mutex{}}
-	for _, f := range l.Records {
-		rec, err := record.Decode(f.Data)
-		if err != nil {
-			t.Fatal(err)
-		}
-		r.m[rec.ID] = rec
-	}
-	return r
-}
-
-func (r *testRecords) Get(id string) *record.Record {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.m[id]
-}
-
-func (r *testRecords) List() []*record.Record {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	out := make([]*record.Record, 0, len(r.m))
-	for _, rec := range r.m {
-		out = append(out, rec)
-	}
-	slices.SortFunc(out, func(a, b *record.Record) int { return strings.Compare(a.ID, b.ID) })
-	return out
-}
-
-func (r *testRecords) Update(id string, f func(*record.Record)) (*record.Record, error) {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	old := r.Get(id)
-	if old == nil {
-		return nil, fmt.Errorf("updating record %q: %w", id, fs.ErrNotExist)
-	}
-	rec := old.Clone()
-	f(rec)
-	return rec, r.store(rec)
-}
-
-// Stage changes the record in memory only.
-func (r *testRecords) Stage(id string, f func(*record.Record)) (*record.Record, error) {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	old := r.Get(id)
-	if old == nil {
-		return nil, fmt.Errorf("updating record %q: %w", id, fs.ErrNotExist)
-	}
-	rec := old.Clone()
-	f(rec)
-	r.mu.Lock()
-	r.m[id] = rec
-	r.mu.Unlock()
-	return rec, nil
-}
-
-// Save stores the record as it is in memory.
-func (r *testRecords) Save(id string) error {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	if rec := r.Get(id); rec != nil {
-		return r.store(rec)
-	}
-	return nil
-}
-
-func (r *testRecords) Lock(id string) func() {
-	r.lmu.Lock()
-	m := r.l[id]
-	if m == nil {
-		m = new(sync.Mutex)
-		r.l[id] = m
-	}
-	r.lmu.Unlock()
-	m.Lock()
-	return m.Unlock
-}
-
-// put stores rec as it is.
-func (r *testRecords) put(rec *record.Record) error {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	return r.store(rec)
-}
-
-func (r *testRecords) store(rec *record.Record) error {
-	data, err := record.Encode(rec)
-	if err != nil {
-		return err
-	}
-	if err := r.st.Put(rec.ID, data); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.m[rec.ID] = rec
-	r.mu.Unlock()
-	return nil
-}
-
-func (r *testRecords) Remove(id string) error {
-	r.wmu.Lock()
-	defer r.wmu.Unlock()
-	if err := r.st.Delete(id); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	delete(r.m, id)
-	r.mu.Unlock()
-	return nil
+// testOpts vary a testService.
+type testOpts struct {
+	// sims makes CH and QSD this test binary running chsim and qsdsim
+	// (TestMain), with the default configuration's ping knobs.
+	sims bool
+	// edit changes the engine's options before New.
+	edit func(*Options)
+	// guest is the engine's Options.Guest.
+	guest Guest
+	// store wraps the records' store (to count or slow down writes).
+	store func(records.Store) records.Store
 }
 
 // newTestService starts an engine on fresh directories, or on dirs
-// (state, run) as an agent restart does. edit, when given, changes the
-// engine's options and the AppVM hooks before Start.
+// (state, run) as an agent restart does.
 func newTestService(t testing.TB, dirs ...string) *testService {
 	t.Helper()
-	return newTestServiceWith(t, nil, dirs...)
+	return newTestServiceWith(t, testOpts{}, dirs...)
 }
 
-func newTestServiceWith(t testing.TB, edit func(*Options, *AppVMHooks), dirs ...string) *testService {
+func newTestServiceWith(t testing.TB, o testOpts, dirs ...string) *testService {
 	t.Helper()
-	var state, run string
+	var root, state, run string
 	if len(dirs) == 2 {
 		state, run = dirs[0], dirs[1]
+		root = filepath.Dir(state)
 	} else {
-		root, err := os.MkdirTemp("", "vmm")
-		if err != nil {
+		var err error
+		if root, err = os.MkdirTemp("", "vmm"); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(root) })
@@ -261,36 +146,43 @@ func newTestServiceWith(t testing.TB, edit func(*Options, *AppVMHooks), dirs ...
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { st.Close() })
+	var rst records.Store = st
+	if o.store != nil {
+		rst = o.store(st)
+	}
+	recs, err := records.Open(rst, records.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := config.Default()
 	cfg.PingIntervalSecs, cfg.PingTimeoutSecs = 1, 1
 	logs := new(syncBuffer)
 	log := slog.New(slog.NewTextHandler(logs, nil))
-	o := Options{Config: cfg, StateDir: state, RunDir: run, Logger: log}
-	var hooks AppVMHooks
-	if edit != nil {
-		edit(&o, &hooks)
+	eo := Options{Config: cfg, Records: recs, Guest: o.guest, StateDir: state, RunDir: run, Logger: log}
+	if o.sims {
+		eo.Config = config.Default()
+		eo.CH = Program{Binary: os.Args[0], Env: simEnv("sim-ch")}
+		eo.QSD = Program{Binary: os.Args[0], Env: simEnv("sim-qsd")}
 	}
-	e, err := New(o)
+	if o.edit != nil {
+		o.edit(&eo)
+	}
+	e, err := New(eo)
 	if err != nil {
 		t.Fatal(err)
 	}
-	vst, err := store.Open(filepath.Join(state, "views"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	views, err := vm.New(vm.Options{StateDir: state, RunDir: run, Config: cfg, Store: vst, Host: vm.NoHost{}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	recs := loadTestRecords(t, st)
-	e.Start(recs, hooks)
+	e.Recover()
 	t.Cleanup(func() { e.Close() })
-	return &testService{Engine: e, recs: recs, views: views, state: state, run: run, logs: logs}
+	return &testService{Engine: e, recs: recs, root: root, state: state, run: run, logs: logs, opts: o}
 }
 
-// View is the record's VM view.
-func (s *testService) View(rec *record.Record, o vm.ViewOptions) *vm.View {
-	return s.views.View(rec, o)
+// restart closes s and starts an engine again on its directories and
+// options, as an agent restart does.
+func (s *testService) restart(t testing.TB) *testService {
+	t.Helper()
+	s.Close()
+	return newTestServiceWith(t, s.opts, s.state, s.run)
 }
 
 // running is a VM started by startVM: its processes and paths.
@@ -429,7 +321,7 @@ func launchVM(s *testService, id string, o vmOpts) (_ *running, stop func(), err
 			QSD: &record.QSDRuntime{Pid: qsd.Pid, StartTime: qsd.StartTime, QMPSocket: l.QMPSocket(id), RootSocket: l.RootSocket(id),
 				PidFile: l.QSDPidFile(id), LogFile: l.QSDLog(id)},
 		}}
-	if err := s.recs.put(rec); err != nil {
+	if err := s.recs.Create(rec); err != nil {
 		return nil, stop, err
 	}
 	return &running{id: id, ch: ch, qsd: qsd, apiSocket: l.APISocket(id), events: l.Events(id), rootDisk: root}, stop, nil
@@ -465,7 +357,7 @@ func simAction(t testing.TB, apiSocket, action, body string) {
 
 // waitRecord polls the record of id until cond holds, failing after
 // within. It returns the record and how long it took.
-// recordGetter is testService or vm.HostRecords.
+// recordGetter is testService or *records.Registry.
 type recordGetter interface {
 	Get(id string) *record.Record
 }

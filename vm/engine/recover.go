@@ -21,9 +21,9 @@ import (
 	"vmhost/vm/record"
 )
 
-// Recovery after an agent restart (DESIGN §2: VMs outlive the agent).
+// Recovery after an agent restart (docs/design.md §2: VMs outlive the agent).
 //
-// Start reconciles every record with the host before it returns:
+// Recover reconciles every record with the host before it returns:
 //
 //   - A running or paused VM whose recorded Cloud Hypervisor still runs
 //     (pid and start time match) is adopted: CH through a pidfd, its
@@ -69,7 +69,7 @@ import (
 // Without root, adoption still works for processes of the same user; tap
 // reaping is skipped with a warning when the host cannot list taps.
 
-// RecoveryReport says what Start found on the host and did about it.
+// RecoveryReport says what Recover found on the host and did about it.
 type RecoveryReport struct {
 	Adopted  []string // running VMs adopted and watched again
 	Ended    []string // running VMs whose processes had gone
@@ -83,7 +83,7 @@ type RecoveryReport struct {
 	Duration time.Duration
 }
 
-// Recovery returns what Start's reconciliation found and did.
+// Recovery returns what Recover's reconciliation found and did.
 func (e *Engine) Recovery() RecoveryReport {
 	e.mon.mu.Lock()
 	defer e.mon.mu.Unlock()
@@ -96,7 +96,7 @@ const recoverParallel = 8
 // qmpAttachTimeout bounds re-attaching to a storage daemon's monitor.
 const qmpAttachTimeout = 2 * time.Second
 
-// recoverHost runs at Start.
+// recoverHost runs at Recover.
 func (e *Engine) recoverHost() {
 	start := time.Now()
 	var (
@@ -104,7 +104,7 @@ func (e *Engine) recoverHost() {
 		rep  RecoveryReport
 		keep = map[int]bool{}
 	)
-	recs := e.recs.List()
+	recs := e.recs.All()
 	sem := make(chan struct{}, recoverParallel)
 	var wg sync.WaitGroup
 	var resume []*record.Record
@@ -304,18 +304,8 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 	if rec.DisplayState == record.DisplayBooting {
 		e.rearmBootDeadline(id, ch)
 	}
-	if rec.Mode == record.ModeAppVM && e.hooks != nil {
-		e.bg.Add(1)
-		go func() {
-			defer e.bg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if cur := e.recs.Get(id); cur != nil {
-				if err := e.hooks.Adopt(ctx, cur); err != nil {
-					e.log.Error("adopting the guest agent session of an AppVM", "id", id, "err", err)
-				}
-			}
-		}()
+	if rec.Mode == record.ModeAppVM {
+		e.adoptGuest(id)
 	}
 	e.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1], "qmp", qsd != nil)
 	return recovered{what: "adopted", keep: keep}
@@ -581,7 +571,8 @@ func (e *Engine) rollBackInterrupted(rec *record.Record) {
 	for i := range all.NICs {
 		addSteps(all, record.StepTap(i))
 	}
-	if err := errors.Join(e.appVMRollback(ctx, all), e.teardown(ctx, all, false)); err != nil {
+	e.endGuest(all)
+	if err := e.teardown(ctx, all, false); err != nil {
 		e.log.Error("rolling back an interrupted create", "id", rec.ID, "err", err)
 	}
 	e.failProvision(rec.ID, "the agent restarted during this synchronous create; what it had made was rolled back (delete the VM and create it again)", true)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +18,6 @@ import (
 	"vmhost/chclient"
 	"vmhost/proc"
 	"vmhost/tap"
-	"vmhost/vm"
 	"vmhost/vm/record"
 )
 
@@ -54,13 +54,20 @@ func startVMs(t *testing.T, s *testService, n int) []*running {
 	return rs
 }
 
-func viewJSON(s *testService, id string) string {
-	return string(s.views.ViewJSON(s.recs.Get(id), vm.ViewOptions{DiskBytes: true}))
+// recordJSON is the record of id as its file holds it: every field a view
+// shows derives from it (and the fixed layout and config).
+func recordJSON(t testing.TB, s *testService, id string) string {
+	t.Helper()
+	b, err := record.Encode(s.recs.Get(id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }
 
 // TestRecoverAdoptsRunningVMs restarts the agent (Close, then New on the
 // same directories) with 50 running VMs: every one is adopted, none is
-// restarted, every view is byte-identical, and the adopted processes are
+// restarted, every record (so every view) is byte-identical, and the adopted processes are
 // watched again (a crash and a poweroff after the restart are noticed).
 func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	n := 50
@@ -78,7 +85,7 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	waitRecord(t, a, rs[3].id, 2*time.Second, "guest_panicked_at", func(r *record.Record) bool { return r.GuestPanickedAt != nil })
 	before := map[string]string{}
 	for _, r := range rs {
-		before[r.id] = viewJSON(a, r.id)
+		before[r.id] = recordJSON(t, a, r.id)
 	}
 	a.Close()
 
@@ -97,8 +104,8 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 		if !proc.Alive(r.ch.Pid, r.ch.StartTime) || !proc.Alive(r.qsd.Pid, r.qsd.StartTime) {
 			t.Errorf("%s: processes restarted or gone", r.id)
 		}
-		if got := viewJSON(b, r.id); got != before[r.id] {
-			t.Errorf("%s view changed across the restart:\nbefore %s\nafter  %s", r.id, before[r.id], got)
+		if got := recordJSON(t, b, r.id); got != before[r.id] {
+			t.Errorf("%s record changed across the restart:\nbefore %s\nafter  %s", r.id, before[r.id], got)
 		}
 	}
 	// Let replayed events and a ping round pass: still nothing written.
@@ -110,8 +117,8 @@ func TestRecoverAdoptsRunningVMs(t *testing.T) {
 	cpu := time.Duration(ru1.Utime.Nano()+ru1.Stime.Nano()-ru0.Utime.Nano()-ru0.Stime.Nano()) * time.Nanosecond
 	t.Logf("watching %d VMs cost %v of CPU per second (test process, race detector %v)", n, cpu*2/3, raceEnabled)
 	for _, r := range rs {
-		if got := viewJSON(b, r.id); got != before[r.id] {
-			t.Errorf("%s view changed after the restart settled:\nbefore %s\nafter  %s", r.id, before[r.id], got)
+		if got := recordJSON(t, b, r.id); got != before[r.id] {
+			t.Errorf("%s record changed after the restart settled:\nbefore %s\nafter  %s", r.id, before[r.id], got)
 		}
 	}
 
@@ -220,7 +227,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	// An interrupted provision: the root disk copy was not recorded done.
 	prov := &record.Record{ID: "prov", Mode: record.ModeVM, State: record.StateCreated, DisplayState: record.DisplayCreating,
 		Spec: record.Spec{VMID: "prov", Vcpus: 1, MemoryMB: 256}, Runtime: &record.Runtime{Steps: []string{record.StepRunDir}}}
-	if err := a.recs.put(prov); err != nil {
+	if err := a.recs.Create(prov); err != nil {
 		t.Fatal(err)
 	}
 	os.MkdirAll(l.VMDir("prov"), 0o700)
@@ -298,7 +305,7 @@ func TestIntegrationRecoverReapsTaps(t *testing.T) {
 	a := newTestService(t)
 	rec := &record.Record{ID: "vm1", Mode: record.ModeVM, State: record.StateStopped, DisplayState: "stopped",
 		Spec: record.Spec{VMID: "vm1", Vcpus: 1, MemoryMB: 256}, NICs: []record.NIC{{MAC: "02:00:00:00:00:01", Tap: record.TapName("vm1", 0)}}}
-	if err := a.recs.put(rec); err != nil {
+	if err := a.recs.Create(rec); err != nil {
 		t.Fatal(err)
 	}
 	taps := []tap.TapConfig{
@@ -313,7 +320,7 @@ func TestIntegrationRecoverReapsTaps(t *testing.T) {
 		}
 	}
 	a.Close()
-	b := newTestServiceWith(t, func(o *Options, _ *AppVMHooks) { o.Taps = h }, a.state, a.run)
+	b := newTestServiceWith(t, testOpts{edit: func(o *Options) { o.Taps = h }}, a.state, a.run)
 	owned, err := h.ListOwned(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -426,11 +433,11 @@ func TestRecoverRearmsBootTimeout(t *testing.T) {
 	r := startVM(t, a, "slow", "--sim-no-activate")
 	r.qsd.Close() // let the next agent attach
 	a.Close()
-	b := newTestServiceWith(t, func(o *Options, _ *AppVMHooks) {
+	b := newTestServiceWith(t, testOpts{edit: func(o *Options) {
 		cfg := *o.Config
 		cfg.BootTimeoutSecs = 2
 		o.Config = &cfg
-	}, a.state, a.run)
+	}}, a.state, a.run)
 	if rep := b.Recovery(); !slices.Equal(rep.Adopted, []string{"slow"}) {
 		t.Fatalf("recovery = %+v", rep)
 	}
@@ -442,20 +449,25 @@ func TestRecoverRearmsBootTimeout(t *testing.T) {
 	gone(t, "cloud-hypervisor", r.ch.Done())
 }
 
-// recordingHooks is an AppVMHooks that records Adopt calls.
-type recordingHooks struct {
-	AppVMHooks // nil: only Adopt is called here
-	adopted    chan string
+// adoptingGuest is a Guest that records Adopt calls and the listener each
+// got.
+type adoptingGuest struct {
+	Guest   // nil: only Port and Adopt are called here
+	adopted chan net.Listener
 }
 
-func (h recordingHooks) Adopt(_ context.Context, rec *record.Record) error {
-	h.adopted <- rec.ID
+func (adoptingGuest) Port() uint32 { return 1024 }
+
+func (g adoptingGuest) Adopt(_ context.Context, rec *record.Record, l net.Listener) error {
+	if rec.ID == "app" {
+		g.adopted <- l
+	}
 	return nil
 }
 
 // TestRecoverAdoptsAppVMGuestSession: an adopted AppVM is handed to the
-// AppVM hooks (given to Start), so its guest agent's reconnection is
-// accepted.
+// guest end (Options.Guest) with a listener on its agent's port of the
+// VM's hybrid vsock, so its guest agent's reconnection is accepted.
 func TestRecoverAdoptsAppVMGuestSession(t *testing.T) {
 	a := newTestService(t)
 	r := startVM(t, a, "app")
@@ -467,15 +479,16 @@ func TestRecoverAdoptsAppVMGuestSession(t *testing.T) {
 	}
 	r.qsd.Close()
 	a.Close()
-	h := recordingHooks{adopted: make(chan string, 1)}
-	b := newTestServiceWith(t, func(_ *Options, hooks *AppVMHooks) { *hooks = h }, a.state, a.run)
+	g := adoptingGuest{adopted: make(chan net.Listener, 1)}
+	b := newTestServiceWith(t, testOpts{guest: g}, a.state, a.run)
 	select {
-	case id := <-h.adopted:
-		if id != "app" {
-			t.Errorf("adopted %q", id)
+	case l := <-g.adopted:
+		defer l.Close()
+		if want := chclient.VsockListenPath(b.lay.VsockSocket("app"), 1024); l.Addr().String() != want {
+			t.Errorf("adopted with a listener on %s, want %s", l.Addr(), want)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("the AppVM hooks were not asked to adopt the running AppVM")
+		t.Fatal("the guest end was not asked to adopt the running AppVM")
 	}
 	if !b.watched("app") {
 		t.Error("the AppVM is not watched")

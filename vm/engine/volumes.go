@@ -13,7 +13,7 @@ import (
 	"vmhost/vm/record"
 )
 
-// Hot-plug of data volumes (extensions.md §1.2). Attach: the storage
+// Hot-plug of data volumes (docs/api.md, Attach and detach). Attach: the storage
 // daemon opens and exports the image (blockdev-add, block-export-add; the
 // root disk's nodes and throttle group are not touched), then CH adds the
 // vhost-user disk with the volume's per-VM id as its device id, then a
@@ -27,9 +27,9 @@ import (
 var DetachTimeout = 10 * time.Second
 
 // HotAttach plugs volume key of rec into the running or paused VM
-// (vm.Host).
+// (vm.Host); rec is the record as the caller, holding the VM's lock, has
+// just stored it.
 func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) error {
-	rec = e.current(rec)
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 {
 		return &record.HostError{Kind: record.HostInternal, Op: "hot-plugging volume " + key, Err: errors.New("not in the VM's record")}
@@ -61,12 +61,12 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 		undoExport()
 		return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("vm.add-disk of volume %s to VM %s", key, rec.ID), Err: err}
 	}
-	if rec.Mode == record.ModeAppVM && e.hooks != nil && rec.State == record.StateRunning {
+	if g := e.guest(rec); g != nil && rec.State == record.StateRunning {
 		bdf := ""
 		if info != nil {
 			bdf = info.Bdf
 		}
-		if err := e.hooks.MountVolume(ctx, rec, key, bdf); err != nil {
+		if err := g.Mount(ctx, rec, v, bdf); err != nil {
 			if rerr := e.removeDisk(context.WithoutCancel(ctx), c, rec.ID, key); rerr != nil {
 				e.log.Error("unplugging a volume its guest did not mount", "id", rec.ID, "volume", key, "err", rerr)
 				return err // the export stays: CH may still use it
@@ -81,13 +81,14 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 	return nil
 }
 
-// HotDetach unplugs volume key from the running VM (vm.Host).
+// HotDetach unplugs volume key from the running VM (vm.Host); rec is the
+// record as the caller, holding the VM's lock, has just stored it.
 func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) error {
-	rec = e.current(rec)
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 {
 		return &record.HostError{Kind: record.HostInternal, Op: "hot-unplugging volume " + key, Err: errors.New("not in the VM's record")}
 	}
+	v := rec.Spec.Volumes[i]
 	q, err := e.heldQSD(rec)
 	if err != nil {
 		return err
@@ -98,16 +99,16 @@ func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) 
 	}
 	defer c.Close()
 	testStopAt(HookDetachStart)
-	appvm := rec.Mode == record.ModeAppVM && e.hooks != nil
-	if appvm {
-		if err := e.hooks.UnmountVolume(ctx, rec, key); err != nil {
+	g := e.guest(rec)
+	if g != nil {
+		if err := g.Unmount(ctx, rec, v); err != nil {
 			return err
 		}
 	}
 	if err := e.removeDisk(ctx, c, rec.ID, key); err != nil {
-		if appvm {
+		if g != nil {
 			if bdf, ok := diskBDF(ctx, c, key); ok {
-				if merr := e.hooks.MountVolume(context.WithoutCancel(ctx), rec, key, bdf); merr != nil {
+				if merr := g.Mount(context.WithoutCancel(ctx), rec, v, bdf); merr != nil {
 					e.log.Error("mounting a volume again after a failed detach", "id", rec.ID, "volume", key, "err", merr)
 				}
 			}
@@ -129,7 +130,6 @@ func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) 
 // HasDisk reports whether CH presents volume key of rec now; when it does
 // not, an export of key left in the storage daemon is removed (vm.Host).
 func (e *Engine) HasDisk(ctx context.Context, rec *record.Record, key string) (bool, error) {
-	rec = e.current(rec)
 	c, err := e.client(rec)
 	if err != nil {
 		return false, err

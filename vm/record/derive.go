@@ -97,12 +97,92 @@ func DeviceName(i int) string {
 	return deviceName(i)
 }
 
+// VolumeDevice is the guest device of rec's volume i as the next boot
+// presents it: vda is the root disk, then the seed when there is one, then
+// the volumes in order, a hot attach in progress left out.
+func VolumeDevice(rec *Record, i int) string {
+	dev := 1
+	if rec.Spec.CloudInit != nil {
+		dev++
+	}
+	for _, v := range rec.Spec.Volumes[:i] {
+		if v.Pending != PendingAttach {
+			dev++
+		}
+	}
+	return DeviceName(dev)
+}
+
 func deviceName(i int) string {
 	var b []byte
 	for i++; i > 0; i = (i - 1) / 26 {
 		b = append([]byte{byte('a' + (i-1)%26)}, b...)
 	}
 	return "/dev/vd" + string(b)
+}
+
+// Mount is a data volume as its guest mounts it.
+type Mount struct {
+	Device     string
+	Mountpoint string
+	ReadOnly   bool
+}
+
+// Mounts are the volumes rec's guest mounts (those with a mountpoint: an
+// AppVM's), in disk order, each with the device the next boot presents it
+// as; one whose hot attach is still in progress is not mounted yet. It is
+// the one rule of where volumes appear in a guest: the guest agent's spec
+// and the AppVM view both use it.
+func (r *Record) Mounts() []Mount {
+	var out []Mount
+	for i, v := range r.Spec.Volumes {
+		if v.Mounted() && v.Pending != PendingAttach {
+			out = append(out, Mount{Device: VolumeDevice(r, i), Mountpoint: v.Mountpoint, ReadOnly: v.Readonly})
+		}
+	}
+	return out
+}
+
+// DiscoveredIPv4 is a VM's discovered_ipv4: the first DHCP-snooped
+// address of any interface, else the first one the neighbour table showed.
+func DiscoveredIPv4(nics []NIC) string {
+	for _, n := range nics {
+		if n.DHCPSnoopedIPv4 != "" {
+			return n.DHCPSnoopedIPv4
+		}
+	}
+	for _, n := range nics {
+		if n.LastObservedIPv4 != "" {
+			return n.LastObservedIPv4
+		}
+	}
+	return ""
+}
+
+// CloudInitIdentity is who a cloud-init VM is to its guest: its hostname,
+// the user cloud-init configures and its NoCloud instance-id.
+type CloudInitIdentity struct {
+	Hostname   string
+	User       string
+	InstanceID string
+}
+
+// Identity is the identity of VM id with ci: each value the request's, or
+// its default (the hostname ClassicHostname(id), the user root, the
+// instance-id the VM id). It is the one place those defaults are: the view
+// shows what the seed is rendered from.
+func (ci *CloudInitSpec) Identity(id string) CloudInitIdentity {
+	c := CloudInitIdentity{Hostname: ClassicHostname(id), User: "root", InstanceID: id}
+	if ci.Hostname != nil {
+		c.Hostname = *ci.Hostname
+	}
+	if ci.User != nil {
+		c.User = *ci.User
+	}
+	if ci.InstanceID != nil {
+		c.InstanceID = *ci.InstanceID
+	}
+	return c
 }
 
 // ClassicHostname derives a hostname from a VM id: '_' and '.' become '-',

@@ -30,6 +30,22 @@ func (e *HostError) Error() string { return e.Op + ": " + e.Err.Error() }
 // Unwrap returns the cause.
 func (e *HostError) Unwrap() error { return e.Err }
 
+// ExistsError is a create whose id is taken by a VM of either family, or
+// by a create still in flight (409).
+type ExistsError struct {
+	ID   string
+	What string // what has the id: "" for a VM, "volume"
+}
+
+// Error names the taken id.
+func (e *ExistsError) Error() string {
+	what := e.What
+	if what == "" {
+		what = "VM"
+	}
+	return fmt.Sprintf("a %s with id %q already exists", what, e.ID)
+}
+
 // StateError is an action the VM's state does not allow (409
 // INVALID_STATE).
 type StateError struct {

@@ -137,21 +137,20 @@ type FailureDetail struct {
 // AppVMSpec is the AppVM part of a record: the request's workload settings
 // and a snapshot of the image's workload defaults taken at create time.
 type AppVMSpec struct {
-	ImageID       string       `json:"image_id"`
-	Hostname      string       `json:"hostname,omitempty"` // explicit; empty = derived from the MAC
-	NetworkMode   string       `json:"network_mode"`       // static or dhcp
-	IP            string       `json:"ip,omitempty"`
-	Prefix        uint32       `json:"prefix,omitempty"`
-	Gateway       string       `json:"gateway,omitempty"`
-	DNS           []string     `json:"dns,omitempty"`
-	Keepalive     bool         `json:"keepalive,omitempty"`
-	Env           []string     `json:"env,omitempty"`             // non-secret KEY=VALUE
-	SecretEnvKeys []string     `json:"secret_env_keys,omitempty"` // values in Record.Secrets
-	RestartPolicy string       `json:"restart_policy"`
-	DataVolumes   []DataVolume `json:"data_volumes,omitempty"`
-	Booted        bool         `json:"booted"` // the request asked to boot
+	ImageID       string   `json:"image_id"`
+	Hostname      string   `json:"hostname,omitempty"` // explicit; empty = derived from the MAC
+	NetworkMode   string   `json:"network_mode"`       // static or dhcp
+	IP            string   `json:"ip,omitempty"`
+	Prefix        uint32   `json:"prefix,omitempty"`
+	Gateway       string   `json:"gateway,omitempty"`
+	DNS           []string `json:"dns,omitempty"`
+	Keepalive     bool     `json:"keepalive,omitempty"`
+	Env           []string `json:"env,omitempty"`             // non-secret KEY=VALUE
+	SecretEnvKeys []string `json:"secret_env_keys,omitempty"` // values in Record.Secrets
+	RestartPolicy string   `json:"restart_policy"`
+	Booted        bool     `json:"booted"` // the request asked to boot
 
-	// The rest of the editable workload spec (extensions.md §5); zero
+	// The rest of the editable workload spec (docs/api.md, AppVMs); zero
 	// values keep the image's defaults. Secret file contents are in
 	// Record.Secrets.Files.
 	Command       []string     `json:"command,omitempty"` // replaces entrypoint and cmd
@@ -168,17 +167,41 @@ type AppVMSpec struct {
 	// so an edit made while a spec was being sent stays pending.
 	SpecPending bool   `json:"spec_pending,omitempty"`
 	SpecGen     uint64 `json:"spec_gen,omitempty"`
-	// Redeploy is a redeploy in progress (extensions.md §5): the build it
+	// Redeploy is a redeploy in progress (docs/api.md, AppVMs): the build it
 	// installs and whether its root disk is staged (RootDiskNext complete),
 	// so that recovery rolls it back or forward. RedeployError is the last
 	// failure.
 	Redeploy      *Redeploy   `json:"redeploy,omitempty"`
 	RedeployError string      `json:"redeploy_error,omitempty"`
 	Image         Workload    `json:"image"`
-	Guest         *AppVMGuest `json:"guest,omitempty"` // appvmhooks.go
+	Guest         *AppVMGuest `json:"guest,omitempty"` // what its guest agent reported (package appvm)
+
+	// v1Mounts are the mountpoints a record written before volumes held
+	// them kept in appvm.data_volumes, parallel to Spec.Volumes; Decode
+	// moves them there (migrate on read) and the next write drops the
+	// old list.
+	v1Mounts []string
 }
 
-// DataVolume is one AppVM data volume; it is also Spec.Volumes[i].
+// UnmarshalJSON decodes an AppVM part, keeping the mountpoints of the
+// data_volumes list of earlier versions for Decode to move.
+func (a *AppVMSpec) UnmarshalJSON(b []byte) error {
+	type spec AppVMSpec // the fields, without this method
+	v := struct {
+		*spec
+		DataVolumes []struct {
+			Mountpoint string `json:"mountpoint"`
+		} `json:"data_volumes"`
+	}{spec: (*spec)(a)}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	for _, d := range v.DataVolumes {
+		a.v1Mounts = append(a.v1Mounts, d.Mountpoint)
+	}
+	return nil
+}
+
 // Redeploy is an AppVM redeploy in progress.
 type Redeploy struct {
 	To     Workload `json:"to"`
@@ -213,11 +236,6 @@ type SecretFile struct {
 	Path    string
 	Mode    uint32
 	Content Secret
-}
-
-type DataVolume struct {
-	SizeGiB    uint32 `json:"size_gib"`
-	Mountpoint string `json:"mountpoint"`
 }
 
 // Workload is an AppVM image's workload defaults (the catalog's image.json
@@ -294,6 +312,14 @@ func Decode(data []byte) (*Record, error) {
 	}
 	r := f.Record
 	r.Spec.NormalizeVolumes()
+	if a := r.AppVM; a != nil && a.v1Mounts != nil {
+		for i, mp := range a.v1Mounts {
+			if i < len(r.Spec.Volumes) && r.Spec.Volumes[i].Mountpoint == "" {
+				r.Spec.Volumes[i].Mountpoint = mp
+			}
+		}
+		a.v1Mounts = nil
+	}
 	if f.Secrets != nil {
 		r.Secrets.Password = Secret(f.Secrets.Password)
 		for _, e := range f.Secrets.SecretEnv {
@@ -331,7 +357,7 @@ func (r *Record) Provisioning() bool {
 	return r.State == StateCreated && (r.DisplayState == DisplayDownloading || r.DisplayState == DisplayCreating)
 }
 
-// Layout gives the host paths of a VM (DESIGN §3). Paths are derived from
+// Layout gives the host paths of a VM (docs/design.md §3). Paths are derived from
 // the id and the state and run directories; records do not store them.
 // StateDir and RunDir must be clean (New cleans them), and ids never hold
 // a slash (they are valid ids or directory entry names), so the paths are

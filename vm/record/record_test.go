@@ -3,6 +3,9 @@ package record
 import (
 	"bytes"
 	"fmt"
+	"os"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -85,6 +88,67 @@ func TestFailureDetailCheck(t *testing.T) {
 	} {
 		if err := tc.d.Check(); (err == nil) != tc.ok {
 			t.Errorf("%+v: Check() = %v", tc.d, err)
+		}
+	}
+}
+
+// TestDecodeMovesV1DataVolumes: an AppVM record written before volumes
+// held their mountpoints (appvm.data_volumes, parallel to spec.volumes;
+// testdata/appvm-v1-data-volumes.json is one as that version wrote it)
+// loads with each mountpoint on its volume, and is written back without
+// the old list; its provisioning steps are kept as they were.
+func TestDecodeMovesV1DataVolumes(t *testing.T) {
+	old, err := os.ReadFile("testdata/appvm-v1-data-volumes.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(old, []byte(`"data_volumes"`)) {
+		t.Fatal("the testdata record is not in the old shape")
+	}
+	r, err := Decode(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []VolumeSpec{{ID: "data0", SizeGiB: 1, Mountpoint: "/var/lib/data"}, {ID: "data1", SizeGiB: 2, Mountpoint: "/srv/cache"}}
+	if !reflect.DeepEqual(r.Spec.Volumes, want) {
+		t.Errorf("volumes = %+v, want %+v", r.Spec.Volumes, want)
+	}
+	if got := r.Mounts(); len(got) != 2 || got[0] != (Mount{Device: "/dev/vdb", Mountpoint: "/var/lib/data"}) || got[1] != (Mount{Device: "/dev/vdc", Mountpoint: "/srv/cache"}) {
+		t.Errorf("mounts = %+v", got)
+	}
+	if !r.Runtime.Done(StepData(1)) || r.Runtime.VsockCID != 3 {
+		t.Errorf("runtime = %+v", r.Runtime)
+	}
+	b, err := Encode(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Contains(b, []byte("data_volumes")) || !bytes.Contains(b, []byte(`"mountpoint": "/srv/cache"`)) {
+		t.Errorf("written back:\n%s", b)
+	}
+	again, err := Decode(b)
+	if err != nil || !reflect.DeepEqual(again.Spec.Volumes, want) {
+		t.Errorf("the new shape read again: %+v, %v", again.Spec.Volumes, err)
+	}
+}
+
+// TestCloudInitIdentity: the request's hostname, user and instance-id,
+// else their defaults: the VM id's hostname (ClassicHostname, case kept),
+// root, the VM id.
+func TestCloudInitIdentity(t *testing.T) {
+	h, u, iid := "web", "alice", "migrated-7"
+	for _, tc := range []struct {
+		id   string
+		ci   CloudInitSpec
+		want CloudInitIdentity
+	}{
+		{"My_VM.01", CloudInitSpec{}, CloudInitIdentity{Hostname: "My-VM-01", User: "root", InstanceID: "My_VM.01"}},
+		{"_-_", CloudInitSpec{}, CloudInitIdentity{Hostname: "vm", User: "root", InstanceID: "_-_"}},
+		{"x." + strings.Repeat("y", 70), CloudInitSpec{}, CloudInitIdentity{Hostname: "x-" + strings.Repeat("y", 61), User: "root", InstanceID: "x." + strings.Repeat("y", 70)}},
+		{"vm1", CloudInitSpec{Hostname: &h, User: &u, InstanceID: &iid}, CloudInitIdentity{Hostname: "web", User: "alice", InstanceID: "migrated-7"}},
+	} {
+		if got := tc.ci.Identity(tc.id); got != tc.want {
+			t.Errorf("Identity(%q) = %+v, want %+v", tc.id, got, tc.want)
 		}
 	}
 }

@@ -10,7 +10,7 @@ import (
 // provisioning steps are done (so each is done once and rollback removes
 // exactly those), the vsock CID, and the identity of the two processes.
 // A process is trusted only while pid and start time both match
-// (DESIGN §2).
+// (docs/design.md §2).
 type Runtime struct {
 	// Steps are the completed provisioning steps, in the order done
 	// (Step* constants; "data<N>" and "tap<N>" per volume and interface).

@@ -53,7 +53,7 @@ type ImageSpec struct {
 }
 
 // VolumeSpec is one data volume of the VM, in disk order: a blank one
-// asked for at create, or one attached later (extensions.md §1.2). The
+// asked for at create, or one attached later (docs/api.md, Attach and detach). The
 // fields after SizeGiB are the agent's, never a request's (decode:"stored"
 // refuses them in a create body).
 type VolumeSpec struct {
@@ -66,6 +66,9 @@ type VolumeSpec struct {
 	// VM-owned volume.
 	VolumeID string `json:"volume_id,omitempty" decode:"stored"`
 	Readonly bool   `json:"readonly,omitempty" decode:"stored"`
+	// Mountpoint is where the guest mounts the volume: an AppVM's (set at
+	// create and attach), empty on a classic VM. See Mounted.
+	Mountpoint string `json:"mountpoint,omitempty" decode:"stored"`
 	// Pending is a hot attach or detach in progress ("attach", "detach"):
 	// recorded before the host changes anything, so that recovery finishes
 	// or rolls back the step.
@@ -77,6 +80,10 @@ const (
 	PendingAttach = "attach"
 	PendingDetach = "detach"
 )
+
+// Mounted reports whether the guest mounts v (at v.Mountpoint: an AppVM's
+// volume), which therefore holds an ext4 file system, not a blank disk.
+func (v VolumeSpec) Mounted() bool { return v.Mountpoint != "" }
 
 // NormalizeVolumes gives every volume its per-VM id ("data<i>" for records
 // from before attach existed, where the position was the id).

@@ -1,7 +1,9 @@
 // Package vmtest holds test helpers for vm, appvm and api: a fake sysfs
-// tree, a Host that records what it was asked to do, and a Service over a
-// temp state dir with a fixed clock and a deterministic random source.
-// It exists only for tests.
+// tree, a Host that writes a transcript of what it was asked to do and
+// records its results through the records' owner (as the engine does),
+// and a Service over a temp state dir, opened on a records.Registry, with
+// a fixed clock and a deterministic random source. It exists only for
+// tests.
 package vmtest
 
 import (
@@ -24,6 +26,7 @@ import (
 	"vmhost/qcow2"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/records"
 )
 
 // Sysfs describes a fake sysfs tree.
@@ -96,12 +99,17 @@ func (s Sysfs) Write(t testing.TB, dir string) string {
 	return dir
 }
 
-// Host is a vm.Host that records every call as a line ("provision vm1")
+// Host is a vm.Host (and an appvm.RootDisks) that records every call as a
+// line ("provision vm1")
 // and creates the files provisioning would (sparse), so views can stat
-// them. Setting a Fail* field makes that step fail with it.
+// them. Like the engine, it records its results through the records'
+// owner: a provision display created, a boot state running, display
+// booting. Setting a Fail* field makes that step fail with it.
 type Host struct {
 	vm.NoHost // the lifecycle actions: it runs no VMs
 	Layout    vm.Layout
+	// Records is where it records its results (Env.Service sets it).
+	Records *records.Registry
 
 	mu            sync.Mutex
 	calls         []string
@@ -109,6 +117,8 @@ type Host struct {
 	FailProvision error
 	FailBoot      error
 	FailStage     error
+	FailHotAttach error
+	FailHotDetach error
 	// Gate, when set, makes Provision wait until it is closed.
 	Gate chan struct{}
 }
@@ -162,7 +172,8 @@ func (h *Host) Provision(_ context.Context, rec *vm.Record) error {
 			return err
 		}
 	}
-	return nil
+	_, err := h.Records.Update(rec.ID, func(r *vm.Record) { r.DisplayState = string(vm.StateCreated) })
+	return err
 }
 
 // Balloon records the call ("balloon vm1 256").
@@ -171,10 +182,32 @@ func (h *Host) Balloon(_ context.Context, rec *vm.Record, mb uint64) error {
 	return nil
 }
 
-// Boot records the call.
+// Boot records the call, and the boot: state running, display booting.
 func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
 	h.record("boot", rec)
-	return h.FailBoot
+	if h.FailBoot != nil {
+		return h.FailBoot
+	}
+	_, err := h.Records.Update(rec.ID, func(r *vm.Record) {
+		r.State = vm.StateRunning
+		r.DisplayState = vm.DisplayBooting
+		r.FailureReason = nil
+	})
+	return err
+}
+
+// HotAttach records the call ("hot-attach vm1 data1"): the fake's VMs
+// take any volume.
+func (h *Host) HotAttach(_ context.Context, rec *vm.Record, key string) error {
+	h.record("hot-attach", &vm.Record{ID: rec.ID + " " + key})
+	return h.FailHotAttach
+}
+
+// HotDetach records the call ("hot-detach vm1 data1"): the fake's guests
+// release any volume.
+func (h *Host) HotDetach(_ context.Context, rec *vm.Record, key string) error {
+	h.record("hot-detach", &vm.Record{ID: rec.ID + " " + key})
+	return h.FailHotDetach
 }
 
 // Rollback records the call and removes the VM's directory.
@@ -238,6 +271,8 @@ type Env struct {
 	Logger *slog.Logger
 	// Events, when set, gets the services' events.
 	Events events.Publisher
+	// Records is the registry of the latest Service.
+	Records *records.Registry
 }
 
 // NewEnv builds an Env: 8 online CPUs, nested supported, bridges br0 and
@@ -287,8 +322,9 @@ func NewEnv(t testing.TB) *Env {
 	return e
 }
 
-// Service opens a vm.Service on the env's state dir (a new store each
-// call, as a restarted agent would).
+// Service opens a vm.Service on the env's state dir (a new store and
+// records each call, as a restarted agent would: Records, and the Host's,
+// are the new ones; Events, when set, follows them).
 func (e *Env) Service(t testing.TB) *vm.Service {
 	t.Helper()
 	st, err := store.Open(filepath.Join(e.StateDir, "vms"))
@@ -296,11 +332,19 @@ func (e *Env) Service(t testing.TB) *vm.Service {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
+	recs, err := records.Open(st, records.Options{Logger: e.Logger, Now: func() time.Time { return e.Now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Events != nil {
+		recs.Watch(records.Publish(e.Events))
+	}
+	e.Records, e.Host.Records = recs, recs
 	s, err := vm.New(vm.Options{
 		StateDir: e.StateDir,
 		RunDir:   e.RunDir,
 		Config:   e.Config,
-		Store:    st,
+		Records:  recs,
 		Host:     e.Host,
 		Now:      func() time.Time { return e.Now },
 		Rand:     &detReader{r: rand.New(rand.NewPCG(e.Seed, e.Seed))},
@@ -311,7 +355,6 @@ func (e *Env) Service(t testing.TB) *vm.Service {
 			return e.DiskFree, nil
 		},
 		Logger: e.Logger,
-		Events: e.Events,
 	})
 	if err != nil {
 		t.Fatal(err)
