@@ -1,6 +1,6 @@
 // Package appvm adds AppVMs to the vm package's machinery: the AppVM image
-// catalog, the create request and its rules (contract §4.3), the AppVM
-// view (§2.3), spec edits, redeploys and the restart policy (Service), and
+// catalog, the create request and its rules (docs/api.md, POST /api/appvm/vms), the AppVM
+// view (docs/api.md, GET /api/appvm/vms), spec edits, redeploys and the restart policy (Service), and
 // the host end of the guest agents (Guests). An AppVM is a vm.Record of
 // mode appvm: it shares the records' owner (vm/records), the id namespace,
 // admission and the host (vm/engine) with classic VMs.

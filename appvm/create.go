@@ -22,7 +22,7 @@ type RestartPolicy string
 // EnumValues lists the allowed restart policies.
 func (RestartPolicy) EnumValues() []string { return []string{"no", "on-failure", "always"} }
 
-// CreateRequest is the body of POST /api/appvm/vms (contract §4.3). Tags
+// CreateRequest is the body of POST /api/appvm/vms (docs/api.md, POST /api/appvm/vms). Tags
 // as in vm.Spec.
 type CreateRequest struct {
 	VMID          string              `json:"vm_id,omitempty"`
@@ -63,7 +63,7 @@ type DataVolumeRequest struct {
 	Mountpoint string `json:"mountpoint" decode:"required"`
 }
 
-// Limits of contract §4.3 and §8.
+// Limits of docs/api.md (POST /api/appvm/vms).
 const (
 	MaxEnvEntries    = 100
 	MaxEnvEntryBytes = 8192
@@ -78,7 +78,7 @@ type ConflictError struct{ Msg string }
 // Error says which operation is in progress.
 func (e *ConflictError) Error() string { return e.Msg }
 
-// CreateResponse is the create-AppVM response (contract §2.4).
+// CreateResponse is the create-AppVM response (docs/api.md, POST /api/appvm/vms).
 type CreateResponse struct {
 	ID      string `json:"id"`
 	Mode    string `json:"mode"`
@@ -211,7 +211,7 @@ func bad(field, format string, args ...any) error {
 	return &vm.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// validate checks every rule of contract §4.3 that goes beyond types and
+// validate checks every rule of docs/api.md (POST /api/appvm/vms) that goes beyond types and
 // returns the image. The image's import status is left to Create (409).
 func (s *Service) validate(r *CreateRequest) (*Image, error) {
 	if r.VMID != "" && !store.ValidID(r.VMID) {

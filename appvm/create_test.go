@@ -82,7 +82,7 @@ func secrets(s []string) []vm.Secret {
 	return out
 }
 
-// TestCreateRules pairs, for every AppVM rule of contract §4.3 and §8, a
+// TestCreateRules pairs, for every AppVM rule of docs/api.md (POST /api/appvm/vms), a
 // rejected value (400) with the accepted boundary value beside it.
 func TestCreateRules(t *testing.T) {
 	_, _, apps := newEnv(t)

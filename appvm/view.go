@@ -18,7 +18,7 @@ type View struct {
 	AppVM AppvmView `json:"appvm"`
 }
 
-// AppvmView is the appvm object of contract §2.3, fields in its order.
+// AppvmView is the appvm object of docs/api.md (GET /api/appvm/vms), fields in its order.
 // The guest-reported fields (lease, workload exit, health, heartbeat,
 // restarts) come from the record's guest facts and the live session
 // (session_view.go).

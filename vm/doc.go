@@ -46,7 +46,7 @@
 //
 // # Views
 //
-// View builds the VmView of contract §2.1; ViewJSON encodes it with
+// View builds the VmView of docs/api.md (The VM view); ViewJSON encodes it with
 // encoding/json, once per record version for a list item and once per
 // record version and disk_bytes sample for the single read; the memo of a
 // removed VM goes with it (the Service follows the records' changes).

@@ -1,6 +1,6 @@
 package vm
 
-// Guest facts (contract §2.1-2.2): what the host learns about a running
+// Guest facts (docs/api.md, The VM view): what the host learns about a running
 // guest without asking it. Package vm/engine gathers them into the record
 // (its facts.go); the view shows them.
 //

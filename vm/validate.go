@@ -50,7 +50,7 @@ func CheckMountpoint(p string) error {
 	return nil
 }
 
-// Limits of the contract (§8) and of the hypervisor.
+// Limits of docs/api.md (its tables of fields) and of the hypervisor.
 const (
 	MinMemoryMB    = 64
 	MaxVcpus       = 254 // Cloud Hypervisor's x86_64 limit
@@ -84,7 +84,7 @@ type checked struct {
 	base *BaseImage // nil with an image: the download provides it
 }
 
-// validateSpec checks every rule of contract §4.2 and §8 that goes beyond
+// validateSpec checks every rule of docs/api.md (POST /api/vms) that goes beyond
 // types, including host preconditions read through facts. It returns a
 // *FieldError for the first rule broken, in field order.
 func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (*checked, error) {

@@ -24,7 +24,7 @@ func baseSpec(e *vmtest.Env) vm.Spec {
 
 const goodSHA = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
-// TestValidateRules pairs, for every rule of contract §4.2 and §8, a
+// TestValidateRules pairs, for every rule of docs/api.md (POST /api/vms), a
 // rejected value with the accepted boundary value beside it.
 func TestValidateRules(t *testing.T) {
 	e := vmtest.NewEnv(t)

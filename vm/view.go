@@ -13,7 +13,7 @@ import (
 // the size of the image the seed package writes.
 const SeedSizeBytes = seed.Size
 
-// View is the VmView of contract §2.1, built from a record at read time.
+// View is the VmView of docs/api.md (The VM view), built from a record at read time.
 // Field presence follows the contract: always-fields have no omitempty,
 // nullable fields are pointers without omitempty, optional ones omit.
 // It never holds a secret.

@@ -501,7 +501,7 @@ func TestMonitorFailures(t *testing.T) {
 				t.Errorf("detail.path = %q", f.Detail.Path)
 			}
 			if err := f.Detail.Check(); err != nil {
-				t.Errorf("contract §2.2: %v", err)
+				t.Errorf("docs/api.md (The VM view): %v", err)
 			}
 			if !strings.Contains(f.Summary, tc.inSummary) {
 				t.Errorf("summary %q lacks %q", f.Summary, tc.inSummary)

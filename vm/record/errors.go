@@ -89,7 +89,7 @@ func (e *FieldError) Error() string { return e.Field + ": " + e.Msg }
 // rolls back nor records a failure.
 var ErrDeleted = errors.New("the VM was deleted while it was being provisioned")
 
-// Failure kinds and causes of contract §2.2.
+// Failure kinds and causes of docs/api.md (The VM view).
 const (
 	KindSocketGone      = "socket_gone"
 	KindSocketDead      = "socket_dead"
@@ -111,7 +111,7 @@ const (
 	CauseUnknown          = "unknown"
 )
 
-// Check reports a detail that lacks a field contract §2.2 makes
+// Check reports a detail that lacks a field docs/api.md (The VM view) makes
 // conditional on its kind: code for process_exit, signum for
 // process_signal, path for disk_missing, id for invalid_vm_id, seconds for
 // boot_timeout. A process whose exit status cannot be read has no code, so

@@ -17,7 +17,7 @@ const (
 	ModeAppVM Mode = "appvm"
 )
 
-// State is a stored lifecycle state (contract §3).
+// State is a stored lifecycle state (docs/api.md, States and lifecycle actions).
 type State string
 
 // Stored lifecycle states.
@@ -116,7 +116,7 @@ type SecretEnv struct {
 // String returns "[redacted]".
 func (Secrets) String() string { return redacted }
 
-// FailureReason explains why a VM is not running (contract §2.2).
+// FailureReason explains why a VM is not running (docs/api.md, The VM view).
 type FailureReason struct {
 	DetectedAt time.Time     `json:"detected_at"`
 	Summary    string        `json:"summary"`

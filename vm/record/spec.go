@@ -7,7 +7,7 @@ import (
 	"slices"
 )
 
-// Spec is the body of POST /api/vms (contract §4.2), and the stored,
+// Spec is the body of POST /api/vms (docs/api.md, POST /api/vms), and the stored,
 // validated request of every VM record. An AppVM record carries a Spec too,
 // synthesized from the AppVM request, so one engine boots both families.
 //
