@@ -108,13 +108,20 @@ func TestJailedProcess(t *testing.T) {
 	if err := vb.Create(cfg.Limits(256, 1)); err != nil {
 		t.Fatal(err)
 	}
-	if err := jail.Own(ida, ida, state+"/vms/a", state+"/vms/a/root.qcow2"); err != nil {
+	// The VM owns its disk and its run directory (it makes sockets there),
+	// not its state directory: the agent's own, bound writable so the disk
+	// opens read-write, searchable (0711) so the VM reaches its files, with
+	// nothing in it the VM can list, rename or remove.
+	if err := jail.Own(ida, ida, state+"/vms/a/root.qcow2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(state+"/vms/a", 0o711); err != nil {
 		t.Fatal(err)
 	}
 	if err := jail.OwnTree(ida, ida, run+"/vms/a"); err != nil {
 		t.Fatal(err)
 	}
-	if err := jail.Own(idb, idb, state+"/vms/b", state+"/vms/b/root.qcow2"); err != nil {
+	if err := jail.Own(idb, idb, state+"/vms/b/root.qcow2"); err != nil {
 		t.Fatal(err)
 	}
 
@@ -208,6 +215,19 @@ func TestJailedProcess(t *testing.T) {
 	}
 	if st["NoNewPrivs"] != "1" {
 		t.Errorf("NoNewPrivs: %q, want 1", st["NoNewPrivs"])
+	}
+
+	if err := va.Verify(c.Pid); err != nil {
+		t.Errorf("Verify: %v", err)
+	}
+	if err := vb.Verify(c.Pid); err == nil || !strings.Contains(err.Error(), "Uid is") || !strings.Contains(err.Error(), "not in cgroup") {
+		t.Errorf("VM b's Verify of VM a's process: %v, want its uid and cgroup named", err)
+	}
+	err = va.Verify(os.Getpid())
+	for _, want := range []string{"Uid is", "Gid is", "CapEff is", "CapBnd is", "NoNewPrivs is", "not in cgroup", "mount namespace"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Verify of the test process itself: %v, want %q", err, want)
+		}
 	}
 
 	// Its cgroup in every hierarchy, and the limits there.
@@ -767,7 +787,10 @@ func TestStorageDaemonJailed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v.Destroy(bounded(t))
-	if err := jail.Own(id, id, state+"/vms/a", disk); err != nil {
+	if err := jail.Own(id, id, disk); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(state+"/vms/a", 0o711); err != nil {
 		t.Fatal(err)
 	}
 	if err := jail.OwnTree(id, id, run+"/vms/a"); err != nil {
