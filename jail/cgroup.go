@@ -490,9 +490,18 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 		}
 	}
 	if d := c.limitDir("pids"); d != "" {
-		err := writeCgroupFile(filepath.Join(d, "pids.max"), "0")
+		// Forks stop for the kill, and resume after: the cgroup may be
+		// used again (a VM stopped, to be started later).
+		file := filepath.Join(d, "pids.max")
+		limit, err := os.ReadFile(file)
+		if err == nil {
+			err = writeCgroupFile(file, "0")
+		}
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("stopping forks in cgroup %s: %w", c.name, err)
+		}
+		if err == nil {
+			defer writeCgroupFile(file, strings.TrimSpace(string(limit)))
 		}
 	}
 	for {
@@ -542,27 +551,33 @@ func pause(ctx context.Context, d time.Duration) error {
 }
 
 // Remove kills what is in the cgroup and removes its directory from every
-// hierarchy. A cgroup that does not exist is removed already.
+// hierarchy. A process that joins while it runs (a helper that was still
+// starting) is killed on the next round. A cgroup that does not exist is
+// removed already.
 func (c *Cgroup) Remove(ctx context.Context) error {
-	if err := c.Kill(ctx); err != nil {
-		return err
-	}
-	for _, d := range c.dirs() {
-		for {
+	for {
+		if err := c.Kill(ctx); err != nil {
+			return err
+		}
+		var busy error
+		for _, d := range c.dirs() {
 			err := os.Remove(d)
-			if err == nil || errors.Is(err, fs.ErrNotExist) {
-				break
-			}
-			// EBUSY while the last killed task is being torn down.
-			if !errors.Is(err, syscall.EBUSY) {
+			switch {
+			case err == nil || errors.Is(err, fs.ErrNotExist):
+			case errors.Is(err, syscall.EBUSY):
+				// A task still being torn down, or one that joined.
+				busy = fmt.Errorf("removing cgroup %s: %w", d, err)
+			default:
 				return fmt.Errorf("removing cgroup %s: %w", d, err)
 			}
-			if perr := pause(ctx, time.Millisecond); perr != nil {
-				return fmt.Errorf("removing cgroup %s: %w (%w)", d, err, perr)
-			}
+		}
+		if busy == nil {
+			return nil
+		}
+		if err := pause(ctx, time.Millisecond); err != nil {
+			return fmt.Errorf("%w (%w)", busy, err)
 		}
 	}
-	return nil
 }
 
 // Children lists the names of the cgroups directly below the cgroup, in any

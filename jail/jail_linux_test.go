@@ -480,10 +480,11 @@ func keyed(t *testing.T, file, key string) int {
 	return 0
 }
 
-// TestKillCgroup: Destroy leaves no process of the VM, not one that started
-// a session of its own nor one orphaned by a double fork; with the
-// controller-less cgroup2 (cgroup.kill) and with v1 alone (kill until
-// cgroup.procs stays empty).
+// TestKillCgroup: killing the cgroup leaves no process of the VM, not one
+// that started a session of its own nor one orphaned by a double fork; with
+// the controller-less cgroup2 (cgroup.kill) and with v1 alone (forks
+// stopped, kill until cgroup.procs stays empty, limits restored); Destroy
+// then leaves nothing.
 func TestKillCgroup(t *testing.T) {
 	requireRoot(t)
 	host, err := jail.DetectLayout()
@@ -534,14 +535,19 @@ func TestKillCgroup(t *testing.T) {
 				}
 				starts[p] = st
 			}
-			if err := v.Destroy(bounded(t)); err != nil {
+			if err := v.Cgroup().Kill(bounded(t)); err != nil {
 				t.Fatal(err)
 			}
 			<-c.Done()
 			for _, p := range pids {
 				if proc.Alive(p, starts[p]) {
-					t.Errorf("pid %d survived Destroy", p)
+					t.Errorf("pid %d survived the kill", p)
 				}
+			}
+			// The cgroup stays usable: its limits are back.
+			checkLimits(t, j.Layout(), j.CgroupName("f"), j.Config().Limits(128, 1))
+			if err := v.Destroy(bounded(t)); err != nil {
+				t.Fatal(err)
 			}
 			checkGone(t, j.Layout(), j.CgroupName("f"), v.Root)
 		})
@@ -856,5 +862,53 @@ func TestStorageDaemonJailed(t *testing.T) {
 	checkCgroupMembership(t, j.Layout(), c.Pid, j.CgroupName("a"))
 	if out := proc.LogTail(logFile, 20); out != "" {
 		t.Errorf("qemu-storage-daemon complained in its jail:\n%s", out)
+	}
+}
+
+// TestJailedCProgram: a dynamically linked C program (/bin/sleep) runs in a
+// jail holding only it, its loader and libraries, with no signal blocked or
+// ignored by the helper's Go runtime on the way.
+func TestJailedCProgram(t *testing.T) {
+	sleep, err := filepath.EvalSymlinks("/bin/sleep")
+	if err != nil {
+		t.Skip("no /bin/sleep")
+	}
+	j, base := testJailer(t, nil)
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("c", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Destroy(bounded(t))
+	logFile := filepath.Join(base, "sleep.log")
+	c, err := proc.Spawn(proc.SpawnConfig{Path: sleep, Args: []string{"30"}, LogFile: logFile, Confine: v.Confine(jail.Exec{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		c.Signal(syscall.SIGKILL)
+		c.Exit()
+	}()
+	// Until the loader has run: the command line is sleep's once exec'd,
+	// and a missing library would end it at once.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := procStatus(t, c.Pid)
+		if st["Name"] == "sleep" && st["State"] != "" && !strings.HasPrefix(st["State"], "R") || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	select {
+	case <-c.Done():
+		t.Fatalf("sleep ended in its jail: %v; output: %s", c.Exit(), proc.LogTail(logFile, 10))
+	case <-time.After(100 * time.Millisecond):
+	}
+	st := procStatus(t, c.Pid)
+	if st["SigBlk"] != "0000000000000000" || st["SigIgn"] != "0000000000000000" {
+		t.Errorf("SigBlk %s SigIgn %s: the helper left signals blocked or ignored", st["SigBlk"], st["SigIgn"])
+	}
+	if err := v.Verify(c.Pid); err != nil {
+		t.Error(err)
 	}
 }
