@@ -52,7 +52,7 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 	spec := helperSpec{
 		Path: prog, Args: cmd.Args, Dir: cmd.Dir,
 		UID: c.vm.UID, GID: c.vm.GID, Groups: c.x.Groups,
-		Root: root, Proc: c.x.Proc,
+		Root: root, Proc: c.x.Proc, MemlockBytes: c.x.MemlockBytes,
 		JoinFiles: c.vm.cgroup.joinFiles(),
 	}
 	for _, b := range c.x.Binds {
@@ -474,6 +474,13 @@ func makeDevice(root string, d helperDevice, uid, gid uint32) error {
 // dropPrivileges leaves this thread with s's uid, gid and groups, every
 // capability set empty and no_new_privs set, which exec keeps.
 func dropPrivileges(s *helperSpec, lastCap int) error {
+	if s.MemlockBytes != 0 {
+		// Raising the hard limit needs CAP_SYS_RESOURCE: while root.
+		lim := unix.Rlimit{Cur: s.MemlockBytes, Max: s.MemlockBytes}
+		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
+			return fmt.Errorf("setting RLIMIT_MEMLOCK to %d bytes (raising it needs CAP_SYS_RESOURCE): %w", s.MemlockBytes, err)
+		}
+	}
 	// The bounding set needs CAP_SETPCAP to shrink: before the uid changes.
 	for c := 0; c <= lastCap; c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {

@@ -236,6 +236,11 @@ type Exec struct {
 	Proc bool
 	// Groups are supplementary groups; normally none.
 	Groups []uint32
+	// MemlockBytes, when not zero, is the process's RLIMIT_MEMLOCK (soft and
+	// hard). A VM with VFIO devices needs its guest memory there: the type1
+	// IOMMU charges the memory it pins to that limit, which a process
+	// without CAP_IPC_LOCK cannot raise itself.
+	MemlockBytes uint64
 }
 
 // Bind is one file or directory of the host shown inside the jail.
@@ -281,8 +286,9 @@ type helperSpec struct {
 	Root   string
 	Binds  []Bind
 	// Devices are the device nodes, each with its owner decided.
-	Devices []helperDevice
-	Proc    bool
+	Devices      []helperDevice
+	Proc         bool
+	MemlockBytes uint64
 	// JoinFiles are the v1 cgroup.procs files the helper writes its pid to.
 	JoinFiles []string
 }

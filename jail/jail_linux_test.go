@@ -146,6 +146,8 @@ func TestJailedProcess(t *testing.T) {
 		Binds:   []jail.Bind{{Path: state + "/vms/a", Writable: true}, {Path: run + "/vms/a", Writable: true}},
 		Devices: devices,
 		Proc:    true,
+		// Below this machine's hard limit: its root lacks CAP_SYS_RESOURCE.
+		MemlockBytes: 4 << 20,
 	}
 	c := spawn(t, va, x, "probe", logFile,
 		"JAILTEST_OPEN="+string(openJSON),
@@ -215,6 +217,13 @@ func TestJailedProcess(t *testing.T) {
 	}
 	if st["NoNewPrivs"] != "1" {
 		t.Errorf("NoNewPrivs: %q, want 1", st["NoNewPrivs"])
+	}
+	limits, err := os.ReadFile("/proc/" + strconv.Itoa(c.Pid) + "/limits")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(limits), "Max locked memory         4194304              4194304              bytes") {
+		t.Errorf("RLIMIT_MEMLOCK is not 4 MiB:\n%s", limits)
 	}
 
 	if err := va.Verify(c.Pid); err != nil {
@@ -910,5 +919,39 @@ func TestJailedCProgram(t *testing.T) {
 	}
 	if err := v.Verify(c.Pid); err != nil {
 		t.Error(err)
+	}
+}
+
+// TestSysfsLinks: a bind of /sys/class/net/<if> (a link into
+// /sys/devices, as Cloud Hypervisor reads a tap's) shows the interface at
+// both paths and nothing else of /sys.
+func TestSysfsLinks(t *testing.T) {
+	j, base := testJailer(t, nil)
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("s", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Destroy(bounded(t))
+	real, err := filepath.EvalSymlinks("/sys/class/net/lo")
+	if err != nil {
+		t.Skip("no /sys/class/net/lo")
+	}
+	opens, _ := json.Marshal([]probeOpen{{"/sys/class/net/lo/mtu", false}, {real + "/mtu", false},
+		{"/sys/kernel/mm/transparent_hugepage/enabled", false}})
+	logFile := filepath.Join(base, "s.log")
+	spawn(t, v, jail.Exec{Binds: []jail.Bind{{Path: "/sys/class/net/lo"}}}, "probe", logFile,
+		"JAILTEST_OPEN="+string(opens), "JAILTEST_LIST=/sys/class/net /sys")
+	res := probeResults(t, logFile)
+	for k, want := range map[string]string{
+		"open /sys/class/net/lo/mtu":                       "ok",
+		"open " + real + "/mtu":                            "ok",
+		"open /sys/kernel/mm/transparent_hugepage/enabled": "ENOENT",
+		"list /sys/class/net":                              "ok lo",
+		"list /sys":                                        "ok class,devices",
+	} {
+		if res[k] != want {
+			t.Errorf("%s: %q, want %q", k, res[k], want)
+		}
 	}
 }
