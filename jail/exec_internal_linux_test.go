@@ -154,3 +154,35 @@ func TestExecFilesStatic(t *testing.T) {
 	}
 	t.Log("no static program found on this host to check")
 }
+
+// A check report of a process that is not confined names every fault.
+func TestCheckReport(t *testing.T) {
+	l := Layout{Unified: "/sys/fs/cgroup", UnifiedLimits: true}
+	v := &VM{ID: "x", UID: 1000005, GID: 1000005, cgroup: l.Cgroup("vmhost/a/vm-x")}
+	good := checkReport{
+		Status: "Name:\tx\nUid:\t1000005\t1000005\t1000005\t1000005\nGid:\t1000005\t1000005\t1000005\t1000005\n" +
+			"CapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\n" +
+			"CapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\n",
+		Cgroup:  "0::/vmhost/a/vm-x\n",
+		MountNS: "mnt:[1]",
+	}
+	prog := filepath.Join(t.TempDir(), "vmhost")
+	must(t, os.WriteFile(prog, nil, 0o755))
+	files := []string{prog}
+	top, _, _ := strings.Cut(strings.TrimPrefix(prog, "/"), "/")
+	good.Root = []string{"proc", top}
+	if err := v.checkReport(good, files); err != nil {
+		t.Fatalf("a confined report: %v", err)
+	}
+	bad := good
+	bad.Status = strings.NewReplacer("Uid:\t1000005", "Uid:\t0", "CapBnd:\t0000000000000000", "CapBnd:\t000001ffffffffff",
+		"NoNewPrivs:\t1", "NoNewPrivs:\t0").Replace(good.Status)
+	bad.Cgroup = "0::/\n"
+	bad.Root = append(good.Root, "etc")
+	err := v.checkReport(bad, files)
+	for _, want := range []string{"Uid is", "CapBnd is", "NoNewPrivs is", "not in cgroup vmhost/a/vm-x", "its root holds [etc proc " + top + "]"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: want %q", err, want)
+		}
+	}
+}

@@ -150,6 +150,9 @@ func init() {
 	if isHelper() {
 		helperMain()
 	}
+	if len(os.Args) == 1 && os.Args[0] == checkArg0 {
+		os.Exit(selfCheck())
+	}
 }
 
 // helperMain is the jail's helper: it builds the process's root, drops its
@@ -361,6 +364,19 @@ const maxLinks = 40
 // resolved. Only paths without links are ever created in root, so nothing
 // made here follows a link (which would resolve against the host's root).
 func ensurePath(root, p string, dir bool) (string, error) {
+	return walkPath(p, func(path, link string, last bool) error {
+		if link != "" {
+			return copyLink(root+path, link)
+		}
+		return makeNode(root+path, !last || dir)
+	})
+}
+
+// walkPath resolves host path p one component at a time, as the kernel
+// does, and calls visit for each path on the way: a symbolic link (with its
+// target), a directory, and finally the resolved p itself (last). It returns
+// p resolved.
+func walkPath(p string, visit func(path, link string, last bool) error) (string, error) {
 	links := 0
 	cur := "/"
 	rest := strings.Split(strings.Trim(filepath.Clean(p), "/"), "/")
@@ -387,7 +403,7 @@ func ensurePath(root, p string, dir bool) (string, error) {
 			if err != nil {
 				return "", err
 			}
-			if err := copyLink(root+next, target); err != nil {
+			if err := visit(next, target, false); err != nil {
 				return "", err
 			}
 			if filepath.IsAbs(target) {
@@ -396,7 +412,7 @@ func ensurePath(root, p string, dir bool) (string, error) {
 			rest = append(strings.Split(target, "/"), rest...)
 			continue
 		}
-		if err := makeNode(root+next, len(rest) > 0 || dir); err != nil {
+		if err := visit(next, "", len(rest) == 0); err != nil {
 			return "", err
 		}
 		cur = next

@@ -3,6 +3,7 @@
 package jail
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 )
@@ -20,3 +21,8 @@ func Disown(paths ...string) error { return fmt.Errorf("jail: %w", errLinuxOnly)
 
 // OwnTree fails off Linux.
 func OwnTree(uid, gid uint32, dir string) error { return fmt.Errorf("jail: %w", errLinuxOnly) }
+
+// SelfTest fails off Linux.
+func (j *Jailer) SelfTest(ctx context.Context, inUse map[uint32]bool) error {
+	return fmt.Errorf("jail: %w", errLinuxOnly)
+}

@@ -955,3 +955,14 @@ func TestSysfsLinks(t *testing.T) {
 		}
 	}
 }
+
+// TestSelfTest: doctor's check passes on this host, and leaves nothing.
+func TestSelfTest(t *testing.T) {
+	j, _ := testJailer(t, nil)
+	if err := j.SelfTest(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := j.Leftovers(); err != nil || len(left) > 0 {
+		t.Errorf("Leftovers after the self-test: %v, %v", left, err)
+	}
+}

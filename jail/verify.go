@@ -14,39 +14,52 @@ import (
 // namespace. It returns nil for a process the jail started; the agent
 // checks adopted processes with it, and doctor shows what it finds.
 func (v *VM) Verify(pid int) error {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
+	proc := "/proc/" + strconv.Itoa(pid)
+	status, err := os.ReadFile(proc + "/status")
 	if err != nil {
 		return fmt.Errorf("jail: verifying pid %d: %w", pid, err)
 	}
-	var errs []error
-	status := parseStatus(string(b))
-	for key, want := range map[string]uint32{"Uid": v.UID, "Gid": v.GID} {
-		f := strings.Fields(status[key])
-		w := strconv.FormatUint(uint64(want), 10)
-		if len(f) != 4 || f[0] != w || f[1] != w || f[2] != w || f[3] != w {
-			errs = append(errs, fmt.Errorf("%s is %q, not %s", key, status[key], w))
-		}
+	cgroup, err := os.ReadFile(proc + "/cgroup")
+	if err != nil {
+		return fmt.Errorf("jail: verifying pid %d: %w", pid, err)
 	}
-	for _, key := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
-		if c, err := strconv.ParseUint(status[key], 16, 64); err != nil || c != 0 {
-			errs = append(errs, fmt.Errorf("%s is %q, not empty", key, status[key]))
-		}
+	ns, err := os.Readlink(proc + "/ns/mnt")
+	if err != nil {
+		return fmt.Errorf("jail: verifying pid %d: %w", pid, err)
 	}
-	if status["NoNewPrivs"] != "1" {
-		errs = append(errs, fmt.Errorf("NoNewPrivs is %q, not 1", status["NoNewPrivs"]))
-	}
-	if in, err := v.cgroup.Contains(pid); err != nil || !in {
-		errs = append(errs, fmt.Errorf("not in cgroup %s (%v)", v.cgroup.Name(), err))
-	}
-	self, err1 := os.Readlink("/proc/self/ns/mnt")
-	its, err2 := os.Readlink("/proc/" + strconv.Itoa(pid) + "/ns/mnt")
-	if err := errors.Join(err1, err2); err != nil || self == its {
-		errs = append(errs, fmt.Errorf("in the agent's mount namespace (%v)", err))
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := v.check(string(status), cgroup, ns); err != nil {
 		return fmt.Errorf("jail: pid %d of VM %s is not confined: %w", pid, v.ID, err)
 	}
 	return nil
+}
+
+// check compares what /proc says of a process (its status, its cgroup file,
+// the link naming its mount namespace) with the VM's jail.
+func (v *VM) check(status string, cgroup []byte, mountNS string) error {
+	var errs []error
+	st := parseStatus(status)
+	for key, want := range map[string]uint32{"Uid": v.UID, "Gid": v.GID} {
+		f := strings.Fields(st[key])
+		w := strconv.FormatUint(uint64(want), 10)
+		if len(f) != 4 || f[0] != w || f[1] != w || f[2] != w || f[3] != w {
+			errs = append(errs, fmt.Errorf("%s is %q, not %s", key, st[key], w))
+		}
+	}
+	for _, key := range []string{"CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"} {
+		if c, err := strconv.ParseUint(st[key], 16, 64); err != nil || c != 0 {
+			errs = append(errs, fmt.Errorf("%s is %q, not empty", key, st[key]))
+		}
+	}
+	if st["NoNewPrivs"] != "1" {
+		errs = append(errs, fmt.Errorf("NoNewPrivs is %q, not 1", st["NoNewPrivs"]))
+	}
+	if !cgroupListed(cgroup, v.cgroup.Name()) {
+		errs = append(errs, fmt.Errorf("not in cgroup %s", v.cgroup.Name()))
+	}
+	if self, err := os.Readlink("/proc/self/ns/mnt"); err != nil || self == mountNS {
+		errs = append(errs, fmt.Errorf("in the agent's mount namespace (%v)", err))
+	}
+	return errors.Join(errs...)
 }
 
 // parseStatus reads the "Key:\tvalue" lines of /proc/PID/status.
