@@ -191,28 +191,34 @@ func (v *VM) Cgroup() *Cgroup { return v.cgroup }
 
 // Create makes the VM's cgroup with lim and its (empty) root directory. It
 // may be called again (a create resumed after a crash): what exists is kept
-// and the limits are written again.
+// and the limits are written again. The cgroup comes first, so that a crash
+// at any point leaves either nothing or a cgroup Leftovers finds.
 func (v *VM) Create(lim Limits) error {
-	if err := os.MkdirAll(v.Root, 0o755); err != nil {
-		return fmt.Errorf("jail: creating %s: %w", v.Root, err)
-	}
 	if err := v.cgroup.Create(lim); err != nil {
 		return fmt.Errorf("jail: %w", err)
+	}
+	if err := os.MkdirAll(v.Root, 0o755); err != nil {
+		return fmt.Errorf("jail: creating %s: %w", v.Root, err)
 	}
 	return nil
 }
 
 // Destroy kills every process in the VM's cgroup (a child Cloud Hypervisor
 // forked, a stuck storage daemon, anything that double-forked), removes the
-// cgroup from every hierarchy and the root directory. Each jailed process's
-// root lives in its own mount namespace and goes with its last process, so
-// nothing else is left. Destroying what is gone already succeeds.
+// root directory and then the cgroup from every hierarchy: a crash at any
+// point leaves the cgroup for Leftovers to find, or nothing. Each jailed
+// process's root lives in its own mount namespace and goes with its last
+// process, so nothing else is left. Destroying what is gone already
+// succeeds.
 func (v *VM) Destroy(ctx context.Context) error {
-	if err := v.cgroup.Remove(ctx); err != nil {
+	if err := v.cgroup.Kill(ctx); err != nil {
 		return fmt.Errorf("jail: %w", err)
 	}
 	if err := os.Remove(v.Root); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("jail: removing %s: %w", v.Root, err)
+	}
+	if err := v.cgroup.Remove(ctx); err != nil {
+		return fmt.Errorf("jail: %w", err)
 	}
 	return nil
 }
