@@ -698,9 +698,35 @@ func TestOffWithoutRoot(t *testing.T) {
 	}
 }
 
-// TestDestroyMissing: destroying a jail that was never made succeeds.
+// TestDestroyMissing: destroying a jail that was never made, or made in
+// part (a crash between the steps of Create), succeeds and leaves nothing.
 func TestDestroyMissing(t *testing.T) {
 	j, _ := testJailer(t, nil)
+	for _, partial := range []string{"no root", "one hierarchy"} {
+		v, _ := j.VM("partial", 1000124)
+		if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+			t.Fatal(err)
+		}
+		switch partial {
+		case "no root":
+			os.Remove(v.Root)
+		case "one hierarchy":
+			// Only the first directory Create makes is left.
+			ms := hierarchies(j.Layout())
+			for _, m := range ms[1:] {
+				if err := os.Remove(filepath.Join(m, j.CgroupName("partial"))); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if left, _ := j.Leftovers(); !slices.Equal(left, []string{"partial"}) {
+			t.Errorf("%s: Leftovers = %v, want [partial]", partial, left)
+		}
+		if err := v.Destroy(bounded(t)); err != nil {
+			t.Fatalf("%s: %v", partial, err)
+		}
+		checkGone(t, j.Layout(), j.CgroupName("partial"), v.Root)
+	}
 	v, err := j.VM("never", 1000123)
 	if err != nil {
 		t.Fatal(err)
