@@ -151,6 +151,19 @@ func (j *Jailer) Leftovers() ([]string, error) {
 	return ids, nil
 }
 
+// Destroy destroys the jail of VM vmID (see VM.Destroy) without its id:
+// the way to reap a cgroup Leftovers lists that no record names.
+func (j *Jailer) Destroy(ctx context.Context, vmID string) error {
+	if !j.Enabled() {
+		return nil
+	}
+	if err := checkName(vmID); err != nil {
+		return fmt.Errorf("jail: VM id: %w", err)
+	}
+	v := &VM{ID: vmID, Root: filepath.Join(j.host.RunDir, "jail", vmID), cgroup: j.layout.Cgroup(j.CgroupName(vmID))}
+	return v.Destroy(ctx)
+}
+
 // VM returns the jail of VM vmID whose processes run as id (uid and gid).
 // Nothing is made: Create makes it, and a VM found after an agent restart is
 // reached this way too.

@@ -640,6 +640,14 @@ func TestAdoptionByCgroup(t *testing.T) {
 	if !slices.Equal(left, []string{"adopt", "other"}) {
 		t.Errorf("Leftovers = %v, want [adopt other]", left)
 	}
+	// A leftover no record names is reaped by its VM id alone.
+	if err := j.Destroy(bounded(t), "other"); err != nil {
+		t.Fatal(err)
+	}
+	checkGone(t, j.Layout(), j.CgroupName("other"), other.Root)
+	if left, _ := j.Leftovers(); !slices.Equal(left, []string{"adopt"}) {
+		t.Errorf("Leftovers after reaping: %v, want [adopt]", left)
+	}
 }
 
 // TestHelperFailure: a jail that cannot be built (a bind that does not
