@@ -49,8 +49,12 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 	if err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
+	args := cmd.Args
+	if len(args) == 0 {
+		args = []string{cmd.Path}
+	}
 	spec := helperSpec{
-		Path: prog, Args: cmd.Args, Dir: cmd.Dir,
+		Path: prog, Args: args, Dir: cmd.Dir,
 		UID: c.vm.UID, GID: c.vm.GID, Groups: c.x.Groups,
 		Root: root, Proc: c.x.Proc, MemlockBytes: c.x.MemlockBytes,
 		JoinFiles: c.vm.cgroup.joinFiles(),
