@@ -1000,3 +1000,78 @@ func TestSelfTest(t *testing.T) {
 		t.Errorf("Leftovers after the self-test: %v, %v", left, err)
 	}
 }
+
+// TestV2Placement runs the path of a host whose cgroup v2 holds the limits,
+// as far as this one allows: in its controller-less cgroup2, a layout that
+// uses v2 alone places the processes by CLONE_INTO_CGROUP (no v1 join at
+// all), lists and kills them with cgroup.kill, and removes the cgroup. The
+// limits and counters of v2 (memory.max, pids.max, cpu.weight,
+// memory.current) cannot be written or read where v2 has no controllers.
+func TestV2Placement(t *testing.T) {
+	requireRoot(t)
+	host, err := jail.DetectLayout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if host.Unified == "" {
+		t.Skip("no cgroup2 mounted: nothing to place processes in")
+	}
+	l := host
+	if !l.UnifiedLimits {
+		l.UnifiedLimits = true // v2 alone; the cgroup is made by hand below, without limits
+	}
+	j, base := testJailer(t, &l)
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("v2", id)
+	if err := os.MkdirAll(v.Root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(l.Unified, j.CgroupName("v2"))
+	if host.UnifiedLimits {
+		if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+			t.Fatal(err)
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	logFile := filepath.Join(base, "v2.log")
+	c := spawn(t, v, jail.Exec{Devices: []string{"/dev/null"}}, "forker", logFile)
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(c.Pid) + "/cgroup")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), "0::/"+j.CgroupName("v2")+"\n") {
+		t.Errorf("/proc/%d/cgroup:\n%s\nwant 0::/%s", c.Pid, b, j.CgroupName("v2"))
+	}
+	if !host.UnifiedLimits {
+		// Not joined to any v1 hierarchy: v1 shows the agent's own cgroups.
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if !strings.HasPrefix(line, "0::") && strings.HasSuffix(line, j.CgroupName("v2")) {
+				t.Errorf("placed in a v1 hierarchy: %s", line)
+			}
+		}
+	}
+	if err := v.Verify(c.Pid); err != nil {
+		t.Error(err)
+	}
+	pids, err := v.Cgroup().Procs()
+	if err != nil || len(pids) != 3 {
+		t.Errorf("Procs = %v, %v; want the forker and its two children", pids, err)
+	}
+	members, err := proc.Members(pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Destroy(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+	<-c.Done()
+	for _, m := range members {
+		if proc.Alive(m.Pid, m.StartTime) {
+			t.Errorf("pid %d survived", m.Pid)
+		}
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("%s is still there", dir)
+	}
+}
