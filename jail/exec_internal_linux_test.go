@@ -6,13 +6,18 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
-// ensurePath copies the links on the way and makes directories and the
-// mount point, never through a link, and resolves the path as the kernel
-// would. It needs no privilege: host and root are temporary directories.
+// ensure copies the links on the way and makes directories and the mount
+// point, never through a link, and resolves the path as the kernel would.
+// It needs no privilege: host and root are temporary directories.
 func TestEnsurePath(t *testing.T) {
 	host, root := t.TempDir(), t.TempDir()
+	defer unix.Umask(unix.Umask(0o022)) // as the helper runs
+	rb := newRootBuilder(root)
+	ensurePath := func(_, p string, dir bool) (string, error) { return rb.ensure(p, dir) }
 	// host/usr/lib/x/libc.so.6 (file), host/lib -> usr/lib (relative link),
 	// host/usr/lib/x/libc.so -> libc.so.6, host/abs -> host/usr (absolute).
 	must(t, os.MkdirAll(host+"/usr/lib/x", 0o755))
@@ -54,9 +59,16 @@ func TestEnsurePath(t *testing.T) {
 		t.Errorf("absolute link: %q, %v", l, err)
 	}
 
-	// A second call finds everything in place; a clash is an error.
+	// A second call finds everything in place (also a second builder, which
+	// looks again); a clash is an error.
 	if _, err := ensurePath(root, host+"/lib/x/libc.so", false); err != nil {
 		t.Errorf("again: %v", err)
+	}
+	if _, err := newRootBuilder(root).ensure(host+"/lib/x/libc.so", false); err != nil {
+		t.Errorf("again, with another builder: %v", err)
+	}
+	if _, err := newRootBuilder(root).ensure(host+"/usr/lib/x/libc.so.6", true); err == nil {
+		t.Error("a file made again as a directory by another builder: no error")
 	}
 	if _, err := ensurePath(root, host+"/usr/lib/x/libc.so.6", true); err == nil {
 		t.Error("a file made again as a directory: no error")

@@ -272,13 +272,14 @@ func buildRoot(s *helperSpec) error {
 	root := s.Root
 	// Every mount point and node is made before the first bind, so that
 	// nothing is ever created through a bind, on the host's file system.
+	rb := newRootBuilder(root)
 	var plan []mountPlan
 	for _, b := range s.Binds {
 		var st unix.Stat_t
 		if err := unix.Stat(b.Path, &st); err != nil {
 			return fmt.Errorf("binding %s: %w", b.Path, err)
 		}
-		real, err := ensurePath(root, b.Path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+		real, err := rb.ensure(b.Path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
 		if err != nil {
 			return fmt.Errorf("binding %s: %w", b.Path, err)
 		}
@@ -304,7 +305,7 @@ func buildRoot(s *helperSpec) error {
 		}
 	}
 	for _, d := range s.Devices {
-		if err := makeDevice(root, d, s.UID, s.GID); err != nil {
+		if err := makeDevice(rb, d, s.UID, s.GID); err != nil {
 			return err
 		}
 	}
@@ -361,26 +362,60 @@ func buildRoot(s *helperSpec) error {
 // own limit does (40).
 const maxLinks = 40
 
-// ensurePath makes host path p usable at the same path inside root: every
-// directory on the way exists in root, every symbolic link on the way is
-// copied as is (so both spellings work inside), and the last component is
-// an empty directory or file to mount on. It returns p with every link
-// resolved. Only paths without links are ever created in root, so nothing
-// made here follows a link (which would resolve against the host's root).
-func ensurePath(root, p string, dir bool) (string, error) {
-	return walkPath(p, func(path, link string, last bool) error {
-		if link != "" {
-			return copyLink(root+path, link)
+// rootBuilder makes paths in a root. It remembers what it has looked at on
+// the host and made in the root: the binds of a dynamic program share most
+// of their directories and links, and looking at each once makes a root of
+// 25 binds several times faster.
+type rootBuilder struct {
+	root string
+	host map[string]hostEntry // host paths walked: links and their targets
+	made map[string]bool      // paths made in root: true for a directory
+}
+
+// hostEntry is what Lstat and Readlink said of a host path.
+type hostEntry struct {
+	link   string
+	isLink bool
+}
+
+func newRootBuilder(root string) *rootBuilder {
+	return &rootBuilder{root: root, host: map[string]hostEntry{}, made: map[string]bool{}}
+}
+
+// ensure makes host path p usable at the same path inside the root: every
+// directory on the way exists in the root, every symbolic link on the way
+// is copied as is (so both spellings work inside), and the last component
+// is an empty directory or file to mount on. It returns p with every link
+// resolved. Only paths without links are ever created in the root, so
+// nothing made here follows a link (which would resolve against the host's
+// root).
+func (b *rootBuilder) ensure(p string, dir bool) (string, error) {
+	return walkPath(p, b.host, func(path, link string, last bool) error {
+		isDir := link == "" && (!last || dir)
+		if was, ok := b.made[path]; ok {
+			if was != isDir {
+				return fmt.Errorf("%s: both a directory and a file", path)
+			}
+			return nil
 		}
-		return makeNode(root+path, !last || dir)
+		var err error
+		if link != "" {
+			err = copyLink(b.root+path, link)
+		} else {
+			err = makeNode(b.root+path, isDir)
+		}
+		if err == nil {
+			b.made[path] = isDir
+		}
+		return err
 	})
 }
 
 // walkPath resolves host path p one component at a time, as the kernel
 // does, and calls visit for each path on the way: a symbolic link (with its
 // target), a directory, and finally the resolved p itself (last). It returns
-// p resolved.
-func walkPath(p string, visit func(path, link string, last bool) error) (string, error) {
+// p resolved. cache, when not nil, keeps what the host said of each path.
+func walkPath(p string, cache map[string]hostEntry, visit func(path, link string, last bool) error) (string, error) {
 	links := 0
 	cur := "/"
 	rest := strings.Split(strings.Trim(filepath.Clean(p), "/"), "/")
@@ -395,25 +430,33 @@ func walkPath(p string, visit func(path, link string, last bool) error) (string,
 			continue
 		}
 		next := filepath.Join(cur, name)
-		fi, err := os.Lstat(next)
-		if err != nil {
-			return "", err
-		}
-		if fi.Mode()&os.ModeSymlink != 0 {
-			if links++; links > maxLinks {
-				return "", fmt.Errorf("%s: too many symbolic links", p)
-			}
-			target, err := os.Readlink(next)
+		e, ok := cache[next]
+		if !ok {
+			fi, err := os.Lstat(next)
 			if err != nil {
 				return "", err
 			}
-			if err := visit(next, target, false); err != nil {
+			if fi.Mode()&os.ModeSymlink != 0 {
+				if e.link, err = os.Readlink(next); err != nil {
+					return "", err
+				}
+				e.isLink = true
+			}
+			if cache != nil {
+				cache[next] = e
+			}
+		}
+		if e.isLink {
+			if links++; links > maxLinks {
+				return "", fmt.Errorf("%s: too many symbolic links", p)
+			}
+			if err := visit(next, e.link, false); err != nil {
 				return "", err
 			}
-			if filepath.IsAbs(target) {
+			if filepath.IsAbs(e.link) {
 				cur = "/"
 			}
-			rest = append(strings.Split(target, "/"), rest...)
+			rest = append(strings.Split(e.link, "/"), rest...)
 			continue
 		}
 		if err := visit(next, "", len(rest) == 0); err != nil {
@@ -425,44 +468,50 @@ func walkPath(p string, visit func(path, link string, last bool) error) (string,
 }
 
 // copyLink makes name a symbolic link to target, unless it is one already.
+// The common case, a new link, is one system call.
 func copyLink(name, target string) error {
-	if have, err := os.Readlink(name); err == nil {
-		if have != target {
+	err := unix.Symlink(target, name)
+	if errors.Is(err, unix.EEXIST) {
+		if have, rerr := os.Readlink(name); rerr != nil || have != target {
 			return fmt.Errorf("%s: two different links", name)
 		}
 		return nil
 	}
-	if err := os.Symlink(target, name); err != nil {
-		return fmt.Errorf("copying link: %w", err)
+	if err != nil {
+		return fmt.Errorf("copying link %s: %w", name, err)
 	}
 	return nil
 }
 
-// makeNode makes a directory (mode 0755) or an empty file (a mount point)
-// at name unless one is there.
+// makeNode makes a directory (mode 0755, the helper's umask being 022) or
+// an empty file (a mount point) at name unless one is there. The common
+// case, a new node, is one system call.
 func makeNode(name string, dir bool) error {
-	if fi, err := os.Lstat(name); err == nil {
-		if fi.IsDir() != dir {
-			return fmt.Errorf("%s: both a directory and a file", name)
+	var err error
+	if dir {
+		err = unix.Mkdir(name, 0o755)
+	} else {
+		err = unix.Mknod(name, unix.S_IFREG|0o444, 0)
+	}
+	if !errors.Is(err, unix.EEXIST) {
+		if err != nil {
+			return fmt.Errorf("making %s: %w", name, err)
 		}
 		return nil
 	}
-	if dir {
-		if err := os.Mkdir(name, 0o755); err != nil {
-			return err
-		}
-		return os.Chmod(name, 0o755)
-	}
-	f, err := os.OpenFile(name, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o444)
+	fi, err := os.Lstat(name)
 	if err != nil {
 		return err
 	}
-	return f.Close()
+	if fi.IsDir() != dir {
+		return fmt.Errorf("%s: both a directory and a file", name)
+	}
+	return nil
 }
 
 // makeDevice makes the node d.Path in root with the host node's type and
 // numbers.
-func makeDevice(root string, d helperDevice, uid, gid uint32) error {
+func makeDevice(rb *rootBuilder, d helperDevice, uid, gid uint32) error {
 	var st unix.Stat_t
 	if err := unix.Stat(d.Path, &st); err != nil {
 		return fmt.Errorf("device %s: %w", d.Path, err)
@@ -470,11 +519,11 @@ func makeDevice(root string, d helperDevice, uid, gid uint32) error {
 	if st.Mode&unix.S_IFMT != unix.S_IFCHR {
 		return fmt.Errorf("device %s: not a character device", d.Path)
 	}
-	real, err := ensurePath(root, filepath.Dir(d.Path), true)
+	real, err := rb.ensure(filepath.Dir(d.Path), true)
 	if err != nil {
 		return fmt.Errorf("device %s: %w", d.Path, err)
 	}
-	name := root + filepath.Join(real, filepath.Base(d.Path))
+	name := rb.root + filepath.Join(real, filepath.Base(d.Path))
 	mode, owner, group := uint32(0o666), 0, 0
 	if d.Private {
 		mode, owner, group = 0o600, int(uid), int(gid)

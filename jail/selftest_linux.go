@@ -121,7 +121,7 @@ func (v *VM) checkReport(r checkReport, files []string) error {
 	// included), and /proc.
 	want := []string{"proc"}
 	for _, f := range files {
-		_, werr := walkPath(f, func(path, _ string, _ bool) error {
+		_, werr := walkPath(f, nil, func(path, _ string, _ bool) error {
 			top, _, _ := strings.Cut(strings.TrimPrefix(path, "/"), "/")
 			if !slices.Contains(want, top) {
 				want = append(want, top)
