@@ -525,7 +525,9 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 
 // waitEmpty waits until no process is listed in the cgroup.
 func (c *Cgroup) waitEmpty(ctx context.Context) error {
-	for wait := 100 * time.Microsecond; ; wait = min(2*wait, 10*time.Millisecond) {
+	// Killed processes take a millisecond or so to exit: short steps at
+	// first, so the wait ends close to when they are gone.
+	for wait := 50 * time.Microsecond; ; wait = min(wait*3/2, 5*time.Millisecond) {
 		pids, err := c.Procs()
 		if err != nil {
 			return err
