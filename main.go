@@ -24,6 +24,7 @@ import (
 	"vmhost/appvm/guest"
 	"vmhost/chclient/chsim"
 	"vmhost/cli"
+	_ "vmhost/jail" // a process being jailed runs the jail's helper from its init
 	"vmhost/qmp/qsdsim"
 )
 

@@ -8,6 +8,10 @@
 // appended to a log file, so they outlive the agent; a process found again
 // after a restart is not a child, so its death is learned through a pidfd.
 //
+// A process may be started confined (SpawnConfig.Confine; package jail gives
+// the VM's jail), and the processes a cgroup lists after a restart are
+// described by Members, so the agent can tell which is which and adopt them.
+//
 // The package targets Linux (/proc, pidfd) and imports none of vmhost's
 // packages. It builds elsewhere, where Adopt and Signal fail with an error
 // satisfying errors.Is(err, errors.ErrUnsupported).
@@ -105,6 +109,17 @@ type SpawnConfig struct {
 	LogFile string   // stdout and stderr are appended here (created 0600)
 	// ExtraFiles are inherited as fds 3, 4, ... (exec.Cmd.ExtraFiles).
 	ExtraFiles []*os.File
+	// Confine, when set, starts the process confined (package jail gives
+	// one per VM); nil starts it as the agent's own child, unconfined.
+	Confine Confiner
+}
+
+// A Confiner starts a process confined. Prepare rewrites cmd before it
+// starts; Spawn then starts cmd and calls started with Start's error, and
+// started reports whether the confinement took hold (the process is killed
+// and reaped when it did not).
+type Confiner interface {
+	Prepare(cmd *exec.Cmd) (started func(startErr error) error, err error)
 }
 
 // Child is a process this agent started. Its methods are safe for
@@ -124,9 +139,9 @@ type Child struct {
 func Spawn(cfg SpawnConfig) (*Child, error) {
 	var out *os.File
 	if cfg.LogFile != "" {
-		f, err := os.OpenFile(cfg.LogFile, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+		f, err := openLog(cfg.LogFile)
 		if err != nil {
-			return nil, fmt.Errorf("opening log file: %w", err)
+			return nil, err
 		}
 		defer f.Close() // the child holds its own copy
 		out = f
@@ -141,7 +156,22 @@ func Spawn(cfg SpawnConfig) (*Child, error) {
 	// setsid: the child must not share the agent's session or process group,
 	// so a terminal's SIGINT or systemd stopping the agent leaves VMs running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
+	var started func(error) error
+	if cfg.Confine != nil {
+		var err error
+		if started, err = cfg.Confine.Prepare(cmd); err != nil {
+			return nil, fmt.Errorf("starting %s: %w", cfg.Path, err)
+		}
+	}
+	err := cmd.Start()
+	if started != nil {
+		if cerr := started(err); err == nil && cerr != nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+			return nil, fmt.Errorf("starting %s: %w", cfg.Path, cerr)
+		}
+	}
+	if err != nil {
 		return nil, fmt.Errorf("starting %s: %w", cfg.Path, err)
 	}
 	// The child cannot be reaped before cmd.Wait, so /proc/PID/stat exists
@@ -155,6 +185,24 @@ func Spawn(cfg SpawnConfig) (*Child, error) {
 	c := &Child{Pid: cmd.Process.Pid, StartTime: st, cmd: cmd, done: make(chan struct{})}
 	go c.reap()
 	return c, nil
+}
+
+// openLog opens a process's log file for appending, creating it 0600. It
+// refuses a symbolic link or anything but a regular file: the directory may
+// be a confined process's, which must not make the agent write elsewhere.
+func openLog(path string) (*os.File, error) {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening log file: %w", err)
+	}
+	if fi, err := f.Stat(); err != nil || !fi.Mode().IsRegular() {
+		f.Close()
+		if err == nil {
+			err = fmt.Errorf("%s is a %v, not a regular file", path, fi.Mode().Type())
+		}
+		return nil, fmt.Errorf("opening log file: %w", err)
+	}
+	return f, nil
 }
 
 func (c *Child) reap() {
@@ -236,14 +284,16 @@ func LogTail(path string, n int) string {
 	if path == "" || n <= 0 {
 		return ""
 	}
-	f, err := os.Open(path)
+	// The directory may be a confined process's: never follow its links
+	// (to a file it must not read through the agent) nor block on a FIFO.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return ""
 	}
 	defer f.Close()
 	const max = 8 << 10
 	fi, err := f.Stat()
-	if err != nil {
+	if err != nil || !fi.Mode().IsRegular() {
 		return ""
 	}
 	off := fi.Size() - max
@@ -292,4 +342,52 @@ func (a *Adopted) Close() error {
 func Alive(pid int, startTime uint64) bool {
 	st, state, err := readStat(pid)
 	return err == nil && st == startTime && state != 'Z' && state != 'X'
+}
+
+// Member is a live process found by its membership of a cgroup, as the
+// agent finds a VM's processes after a restart: the cgroup lists pids, and
+// the pid, start time and command line say which process is which.
+type Member struct {
+	Pid       int
+	StartTime uint64
+	Args      []string // its command line (/proc/PID/cmdline)
+}
+
+// Members describes the live processes among pids (a cgroup's
+// cgroup.procs), in order. A pid that is gone or a zombie is left out; a
+// process that exits while it is read is left out too.
+func Members(pids []int) ([]Member, error) {
+	var ms []Member
+	for _, pid := range pids {
+		st, state, err := readStat(pid)
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) || err == nil && (state == 'Z' || state == 'X') {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading pid %d: %w", pid, err)
+		}
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading pid %d: %w", pid, err)
+		}
+		// Read the start time again: the command line is the one of the
+		// process whose start time is reported, not of a pid reused between.
+		if st2, _, err := readStat(pid); err != nil || st2 != st {
+			continue
+		}
+		ms = append(ms, Member{Pid: pid, StartTime: st, Args: splitCmdline(b)})
+	}
+	return ms, nil
+}
+
+// splitCmdline splits /proc/PID/cmdline (arguments ended by NUL bytes).
+func splitCmdline(b []byte) []string {
+	b = bytes.TrimSuffix(b, []byte{0})
+	if len(b) == 0 {
+		return nil
+	}
+	return strings.Split(string(b), "\x00")
 }
