@@ -69,6 +69,16 @@ func (s *sim) qemuSnapshotBlockedLocked() string {
 		// A restore starts qemu from the config, which has no root ports for them.
 		return "the qemu backend cannot snapshot a VM with hot-plugged disks"
 	}
+	var status struct {
+		Status string `json:"status"`
+	}
+	if err := s.qmpArgsLocked("query-status", nil, &status); err != nil {
+		return "asking qemu for the VM's state: " + err.Error()
+	}
+	if status.Status == "postmigrate" {
+		// qemu's words for what its migrate would answer.
+		return "qemu cannot save this VM again before it runs: Can't migrate the vm that was paused due to previous migration"
+	}
 	var st struct {
 		BlockedReasons []string `json:"blocked-reasons"`
 	}
