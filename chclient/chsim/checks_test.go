@@ -401,7 +401,7 @@ func TestCheck19EventStream(t *testing.T) {
 	}
 }
 
-func vsockConfig(t *testing.T, p *simProc) (string, string) {
+func vsockConfig(t testing.TB, p *simProc) (string, string) {
 	sock := filepath.Join(p.dir, "vsock.sock")
 	cfg := minimalConfig(t, p.dir)
 	cfg = strings.TrimSuffix(cfg, "}") + fmt.Sprintf(`,"vsock":{"cid":3,"socket":%q}}`, sock)

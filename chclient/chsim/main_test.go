@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 }
 
 type simProc struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	sock   string
 	events string
@@ -47,7 +47,7 @@ type simProc struct {
 }
 
 // shortDir returns a directory whose paths fit a unix socket address (108 bytes).
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "chsim")
 	if err != nil {
@@ -57,7 +57,7 @@ func shortDir(t *testing.T) string {
 	return dir
 }
 
-func startSim(t *testing.T, extra ...string) *simProc {
+func startSim(t testing.TB, extra ...string) *simProc {
 	t.Helper()
 	p, err := startSimErr(t, extra...)
 	if err != nil {
@@ -68,7 +68,7 @@ func startSim(t *testing.T, extra ...string) *simProc {
 
 // startSimNoFatal is startSim for goroutines other than the test's; it returns nil on
 // failure after logging why.
-func startSimNoFatal(t *testing.T, extra ...string) *simProc {
+func startSimNoFatal(t testing.TB, extra ...string) *simProc {
 	p, err := startSimErr(t, extra...)
 	if err != nil {
 		t.Error(err)
@@ -77,7 +77,7 @@ func startSimNoFatal(t *testing.T, extra ...string) *simProc {
 	return p
 }
 
-func startSimErr(t *testing.T, extra ...string) (*simProc, error) {
+func startSimErr(t testing.TB, extra ...string) (*simProc, error) {
 	dir := shortDir(t)
 	p := &simProc{t: t, dir: dir, sock: filepath.Join(dir, "ch.sock"),
 		events: filepath.Join(dir, "events"), log: filepath.Join(dir, "ch.log"), done: make(chan struct{})}
@@ -216,7 +216,7 @@ func containsSeq(evs []chclient.Event, want []string) bool {
 	return i == len(want)
 }
 
-func (p *simProc) wait(t *testing.T) *os.ProcessState {
+func (p *simProc) wait(t testing.TB) *os.ProcessState {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -227,7 +227,7 @@ func (p *simProc) wait(t *testing.T) *os.ProcessState {
 	}
 }
 
-func errorChain(t *testing.T, data []byte) []string {
+func errorChain(t testing.TB, data []byte) []string {
 	t.Helper()
 	var chain []string
 	if err := json.Unmarshal(data, &chain); err != nil {
@@ -244,7 +244,7 @@ func lastOf(chain []string) string {
 }
 
 // minimalConfig is a bootable VM: a kernel that exists and one disk that exists.
-func minimalConfig(t *testing.T, dir string) string {
+func minimalConfig(t testing.TB, dir string) string {
 	t.Helper()
 	kernel := filepath.Join(dir, "vmlinux")
 	disk := filepath.Join(dir, "root.img")

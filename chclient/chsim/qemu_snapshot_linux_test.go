@@ -37,7 +37,7 @@ func ticks(out string) []tick {
 }
 
 // waitTick waits until the guest has printed a tick numbered at least n, and returns it.
-func (r *serialReader) waitTick(t *testing.T, n int, timeout time.Duration) tick {
+func (r *serialReader) waitTick(t testing.TB, n int, timeout time.Duration) tick {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -54,7 +54,7 @@ func (r *serialReader) waitTick(t *testing.T, n int, timeout time.Duration) tick
 }
 
 // tapInNamespace makes a persistent tap in ns with the host end's address, up.
-func tapInNamespace(t *testing.T, ns *netnstest.NS, name, addr string) {
+func tapInNamespace(t testing.TB, ns *netnstest.NS, name, addr string) {
 	t.Helper()
 	netnstest.RequireTun(t)
 	if err := ns.Run(func() error {

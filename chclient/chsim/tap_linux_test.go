@@ -14,7 +14,7 @@ import (
 	"vmhost/internal/netnstest"
 )
 
-func netConfig(t *testing.T, p *simProc, tap string) string {
+func netConfig(t testing.TB, p *simProc, tap string) string {
 	cfg := minimalConfig(t, p.dir)
 	return strings.TrimSuffix(cfg, "}") + fmt.Sprintf(`,"net":[{"tap":%q,"mac":"02:00:00:00:00:01","mtu":1500}]}`, tap)
 }
