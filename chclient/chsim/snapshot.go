@@ -280,7 +280,7 @@ func (s *sim) backendName() string {
 
 // createNew creates a file that must not exist yet, as CH's OpenOptions::create_new.
 func createNew(path string) (*os.File, error) {
-	return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL|syscall.O_CLOEXEC, 0o666)
+	return os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o666)
 }
 
 // sendSnapshotLocked writes the snapshot as CH's Vm::send does: config.json, state.json,
@@ -367,14 +367,14 @@ func (s *sim) restore(r *request) (response, func()) {
 	if chain != nil {
 		return fail(append([]string{"Cannot restore VM", "Failed to receive migratable component snapshot"}, chain...)...)
 	}
-	var vmState vmSnapshotState
+	var root vmSnapshotState
 	if tree.SnapshotData == nil {
 		return fail("Cannot restore VM", "Failed to restore migratable component", "Could not find VM config snapshot section")
 	}
-	if err := tree.decode(&vmState); err != nil {
+	if err := tree.decode(&root); err != nil {
 		return fail("Cannot restore VM", "Failed to restore migratable component", err.Error())
 	}
-	guest := vmState.Chsim
+	guest := root.Chsim
 	if guest == nil || guest.Backend != s.backendName() {
 		taken := "Cloud Hypervisor"
 		if guest != nil {
