@@ -44,6 +44,9 @@ type simProc struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
 	hc     *http.Client
+	// timeout bounds one raw request; 0 means 10 s. A real guest's snapshot or restore
+	// on a loaded machine needs longer.
+	timeout time.Duration
 }
 
 // shortDir returns a directory whose paths fit a unix socket address (108 bytes).
@@ -127,7 +130,11 @@ func (p *simProc) raw(text string) (*http.Response, []byte) {
 		p.t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	timeout := p.timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	c.SetDeadline(time.Now().Add(timeout))
 	if _, err := io.WriteString(c, text); err != nil {
 		p.t.Fatal(err)
 	}

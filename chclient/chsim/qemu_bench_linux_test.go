@@ -73,6 +73,7 @@ func benchSnapshotRestore(b *testing.B, memory int64) {
 
 	// The simulator's guest.
 	g := bootTinyGuest(b, opts)
+	g.p.timeout = ready
 	g.serial.wait(b, "tinyguest: filled", ready)
 	g.serial.waitTick(b, 1, time.Minute)
 	consoleSock := filepath.Join(g.p.dir, "console.sock")
@@ -108,6 +109,7 @@ func benchSnapshotRestore(b *testing.B, memory int64) {
 
 		start = time.Now()
 		p := startSim(b, "--sim-backend", "qemu")
+		p.timeout = ready
 		p.wantStatus("PUT", "/api/v1/vm.restore", fmt.Sprintf(`{"source_url":%q,"resume":true}`, "file://"+dir), 204)
 		sim.restore = append(sim.restore, time.Since(start))
 		g.p, g.serial = p, readSerial(b, consoleSock)

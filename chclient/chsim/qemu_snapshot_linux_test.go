@@ -90,6 +90,7 @@ func TestQemuBackendSnapshotRestore(t *testing.T) {
 	g := bootTinyGuest(t, tinyGuestOpts{mode: "counter", vhostDisk0: true, tap: tap, start: ns.Run,
 		cmdline: "tinyguest.ip=10.99.0.2/24,10.99.0.1"})
 	p := g.p
+	p.timeout = 2 * time.Minute // a loaded machine slows qemu's save and load
 	image, vhostSocket := filepath.Join(p.dir, "disk0.img"), filepath.Join(p.dir, "disk0.vhost")
 	mark := func(m string) {
 		t.Helper()
@@ -188,6 +189,7 @@ func TestQemuBackendSnapshotRestore(t *testing.T) {
 	if err := ns.Run(func() error { q = startSimNoFatal(t, "--sim-backend", "qemu"); return nil }); err != nil || q == nil {
 		t.Fatalf("starting the simulator for the restore: %v", err)
 	}
+	q.timeout = p.timeout
 	start = time.Now()
 	q.wantStatus("PUT", "/api/v1/vm.restore", fmt.Sprintf(`{"source_url":%q}`, "file://"+suspend), 204)
 	t.Logf("vm.restore took %v", time.Since(start))
@@ -248,6 +250,7 @@ func TestQemuBackendSnapshotRestore(t *testing.T) {
 	if err := ns.Run(func() error { r = startSimNoFatal(t, "--sim-backend", "qemu"); return nil }); err != nil || r == nil {
 		t.Fatalf("starting the simulator: %v", err)
 	}
+	r.timeout = p.timeout
 	chain = errorChain(t, r.wantStatus("PUT", "/api/v1/vm.restore", fmt.Sprintf(`{"source_url":%q}`, "file://"+damaged), 500))
 	t.Logf("restore of a damaged stream: %q", chain)
 	if chain[1] != "The VM could not be restored" || !strings.Contains(lastOf(chain), "qemu") {
