@@ -137,10 +137,24 @@ func TestDebPackage(t *testing.T) {
 		"-rw-r--r-- root/root ./lib/systemd/system/vmhost.service",
 		"-rwxr-xr-x root/root ./usr/bin/vmhost",
 		"-rw-r--r-- root/root ./usr/share/doc/vmhost/README.md.gz",
+	}
+	// Every guide of docs/ ships, compressed, as the README links them.
+	docs, _ := filepath.Glob("docs/*.md")
+	refs, _ := filepath.Glob("docs/ref/*.md")
+	if len(docs) < 6 {
+		t.Fatalf("docs/*.md: %q", docs)
+	}
+	for _, d := range append(docs, refs...) {
+		want = append(want, "-rw-r--r-- root/root ./usr/share/doc/vmhost/"+strings.TrimPrefix(d, "docs/")+".gz")
+	}
+	want = append(want,
 		"-rw-r--r-- root/root ./usr/share/doc/vmhost/changelog.gz",
 		"-rw-r--r-- root/root ./usr/share/doc/vmhost/copyright",
 		"-rw-r--r-- root/root ./usr/share/lintian/overrides/vmhost",
-	}
+		"-rw-r--r-- root/root ./usr/share/man/man1/vmhost.1.gz",
+	)
+	slices.Sort(want)
+	slices.Sort(files)
 	if !slices.Equal(files, want) {
 		t.Errorf("package files:\n%s\nwant:\n%s", strings.Join(files, "\n"), strings.Join(want, "\n"))
 	}
@@ -175,6 +189,21 @@ func TestDebPackage(t *testing.T) {
 	}
 	if err != nil || !strings.HasPrefix(string(v), "vmhost 1.2.3\n"+wantCommit+"\n") {
 		t.Errorf("packaged vmhost version = %q, %v; want 1.2.3 and %s", v, err, wantCommit)
+	}
+	gunzip := func(path string) string {
+		b, err := exec.Command("gzip", "-dc", filepath.Join(root, path)).Output()
+		if err != nil {
+			t.Fatalf("gzip -dc %s: %v", path, err)
+		}
+		return string(b)
+	}
+	if man, want := gunzip("usr/share/man/man1/vmhost.1.gz"), manPage("1.2.3"); man != want {
+		t.Errorf("the packaged manual page is not vmhost man of version 1.2.3:\n%s", man)
+	}
+	for _, d := range []string{"api.md", "operating.md"} {
+		if b, _ := os.ReadFile(filepath.Join("docs", d)); gunzip("usr/share/doc/vmhost/"+d+".gz") != string(b) || len(b) == 0 {
+			t.Errorf("the packaged %s is not docs/%s", d, d)
+		}
 	}
 	cfg := filepath.Join(root, "etc/vmhost/config.json")
 	def, _, _ := vmhost(t, "", "config", "default")

@@ -1,22 +1,14 @@
 // Command vmhost is a per-host VM agent: it runs Cloud Hypervisor VMs and
-// AppVMs on one host and serves an authenticated JSON-over-HTTP API for them.
+// AppVMs on one host and serves an authenticated JSON-over-HTTP API for
+// them. The same binary is the operator's command-line client, the AppVM
+// guest agent and the simulators the tests and dev mode use.
 //
-// Subcommands:
-//
-//	vmhost serve --listen ADDR --state-dir DIR --run-dir DIR [--config FILE] [--dev]
-//	vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow PATTERN]...
-//	vmhost key list --state-dir DIR
-//	vmhost key remove --state-dir DIR --name NAME
-//	vmhost image import --state-dir DIR --id ID FILE   (offline, on the state dir)
-//	vmhost vm|appvm|volume|image|events|console ...   (the API client, package cli)
-//	vmhost config default|check FILE
-//	vmhost version     (also --version)
-//	vmhost guest ...   (the AppVM guest agent; also what runs as PID 1)
-//	vmhost sim-ch ...  (Cloud Hypervisor simulator)
-//	vmhost sim-qsd ... (qemu-storage-daemon simulator)
-//
-// serve is the default when the first argument is a flag or absent. See
-// README.md for the configuration file and the API.
+// The commands are listed by `vmhost help` (agentSynopses here, the
+// client's in package cli): serve, doctor, key, image import, config,
+// openapi, completion, man, version; the client commands; and guest,
+// sim-ch, sim-qsd. serve is the default when the first argument is one of
+// its flags (vmhost --dev). docs/ holds the operator's guide and the API
+// reference.
 package main
 
 import (
@@ -25,6 +17,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -33,21 +26,6 @@ import (
 	"vmhost/cli"
 	"vmhost/qmp/qsdsim"
 )
-
-const usage = `usage:
-  vmhost serve --listen ADDR --state-dir DIR --run-dir DIR [--config FILE]
-  vmhost serve --dev [--listen ADDR] [--config FILE]
-  vmhost key add --state-dir DIR --name NAME --scope read|readwrite [--allow 'GET /api/vms/{id}']...
-  vmhost key list --state-dir DIR
-  vmhost key remove --state-dir DIR --name NAME
-  vmhost image import --state-dir DIR --id ID [--ignore-owners] [--skip-devices] FILE
-  vmhost config default|check FILE
-  vmhost openapi
-  vmhost version
-Run "vmhost COMMAND -h" for the flags of a command.
-` + cli.Usage + `
-Also: guest, sim-ch, sim-qsd (the AppVM guest agent and the simulators; see README.md).
-`
 
 func main() {
 	if code, ok := runAsInit(); ok {
@@ -59,16 +37,27 @@ func main() {
 // run dispatches a command line (without the program name) and returns the
 // exit status: 0 success, 1 failure, 2 usage error.
 func run(args []string, stdout, stderr io.Writer) int {
-	if len(args) > 0 && (args[0] == "--version" || args[0] == "-version") {
-		return versionCmd(args[1:], stdout, stderr)
+	if len(args) == 0 {
+		fmt.Fprint(stderr, shortUsage)
+		return 2
 	}
-	if len(args) == 0 || strings.HasPrefix(args[0], "-") && args[0] != "-h" && args[0] != "--help" && args[0] != "-help" {
+	switch a := args[0]; {
+	case a == "--version" || a == "-version":
+		return versionCmd(args[1:], stdout, stderr)
+	case a == "-h" || a == "--help" || a == "-help":
+		fmt.Fprint(stdout, usage())
+		return 0
+	case cli.IsGlobalFlag(a): // vmhost -o json vm list
+		return client(args, stdout, stderr)
+	case strings.HasPrefix(a, "-"): // vmhost --dev
 		return serve(args, stdout, stderr)
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "serve":
 		return serve(rest, stdout, stderr)
+	case "doctor":
+		return doctorCmd(rest, stdout, stderr)
 	case "key":
 		return key(rest, stdout, stderr)
 	case "image":
@@ -76,25 +65,30 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return image(rest, stdout, stderr)
 		}
 		return client(args, stdout, stderr)
-	case "vm", "appvm", "volume", "events", "console":
-		return client(args, stdout, stderr)
 	case "version":
 		return versionCmd(rest, stdout, stderr)
 	case "config":
 		return configCmd(rest, stdout, stderr)
 	case "openapi":
 		return openAPICmd(rest, stdout, stderr)
+	case "completion":
+		return completionCmd(rest, stdout, stderr)
+	case "man":
+		return manCmd(rest, stdout, stderr)
 	case "guest": // the AppVM guest agent (main_guest.go)
 		return guest.Main(rest)
-	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (DESIGN §6)
+	case "sim-ch": // the Cloud Hypervisor simulator, with cloud-hypervisor's flags (docs/design.md)
 		return chsim.Main(rest)
-	case "sim-qsd": // the qemu-storage-daemon simulator, with its options (DESIGN §6)
+	case "sim-qsd": // the qemu-storage-daemon simulator, with its options (docs/design.md)
 		return qsdsim.Main(rest)
-	case "help", "-h", "-help", "--help":
-		fmt.Fprint(stdout, usage)
+	case "help":
+		fmt.Fprint(stdout, usage())
 		return 0
 	}
-	fmt.Fprintf(stderr, "vmhost: unknown command %q\n%s", cmd, usage)
+	if slices.Contains(cli.Commands, cmd) {
+		return client(args, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "vmhost: unknown command %q\n%s", cmd, usage())
 	return 2
 }
 

@@ -91,6 +91,17 @@ func TestCLIAgainstAgent(t *testing.T) {
 		t.Errorf("vm list -o json = %d\n%s\nwant the API's body\n%s", code, out, want)
 	}
 
+	// Client flags before the command (not taken as serve's), and vmhost
+	// list showing both families.
+	if out2, errOut, code := run("-o", "json", "vm", "list"); code != 0 || out2 != out {
+		t.Errorf("vmhost -o json vm list = %d, %q, %q; want what vm list -o json printed", code, out2, errOut)
+	}
+	if out, errOut, code := run("--api", "unix:"+sock, "list"); code != 0 || len(rows(out)) != 2 || rows(out)[1][0] != "n1" {
+		t.Errorf("vmhost --api … list = %d\n%s%s", code, out, errOut)
+	}
+	if out, errOut, code := run("network", "list"); code != 0 || rows(out)[1][0] != "default" || rows(out)[1][1] != "vmhost0" {
+		t.Errorf("vmhost network list = %d\n%s%s", code, out, errOut)
+	}
 	if out, errOut, code = run("vm", "start", "n1"); code != 0 || out != "n1: start accepted\n" {
 		t.Errorf("vm start = %d, %q, %q", code, out, errOut)
 	}
@@ -104,6 +115,13 @@ func TestCLIAgainstAgent(t *testing.T) {
 	out, errOut, code = run("vm", "delete", "n1")
 	if code != 1 || out != "" || !strings.HasPrefix(errOut, "INVALID_STATE: ") {
 		t.Errorf("vm delete of a running VM = %d, %q, %q; want 1 and INVALID_STATE: …", code, out, errOut)
+	}
+	// A stop the operator asked for is the last stop, not a failure.
+	if out, errOut, code = run("vm", "stop", "n1"); code != 0 {
+		t.Errorf("vm stop = %d, %q", code, errOut)
+	}
+	if out, _, code = run("vm", "get", "n1"); code != 0 || !strings.HasSuffix(out, "\nlast stop: stopped by the operator\n") {
+		t.Errorf("vm get after a stop = %d\n%s", code, out)
 	}
 	if out, errOut, code = run("vm", "delete", "--force", "n1"); code != 0 || out != "n1: deleted\n" {
 		t.Errorf("vm delete --force = %d, %q, %q", code, out, errOut)

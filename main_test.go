@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -329,15 +328,9 @@ func TestServeDev(t *testing.T) {
 	cwd := t.TempDir()
 	s := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0")
 
-	sc := bufio.NewScanner(strings.NewReader(s.stdout.String()))
-	var token string
-	for sc.Scan() {
-		if tokenLine.MatchString(sc.Text() + "\n") {
-			token = sc.Text()
-		}
-	}
-	if token == "" {
-		t.Fatalf("serve --dev printed no key on first start; stdout:\n%s", s.stdout)
+	token := devToken(t, s)
+	if api := devExport(t, s, "VMHOST_API"); api != "http://"+s.addr {
+		t.Errorf("serve --dev printed VMHOST_API=%s, want http://%s", api, s.addr)
 	}
 	for _, p := range []string{"vmhost-dev/config.json", "vmhost-dev/state/keys.json", "vmhost-dev/state/vms", "vmhost-dev/run"} {
 		if _, err := os.Stat(filepath.Join(cwd, p)); err != nil {
@@ -375,7 +368,7 @@ func TestServeDev(t *testing.T) {
 
 	// The second start prints no key and keeps the first one.
 	s2 := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0")
-	if strings.Contains(s2.stdout.String(), "vmh_") {
+	if api := devExport(t, s2, "VMHOST_API"); api != "http://"+s2.addr || strings.Contains(s2.stdout.String(), "vmh_") {
 		t.Errorf("second dev start printed a key:\n%s", s2.stdout)
 	}
 	if code, _ := s2.get(t, "/api/vms/x", "Bearer "+token); code != http.StatusNotFound {
@@ -452,16 +445,6 @@ func TestServeOneAgentPerDirectory(t *testing.T) {
 	// Released with the agent: the next one starts.
 	s = startServer(t, cwd, "--listen", "127.0.0.1:0", "--state-dir", "state", "--run-dir", "run", "--simulate", "ch,qsd")
 	s.stop(t, syscall.SIGTERM)
-}
-
-func TestDevFallbackRunDirPerStateDir(t *testing.T) {
-	a, b := devFallbackRunDir("/x/state"), devFallbackRunDir("/y/state")
-	if a == b {
-		t.Errorf("two state directories share the fallback run dir %s", a)
-	}
-	if a != devFallbackRunDir("/x/state") {
-		t.Error("the fallback run dir is not stable for one state directory")
-	}
 }
 
 func TestServeFlags(t *testing.T) {

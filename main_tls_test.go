@@ -105,16 +105,32 @@ func (ca *testCA) issueTo(t *testing.T, dir, name, cn string, client bool, notAf
 	return certPath, keyPath
 }
 
-// devToken is the key a first `serve --dev` printed.
+// devToken is the key a first `serve --dev` printed, as the value of
+// "export VMHOST_TOKEN=" among the lines for a shell it prints once
+// serving (after recovery, so it is waited for).
 func devToken(t *testing.T, s *server) string {
 	t.Helper()
+	return devExport(t, s, "VMHOST_TOKEN")
+}
+
+// devExport waits for the shell lines `serve --dev` prints once serving
+// and returns the value of "export NAME=" ("" when it printed no such
+// line).
+func devExport(t *testing.T, s *server, name string) string {
+	t.Helper()
+	waitFor(t, func() bool { return strings.Contains(s.stdout.String(), "export VMHOST_API=") }, "serve --dev's shell lines")
 	sc := bufio.NewScanner(strings.NewReader(s.stdout.String()))
 	for sc.Scan() {
-		if tokenLine.MatchString(sc.Text() + "\n") {
-			return sc.Text()
+		if v, ok := strings.CutPrefix(sc.Text(), "export "+name+"="); ok {
+			if name == "VMHOST_TOKEN" && !tokenLine.MatchString(v+"\n") {
+				t.Fatalf("serve --dev printed the token %q, not a key", v)
+			}
+			return v
 		}
 	}
-	t.Fatalf("serve --dev printed no key; stdout:\n%s", s.stdout)
+	if name == "VMHOST_TOKEN" {
+		t.Fatalf("serve --dev printed no key; stdout:\n%s", s.stdout)
+	}
 	return ""
 }
 

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"sync"
+
+	"vmhost/internal/rotlog"
 )
 
 // DefaultLogMaxBytes is the size at which a workload log is rotated.
@@ -20,13 +22,10 @@ const DefaultLogMaxBytes = 1 << 20
 // tail back until the next chunk shows whether the value completes; Flush
 // (at the workload's exit) and Close write what is still held.
 type workloadLog struct {
-	path    string
-	max     int64
 	secrets [][]byte
 
-	mu   sync.Mutex
-	f    *os.File
-	size int64
+	mu sync.Mutex
+	f  *rotlog.File // nil once closed
 	// held is the end of the output so far that may begin a secret value.
 	held []byte
 }
@@ -39,30 +38,20 @@ func openWorkloadLog(path string, max int64, secrets []string) (*workloadLog, er
 	if max <= 0 {
 		max = DefaultLogMaxBytes
 	}
-	l := &workloadLog{path: path, max: max}
+	l := &workloadLog{}
 	for _, s := range secrets {
 		if len(s) >= minScrubbed {
 			l.secrets = append(l.secrets, []byte(s))
 		}
 	}
-	if err := l.open(); err != nil {
-		return nil, err
+	// Chunks are records: one goes whole into the next file rather than
+	// be cut at the cap.
+	f, err := rotlog.Open(path, rotlog.Options{MaxBytes: max})
+	if err != nil {
+		return nil, fmt.Errorf("opening workload log: %w", err)
 	}
+	l.f = f
 	return l, nil
-}
-
-func (l *workloadLog) open() error {
-	f, err := os.OpenFile(l.path, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("opening workload log: %w", err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("opening workload log: %w", err)
-	}
-	l.f, l.size = f, fi.Size()
-	return nil
 }
 
 // Write appends p (scrubbed), rotating first when it would not fit.
@@ -110,19 +99,7 @@ func (l *workloadLog) write(p []byte) error {
 	if len(p) == 0 {
 		return nil
 	}
-	if l.size > 0 && l.size+int64(len(p)) > l.max {
-		l.f.Close()
-		l.f = nil
-		if err := os.Rename(l.path, l.path+".1"); err != nil {
-			return fmt.Errorf("rotating workload log: %w", err)
-		}
-		if err := l.open(); err != nil {
-			return err
-		}
-	}
-	m, err := l.f.Write(p)
-	l.size += int64(m)
-	if err != nil {
+	if _, err := l.f.Write(p); err != nil {
 		return fmt.Errorf("writing workload log: %w", err)
 	}
 	return nil
@@ -153,9 +130,6 @@ func (l *workloadLog) Close() error {
 		return nil
 	}
 	werr := l.flushLocked()
-	if l.f == nil { // a failed rotation left no file
-		return werr
-	}
 	err := l.f.Close()
 	l.f = nil
 	return errors.Join(werr, err)

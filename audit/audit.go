@@ -14,15 +14,10 @@ package audit
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"sync"
 	"time"
 
-	"path/filepath"
-	"vmhost/internal/atomicfile"
+	"vmhost/internal/rotlog"
 )
 
 // Entry is one audited request.
@@ -46,87 +41,32 @@ type Entry struct {
 
 // Log is an audit log file. It is safe for concurrent use.
 type Log struct {
-	path string
-	max  int64
-
-	mu   sync.Mutex
-	f    *os.File
-	size int64
+	f *rotlog.File
 }
 
 // Open opens (creating, 0600) the audit log at path, rotated once it would
 // pass maxBytes.
 func Open(path string, maxBytes int64) (*Log, error) {
-	f, size, err := openAppend(path)
+	// Sync: the rotation's rename is made durable with the lines it moves;
+	// the entries themselves are not fsynced (see the package doc).
+	f, err := rotlog.Open(path, rotlog.Options{MaxBytes: maxBytes, Sync: true})
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("audit log: %w", err)
 	}
-	return &Log{path: path, max: maxBytes, f: f, size: size}, nil
+	return &Log{f: f}, nil
 }
 
-func openAppend(path string) (*os.File, int64, error) {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return nil, 0, fmt.Errorf("audit log: %w", err)
-	}
-	fi, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return nil, 0, fmt.Errorf("audit log: %w", err)
-	}
-	if !fi.Mode().IsRegular() {
-		f.Close()
-		return nil, 0, fmt.Errorf("audit log: %s is not a regular file", path)
-	}
-	return f, fi.Size(), nil
-}
-
-// Write appends e.
+// Write appends e, as one write(2).
 func (l *Log) Write(e Entry) error {
 	line, err := json.Marshal(e)
 	if err != nil {
 		return err
 	}
-	line = append(line, '\n')
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.size > 0 && l.size+int64(len(line)) > l.max {
-		if err := l.rotate(); err != nil {
-			return err
-		}
-	}
-	n, err := l.f.Write(line)
-	l.size += int64(n)
-	if err != nil {
+	if _, err := l.f.Write(append(line, '\n')); err != nil {
 		return fmt.Errorf("audit log: %w", err)
 	}
-	return nil
-}
-
-// rotate moves the full log to path.1 and starts a new one; l.mu is held.
-func (l *Log) rotate() error {
-	if err := l.f.Sync(); err != nil {
-		return fmt.Errorf("audit log: %w", err)
-	}
-	if err := os.Rename(l.path, l.path+".1"); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("audit log: rotating: %w", err)
-	}
-	f, size, err := openAppend(l.path)
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.SyncDir(filepath.Dir(l.path)); err != nil {
-		f.Close()
-		return fmt.Errorf("audit log: %w", err)
-	}
-	l.f.Close()
-	l.f, l.size = f, size
 	return nil
 }
 
 // Close closes the log.
-func (l *Log) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.f.Close()
-}
+func (l *Log) Close() error { return l.f.Close() }

@@ -49,7 +49,7 @@ import (
 // Scope is what a key may do.
 type Scope string
 
-// The scopes of the contract (api.md §5).
+// The scopes of the API (docs/api.md, Conventions: Keys).
 const (
 	ScopeRead      Scope = "read"
 	ScopeReadWrite Scope = "readwrite"

@@ -1,8 +1,11 @@
-// Package cli is vmhost's command-line client for operators: `vmhost vm`,
-// `vmhost appvm`, `vmhost volume`, `vmhost image` (list, get, import and
-// delete through the API), `vmhost events` and `vmhost console`. It talks
-// to an agent's API over HTTP only (never importing the agent's packages),
-// so it works the same against a local or a remote agent.
+// Package cli is vmhost's command-line client for operators: one command
+// per API route (the VMs of both families, volumes, AppVM images, registry
+// images, the image cache, networks, host PCI devices, events, metrics,
+// health) and `vmhost console`. Synopses lists them; each names the routes
+// it calls, and the same list makes `vmhost help`, the manual page and the
+// completion scripts (Completion). The client talks to an agent's API over
+// HTTP only (never importing the agent's packages), so it works the same
+// against a local or a remote agent.
 //
 // # Connecting
 //
@@ -17,8 +20,10 @@
 // # Output and exit status
 //
 // Lists and single reads print aligned tables; -o json prints the API's
-// body unchanged. An API error prints "CODE: message" on stderr and exits
-// 1; a usage error exits 2.
+// body unchanged. The client flags (GlobalFlags) may come before the
+// command or after its arguments. An API error prints "CODE: message" on
+// stderr and exits 1; a usage error exits 2. With neither --api nor
+// $VMHOST_API, an absent packaged socket says how to reach a dev agent.
 package cli
 
 import (
@@ -31,10 +36,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 )
@@ -47,21 +54,15 @@ const DefaultAPI = "unix:/run/vmhost/api.sock"
 const DefaultRunDir = "/run/vmhost"
 
 // Commands are the first words Run handles.
-var Commands = []string{"vm", "appvm", "volume", "image", "events", "console"}
-
-// Usage is the client's part of vmhost's usage text.
-const Usage = `client commands (talk to the API of --api, $VMHOST_API, default ` + DefaultAPI + `):
-  vmhost vm list|get ID|create -f FILE|start ID|stop ID|shutdown ID|pause ID|resume ID|reboot ID|delete ID [--force]
-  vmhost appvm (the same verbs, for AppVMs)
-  vmhost volume list|get ID|create --size-gib N [--id ID] [--format raw|ext4]|delete ID
-  vmhost volume attach VM (--volume ID | --size-gib N) [--readonly] [--appvm --mountpoint PATH]
-  vmhost volume detach VM VOL [--appvm]
-  vmhost image list|get ID|import --id ID PATH|delete ID
-  vmhost events [--vm ID] [--since SEQ]
-  vmhost console ID [--run-dir DIR]      (on the agent's host; escape: Ctrl-] then q)
-common flags: --api URL  --token TOKEN (or $VMHOST_TOKEN, --token-file FILE)
-  --cacert FILE  --cert FILE --key FILE  -o table|json
-`
+var Commands = func() []string {
+	var out []string
+	for _, s := range Synopses {
+		if c, _ := s.Command(); !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}()
 
 // errUsage marks an error that exits 2.
 var errUsage = errors.New("usage")
@@ -119,14 +120,16 @@ type options struct {
 	runDir                string
 }
 
+// register adds the flags to fs, each defaulting to its value in o, so
+// that flags given before the command stay unless given again after it.
 func (o *options) register(fs *flag.FlagSet) {
-	fs.StringVar(&o.api, "api", "", "API address: http://HOST:PORT, https://HOST:PORT or unix:/path (default $VMHOST_API, else "+DefaultAPI+")")
-	fs.StringVar(&o.token, "token", "", "API key (default $VMHOST_TOKEN); prefer the variable or --token-file, as arguments show in ps")
-	fs.StringVar(&o.tokenFile, "token-file", "", "file holding the API key")
-	fs.StringVar(&o.cacert, "cacert", "", "PEM CA bundle that signed the agent's certificate (https; default: the system roots)")
-	fs.StringVar(&o.cert, "cert", "", "PEM client certificate for mutual TLS")
-	fs.StringVar(&o.key, "key", "", "PEM private key of --cert")
-	fs.StringVar(&o.output, "o", "table", "output: table or json (the API's body unchanged)")
+	fs.StringVar(&o.api, "api", o.api, "API address: http://HOST:PORT, https://HOST:PORT or unix:/path (default $VMHOST_API, else "+DefaultAPI+")")
+	fs.StringVar(&o.token, "token", o.token, "API key (default $VMHOST_TOKEN); prefer the variable or --token-file, as arguments show in ps")
+	fs.StringVar(&o.tokenFile, "token-file", o.tokenFile, "file holding the API key")
+	fs.StringVar(&o.cacert, "cacert", o.cacert, "PEM CA bundle that signed the agent's certificate (https; default: the system roots)")
+	fs.StringVar(&o.cert, "cert", o.cert, "PEM client certificate for mutual TLS")
+	fs.StringVar(&o.key, "key", o.key, "PEM private key of --cert")
+	fs.StringVar(&o.output, "o", o.output, "output: table or json (the API's body unchanged)")
 }
 
 // Client talks to one agent's API. Base is the URL prefix requests go to.
@@ -135,6 +138,9 @@ type Client struct {
 	Base  string
 	api   string // as given, for errors
 	token string
+	// defaulted: no --api and no $VMHOST_API named the agent, so the
+	// packaged service's socket was tried.
+	defaulted bool
 }
 
 // newClient builds the client of o (flags, then the environment).
@@ -143,7 +149,8 @@ func newClient(o *options, getenv func(string) string) (*Client, error) {
 	if api == "" {
 		api = getenv("VMHOST_API")
 	}
-	if api == "" {
+	defaulted := api == ""
+	if defaulted {
 		api = DefaultAPI
 	}
 	token := o.token
@@ -158,7 +165,7 @@ func newClient(o *options, getenv func(string) string) (*Client, error) {
 		token = getenv("VMHOST_TOKEN")
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
-	c := &Client{HTTP: &http.Client{Transport: tr}, api: api, token: token}
+	c := &Client{HTTP: &http.Client{Transport: tr}, api: api, token: token, defaulted: defaulted}
 	if path, ok := strings.CutPrefix(api, "unix:"); ok {
 		if path == "" {
 			return nil, usageError("--api unix: needs a socket path")
@@ -250,6 +257,11 @@ func (c *Client) send(ctx context.Context, method, path string, body []byte, hdr
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if c.defaulted && errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("no agent at %s, where the packaged service listens (is it running? systemctl status vmhost).\n"+
+				"For an agent started with vmhost serve --dev, run the two export lines it printed (export VMHOST_API=http://127.0.0.1:8080\n"+
+				"and export VMHOST_TOKEN=vmh_...), or give --api and --token", c.api)
+		}
 		return nil, fmt.Errorf("%s %s at %s: %w", method, path, c.api, err)
 	}
 	return resp, nil
@@ -265,6 +277,7 @@ type env struct {
 	now    time.Time
 	opts   options
 	client *Client
+	cmd    string // the command run, for its usage
 }
 
 // Run runs a client command line (args[0] one of Commands) until done or
@@ -274,7 +287,7 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now()}
+	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now(), opts: options{output: "table"}}
 	err := e.run(args)
 	switch {
 	case err == nil:
@@ -282,7 +295,11 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
-		fmt.Fprintf(stderr, "vmhost %s\n%s", strings.TrimPrefix(err.Error(), "usage: "), Usage)
+		usage := Usage
+		if e.cmd != "" && slices.Contains(Commands, e.cmd) {
+			usage = commandUsage(e.cmd)
+		}
+		fmt.Fprintf(stderr, "vmhost %s\n%s", strings.TrimPrefix(err.Error(), "usage: "), usage)
 		return 2
 	}
 	var ae *APIError
@@ -298,18 +315,33 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 func (e *env) run(args []string) error {
+	// Client flags may come before the command (vmhost -o json vm list).
+	lead := flag.NewFlagSet("vmhost", flag.ContinueOnError)
+	lead.SetOutput(io.Discard)
+	e.opts.register(lead)
+	if err := lead.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(e.stdout, Usage)
+			return nil
+		}
+		return usageError("%v", err)
+	}
+	args = lead.Args()
 	if len(args) == 0 {
 		return usageError("no command")
 	}
 	cmd, rest := args[0], args[1:]
+	e.cmd = cmd
 	if len(rest) > 0 && cmd != "events" && cmd != "console" {
 		switch rest[0] {
 		case "-h", "-help", "--help", "help":
-			fmt.Fprint(e.stdout, Usage)
+			fmt.Fprint(e.stdout, commandUsage(cmd))
 			return nil
 		}
 	}
 	switch cmd {
+	case "list":
+		return e.listAll(rest)
 	case "vm":
 		return e.vmCmd("vm", rest)
 	case "appvm":
@@ -318,8 +350,18 @@ func (e *env) run(args []string) error {
 		return e.volumeCmd(rest)
 	case "image":
 		return e.imageCmd(rest)
+	case "registry":
+		return e.registryCmd(rest)
+	case "cache":
+		return e.cacheCmd(rest)
+	case "network":
+		return e.networkCmd(rest)
+	case "host":
+		return e.hostCmd(rest)
 	case "events":
 		return e.eventsCmd(rest)
+	case "metrics", "health":
+		return e.textCmd(cmd, rest)
 	case "console":
 		return e.consoleCmd(rest)
 	}

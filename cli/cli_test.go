@@ -62,7 +62,7 @@ func runCLI(t *testing.T, api string, args ...string) (string, string, int) {
 
 const volJSON = `{"id":"db","path":"/var/lib/vmhost/volumes/db.qcow2","virtual_size_bytes":10737418240,"fmt":"qcow2","format":"ext4","created_at":"2026-11-20T10:00:00Z","attached_to":{"vm_id":"web","mode":"appvm","device":"/dev/vdc"}}`
 
-// TestVolumeCommands: the volume commands send extensions.md §1's routes
+// TestVolumeCommands: the volume commands send the volume routes
 // and bodies (transcript), and print the answers as tables.
 func TestVolumeCommands(t *testing.T) {
 	rec := &recorder{answers: map[string]answer{
@@ -156,7 +156,7 @@ func TestVMTable(t *testing.T) {
 		t.Errorf("vm pause -o json = %d, %q; want nothing (204)", code, out)
 	}
 
-	// An AppVM create answers the short response of api.md §2.4; the
+	// An AppVM create answers the short create response; the
 	// table then shows the AppVM read back. -o json is the answer as is.
 	rec.answers["POST /api/appvm/vms"] = answer{201, `{"id":"web","mode":"appvm","image_id":"nginx","booted":true}`}
 	rec.answers["GET /api/appvm/vms/web"] = answer{200, `{"id":"web","mode":"appvm","state":"running","display_state":"booting","vcpus":2,"memory_mb":512,"appvm":{"ip":"10.0.0.7"}}`}
@@ -175,7 +175,7 @@ func TestVMTable(t *testing.T) {
 	}
 }
 
-// sseServer serves GET /api/events as extensions.md §6 says: id: <seq>,
+// sseServer serves GET /api/events as the agent does (docs/api.md, Events): id: <seq>,
 // data: {...}; a connection resumes after Last-Event-ID. Each connection
 // sends the next two events and closes, as a restarting agent would.
 type sseServer struct {

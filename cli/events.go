@@ -27,7 +27,7 @@ const (
 	idleLimit  = 45 * time.Second
 )
 
-// event is the part of an event's data (extensions.md §6) the table shows.
+// event is the part of an event's data (docs/api.md, Events) the table shows.
 type event struct {
 	Seq          int64  `json:"seq"`
 	Time         string `json:"time"`

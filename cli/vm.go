@@ -8,13 +8,14 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 )
 
-// vmView holds the fields of a VmView (api.md §2.1) the tables show.
+// vmView holds the fields of a VM view (docs/api.md) the tables show.
 type vmView struct {
 	ID           string     `json:"id"`
 	Mode         string     `json:"mode"`
@@ -37,7 +38,16 @@ type vmView struct {
 	} `json:"appvm"`
 	FailureReason *struct {
 		Summary string `json:"summary"`
+		Cause   string `json:"cause"`
 	} `json:"failure_reason"`
+}
+
+// cleanStop reports whether the VM's failure_reason records a stop that
+// was asked for (by the operator or by the guest powering off), which a
+// table shows as the last stop, not as a failure.
+func (v *vmView) cleanStop() bool {
+	return v.State == "stopped" && v.FailureReason != nil &&
+		(v.FailureReason.Cause == "operator_shutdown" || v.FailureReason.Cause == "guest_shutdown")
 }
 
 // ipv4 is the address the table shows: the observed one, else the static
@@ -106,7 +116,11 @@ func (e *env) vmTable(vms []vmView) {
 	}
 	tw.Flush()
 	if len(vms) == 1 && vms[0].FailureReason != nil {
-		fmt.Fprintf(e.stdout, "failure: %s\n", vms[0].FailureReason.Summary)
+		what := "failure"
+		if vms[0].cleanStop() {
+			what = "last stop"
+		}
+		fmt.Fprintf(e.stdout, "%s: %s\n", what, vms[0].FailureReason.Summary)
 	}
 }
 
@@ -117,16 +131,23 @@ func (e *env) vmCmd(family string, args []string) error {
 		prefix = "/api/appvm/vms"
 	}
 	if len(args) == 0 {
-		return usageError("%s: no subcommand (list, get, create, start, stop, shutdown, pause, resume, reboot, delete)", family)
+		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, delete"
+		if family == "appvm" {
+			verbs += ", edit, redeploy"
+		}
+		return usageError("%s: no subcommand (%s)", family, verbs)
 	}
 	sub := args[0]
 	name := family + " " + sub
 	var file string
-	var force bool
+	var force, restart bool
 	pos, err := e.parse(name, args[1:], func(fs *flag.FlagSet) {
 		switch sub {
 		case "create":
-			fs.StringVar(&file, "f", "", "JSON create body (api.md §4.2/§4.3); - for stdin")
+			fs.StringVar(&file, "f", "", "JSON create body (docs/api.md); - for stdin")
+		case "edit":
+			fs.StringVar(&file, "f", "", "JSON object of the spec fields to change (docs/api.md, PATCH /api/appvm/vms/{id}/spec); - for stdin")
+			fs.BoolVar(&restart, "restart", false, "restart the AppVM now on the new spec (else a running one keeps the old until its next boot)")
 		case "delete":
 			fs.BoolVar(&force, "force", false, "delete a running VM (stopping it) or cancel a provision in progress")
 		}
@@ -138,15 +159,33 @@ func (e *env) vmCmd(family string, args []string) error {
 	switch sub {
 	case "list", "create":
 		want = 0
+	case "balloon":
+		want = 2
 	case "get", "start", "stop", "shutdown", "pause", "resume", "reboot", "delete":
+	case "edit", "redeploy":
+		if family != "appvm" {
+			return usageError("%s: %s is for AppVMs (vmhost appvm %s)", family, sub, sub)
+		}
 	default:
 		return usageError("%s: unknown subcommand %q", family, sub)
 	}
 	if len(pos) != want {
-		if want == 0 {
+		switch want {
+		case 0:
 			return usageError("%s: unexpected argument %q", name, pos[0])
+		case 2:
+			return usageError("%s: want a VM id and the MiB to reclaim", name)
 		}
 		return usageError("%s: want one VM id", name)
+	}
+	if (sub == "create" || sub == "edit") && file == "" {
+		return usageError("%s: -f FILE is required", name)
+	}
+	var balloon uint64
+	if sub == "balloon" {
+		if balloon, err = strconv.ParseUint(pos[1], 10, 32); err != nil {
+			return usageError("%s: %q is not a number of MiB", name, pos[1])
+		}
 	}
 	if err := e.connect(); err != nil {
 		return err
@@ -172,9 +211,6 @@ func (e *env) vmCmd(family string, args []string) error {
 	case "get":
 		return e.showVM(prefix, pos[0])
 	case "create":
-		if file == "" {
-			return usageError("%s: -f FILE is required", name)
-		}
 		body, err := e.readFile(file)
 		if err != nil {
 			return err
@@ -196,14 +232,38 @@ func (e *env) vmCmd(family string, args []string) error {
 			if err := json.Unmarshal(b, &r); err != nil {
 				return fmt.Errorf("decoding the create answer: %w", err)
 			}
-			// The create answer is short (api.md §2.4): show the view.
+			// The create answer is short (id, mode, image_id, booted):
+			// show the view.
 			return e.showVM(prefix, r.ID)
 		}
-		var v vmView
-		if err := json.Unmarshal(b, &v); err != nil {
-			return fmt.Errorf("decoding the create answer: %w", err)
+		return e.printVM(b)
+	case "edit":
+		body, err := e.readFile(file)
+		if err != nil {
+			return err
 		}
-		e.vmTable([]vmView{v})
+		path := prefix + "/" + url.PathEscape(pos[0]) + "/spec"
+		if restart {
+			path += "?restart=true"
+		}
+		_, b, err := e.client.do(e.ctx, "PATCH", path, body)
+		if err != nil {
+			return err
+		}
+		return e.printVM(b)
+	case "redeploy":
+		// 202 with the view, redeploying true: the work goes on.
+		_, b, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/redeploy", nil)
+		if err != nil {
+			return err
+		}
+		return e.printVM(b)
+	case "balloon":
+		body, _ := json.Marshal(map[string]uint64{"balloon_mb": balloon})
+		if _, _, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/balloon", body); err != nil {
+			return err
+		}
+		e.done(fmt.Sprintf("%s: balloon set to %d MiB", pos[0], balloon))
 		return nil
 	case "delete":
 		path := prefix + "/" + url.PathEscape(pos[0])
@@ -216,11 +276,87 @@ func (e *env) vmCmd(family string, args []string) error {
 		e.done(pos[0] + ": deleted")
 		return nil
 	}
-	// A lifecycle action: 204 means accepted, not done (api.md §3).
+	// A lifecycle action: 204 means accepted, not done.
 	if _, _, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/"+sub, nil); err != nil {
 		return err
 	}
 	e.done(pos[0] + ": " + sub + " accepted")
+	return nil
+}
+
+// printVM prints a VM's view: as is with -o json, else as a table.
+func (e *env) printVM(b []byte) error {
+	if e.opts.output == "json" {
+		e.raw(b)
+		return nil
+	}
+	var v vmView
+	if err := json.Unmarshal(b, &v); err != nil {
+		return fmt.Errorf("decoding the VM: %w", err)
+	}
+	e.vmTable([]vmView{v})
+	return nil
+}
+
+// listAll runs `vmhost list`: the classic VMs and the AppVMs in one
+// table, by id; -o json prints {"vms":[…]} with both lists' views as the
+// API gave them.
+func (e *env) listAll(args []string) error {
+	pos, err := e.parse("list", args, nil)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usageError("list: unexpected argument %q", pos[0])
+	}
+	if err := e.connect(); err != nil {
+		return err
+	}
+	var raws []json.RawMessage
+	var views []vmView
+	for _, path := range []string{"/api/vms", "/api/appvm/vms"} {
+		_, b, err := e.client.do(e.ctx, "GET", path, nil)
+		if err != nil {
+			return err
+		}
+		var l struct {
+			VMs []json.RawMessage `json:"vms"`
+		}
+		if err := json.Unmarshal(b, &l); err != nil {
+			return fmt.Errorf("decoding the VM list of %s: %w", path, err)
+		}
+		for _, r := range l.VMs {
+			var v vmView
+			if err := json.Unmarshal(r, &v); err != nil {
+				return fmt.Errorf("decoding the VM list of %s: %w", path, err)
+			}
+			raws, views = append(raws, r), append(views, v)
+		}
+	}
+	order := make([]int, len(views))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return strings.Compare(views[a].ID, views[b].ID) })
+	if e.opts.output == "json" {
+		sorted := make([]json.RawMessage, len(order))
+		for i, j := range order {
+			sorted[i] = raws[j]
+		}
+		b, err := json.Marshal(struct {
+			VMs []json.RawMessage `json:"vms"`
+		}{sorted})
+		if err != nil {
+			return err
+		}
+		e.raw(b)
+		return nil
+	}
+	sorted := make([]vmView, len(order))
+	for i, j := range order {
+		sorted[i] = views[j]
+	}
+	e.vmTable(sorted)
 	return nil
 }
 
@@ -265,7 +401,7 @@ func (e *env) readFile(name string) ([]byte, error) {
 	return b, nil
 }
 
-// volumeView holds the fields of a Volume (extensions.md §1.1) the table
+// volumeView holds the fields of a Volume (docs/api.md, Volumes) the table
 // shows.
 type volumeView struct {
 	ID         string     `json:"id"`
@@ -293,7 +429,7 @@ func (e *env) volumeTable(vols []volumeView) {
 	tw.Flush()
 }
 
-// volumeCmd runs `vmhost volume …` over the routes of extensions.md §1.
+// volumeCmd runs `vmhost volume …` over the volume routes.
 func (e *env) volumeCmd(args []string) error {
 	if len(args) == 0 {
 		return usageError("volume: no subcommand (list, get, create, delete, attach, detach)")

@@ -22,6 +22,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
@@ -251,7 +252,8 @@ func DevDefault() *Config {
 
 // Load reads the JSON configuration at path over Default and validates it.
 // Unknown keys and trailing data are errors. A missing file gives an error
-// that satisfies errors.Is(err, fs.ErrNotExist).
+// that satisfies errors.Is(err, fs.ErrNotExist); an invalid one is an
+// *Error naming the file, and the line and column of each problem.
 func Load(path string) (*Config, error) { return LoadOver(path, Default()) }
 
 // LoadOver is Load over the defaults def (DevDefault for serve --dev)
@@ -262,10 +264,10 @@ func LoadOver(path string, def *Config) (*Config, error) {
 		return nil, fmt.Errorf("reading config: %w", err)
 	}
 	c, err := ParseOver(data, def)
-	if err != nil {
-		return nil, fmt.Errorf("config %s: %w", path, err)
+	if e, ok := err.(*Error); ok {
+		e.File = path
 	}
-	return c, nil
+	return c, err
 }
 
 // Parse decodes a JSON configuration over Default and validates it, as Load
@@ -273,8 +275,28 @@ func LoadOver(path string, def *Config) (*Config, error) {
 func Parse(data []byte) (*Config, error) { return ParseOver(data, Default()) }
 
 // ParseOver is Parse over the defaults def instead of Default; def is
-// used up.
+// used up. Its error is an *Error.
 func ParseOver(data []byte, def *Config) (*Config, error) {
+	fail := func(p ...Problem) (*Config, error) { return nil, &Error{Problems: p} }
+	// A syntax error or trailing data first: the walk below needs one
+	// well-formed document.
+	first := json.NewDecoder(bytes.NewReader(data))
+	if err := first.Decode(new(json.RawMessage)); err != nil {
+		return fail(decodeProblem(data, err, nil))
+	}
+	end := int(first.InputOffset())
+	if _, err := first.Token(); !errors.Is(err, io.EOF) {
+		p := Problem{Msg: "decoding: unexpected data after the JSON object"}
+		p.Line, p.Column = (&locator{data: data}).position(skipSpace(data, end))
+		return fail(p)
+	}
+	loc, unknown, err := locate(data, reflect.TypeFor[Config]())
+	if err != nil {
+		return fail(Problem{Msg: "decoding: " + err.Error()})
+	}
+	if len(unknown) > 0 {
+		return fail(unknown...)
+	}
 	c := def
 	defaultNetworks := c.Networks
 	// encoding/json decodes array elements into the slice's existing
@@ -285,20 +307,16 @@ func ParseOver(data []byte, def *Config) (*Config, error) {
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(c); err != nil {
-		return nil, fmt.Errorf("decoding: %w", err)
+		return fail(decodeProblem(data, err, loc))
 	}
-	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
-		return nil, errors.New("decoding: unexpected data after the JSON object")
-	}
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal(data, &keys); err != nil {
-		return nil, fmt.Errorf("decoding: %w", err)
-	}
-	if _, given := keys["networks"]; !given {
+	if _, given := loc.starts["networks"]; !given {
 		c.Networks = defaultNetworks
 	}
-	if err := c.Validate(); err != nil {
-		return nil, err
+	if probs := c.problems(); len(probs) > 0 {
+		for i := range probs {
+			probs[i] = loc.at(probs[i])
+		}
+		return fail(probs...)
 	}
 	return c, nil
 }
@@ -311,9 +329,22 @@ var (
 )
 
 // Validate reports every problem in c, one per line, each naming its key.
+// The error is an *Error.
 func (c *Config) Validate() error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if probs := c.problems(); len(probs) > 0 {
+		return &Error{Problems: probs}
+	}
+	return nil
+}
+
+// problems lists what is wrong with c, each problem naming its key.
+func (c *Config) problems() []Problem {
+	var probs []Problem
+	// Every message starts with the key it is about ("networks[0].mtu: …").
+	bad := func(format string, args ...any) {
+		key, msg, _ := strings.Cut(fmt.Sprintf(format, args...), ": ")
+		probs = append(probs, Problem{Key: key, Msg: msg})
+	}
 
 	if len(c.Networks) == 0 {
 		bad("networks: at least one network is required")
@@ -452,10 +483,7 @@ func (c *Config) Validate() error {
 		bad("image_cache_max_bytes: %d must be 0 (no bound) or positive", c.ImageCacheMaxBytes)
 	}
 
-	if len(errs) == 0 {
-		return nil
-	}
-	return fmt.Errorf("invalid config:\n%w", errors.Join(errs...))
+	return probs
 }
 
 // checkIndexLocation accepts an http or https URL with a host, or an

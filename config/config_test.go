@@ -93,7 +93,7 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-// TestHostPathRoots: the default roots are extensions.md §9's; --dev's
+// TestHostPathRoots: the default roots are the documented ones; --dev's
 // defaults have none, and a file's list replaces either.
 func TestHostPathRoots(t *testing.T) {
 	want := []string{"/var/lib/vmhost", "/usr/lib/vmhost", "/usr/share/cloud-hypervisor", "/usr/share/qemu", "/usr/share/OVMF", "/boot"}

@@ -180,7 +180,7 @@ func (a *attachments) close() {
 
 // sink is the keeper's output: the log, then the attached clients.
 type sink struct {
-	log    *rotatingFile
+	log    *consoleLog
 	attach *attachments
 }
 

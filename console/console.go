@@ -40,13 +40,12 @@ package console
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
-	"os"
-	"sync"
 	"time"
+
+	"vmhost/internal/rotlog"
 )
 
 // DefaultMaxSize is the size at which console.log is rotated.
@@ -85,7 +84,7 @@ type Config struct {
 type Keeper struct {
 	cancel    context.CancelFunc
 	done      chan struct{}
-	log       *rotatingFile
+	log       *consoleLog
 	attach    *attachments // nil without Config.Attach, or when it failed
 	attachErr error
 }
@@ -101,7 +100,7 @@ func Start(ctx context.Context, c Config) (*Keeper, error) {
 	if c.MaxSize <= 0 {
 		c.MaxSize = DefaultMaxSize
 	}
-	log, err := openRotating(c.Path, c.MaxSize)
+	log, err := openConsoleLog(c.Path, c.MaxSize)
 	if err != nil {
 		return nil, err
 	}
@@ -181,55 +180,37 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 	}
 }
 
-// rotatingFile is an append-only file that moves itself to path.1 when it
-// reaches max bytes.
-type rotatingFile struct {
-	path string
-	max  int64
-	f    *os.File
-	size int64
-	last byte // the last byte written, to start the marker on a new line
+// consoleLog is the console's rotlog.File, cut at exactly MaxSize (a
+// byte stream), with the last byte written (to start the marker on a new
+// line) and the first error, which every later Write returns.
+type consoleLog struct {
+	f    *rotlog.File
+	last byte
 	err  error
-	once sync.Once
 }
 
-func openRotating(path string, max int64) (*rotatingFile, error) {
-	r := &rotatingFile{path: path, max: max}
-	if err := r.open(os.O_APPEND); err != nil {
-		return nil, err
+func openConsoleLog(path string, max int64) (*consoleLog, error) {
+	f, err := rotlog.Open(path, rotlog.Options{MaxBytes: max, Split: true})
+	if err != nil {
+		return nil, fmt.Errorf("opening console log: %w", err)
 	}
-	if r.size > 0 {
-		b := make([]byte, 1)
-		if _, err := r.f.ReadAt(b, r.size-1); err == nil {
+	r := &consoleLog{f: f, last: '\n'}
+	if f.Size() > 0 {
+		b, err := readEnd(path, 1)
+		if err != nil {
+			f.Close()
+			return nil, err
+		}
+		if len(b) == 1 {
 			r.last = b[0]
 		}
 	}
 	return r, nil
 }
 
-func (r *rotatingFile) open(flag int) error {
-	f, err := os.OpenFile(r.path, os.O_RDWR|os.O_CREATE|flag, 0o600)
-	if err != nil {
-		return fmt.Errorf("opening console log: %w", err)
-	}
-	// An existing file keeps its mode on open: the console may show
-	// secrets typed at a login prompt, so force 0600.
-	if err := f.Chmod(0o600); err != nil {
-		f.Close()
-		return fmt.Errorf("restricting console log mode: %w", err)
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return fmt.Errorf("opening console log: %w", err)
-	}
-	r.f, r.size, r.last = f, st.Size(), '\n'
-	return nil
-}
-
 // lineStart is "\n" when the log does not end at a line start.
-func (r *rotatingFile) lineStart() string {
-	if r.size > 0 && r.last != '\n' {
+func (r *consoleLog) lineStart() string {
+	if r.last != '\n' {
 		return "\n"
 	}
 	return ""
@@ -237,44 +218,18 @@ func (r *rotatingFile) lineStart() string {
 
 // Write appends p, rotating as often as needed. An error is kept: every
 // later Write fails with it.
-func (r *rotatingFile) Write(p []byte) (int, error) {
+func (r *consoleLog) Write(p []byte) (int, error) {
 	if r.err != nil {
 		return 0, r.err
 	}
-	written := 0
-	for len(p) > 0 {
-		if r.size >= r.max {
-			if err := r.rotate(); err != nil {
-				r.err = err
-				return written, err
-			}
-		}
-		chunk := p[:min(int64(len(p)), r.max-r.size)]
-		n, err := r.f.Write(chunk)
-		written += n
-		r.size += int64(n)
-		if n > 0 {
-			r.last = chunk[n-1]
-		}
-		if err != nil {
-			r.err = fmt.Errorf("writing console log: %w", err)
-			return written, r.err
-		}
-		p = p[n:]
+	n, err := r.f.Write(p)
+	if n > 0 {
+		r.last = p[n-1]
 	}
-	return written, nil
+	if err != nil {
+		r.err = fmt.Errorf("writing console log: %w", err)
+	}
+	return n, r.err
 }
 
-func (r *rotatingFile) rotate() error {
-	if err := r.f.Close(); err != nil {
-		return fmt.Errorf("closing console log: %w", err)
-	}
-	if err := os.Rename(r.path, r.path+".1"); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("rotating console log: %w", err)
-	}
-	return r.open(os.O_APPEND | os.O_TRUNC)
-}
-
-func (r *rotatingFile) Close() {
-	r.once.Do(func() { r.f.Close() })
-}
+func (r *consoleLog) Close() { r.f.Close() }

@@ -1,4 +1,5 @@
-// Package disk makes VM root disks and keeps the verified image cache.
+// Package disk makes VM root disks, seals AppVM builds and keeps the
+// verified image cache.
 //
 // Copy turns a base image into a VM's own root.qcow2: a reflink (FICLONE)
 // where the file system can share extents, else a sparse-aware copy that
@@ -7,6 +8,11 @@
 // copy_file_range over a whole file on ext4, fill them in). Base images with
 // a backing file, and other images qcow2.Header.CheckBase refuses, are not
 // copied.
+//
+// SealBuild makes an imported build read-only (0444) and immutable
+// (FS_IMMUTABLE_FL, where the file system and CAP_LINUX_IMMUTABLE allow),
+// since overlays read it for as long as they live; UnsealBuild undoes it
+// before the build is deleted.
 //
 // Cache holds downloaded images as <dir>/sha256-<hex>.qcow2, one download
 // per digest however many creates ask for it at once. A body is hashed

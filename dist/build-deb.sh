@@ -1,9 +1,9 @@
 #!/bin/sh
 # build-deb.sh builds the vmhost Debian package with dpkg-deb alone (no
 # debhelper): a static binary (CGO_ENABLED=0, -trimpath), the systemd unit,
-# the default configuration as conffiles, and maintainer scripts that
-# prepare the state directory and reload systemd but never start the
-# agent on install.
+# the default configuration as conffiles, the documentation and the manual
+# page, and maintainer scripts that prepare the state directory and reload
+# systemd but never start the agent on install.
 #
 # Usage: dist/build-deb.sh            (from anywhere in the repository)
 # Environment:
@@ -53,6 +53,13 @@ chmod 0644 "$root/etc/vmhost/config.json"
 install -D -m 0644 dist/default "$root/etc/default/vmhost"
 install -d -m 0755 "$root/usr/share/doc/vmhost"
 gzip -9n <README.md >"$root/usr/share/doc/vmhost/README.md.gz"
+# The guides and the API reference (docs/), as the README links them.
+for f in docs/*.md docs/ref/*.md; do
+	[ -e "$f" ] || continue
+	dst="$root/usr/share/doc/vmhost/${f#docs/}.gz"
+	install -d -m 0755 "$(dirname "$dst")"
+	gzip -9n <"$f" >"$dst"
+done
 cat >"$root/usr/share/doc/vmhost/copyright" <<COPYRIGHT
 Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/
 Upstream-Name: vmhost
@@ -62,11 +69,13 @@ Copyright: $(date -u -d "@$SOURCE_DATE_EPOCH" +%Y) the vmhost authors
 License: proprietary
  Distributed with the appliance it runs on.
 COPYRIGHT
-# vmhost is one static binary by design (DESIGN §1: dropped on appliance
-# and air-gapped hosts); there is no man page: vmhost help and README.md.
+# The manual page, made from the same command lines as vmhost help.
+install -d -m 0755 "$root/usr/share/man/man1"
+go run -buildvcs=false -ldflags "-X main.version=$VERSION" . man | gzip -9n >"$root/usr/share/man/man1/vmhost.1.gz"
+# vmhost is one static binary by design (dropped on appliance and
+# air-gapped hosts, and the /init of every AppVM: docs/design.md §1).
 install -D -m 0644 /dev/stdin "$root/usr/share/lintian/overrides/vmhost" <<OVERRIDES
 vmhost: statically-linked-binary [usr/bin/vmhost]
-vmhost: no-manual-page [usr/bin/vmhost]
 OVERRIDES
 date=$(date -u -R -d "@$SOURCE_DATE_EPOCH")
 {
@@ -96,9 +105,11 @@ Description: per-host VM agent for Cloud Hypervisor VMs and AppVMs
  JSON/HTTP API (optionally over TLS and mutual TLS) for them. AppVMs run
  a container image as the workload of a small VM.
  .
- The same static binary is the operator's command-line client (vmhost vm,
- vmhost appvm, vmhost events, vmhost console). The service is installed
- but not started: add an API key, then systemctl enable --now vmhost.
+ The same static binary is the operator's command-line client (vmhost list,
+ vmhost vm, vmhost appvm, vmhost events, vmhost console) and checks a host
+ (vmhost doctor). The service is installed but not started: add an API
+ key, then systemctl enable --now vmhost. The guides and the API reference
+ are in /usr/share/doc/vmhost.
  Cloud Hypervisor itself is not packaged here: install its static binary
  as /usr/bin/cloud-hypervisor or set binaries.cloud_hypervisor.
 CONTROL

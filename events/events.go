@@ -1,4 +1,4 @@
-// Package events is the agent's durable event log (extensions.md §6): every
+// Package events is the agent's durable event log (docs/api.md, Events): every
 // change a control plane watches for (a VM created, deleted, changing state
 // or display state, failing, its guest panicking, an AppVM's heartbeat going
 // stale, its workload exiting or its health changing, a volume attached or
@@ -30,7 +30,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -38,12 +37,13 @@ import (
 	"time"
 
 	"vmhost/internal/atomicfile"
+	"vmhost/internal/rotlog"
 )
 
 // Type is the kind of an event.
 type Type string
 
-// The event types of extensions.md §6.
+// The event types of the API (docs/api.md, Events).
 const (
 	Created             Type = "created"
 	StateChanged        Type = "state_changed"
@@ -118,7 +118,8 @@ type Entry struct {
 	JSON []byte
 }
 
-// DefaultKeep is the fewest events kept (extensions.md §6).
+// DefaultKeep is the fewest events kept (events_keep's default and minimum;
+// docs/api.md, Events).
 const DefaultKeep = 10_000
 
 const (
@@ -134,7 +135,8 @@ type Log struct {
 	now  func() time.Time
 
 	mu sync.Mutex
-	f  *os.File
+	// seg is the current segment; Rotate makes it the previous one.
+	seg *rotlog.File
 	// curCount is how many events the current segment holds.
 	curCount int
 	// kept are the kept events of both segments, oldest first.
@@ -196,29 +198,26 @@ func Open(dir string, o Options) (*Log, error) {
 		}
 	}
 	l.curCount = len(cur)
-	f, err := os.OpenFile(filepath.Join(dir, currentName), os.O_RDWR|os.O_CREATE, 0o600)
+	// Segments rotate by count of events (Keep), not by size: Publish
+	// calls Rotate.
+	seg, err := rotlog.Open(filepath.Join(dir, currentName), rotlog.Options{Previous: filepath.Join(dir, previousName), Sync: true})
 	if err != nil {
 		return nil, fmt.Errorf("event log: %w", err)
 	}
 	// Cut a torn last line (an agent killed mid-write, or a power cut),
 	// then make what a killed agent left in the page cache durable.
-	if err := f.Truncate(good); err != nil {
-		f.Close()
+	err = seg.Truncate(good)
+	if err == nil {
+		err = seg.Sync()
+	}
+	if err == nil {
+		err = atomicfile.SyncDir(dir)
+	}
+	if err != nil {
+		seg.Close()
 		return nil, fmt.Errorf("event log: %w", err)
 	}
-	if _, err := f.Seek(good, io.SeekStart); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("event log: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("event log: %w", err)
-	}
-	if err := atomicfile.SyncDir(dir); err != nil {
-		f.Close()
-		return nil, fmt.Errorf("event log: %w", err)
-	}
-	l.f = f
+	l.seg = seg
 	l.durable = l.last
 	go l.flusher()
 	return l, nil
@@ -277,7 +276,7 @@ func (l *Log) Publish(e Event) {
 	if l.curCount >= l.keep {
 		l.rotate()
 	}
-	_, err = l.f.Write(append(line, '\n'))
+	_, err = l.seg.Write(append(line, '\n'))
 	switch {
 	case err != nil && !l.writeFailing:
 		l.writeFailing = true
@@ -297,29 +296,13 @@ func (l *Log) Publish(e Event) {
 // rotate makes the current segment the previous one and starts a new one;
 // l.mu is held. Events of the old previous segment are no longer kept.
 func (l *Log) rotate() {
-	cur, prev := filepath.Join(l.dir, currentName), filepath.Join(l.dir, previousName)
-	err := l.f.Sync()
-	if err == nil {
-		err = os.Rename(cur, prev)
-	}
-	var f *os.File
-	if err == nil {
-		f, err = os.OpenFile(cur, os.O_RDWR|os.O_CREATE|os.O_TRUNC, 0o600)
-	}
-	if err == nil {
-		err = atomicfile.SyncDir(l.dir)
-	}
-	if err != nil {
-		// Keep appending to the segment we have: nothing is lost, the
-		// file only grows past Keep until a rotation works.
-		if f != nil {
-			f.Close()
-		}
+	// The rotation syncs the full segment and the directory. On error the
+	// segment we have stays in use: nothing is lost, the file only grows
+	// past Keep until a rotation works.
+	if err := l.seg.Rotate(); err != nil {
 		l.log.Error("rotating the event log", "err", err)
 		return
 	}
-	l.f.Close()
-	l.f = f
 	l.durable = l.last - 1 // everything before the event being published is synced
 	drop := len(l.kept) - l.curCount
 	l.kept = append([]Entry(nil), l.kept[drop:]...)
@@ -332,9 +315,11 @@ func (l *Log) flusher() {
 	defer close(l.done)
 	for range l.dirty {
 		l.mu.Lock()
-		f, target := l.f, l.last
+		target := l.last
 		l.mu.Unlock()
-		if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
+		// Without l.mu: publishers never wait for the fsync. A rotation
+		// meanwhile synced the segment it moved.
+		if err := l.seg.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
 			l.log.Error("syncing the event log", "err", err)
 		}
 		l.mu.Lock()
@@ -367,8 +352,8 @@ func (l *Log) Close() error {
 	<-l.done
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	err := l.f.Sync()
-	if cerr := l.f.Close(); err == nil {
+	err := l.seg.Sync()
+	if cerr := l.seg.Close(); err == nil {
 		err = cerr
 	}
 	close(l.changed)

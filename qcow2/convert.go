@@ -229,7 +229,7 @@ func (lay *layout) write(dst, src *os.File, ranges []clusterRange) error {
 	if lay.l1Size == 0 {
 		l1Off = 0
 	}
-	encodeHeader(hdr, lay.size, lay.l1Size, l1Off, lay.rtOff, lay.rtClusters)
+	encodeHeader(hdr, lay.size, lay.l1Size, l1Off, lay.rtOff, lay.rtClusters, "")
 	if _, err := dst.WriteAt(hdr, 0); err != nil {
 		return err
 	}

@@ -58,9 +58,11 @@ func checkSize(size uint64) (uint64, error) {
 	return roundUp(size, 512), nil
 }
 
-// encodeHeader fills cluster 0: the v3 header, then the feature-name table
-// extension and the end marker, exactly as qemu-img 7.2 lays them out.
-func encodeHeader(c []byte, size, l1Size, l1Off, rtOff, rtClusters uint64) {
+// encodeHeader fills cluster 0: the v3 header, then the header extensions
+// and the end marker, exactly as qemu-img 7.2 lays them out. With a backing
+// file, the backing-format extension ("qcow2") comes first and the file's
+// name follows the end marker, not NUL-terminated.
+func encodeHeader(c []byte, size, l1Size, l1Off, rtOff, rtClusters uint64, backing string) {
 	be := binary.BigEndian
 	be.PutUint32(c[0:], Magic)
 	be.PutUint32(c[4:], 3)
@@ -74,6 +76,12 @@ func encodeHeader(c []byte, size, l1Size, l1Off, rtOff, rtClusters uint64) {
 	be.PutUint32(c[100:], headerLength)
 	// Byte 104 is compression_type 0 (zlib), then padding up to 112.
 	off := headerLength
+	if backing != "" {
+		be.PutUint32(c[off:], extBackingFormat)
+		be.PutUint32(c[off+4:], uint32(len(backingFormat)))
+		copy(c[off+8:], backingFormat)
+		off += 8 + int(roundUp(uint64(len(backingFormat)), 8))
+	}
 	be.PutUint32(c[off:], extFeatureNames)
 	be.PutUint32(c[off+4:], uint32(len(featureNames)*featureNameSize))
 	off += 8
@@ -84,6 +92,12 @@ func encodeHeader(c []byte, size, l1Size, l1Off, rtOff, rtClusters uint64) {
 		off += featureNameSize
 	}
 	// The end marker (type 0, length 0) is already zero.
+	off += 8
+	if backing != "" {
+		be.PutUint64(c[8:], uint64(off))
+		be.PutUint32(c[16:], uint32(len(backing)))
+		copy(c[off:], backing)
+	}
 }
 
 // Create writes a blank qcow2 v3 image of the given virtual size at path,
@@ -96,8 +110,14 @@ func Create(path string, size uint64) error {
 	if err != nil {
 		return fmt.Errorf("creating qcow2 image %s: %w", path, err)
 	}
+	return writeEmpty(path, size, "")
+}
+
+// writeEmpty writes an image with no cluster allocated: cluster 0 the
+// header, 1 the refcount table, 2 the refcount block, 3.. the L1 table,
+// which is all zeros and ends the file (qemu-img's layout).
+func writeEmpty(path string, size uint64, backing string) error {
 	l1Size := l1SizeFor(size)
-	// Cluster 0 header, 1 refcount table, 2 refcount block, 3.. L1 table.
 	var l1Off uint64
 	metaClusters := uint64(3)
 	if l1Size > 0 {
@@ -105,7 +125,7 @@ func Create(path string, size uint64) error {
 		metaClusters += roundUp(l1Size*8, clusterSize) / clusterSize
 	}
 	buf := make([]byte, 3*clusterSize)
-	encodeHeader(buf, size, l1Size, l1Off, clusterSize, 1)
+	encodeHeader(buf, size, l1Size, l1Off, clusterSize, 1, backing)
 	binary.BigEndian.PutUint64(buf[clusterSize:], 2*clusterSize)
 	for i := range metaClusters {
 		binary.BigEndian.PutUint16(buf[2*clusterSize+2*i:], 1)

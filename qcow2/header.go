@@ -1,10 +1,11 @@
 // Package qcow2 reads and writes the parts of the qcow2 image format that
-// vmhost needs: the header (to validate base images and learn their virtual
-// size) and, elsewhere in this package, blank images.
+// vmhost needs: the header (to validate base images and overlays and learn
+// their virtual size) and, elsewhere in this package, blank images, raw
+// conversions and overlays on a backing file.
 //
-// All header fields are big-endian; offsets follow docs/interop/qcow2.txt
-// as summarised in shared/ref/qsd-qmp-qcow2.md §6. The package imports none
-// of vmhost's own packages.
+// All header fields are big-endian; offsets follow QEMU's
+// docs/interop/qcow2.txt (see docs/ref/qcow2-overlays.md for what qemu-img
+// 7.2 writes). The package imports none of vmhost's own packages.
 package qcow2
 
 import (
@@ -64,6 +65,7 @@ type Header struct {
 
 	// Extensions found after the header, by type.
 	HasBackingFormat bool
+	BackingFormat    string // the backing-format extension's text, e.g. "qcow2"
 	HasDataFile      bool
 	HasEncryption    bool
 }
@@ -161,6 +163,13 @@ func (h *Header) readExtensions(r io.ReaderAt) error {
 			return nil
 		case extBackingFormat:
 			h.HasBackingFormat = true
+			if length <= maxBackingName {
+				name := make([]byte, length)
+				if _, err := r.ReadAt(name, int64(off+8)); err != nil {
+					return fmt.Errorf("reading qcow2 backing format at %#x: %w", off+8, err)
+				}
+				h.BackingFormat = string(name)
+			}
 		case extDataFile:
 			h.HasDataFile = true
 		case extEncryption:

@@ -52,6 +52,10 @@ type ImageInfo struct {
 	ClusterSize uint64 `json:"cluster-size,omitempty"`
 	ActualSize  uint64 `json:"actual-size,omitempty"`
 	DirtyFlag   bool   `json:"dirty-flag,omitempty"`
+	// What the image's header names as its backing file and format (set
+	// even when the node was opened with "backing": null).
+	BackingFilename       string `json:"backing-filename,omitempty"`
+	BackingFilenameFormat string `json:"backing-filename-format,omitempty"`
 }
 
 // BlockNode is one entry of query-named-block-nodes.
@@ -60,7 +64,7 @@ type BlockNode struct {
 	Drv         string    `json:"drv"` // "throttle", "qcow2", "file"
 	RO          bool      `json:"ro"`
 	File        string    `json:"file"`
-	BackingFile string    `json:"backing_file,omitempty"`
+	BackingFile string    `json:"backing_file,omitempty"` // the file of the backing node attached, if any
 	Image       ImageInfo `json:"image"`
 }
 
@@ -147,9 +151,24 @@ func FileNode(nodeName, filename string) map[string]any {
 
 // Qcow2Node returns blockdev-add options for a qcow2 node on file. Its
 // backing is null: QSD would otherwise open a backing file named in the
-// header silently, and vmhost's images have none.
+// header silently (as extra read-only nodes named #block<N>).
 func Qcow2Node(nodeName, file string) map[string]any {
 	return map[string]any{"driver": "qcow2", "node-name": nodeName, "file": file, "backing": nil}
+}
+
+// Qcow2OverlayNode returns blockdev-add options for a qcow2 node on file
+// whose backing is the existing node backing. QSD takes the node given
+// whatever file the header names: the caller checks that they agree.
+func Qcow2OverlayNode(nodeName, file, backing string) map[string]any {
+	return map[string]any{"driver": "qcow2", "node-name": nodeName, "file": file, "backing": backing}
+}
+
+// ReadOnly marks blockdev-add options read-only and returns them: the node
+// opens its file O_RDONLY (the only way to open an immutable file) and
+// refuses writes.
+func ReadOnly(options map[string]any) map[string]any {
+	options["read-only"] = true
+	return options
 }
 
 // ThrottleNode returns blockdev-add options for a throttle filter in group

@@ -11,7 +11,7 @@
 // connection ends, every pending call fails with an error wrapping
 // ErrClosed.
 //
-// Facts this package relies on (see shared/ref/qsd-qmp-qcow2.md §2):
+// Facts this package relies on (docs/ref/qsd-qmp-qcow2.md §2):
 // messages end in \r\n, events may arrive before the return of the command
 // that caused them, QSD has no SHUTDOWN event, and each monitor serves one
 // client at a time, so keep one Client per QSD.

@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"vmhost/proc"
+	"vmhost/qcow2"
 )
 
 // Node and object names of the root disk in every QSD vmhost starts. Export
@@ -22,6 +24,10 @@ const (
 	RootQcow2Node     = "root-qcow2"
 	RootFileNode      = "root-file"
 	RootThrottleGroup = "root-tg"
+	// The backing chain of a root disk that is an overlay: the build,
+	// opened read-only, with no backing of its own.
+	RootBaseNode     = "root-base"
+	RootBaseFileNode = "root-base-file"
 )
 
 // maxSocketPath is the longest unix socket path the kernel accepts
@@ -33,6 +39,13 @@ const maxSocketPath = 107
 type RootDisk struct {
 	Path   string // the qcow2 image
 	Socket string // the vhost-user-blk socket to create
+	// Backing, when set, is the build that Path is an overlay of (an
+	// absolute path, the name Path's header gives): QSD opens it
+	// read-only as the overlay's backing node, and the guest reads it
+	// wherever it has not written. Empty means Path stands alone and any
+	// backing file its header names is ignored ("backing": null);
+	// LaunchQSD refuses a Path whose header disagrees with Backing.
+	Backing string
 	// Size, when not 0, is the virtual size the disk must have before it is
 	// exported: LaunchQSD grows the image to it and refuses to shrink. It
 	// must be a multiple of 512.
@@ -76,6 +89,12 @@ type QSDConfig struct {
 // but the chardev use QSD's JSON syntax, which needs no comma escaping and
 // is the only way to say "backing": null. When withRootExport is false the
 // root export is left out, to be added once the disk has its size.
+//
+// The root disk's graph is root (throttle, in group root-tg) → root-qcow2
+// → root-file; with a Backing, root-qcow2's backing is root-base (qcow2,
+// read-only, "backing": null) → root-base-file (read-only), so the throttle
+// group limits every read and write the guest makes, whichever image
+// serves it, and nothing can write the build.
 func (cfg *QSDConfig) Args(withRootExport bool) []string {
 	js := func(v any) string {
 		b, err := json.Marshal(v)
@@ -92,12 +111,19 @@ func (cfg *QSDConfig) Args(withRootExport bool) []string {
 	if r.Limits.IopsTotal != 0 {
 		limits["iops-total"] = r.Limits.IopsTotal
 	}
-	args := []string{
-		"--blockdev", js(FileNode(RootFileNode, r.Path)),
-		"--blockdev", js(Qcow2Node(RootQcow2Node, RootFileNode)),
-		"--object", js(map[string]any{"qom-type": "throttle-group", "id": RootThrottleGroup, "limits": limits}),
-		"--blockdev", js(ThrottleNode(RootNode, RootThrottleGroup, RootQcow2Node)),
+	var args []string
+	rootQcow2 := Qcow2Node(RootQcow2Node, RootFileNode)
+	if r.Backing != "" {
+		args = append(args,
+			"--blockdev", js(ReadOnly(FileNode(RootBaseFileNode, r.Backing))),
+			"--blockdev", js(ReadOnly(Qcow2Node(RootBaseNode, RootBaseFileNode))))
+		rootQcow2 = Qcow2OverlayNode(RootQcow2Node, RootFileNode, RootBaseNode)
 	}
+	args = append(args,
+		"--blockdev", js(FileNode(RootFileNode, r.Path)),
+		"--blockdev", js(rootQcow2),
+		"--object", js(map[string]any{"qom-type": "throttle-group", "id": RootThrottleGroup, "limits": limits}),
+		"--blockdev", js(ThrottleNode(RootNode, RootThrottleGroup, RootQcow2Node)))
 	if withRootExport {
 		args = append(args, "--export", js(cfg.rootExport()))
 	}
@@ -142,7 +168,29 @@ func (cfg *QSDConfig) check() error {
 	if cfg.Root.Size%512 != 0 {
 		return fmt.Errorf("root disk size %d is not a multiple of 512", cfg.Root.Size)
 	}
+	if b := cfg.Root.Backing; b != "" && (!filepath.IsAbs(b) || filepath.Clean(b) != b) {
+		return fmt.Errorf("root disk backing file %q is not a clean absolute path", b)
+	}
 	return nil
+}
+
+// checkRootChain refuses a root disk whose header names another backing
+// file than cfg.Root.Backing: opened with "backing": null, an overlay would
+// show the guest zeros wherever it has not written, and opened over
+// another build, another image's data. A header that cannot be read is
+// left to QSD, which reports it in its own words.
+func (cfg *QSDConfig) checkRootChain() error {
+	h, err := qcow2.ReadHeaderFile(cfg.Root.Path)
+	if err != nil || h.BackingFile == cfg.Root.Backing {
+		return nil
+	}
+	if cfg.Root.Backing == "" {
+		return fmt.Errorf("root disk %s is an overlay of %s, but no backing file was given", cfg.Root.Path, h.BackingFile)
+	}
+	if h.BackingFileOffset == 0 {
+		return fmt.Errorf("root disk %s has no backing file, but %s was given", cfg.Root.Path, cfg.Root.Backing)
+	}
+	return fmt.Errorf("root disk %s is an overlay of %s, not of %s", cfg.Root.Path, h.BackingFile, cfg.Root.Backing)
 }
 
 // process is what QSD needs of a child it started or adopted.
@@ -174,6 +222,9 @@ type QSD struct {
 // since a 7.2 export never reports a new size.
 func LaunchQSD(ctx context.Context, cfg QSDConfig) (_ *QSD, err error) {
 	if err := cfg.check(); err != nil {
+		return nil, fmt.Errorf("launching qemu-storage-daemon: %w", err)
+	}
+	if err := cfg.checkRootChain(); err != nil {
 		return nil, fmt.Errorf("launching qemu-storage-daemon: %w", err)
 	}
 	grow := cfg.Root.Size != 0

@@ -46,7 +46,8 @@ func backends(t *testing.T) []backend {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bs := []backend{{name: "qsdsim", binary: self, env: append(os.Environ(), simEnv+"=1")}}
+	// atexit_sleep_ms: a race-enabled simulator would sleep a second on exit.
+	bs := []backend{{name: "qsdsim", binary: self, env: append(os.Environ(), simEnv+"=1", "GORACE=atexit_sleep_ms=0")}}
 	if p, err := exec.LookPath("qemu-storage-daemon"); err == nil {
 		bs = append([]backend{{name: "qemu", binary: p}}, bs...)
 	} else {
@@ -520,6 +521,27 @@ func TestQSDStartupErrors(t *testing.T) {
 			file := func(path string) []string {
 				return []string{"--blockdev", "driver=file,node-name=f,filename=" + path}
 			}
+			// top → mid → gone, where gone no longer exists. CreateOverlay
+			// takes base images only, so top is made while mid is one.
+			gone, mid, top := filepath.Join(dir, "gone.qcow2"), filepath.Join(dir, "mid.qcow2"), filepath.Join(dir, "top.qcow2")
+			for _, p := range []string{gone, mid} {
+				if err := qcow2.Create(p, 1<<30); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := qcow2.CreateOverlay(top, mid, 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(mid); err != nil {
+				t.Fatal(err)
+			}
+			if err := qcow2.CreateOverlay(mid, gone, 1<<30); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(gone); err != nil {
+				t.Fatal(err)
+			}
+			qcow2On := []string{"--blockdev", "driver=qcow2,node-name=q,file=f"}
 			for _, tc := range []struct {
 				name string
 				args []string
@@ -529,6 +551,9 @@ func TestQSDStartupErrors(t *testing.T) {
 				{"raw file", append(file(raw), "--blockdev", "driver=qcow2,node-name=q,file=f"), "Image is not in qcow2 format"},
 				{"group before object", append(file(img), "--blockdev", "driver=qcow2,node-name=q,file=f", "--blockdev", "driver=throttle,node-name=t,throttle-group=tg,file=q"), "Throttle group 'tg' does not exist"},
 				{"export before node", []string{"--export", "type=vhost-user-blk,id=e,node-name=q,addr.type=unix,addr.path=" + filepath.Join(dir, "e.sock")}, "Cannot find device='' nor node-name='q'"},
+				{"missing backing file", append(file(mid), qcow2On...), "--blockdev driver=qcow2,node-name=q,file=f: Could not open backing file: Could not open '" + gone + "': No such file or directory"},
+				{"missing backing file down the chain", append(file(top), qcow2On...), "Could not open backing file: Could not open backing file: Could not open '" + gone + "': No such file or directory"},
+				{"missing backing node", append(file(mid), "--blockdev", `{"driver":"qcow2","node-name":"q","file":"f","backing":"nope"}`), "Could not open backing file: Cannot find device='nope' nor node-name='nope'"},
 				{"missing socket dir", append(file(img), "--export", "type=vhost-user-blk,id=e,node-name=f,addr.type=unix,addr.path="+filepath.Join(dir, "nodir", "e.sock")), "Failed to bind socket to " + filepath.Join(dir, "nodir", "e.sock") + ": No such file or directory"},
 			} {
 				t.Run(tc.name, func(t *testing.T) {

@@ -2,7 +2,7 @@
 // classic VM's first boot: it renders meta-data, user-data and
 // network-config from the VM's cloud_init request and nets, and writes them
 // into a small FAT12 image labelled CIDATA (package seed/fat) without mkfs
-// or mtools. Facts behind the choices: shared/ref/nocloud-seed.md.
+// or mtools. Facts behind the choices: docs/ref/nocloud-seed.md.
 //
 // The package imports none of vmhost's other packages; the caller maps the
 // API's cloud_init object and nets[] onto Config.

@@ -10,15 +10,20 @@
 // # What it does
 //
 //   - Create makes a persistent tap (IFF_TAP|IFF_NO_PI|IFF_VNET_HDR) with an
-//     MTU, an owner, state up and the ifalias "vmhost:<vm_id>:<index>";
-//     ListOwned finds taps with that alias, so orphans can be reaped; Delete
-//     removes a tap and its anti-spoof chain. Both are idempotent.
+//     MTU, an owner, state up and the ifalias
+//     "vmhost:<agent_id>:<vm_id>:<index>"; Delete removes a tap and its
+//     anti-spoof chain. Both are idempotent.
+//   - Several agents may share a namespace (see "Agents" below): ListOwned
+//     finds the Handle's own agent's taps, so its orphans can be reaped;
+//     ListMarked finds every vmhost tap and says whose it is; Adopt marks
+//     an unmarked tap (one made before agents had ids) that the agent's
+//     records name as the agent's.
 //   - Attach makes a tap a port of a bridge, sets port isolation
 //     (IFLA_BRPORT_ISOLATED) and, on a bridge with VLAN filtering, makes the
 //     VLAN the port's untagged PVID and removes the default VLAN 1. On a
 //     bridge without VLAN filtering the VLAN is metadata only.
-//   - Guard programs anti-spoof rules into the bridge-family nftables table
-//     "vmhost": one base chain per tap (hook prerouting) that drops frames
+//   - Guard programs anti-spoof rules into the agent's bridge-family
+//     nftables table "vmhost-<agent_id>": one base chain per tap (hook prerouting) that drops frames
 //     from the tap whose source MAC is not the VM's, or whose IPv4/IPv6 source
 //     is not the pinned address or one of the allowed prefixes. DHCP
 //     discovery from 0.0.0.0, ARP probes, ARP for an allowed address, and
@@ -32,6 +37,20 @@
 //
 // Handle.Create, Delete, Attach, Guard and Unguard are idempotent, so a
 // caller recovering after a restart can simply apply its records again.
+//
+// # Agents
+//
+// Every object a Handle makes carries the agent id of its Config (package
+// agentid): tap ifaliases "vmhost:<agent_id>:<vm_id>:<index>", the table
+// "vmhost-<agent_id>", and the ifalias "vmhost:<agent_id>:bridge" of a
+// bridge CreateBridge makes, which RemoveBridge alone removes (when no
+// interface is its port). An agent touches only what carries its own id:
+// another agent's taps, chains and bridges, and unmarked ones
+// ("vmhost:<vm_id>:<index>", table "vmhost"), are never reaped. An
+// unmarked tap the agent's records name is adopted (Adopt, or Create of
+// the same VM and index): its alias is re-marked, and its chain moves from
+// the unmarked table into the agent's at the next Guard. A Handle without
+// an AgentID makes and lists the unmarked forms.
 //
 // # Limits
 //

@@ -146,32 +146,37 @@ func validGuardRule(r GuardRule) (GuardRule, error) {
 	return r, nil
 }
 
-// Guard installs or replaces the anti-spoof chain of r.Tap: the table and
-// chain are created if missing, and the chain's rules are swapped in one
-// transaction, so a guest is never unguarded in between. Call it again with
-// the learned address when DHCP snooping reports a binding. The tap need not
-// exist yet.
+// Guard installs or replaces the anti-spoof chain of r.Tap in the Handle's
+// table (GuardTableOf its agent): the table and chain are created if
+// missing, and the chain's rules are swapped in one transaction, so a
+// guest is never unguarded in between. Call it again with the learned
+// address when DHCP snooping reports a binding. The tap need not exist
+// yet. An agent's Handle then removes the tap's chain from the unmarked
+// table, where it is left when the tap was adopted (Adopt).
 func (h *Handle) Guard(ctx context.Context, r GuardRule) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if err := h.checkAgent(); err != nil {
+		return fmt.Errorf("guarding tap %q: %w", r.Tap, err)
 	}
 	r, err := validGuardRule(r)
 	if err != nil {
 		return fmt.Errorf("guarding tap %q: %w", r.Tap, err)
 	}
-	chain := guardChain(r.Tap)
+	table, chain := h.guardTable(), guardChain(r.Tap)
 	msgs := make([]netlink.Message, 0, 16)
 	add := func(m netlink.Message, err error) error {
 		msgs = append(msgs, m)
 		return err
 	}
 	err = errors.Join(
-		add(newTableMsg(unix.NFPROTO_BRIDGE, GuardTable)),
-		add(newBaseChainMsg(unix.NFPROTO_BRIDGE, GuardTable, chain, nfBrPreRouting, nfBrPriFilter)),
-		add(flushChainMsg(unix.NFPROTO_BRIDGE, GuardTable, chain)),
+		add(newTableMsg(unix.NFPROTO_BRIDGE, table)),
+		add(newBaseChainMsg(unix.NFPROTO_BRIDGE, table, chain, nfBrPreRouting, nfBrPriFilter)),
+		add(flushChainMsg(unix.NFPROTO_BRIDGE, table, chain)),
 	)
 	for _, exprs := range guardExprs(r) {
-		err = errors.Join(err, add(newRuleMsg(unix.NFPROTO_BRIDGE, GuardTable, chain, exprs)))
+		err = errors.Join(err, add(newRuleMsg(unix.NFPROTO_BRIDGE, table, chain, exprs)))
 	}
 	if err != nil {
 		return fmt.Errorf("guarding tap %q: encoding rules: %w", r.Tap, err)
@@ -179,30 +184,49 @@ func (h *Handle) Guard(ctx context.Context, r GuardRule) error {
 	if err := h.nftTransact(msgs); err != nil {
 		return fmt.Errorf("guarding tap %q: %w", r.Tap, err)
 	}
+	if h.agent != "" {
+		// The new chain guards the tap now: an adopted tap's old one goes.
+		if err := h.deleteChain(GuardTable, chain); err != nil {
+			return fmt.Errorf("guarding tap %q: removing its chain from the unmarked table: %w", r.Tap, err)
+		}
+	}
 	return nil
 }
 
-// Unguard removes the anti-spoof chain of tap. A chain or table that is not
-// there is success.
+// Unguard removes the anti-spoof chain of tap from the Handle's table (and,
+// for an agent's Handle, from the unmarked table, where an adopted tap's
+// may still be). A chain or table that is not there is success.
 func (h *Handle) Unguard(ctx context.Context, tap string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	tables := []string{h.guardTable()}
+	if h.agent != "" {
+		tables = append(tables, GuardTable)
+	}
+	for _, table := range tables {
+		if err := h.deleteChain(table, guardChain(tap)); err != nil {
+			return fmt.Errorf("unguarding tap %q: %w", tap, err)
+		}
+	}
+	return nil
+}
+
+// deleteChain deletes a bridge-family chain; one that is not there (or
+// whose table is not) is success.
+func (h *Handle) deleteChain(table, chain string) error {
 	// A plain lookup first: a batch costs a commit (milliseconds) even when
 	// it only fails, and most taps being deleted have no guard.
-	exists, err := h.chainExists(GuardTable, guardChain(tap))
-	if err != nil {
-		return fmt.Errorf("unguarding tap %q: %w", tap, err)
+	exists, err := h.chainExists(table, chain)
+	if err != nil || !exists {
+		return err
 	}
-	if !exists {
-		return nil
-	}
-	m, err := delChainMsg(unix.NFPROTO_BRIDGE, GuardTable, guardChain(tap))
+	m, err := delChainMsg(unix.NFPROTO_BRIDGE, table, chain)
 	if err != nil {
-		return fmt.Errorf("unguarding tap %q: %w", tap, err)
+		return err
 	}
 	if err := h.nftTransact([]netlink.Message{m}); err != nil && !isNotExist(err) {
-		return fmt.Errorf("unguarding tap %q: %w", tap, err)
+		return fmt.Errorf("deleting chain %s of table %s: %w", chain, table, err)
 	}
 	return nil
 }

@@ -14,6 +14,7 @@ import (
 // netlink sockets, so a Handle is safe for concurrent use.
 type Handle struct {
 	netns int
+	agent string // Config.AgentID
 
 	// dial opens a netlink socket of the given family. Tests replace it to
 	// check messages on a fake conn (nltest.Dial).
@@ -25,7 +26,7 @@ type Handle struct {
 func New(cfg *Config) *Handle {
 	h := &Handle{}
 	if cfg != nil {
-		h.netns = cfg.NetNS
+		h.netns, h.agent = cfg.NetNS, cfg.AgentID
 	}
 	h.dial = h.dialNetlink
 	return h
@@ -41,6 +42,18 @@ func (h *Handle) dialNetlink(family int) (*netlink.Conn, error) {
 	_ = c.SetOption(netlink.ExtendedAcknowledge, true)
 	return c, nil
 }
+
+// checkAgent refuses to mark objects with an agent id that cannot be
+// parsed back.
+func (h *Handle) checkAgent() error {
+	if h.agent != "" && !validAgentID(h.agent) {
+		return fmt.Errorf("agent id %q: want 1 to 32 lowercase letters and digits", h.agent)
+	}
+	return nil
+}
+
+// guardTable is the table of this Handle's anti-spoof chains.
+func (h *Handle) guardTable() string { return GuardTableOf(h.agent) }
 
 // inNetNS runs fn on an OS thread that has entered the handle's namespace.
 // Some kernel objects take the namespace of the thread that creates them

@@ -77,7 +77,7 @@ func rootNetState() (string, error) {
 			return "", fmt.Errorf("nft list tables: %v: %s", err, out)
 		}
 		for _, line := range strings.Split(string(out), "\n") {
-			if line == "table bridge "+GuardTable || line == "table bridge batchtest" {
+			if strings.HasPrefix(line, "table bridge "+GuardTable) || line == "table bridge batchtest" { // an agent's too
 				state += line + "\n"
 			}
 		}

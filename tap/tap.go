@@ -23,10 +23,33 @@ type Config struct {
 	// The Handle does not take ownership: the caller keeps it open while the
 	// Handle is in use and closes it afterwards.
 	NetNS int
+	// AgentID is the agent whose objects this Handle makes and lists (see
+	// package agentid; several agents may share a namespace): its taps get
+	// the ifalias "vmhost:<AgentID>:<vm_id>:<index>", its anti-spoof chains
+	// go to the table GuardTableOf(AgentID), a bridge CreateBridge makes
+	// gets the ifalias BridgeAlias(AgentID), and ListOwned lists only its
+	// taps. Empty means the unmarked forms of agents without an id:
+	// "vmhost:<vm_id>:<index>" and the table "vmhost".
+	AgentID string
 }
 
 // aliasPrefix starts the ifalias of every tap this package creates.
 const aliasPrefix = "vmhost:"
+
+// validAgentID reports whether id can mark objects: 1 to 32 lowercase
+// letters and digits (package agentid makes 16 hex digits), so that the
+// aliases stay parseable and the table name short.
+func validAgentID(id string) bool {
+	if id == "" || len(id) > 32 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !('0' <= c && c <= '9' || 'a' <= c && c <= 'z') {
+			return false
+		}
+	}
+	return true
+}
 
 // TapConfig describes a tap to create.
 type TapConfig struct {
@@ -47,11 +70,27 @@ type TapConfig struct {
 	MultiQueue bool
 }
 
-// Alias returns the ifalias that marks a tap as made by vmhost for interface
-// index of VM vmID.
+// Alias returns the unmarked ifalias "vmhost:<vm_id>:<index>": a tap made
+// by vmhost for interface index of VM vmID, by an agent without an id (or
+// before agents had one).
 func Alias(vmID string, index int) string {
 	return aliasPrefix + vmID + ":" + strconv.Itoa(index)
 }
+
+// AgentAlias returns the ifalias "vmhost:<agent_id>:<vm_id>:<index>" that
+// marks a tap as agent's, for interface index of VM vmID. An empty agent
+// gives Alias.
+func AgentAlias(agent, vmID string, index int) string {
+	if agent == "" {
+		return Alias(vmID, index)
+	}
+	return aliasPrefix + agent + ":" + vmID + ":" + strconv.Itoa(index)
+}
+
+// BridgeAlias is the ifalias of a bridge agent made (CreateBridge of a
+// Handle with that AgentID), "vmhost:<agent_id>:bridge": RemoveBridge
+// removes only a bridge that carries its own.
+func BridgeAlias(agent string) string { return aliasPrefix + agent + ":bridge" }
 
 // Name returns a tap name for interface index of VM vmID: "vmh", 8 hex
 // digits of a hash of the id, and the index, so an operator can tell a VM's
@@ -82,28 +121,91 @@ func validName(name string) error {
 	return nil
 }
 
+// Whose says whose a tap with a vmhost ifalias is, as a Handle sees it.
+type Whose int
+
+const (
+	// Mine: marked with the Handle's own agent id.
+	Mine Whose = iota + 1
+	// OtherAgent: marked with another agent's id. Never touch it.
+	OtherAgent
+	// Unmarked: the alias "vmhost:<vm_id>:<index>" of an agent without an
+	// id (or from before agents had one). Never touch it, unless one of
+	// the agent's own records names it: then Adopt marks it as the
+	// agent's.
+	Unmarked
+)
+
+func (w Whose) String() string {
+	switch w {
+	case Mine:
+		return "mine"
+	case OtherAgent:
+		return "other agent's"
+	case Unmarked:
+		return "unmarked"
+	}
+	return "Whose(" + strconv.Itoa(int(w)) + ")"
+}
+
 // Owned is a tap whose ifalias says vmhost made it.
 type Owned struct {
 	Name   string // interface name
 	VMID   string // VM id from the alias
 	Index  int    // interface index within the VM (nets[Index])
 	Master int    // ifindex of the bridge it is attached to, or 0
+	// Agent is the agent id in the alias; empty for an unmarked tap.
+	Agent string
+	// Whose is Agent as the listing Handle sees it. A Handle without an
+	// AgentID sees every marked tap as OtherAgent's.
+	Whose Whose
 }
 
-func parseAlias(alias string) (vmID string, index int, ok bool) {
+// tapAlias is a parsed vmhost tap alias.
+type tapAlias struct {
+	agent string // empty: unmarked
+	vmID  string
+	index int
+}
+
+// parseTapAlias reads either form of a tap's alias:
+// "vmhost:<agent_id>:<vm_id>:<index>" or the unmarked
+// "vmhost:<vm_id>:<index>". VM ids never contain ':', so the number of
+// fields tells the forms apart.
+func parseTapAlias(alias string) (tapAlias, bool) {
 	rest, ok := strings.CutPrefix(alias, aliasPrefix)
 	if !ok {
-		return "", 0, false
+		return tapAlias{}, false
 	}
-	i := strings.LastIndexByte(rest, ':')
-	if i <= 0 {
-		return "", 0, false
+	f := strings.Split(rest, ":")
+	var a tapAlias
+	switch len(f) {
+	case 2:
+	case 3:
+		if !validAgentID(f[0]) {
+			return tapAlias{}, false
+		}
+		a.agent, f = f[0], f[1:]
+	default:
+		return tapAlias{}, false
 	}
-	n, err := strconv.Atoi(rest[i+1:])
-	if err != nil || n < 0 || strings.Contains(rest[:i], ":") {
-		return "", 0, false
+	n, err := strconv.Atoi(f[1])
+	if f[0] == "" || err != nil || n < 0 || f[1] != strconv.Itoa(n) {
+		return tapAlias{}, false
 	}
-	return rest[:i], n, true
+	a.vmID, a.index = f[0], n
+	return a, true
+}
+
+// whose classifies a tap alias's agent for a Handle of agent self.
+func whose(self, agent string) Whose {
+	switch {
+	case agent == "":
+		return Unmarked
+	case agent == self:
+		return Mine
+	}
+	return OtherAgent
 }
 
 // notExist wraps a not-found error so that errors.Is(err, fs.ErrNotExist).
@@ -144,8 +246,18 @@ func boolByte(b bool) uint8 {
 }
 
 // GuardTable is the bridge-family nftables table that holds the anti-spoof
-// chains. vmhost owns it; each guarded tap has a chain "guard-<tap>".
+// chains of a Handle without an AgentID; each guarded tap has a chain
+// "guard-<tap>" there. An agent's Handle uses GuardTableOf(agent).
 const GuardTable = "vmhost"
+
+// GuardTableOf is the table of agent's anti-spoof chains,
+// "vmhost-<agent_id>"; GuardTable for an empty agent.
+func GuardTableOf(agent string) string {
+	if agent == "" {
+		return GuardTable
+	}
+	return GuardTable + "-" + agent
+}
 
 // GuardRule says what a tap's guest may send.
 type GuardRule struct {

@@ -29,6 +29,14 @@ func (h *Handle) Delete(ctx context.Context, name string) error { return ErrNotS
 // ListOwned fails with ErrNotSupported.
 func (h *Handle) ListOwned(ctx context.Context) ([]Owned, error) { return nil, ErrNotSupported }
 
+// ListMarked fails with ErrNotSupported.
+func (h *Handle) ListMarked(ctx context.Context) ([]Owned, error) { return nil, ErrNotSupported }
+
+// Adopt fails with ErrNotSupported.
+func (h *Handle) Adopt(ctx context.Context, name, vmID string, index int) error {
+	return ErrNotSupported
+}
+
 // Attach fails with ErrNotSupported.
 func (h *Handle) Attach(ctx context.Context, tap, bridge string, opts PortOptions) error {
 	return ErrNotSupported

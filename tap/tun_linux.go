@@ -10,14 +10,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Create makes a persistent tap as cfg describes, sets its MTU and alias and
-// brings it up. Creating a tap that already exists with the same settings
-// (alias, owner, queue mode) only reapplies MTU and state, and succeeds; an
-// existing interface of that name with other settings gives an error wrapping
-// ErrConflict. If a step after creation fails, the new tap is deleted again.
+// Create makes a persistent tap as cfg describes, sets its MTU and alias
+// (AgentAlias of the Handle's agent) and brings it up. Creating a tap that
+// already exists with the same settings (alias, owner, queue mode) only
+// reapplies MTU and state, and succeeds; so does an existing tap with the
+// unmarked alias of the same VM and index, which an agent's Handle marks
+// as its own (adoption, as Adopt). An existing interface of that name with
+// other settings (another agent's tap included) gives an error wrapping
+// ErrConflict. If a step after creation fails, the new tap is deleted
+// again.
 func (h *Handle) Create(ctx context.Context, cfg TapConfig) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if err := h.checkAgent(); err != nil {
+		return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
 	}
 	if err := validName(cfg.Name); err != nil {
 		return fmt.Errorf("creating tap: %w", err)
@@ -28,7 +35,7 @@ func (h *Handle) Create(ctx context.Context, cfg TapConfig) error {
 	if cfg.MTU != 0 && (cfg.MTU < 68 || cfg.MTU > 65521) {
 		return fmt.Errorf("creating tap %q: mtu %d outside 68..65521", cfg.Name, cfg.MTU)
 	}
-	alias := Alias(cfg.VMID, cfg.Index)
+	alias := AgentAlias(h.agent, cfg.VMID, cfg.Index)
 
 	c, err := h.dial(unix.NETLINK_ROUTE)
 	if err != nil {
@@ -39,7 +46,11 @@ func (h *Handle) Create(ctx context.Context, cfg TapConfig) error {
 	existing, err := getLink(c, cfg.Name, 0)
 	switch {
 	case err == nil:
-		if err := sameTap(existing, cfg, alias); err != nil {
+		want := alias
+		if h.agent != "" && existing.Alias == Alias(cfg.VMID, cfg.Index) {
+			want = existing.Alias // adopted: configureTap marks it
+		}
+		if err := sameTap(existing, cfg, want); err != nil {
 			return fmt.Errorf("creating tap %q: %w", cfg.Name, err)
 		}
 		if err := configureTap(c, existing.Index, cfg.MTU, alias); err != nil {
@@ -173,10 +184,35 @@ func (h *Handle) Delete(ctx context.Context, name string) error {
 	return errors.Join(errs...)
 }
 
-// ListOwned returns the taps whose ifalias has the form
-// "vmhost:<vm_id>:<index>", so that orphans (taps of VMs that no longer
-// exist) can be found and deleted.
+// ListOwned returns the taps this Handle's agent made: those whose ifalias
+// is "vmhost:<agent_id>:<vm_id>:<index>" with its AgentID, or, for a
+// Handle without one, the unmarked "vmhost:<vm_id>:<index>". So a caller
+// that deletes every listed tap its records do not name (orphans) never
+// touches another agent's taps or unmarked ones. ListMarked lists them
+// all.
 func (h *Handle) ListOwned(ctx context.Context) ([]Owned, error) {
+	all, err := h.ListMarked(ctx)
+	if err != nil {
+		return nil, err
+	}
+	want := Mine
+	if h.agent == "" {
+		want = Unmarked
+	}
+	owned := all[:0]
+	for _, o := range all {
+		if o.Whose == want {
+			owned = append(owned, o)
+		}
+	}
+	return owned, nil
+}
+
+// ListMarked returns every tap with a vmhost ifalias of either form, each
+// with Whose it is: this agent's (reap it if no record names it), another
+// agent's (never touch it), or unmarked (adopt it if a record names it,
+// else never touch it).
+func (h *Handle) ListMarked(ctx context.Context) ([]Owned, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -189,16 +225,69 @@ func (h *Handle) ListOwned(ctx context.Context) ([]Owned, error) {
 	if err != nil {
 		return nil, fmt.Errorf("listing taps: %w", err)
 	}
-	var owned []Owned
+	var marked []Owned
 	for _, l := range links {
 		if l.Kind != "tun" {
 			continue
 		}
-		vmID, index, ok := parseAlias(l.Alias)
+		a, ok := parseTapAlias(l.Alias)
 		if !ok {
 			continue
 		}
-		owned = append(owned, Owned{Name: l.Name, VMID: vmID, Index: index, Master: l.Master})
+		marked = append(marked, Owned{Name: l.Name, VMID: a.vmID, Index: a.index, Master: l.Master,
+			Agent: a.agent, Whose: whose(h.agent, a.agent)})
 	}
-	return owned, nil
+	return marked, nil
+}
+
+// Adopt marks the unmarked tap name, whose ifalias must be
+// "vmhost:<vmID>:<index>", as this Handle's agent's: its alias becomes
+// "vmhost:<agent_id>:<vmID>:<index>". Call it for a tap one of the agent's
+// records names (made before the agent had an id). A tap already marked
+// as the agent's for the same VM and index is success. A tap marked by
+// another agent, for another VM or index, or an interface that is not a
+// tap is refused with an error wrapping ErrConflict; a missing one with an
+// error wrapping fs.ErrNotExist. Its anti-spoof chain, if any, stays in
+// the unmarked table (guarding it still) until the next Guard moves it to
+// the agent's table, or Delete removes it.
+func (h *Handle) Adopt(ctx context.Context, name, vmID string, index int) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if h.agent == "" {
+		return fmt.Errorf("adopting tap %q: the handle has no agent id to mark it with", name)
+	}
+	if err := h.checkAgent(); err != nil {
+		return fmt.Errorf("adopting tap %q: %w", name, err)
+	}
+	if err := validName(name); err != nil {
+		return fmt.Errorf("adopting tap: %w", err)
+	}
+	c, err := h.dial(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("adopting tap %q: dialing rtnetlink: %w", name, err)
+	}
+	defer c.Close()
+	l, err := getLink(c, name, 0)
+	if isNotExist(err) {
+		return fmt.Errorf("adopting tap %q: %w", name, &notExist{msg: "no such interface"})
+	}
+	if err != nil {
+		return fmt.Errorf("adopting tap %q: reading link: %w", name, err)
+	}
+	mine := AgentAlias(h.agent, vmID, index)
+	switch {
+	case l.Kind != "tun":
+		return fmt.Errorf("adopting tap %q: %w: it is not a tap (kind %q)", name, ErrConflict, l.Kind)
+	case l.Alias == mine:
+		return nil
+	case l.Alias != Alias(vmID, index):
+		return fmt.Errorf("adopting tap %q: %w: alias %q, want the unmarked %q", name, ErrConflict, l.Alias, Alias(vmID, index))
+	}
+	if err := setLink(c, ifInfo{Index: int32(l.Index)}, func(ae *netlink.AttributeEncoder) {
+		ae.String(unix.IFLA_IFALIAS, mine)
+	}); err != nil {
+		return fmt.Errorf("adopting tap %q: setting alias: %w", name, err)
+	}
+	return nil
 }

@@ -50,27 +50,35 @@ func TestName(t *testing.T) {
 }
 
 func TestParseAlias(t *testing.T) {
+	const agent = "0123456789abcdef"
 	tests := []struct {
 		alias string
-		vmID  string
-		index int
+		want  tapAlias
 		ok    bool
 	}{
-		{"vmhost:web-1:0", "web-1", 0, true},
-		{"vmhost:a.b_c:12", "a.b_c", 12, true},
-		{Alias("x", 7), "x", 7, true},
-		{"vmhost::1", "", 0, false},
-		{"vmhost:web", "", 0, false},
-		{"vmhost:a:b:1", "", 0, false},
-		{"vmhost:web:-1", "", 0, false},
-		{"vmhost:web:x", "", 0, false},
-		{"other:web:1", "", 0, false},
-		{"", "", 0, false},
+		{"vmhost:web-1:0", tapAlias{vmID: "web-1", index: 0}, true},
+		{"vmhost:a.b_c:12", tapAlias{vmID: "a.b_c", index: 12}, true},
+		{Alias("x", 7), tapAlias{vmID: "x", index: 7}, true},
+		{AgentAlias(agent, "x", 7), tapAlias{agent: agent, vmID: "x", index: 7}, true},
+		{"vmhost:" + agent + ":web-1:3", tapAlias{agent: agent, vmID: "web-1", index: 3}, true},
+		{AgentAlias("", "x", 7), tapAlias{vmID: "x", index: 7}, true},
+		{"vmhost::1", tapAlias{}, false},
+		{"vmhost:web", tapAlias{}, false},
+		{"vmhost:A-B:x:1", tapAlias{}, false}, // not an agent id
+		{"vmhost:a:b:c:1", tapAlias{}, false},
+		{"vmhost:" + agent + "::1", tapAlias{}, false},
+		{"vmhost:web:-1", tapAlias{}, false},
+		{"vmhost:web:+1", tapAlias{}, false},
+		{"vmhost:web:01", tapAlias{}, false},
+		{"vmhost:web:x", tapAlias{}, false},
+		{BridgeAlias(agent), tapAlias{}, false},
+		{"other:web:1", tapAlias{}, false},
+		{"", tapAlias{}, false},
 	}
 	for _, tt := range tests {
-		vmID, index, ok := parseAlias(tt.alias)
-		if vmID != tt.vmID || index != tt.index || ok != tt.ok {
-			t.Errorf("parseAlias(%q) = %q, %d, %t, want %q, %d, %t", tt.alias, vmID, index, ok, tt.vmID, tt.index, tt.ok)
+		got, ok := parseTapAlias(tt.alias)
+		if got != tt.want || ok != tt.ok {
+			t.Errorf("parseTapAlias(%q) = %+v, %t, want %+v, %t", tt.alias, got, ok, tt.want, tt.ok)
 		}
 	}
 }
@@ -172,8 +180,8 @@ func TestIntegrationTapLifecycle(t *testing.T) {
 		t.Fatalf("ListOwned = %v", err)
 	}
 	want := map[string]Owned{
-		cfg.Name:  {Name: cfg.Name, VMID: "vm1", Index: 0, Master: br.Index},
-		"orphan7": {Name: "orphan7", VMID: "gone-vm", Index: 2},
+		cfg.Name:  {Name: cfg.Name, VMID: "vm1", Index: 0, Master: br.Index, Whose: Unmarked},
+		"orphan7": {Name: "orphan7", VMID: "gone-vm", Index: 2, Whose: Unmarked},
 	}
 	if len(owned) != len(want) {
 		t.Errorf("ListOwned = %+v, want %d taps", owned, len(want))

@@ -1,4 +1,4 @@
-// Package volume keeps the first-class data volumes (extensions.md §1.1):
+// Package volume keeps the first-class data volumes (docs/api.md, Volumes):
 // qcow2 images with a lifetime of their own, in one directory of the state
 // dir. Volume <id> is two files there: <id>.qcow2 (0600), the image, and
 // <id>.json, its metadata. The metadata file is the commit point: it is

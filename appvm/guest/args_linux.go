@@ -18,6 +18,10 @@ type ProcessOptions struct {
 	Chroot, Mounts, Network bool
 	// Heartbeat is the interval before the Spec sets one; 0 keeps 5 s.
 	Heartbeat time.Duration
+	// Listen, when set, is the prefix of the unix sockets standing in for
+	// the guest's vsock ports: operation connections come to
+	// <Listen>_<proto.OpPort>.
+	Listen string
 }
 
 // Args returns the arguments after `vmhost guest` for o.
@@ -30,6 +34,9 @@ func (o ProcessOptions) Args() []string {
 		if f.on {
 			args = append(args, f.name)
 		}
+	}
+	if o.Listen != "" {
+		args = append(args, "--listen", "unix:"+o.Listen)
 	}
 	if o.Heartbeat > 0 {
 		args = append(args, "--heartbeat", strconv.FormatInt(o.Heartbeat.Milliseconds(), 10)+"ms")

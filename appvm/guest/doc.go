@@ -9,9 +9,29 @@
 // workload. When the workload ends it powers the guest off, unless the Spec
 // says keepalive.
 //
+// # Operations
+//
+// From protocol version 3 on the agent also listens for the host's
+// operation connections (proto.OpPort; one connection per operation, see
+// package proto): exec runs a process beside the workload (its root,
+// chrooted as it is, its environment with the secret variables, its user
+// and working directory unless the request names others) on pipes or on a
+// pseudo-terminal (/dev/ptmx, TIOCGPTN, the slave as controlling terminal
+// through setsid and TIOCSCTTY, TIOCSWINSZ for resizes), with a timeout
+// that kills its process group; output is forwarded as it comes, and a
+// host that does not read holds the process back (no buffer of ours grows);
+// a host that vanishes gets the process, its group and its descendants
+// killed. Files go out as a tar archive (owners as numbers, secret files
+// left out, a secret path refused) and come in as one that is checked
+// member by member (proto.TarChecker) and extracted into a staging
+// directory inside the destination, moved into place only once the whole
+// archive passed. A signal goes to the workload's process. Operations
+// answer "not set up" until the workload's root is ready.
+//
 // # Modes
 //
-// VM mode (PID 1): mounts /proc, /sys, /dev, loads the kernel modules the
+// VM mode (PID 1): mounts /proc, /sys, /dev (and a devpts instance of its
+// own at /dev/pts), loads the kernel modules the
 // initramfs lists (initramfs.ModuleList, dependencies first; see the
 // appvm_modules setting), waits up to 10 s for the root disk, mounts it
 // at /mnt/root, configures the network over netlink (static) or its own DHCP
@@ -30,7 +50,7 @@
 // Process mode (the simulator and tests): the agent is an ordinary process:
 //
 //	vmhost guest --transport unix:<path> --root <dir> [--chroot] [--mounts]
-//	             [--network] [--heartbeat 5s]
+//	             [--network] [--listen unix:<prefix>] [--heartbeat 5s]
 //
 // It dials the unix socket instead of AF_VSOCK (chsim passes the hybrid vsock
 // listener `<vsock socket>_<port>`), makes itself a child subreaper, writes
@@ -40,8 +60,15 @@
 // host and only the working directory is taken inside --root. --mounts
 // performs the tmpfs and data mounts (root, meant for a private mount
 // namespace; otherwise the mountpoints are only created), --network applies
-// the Spec's network to the current network namespace (root). Poweroff exits
-// the process with status 0 ([ExitPoweroff]); agent failures exit 1.
+// the Spec's network to the current network namespace (root). --listen
+// takes operation connections on the unix socket <prefix>_<port> instead
+// of AF_VSOCK port <port> (chsim routes a host's CONNECT there; VM mode
+// listens on AF_VSOCK unless told otherwise). Poweroff exits the process
+// with status 0 ([ExitPoweroff]); agent failures exit 1. [HaltSignal]
+// (chsim's VM stop, and the parent-death signal it gives the agent) kills
+// every process below the agent, reaps them and exits [ExitHalted]: as
+// subreaper the agent is the parent of every orphan of the workload, so a
+// simulated VM leaves no process behind however it ends.
 //
 // # Secrets
 //

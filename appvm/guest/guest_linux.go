@@ -31,6 +31,9 @@ const (
 	// ExitError is the status of an agent that could not do its job
 	// (no host, protocol error).
 	ExitError = 1
+	// ExitHalted is the status of a process-mode agent ended by
+	// HaltSignal (the simulated VM vanished).
+	ExitHalted = 3
 )
 
 // AgentVersion is reported in Hello.
@@ -55,6 +58,10 @@ type options struct {
 	heartbeat time.Duration
 	vm        bool
 	dialWait  time.Duration
+	// listen is where operation connections come from: "vsock" (VM
+	// mode's default), "unix:<prefix>" (the unix socket <prefix>_<port>
+	// for each vsock port, process mode under chsim), or "" for none.
+	listen string
 
 	rootDevice, rootFSType string
 	deviceWait             time.Duration
@@ -77,6 +84,7 @@ func Main(args []string) int {
 	fl.BoolVar(&o.network, "network", false, "process mode: configure the Spec's network in this network namespace (needs root)")
 	fl.DurationVar(&o.heartbeat, "heartbeat", 5*time.Second, "heartbeat interval unless the Spec sets one")
 	fl.DurationVar(&o.dialWait, "dial-timeout", 30*time.Second, "how long to keep dialing the host")
+	fl.StringVar(&o.listen, "listen", "", "where the host's operation connections come from: vsock (VM mode's default), unix:<prefix> (the socket <prefix>_<port>), or empty for none")
 	fl.StringVar(&o.rootDevice, "root-device", "", "VM mode: root disk device, over vmhost.root= (tests)")
 	fl.StringVar(&o.rootFSType, "root-fstype", "", "VM mode: root disk filesystem, over vmhost.rootfstype= (tests)")
 	fl.StringVar(&o.sysfs, "sysfs", "/sys", "process mode with --mounts: where to find hot-plugged disks by PCI address (tests)")
@@ -92,6 +100,9 @@ func Main(args []string) int {
 	// reach a host.
 	if pid1 {
 		o.vm, o.chroot, o.mounts, o.network = true, true, true, true
+		if o.listen == "" {
+			o.listen = "vsock"
+		}
 		vs := newVMSystem(log)
 		if o.root == "" {
 			o.root = vmRoot
@@ -103,7 +114,9 @@ func Main(args []string) int {
 			fmt.Fprintln(os.Stderr, "guest: process mode needs --root")
 			return 2
 		}
-		sys = &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
+		ps := &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
+		ps.haltOnSignal()
+		sys = ps
 	}
 	a := &agent{opts: o, sys: sys, log: log, mounts: map[string]string{}}
 	err := a.run()
@@ -174,6 +187,21 @@ type agent struct {
 	// acked is closed when the host acknowledges the workload's end.
 	acked   chan struct{}
 	ackOnce sync.Once
+
+	// hostV is the version of the Spec (the host's, capped at ours); set
+	// once, before the workload starts. Under cmu.
+	hostV int
+	// backlog holds the Log messages a version 3 host has not
+	// acknowledged, oldest first, backlogBytes their data. Under cmu.
+	backlog      []*proto.Log
+	backlogBytes int
+
+	// opsMu guards ops, what operation connections need; nil until the
+	// guest is set up.
+	opsMu sync.Mutex
+	ops   *opsContext
+	// workloadPID is the workload's pid once started (0 before).
+	workloadPID atomic.Int64
 }
 
 // send sends m. While the connection is lost, messages are dropped (the
@@ -201,6 +229,10 @@ func (a *agent) send(m proto.Message) {
 		// Numbered under cmu, so that stdout's and stderr's chunks go out
 		// in the order of their numbers.
 		m.Seq = a.logSeq.Add(1)
+		if a.hostV >= proto.Version3 {
+			m.At = time.Now().UTC()
+			a.keepLocked(m)
+		}
 	}
 	if a.lost {
 		return
@@ -210,6 +242,35 @@ func (a *agent) send(m proto.Message) {
 	a.nc.SetWriteDeadline(time.Now().Add(sendTimeout))
 	if err := a.conn.Send(m); err != nil {
 		a.lostLocked(a.conn, err)
+	}
+}
+
+// keepLocked adds m to the replay backlog, dropping the oldest chunks
+// beyond MaxLogBacklog bytes. cmu must be held.
+func (a *agent) keepLocked(m *proto.Log) {
+	a.backlog = append(a.backlog, m)
+	a.backlogBytes += len(m.Data)
+	drop := 0
+	for a.backlogBytes > proto.MaxLogBacklog && drop < len(a.backlog)-1 {
+		a.backlogBytes -= len(a.backlog[drop].Data)
+		drop++
+	}
+	if drop > 0 {
+		a.backlog = append(a.backlog[:0:0], a.backlog[drop:]...)
+	}
+}
+
+// logAcked forgets the backlog up to seq.
+func (a *agent) logAcked(seq uint64) {
+	a.cmu.Lock()
+	defer a.cmu.Unlock()
+	n := 0
+	for n < len(a.backlog) && a.backlog[n].Seq <= seq {
+		a.backlogBytes -= len(a.backlog[n].Data)
+		n++
+	}
+	if n > 0 {
+		a.backlog = append(a.backlog[:0:0], a.backlog[n:]...)
 	}
 }
 
@@ -229,7 +290,8 @@ func (a *agent) lostLocked(conn *proto.Conn, err error) {
 
 // reconnect redials the host until it answers (or the agent is done), says
 // Hello with Resume set, and replays the state the host would otherwise
-// miss: the last Lease, Started, Exit, Fatal and Health, in that order.
+// miss: the last Lease, Started, the unacknowledged logs (version 3 hosts),
+// Exit, Fatal and Health, in that order.
 func (a *agent) reconnect() {
 	delay := 100 * time.Millisecond
 	for {
@@ -255,6 +317,9 @@ func (a *agent) reconnect() {
 		}
 		if a.state.started != nil {
 			replay = append(replay, a.state.started)
+		}
+		for _, m := range a.backlog {
+			replay = append(replay, m)
 		}
 		if a.state.exit != nil {
 			replay = append(replay, a.state.exit)
@@ -313,6 +378,14 @@ func (a *agent) run() error {
 		return err
 	}
 	a.nc, a.conn = nc, proto.NewConn(nc)
+	// Listen before the Hello: a host that reads version 3 in it may dial
+	// at once.
+	if l, err := a.listenOps(); err != nil {
+		a.log.Error("operation connections unavailable", "err", err)
+	} else if l != nil {
+		defer l.Close()
+		go a.serveOps(l)
+	}
 	defer func() {
 		a.cmu.Lock()
 		a.resumable, a.lost = false, true
@@ -343,6 +416,7 @@ func (a *agent) run() error {
 		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
 	}
 	a.cmu.Lock()
+	a.hostV = min(spec.V, proto.Version)
 	a.resumable = true
 	conn := a.conn
 	a.cmu.Unlock()
@@ -438,6 +512,8 @@ func (a *agent) receive(conn *proto.Conn) {
 			}
 		case *proto.ExitAck:
 			a.ackOnce.Do(func() { close(a.acked) })
+		case *proto.LogAck:
+			a.logAcked(m.Seq)
 		case *proto.Mount:
 			go a.hotMount(m)
 		case *proto.Unmount:
@@ -563,6 +639,11 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	default:
 	}
 	env := buildEnv(spec, acc, hostname)
+	// From here on the root is what the workload sees: operations may
+	// run beside it (even if its own command fails to start).
+	a.opsMu.Lock()
+	a.ops = &opsContext{spec: spec, env: env, acc: acc}
+	a.opsMu.Unlock()
 	argv := append(append([]string{}, spec.Entrypoint...), spec.Command...)
 	cmd, err := a.command(argv, env, spec.Workdir, acc)
 	if err != nil {
@@ -589,6 +670,7 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		return nil, fmt.Errorf("starting the workload %q: %w", argv[0], err)
 	}
 	w.started = time.Now()
+	a.workloadPID.Store(int64(w.pid))
 	// Started goes out before any output: the pipes hold it meanwhile.
 	a.send(&proto.Started{PID: w.pid})
 	w.logs.Add(2)

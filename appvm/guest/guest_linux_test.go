@@ -57,7 +57,7 @@ func (l *lockedBuffer) String() string {
 // fakeHost is the host side of one agent run: a unix listener standing in
 // for the hybrid vsock socket, speaking proto.
 type fakeHost struct {
-	t      *testing.T
+	t      testing.TB
 	ln     net.Listener
 	root   string
 	cmd    *exec.Cmd
@@ -65,8 +65,10 @@ type fakeHost struct {
 	conn   *proto.Conn
 	hello  *proto.Hello
 	stderr *lockedBuffer
-	msgs   chan proto.Message
-	exited chan struct{}
+	// opsSock is where the agent takes operation connections.
+	opsSock string
+	msgs    chan proto.Message
+	exited  chan struct{}
 	// exitCode and waitStatus are the agent's, valid once exited is closed.
 	exitCode   int
 	waitStatus syscall.WaitStatus
@@ -87,11 +89,14 @@ type agentOpts struct {
 	// noAck keeps the host from acknowledging Exit and Fatal, as a host
 	// does at once.
 	noAck bool
+	// listen and opsSock replace the operation socket: the agent's
+	// --listen prefix and the socket's path here (an agent in a chroot).
+	listen, opsSock string
 }
 
 // startAgent starts the agent, accepts its connection, checks the Hello
 // and sends spec.
-func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
+func startAgent(t testing.TB, spec *proto.Spec, o agentOpts) *fakeHost {
 	t.Helper()
 	dir := t.TempDir()
 	if o.root == "" {
@@ -110,8 +115,12 @@ func startAgent(t *testing.T, spec *proto.Spec, o agentOpts) *fakeHost {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	args := append(ProcessOptions{Socket: agentSock, Root: o.root, Heartbeat: 100 * time.Millisecond}.Args(), o.args...)
-	h := &fakeHost{t: t, ln: ln, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{})}
+	listen, opsSock := filepath.Join(dir, "g"), filepath.Join(dir, "g_"+strconv.Itoa(proto.OpPort))
+	if o.listen != "" {
+		listen, opsSock = o.listen, o.opsSock
+	}
+	args := append(ProcessOptions{Socket: agentSock, Root: o.root, Heartbeat: 100 * time.Millisecond, Listen: listen}.Args(), o.args...)
+	h := &fakeHost{t: t, ln: ln, root: o.root, stderr: &lockedBuffer{}, msgs: make(chan proto.Message, 4096), exited: make(chan struct{}), opsSock: opsSock}
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
@@ -942,8 +951,8 @@ func TestPowerButtonEvents(t *testing.T) {
 }
 
 func TestProcessOptionsArgs(t *testing.T) {
-	got := ProcessOptions{Socket: "/run/v.sock_1024", Root: "/r", Chroot: true, Network: true, Heartbeat: 1500 * time.Millisecond}.Args()
-	want := []string{"--transport", "unix:/run/v.sock_1024", "--root", "/r", "--chroot", "--network", "--heartbeat", "1500ms"}
+	got := ProcessOptions{Socket: "/run/v.sock_1024", Root: "/r", Chroot: true, Network: true, Heartbeat: 1500 * time.Millisecond, Listen: "/run/v.sock.guest"}.Args()
+	want := []string{"--transport", "unix:/run/v.sock_1024", "--root", "/r", "--chroot", "--network", "--listen", "unix:/run/v.sock.guest", "--heartbeat", "1500ms"}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("Args() = %q, want %q", got, want)
 	}
@@ -1035,5 +1044,166 @@ func TestPoweroffKillsOrphanTrees(t *testing.T) {
 			t.Fatalf("grandchild %d still running (state %c) after the agent powered off", gc, state)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// relisten brings the host back at the agent's socket and returns the
+// resumed connection after its Hello.
+func (h *fakeHost) relisten(sock string) *proto.Conn {
+	h.t.Helper()
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	h.t.Cleanup(func() { ln.Close() })
+	ln.(*net.UnixListener).SetDeadline(time.Now().Add(10 * time.Second))
+	c, err := ln.Accept()
+	if err != nil {
+		h.t.Fatalf("the agent did not redial: %v", err)
+	}
+	h.t.Cleanup(func() { c.Close() })
+	conn := proto.NewConn(c)
+	m, err := conn.Recv()
+	if hello, ok := m.(*proto.Hello); err != nil || !ok || !hello.Resume || hello.BootID != h.hello.BootID {
+		h.t.Fatalf("after redial: %#v, %v; want Hello with Resume and boot id %q", m, err, h.hello.BootID)
+	}
+	return conn
+}
+
+// outage runs a workload that prints "before", waits for the host to go
+// away, prints on both streams and exits 4; it returns what the resumed
+// connection replays up to the Exit.
+func logOutage(t *testing.T, v int, ack bool) (first *proto.Log, replay []proto.Message) {
+	root := t.TempDir()
+	gate := filepath.Join(root, "go")
+	h := startAgent(t, &proto.Spec{V: v, Command: sh(`echo before; while ! test -f ` + gate + `; do sleep 0.05; done; echo during-1; echo during-2 >&2; exit 4`)}, agentOpts{root: root})
+	if _, ok := h.next().(*proto.Started); !ok {
+		t.Fatal("want Started")
+	}
+	first, ok := h.next().(*proto.Log)
+	if !ok || string(first.Data) != "before\n" {
+		t.Fatalf("want the first log, got %#v", first)
+	}
+	if ack {
+		h.send(&proto.LogAck{Seq: first.Seq})
+	}
+	sock := h.ln.Addr().String()
+	h.ln.Close()
+	h.nc.Close()
+	if err := os.WriteFile(gate, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // the workload ends while the host is away
+	conn := h.relisten(sock)
+	for {
+		m, err := conn.Recv()
+		if err != nil {
+			t.Fatalf("waiting for the replayed exit: %v", err)
+		}
+		if _, hb := m.(*proto.Heartbeat); hb {
+			continue
+		}
+		replay = append(replay, m)
+		if _, ok := m.(*proto.Exit); ok {
+			conn.Send(&proto.ExitAck{})
+			h.waitAgent()
+			return first, replay
+		}
+	}
+}
+
+// TestLogReplay: a version 3 guest sends again, after a resume, the output
+// the host did not acknowledge (what it printed while the host was away
+// included), with the same Seq and At, before the Exit.
+func TestLogReplay(t *testing.T) {
+	for _, ack := range []bool{false, true} {
+		t.Run(fmt.Sprintf("ack %v", ack), func(t *testing.T) {
+			first, replay := logOutage(t, proto.Version, ack)
+			if first.At.IsZero() || time.Since(first.At) > time.Minute {
+				t.Errorf("log at %v, want the time it was read", first.At)
+			}
+			var types []string
+			logs := map[string]uint64{}
+			for _, m := range replay {
+				types = append(types, m.Type())
+				if l, ok := m.(*proto.Log); ok {
+					if l.At.IsZero() {
+						t.Errorf("replayed log %d without its time", l.Seq)
+					}
+					logs[string(l.Data)] = l.Seq
+				}
+			}
+			want := map[string]uint64{"during-1\n": 0, "during-2\n": 0}
+			if !ack {
+				want["before\n"] = first.Seq
+			}
+			if strings.Join(types, " ") != "started"+strings.Repeat(" log", len(want))+" exit" {
+				t.Errorf("replay %v, want started, %d logs, exit", types, len(want))
+			}
+			seqs := map[uint64]bool{}
+			for data := range want {
+				seq, ok := logs[data]
+				if !ok || seq <= first.Seq && data != "before\n" || seqs[seq] {
+					t.Errorf("replayed logs %v: %q missing or misnumbered", logs, data)
+				}
+				seqs[seq] = true
+			}
+		})
+	}
+}
+
+// TestLogsForAVersion2Host: a host of version 2 gets logs without At and no
+// replay of logs (it would store them twice).
+func TestLogsForAVersion2Host(t *testing.T) {
+	first, replay := logOutage(t, proto.Version2, false)
+	if !first.At.IsZero() {
+		t.Errorf("a version 2 host got a log with at %v", first.At)
+	}
+	var types []string
+	for _, m := range replay {
+		types = append(types, m.Type())
+	}
+	if strings.Join(types, " ") != "started exit" {
+		t.Errorf("replay to a version 2 host: %v, want started, exit", types)
+	}
+}
+
+// TestHaltKillsTheGuest: HaltSignal (the simulator's VM stop, and the
+// agent's parent-death signal) ends the agent with every process below it:
+// the workload, its children, an orphan parked on the agent and one that
+// left its session.
+func TestHaltKillsTheGuest(t *testing.T) {
+	dir := t.TempDir()
+	script := fmt.Sprintf(`sleep 300 & echo $! > %[1]s/child; `+
+		`(sleep 300 & echo $! > %[1]s/orphan); `+
+		`setsid sh -c 'echo $$ > %[1]s/session; exec sleep 300' & `+
+		`while ! test -s %[1]s/session; do sleep 0.02; done; echo ready; exec sleep 300`, dir)
+	h := startAgent(t, &proto.Spec{Command: sh(script)}, agentOpts{})
+	st, ok := h.next().(*proto.Started)
+	if !ok {
+		t.Fatal("want Started")
+	}
+	h.waitLog("ready")
+	pids := []int{st.PID}
+	for _, f := range []string{"child", "orphan", "session"} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		pids = append(pids, p)
+		defer syscall.Kill(p, syscall.SIGKILL)
+	}
+	if err := h.cmd.Process.Signal(HaltSignal); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.waitAgent(); code != ExitHalted {
+		t.Errorf("agent status %d, want %d", code, ExitHalted)
+	}
+	// The agent reaped them before it exited: they are gone already.
+	for _, p := range pids {
+		if !gone(p) {
+			t.Errorf("process %d outlived the halt", p)
+		}
 	}
 }

@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/mdlayher/vsock"
@@ -87,6 +89,27 @@ type processSystem struct {
 	sysfs      string
 	deviceWait time.Duration
 	log        *slog.Logger
+}
+
+// HaltSignal ends a process-mode agent at once, with everything below it:
+// it kills its descendants (every orphan of the workload came to it as
+// subreaper), reaps them, and exits with ExitHalted. The simulator sends
+// it when the VM stops, and makes it the agent's parent-death signal, so
+// that a simulator killed outright takes the guest's processes with it. It
+// is a real-time signal (SIGRTMIN+8 in the kernel's numbering): nothing
+// else sends it, and unlike SIGKILL it lets the agent clean up.
+const HaltSignal = syscall.Signal(40)
+
+// haltOnSignal ends the agent on HaltSignal, whatever it is doing.
+func (s *processSystem) haltOnSignal() {
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, HaltSignal)
+	go func() {
+		<-ch
+		s.log.Warn("halted: killing every process of the guest")
+		s.poweroff(ExitHalted)
+		os.Exit(ExitHalted)
+	}()
 }
 
 func (s *processSystem) prepare() error {

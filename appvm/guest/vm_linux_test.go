@@ -1,9 +1,13 @@
 package guest
 
 import (
+	"archive/tar"
+	"context"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -18,7 +22,9 @@ type vmFixture struct {
 	initrd, disk, dev string
 }
 
-func newVMFixture(t *testing.T) *vmFixture {
+// newVMFixture makes the initramfs and a root disk holding /bin/sh and
+// tools (host binaries, with their libraries).
+func newVMFixture(t *testing.T, tools ...string) *vmFixture {
 	t.Helper()
 	requireRoot(t)
 	for _, tool := range []string{"unshare", "chroot", "cpio", "mkfs.ext4", "losetup", "debugfs", "ldd"} {
@@ -58,7 +64,9 @@ func newVMFixture(t *testing.T) *vmFixture {
 
 	// The image root: /bin/sh and its libraries, on an ext4 disk.
 	image := filepath.Join(work, "image")
-	copyFiles(t, image, append([]string{"/bin/sh"}, libsOf(t, "/bin/sh")...))
+	for _, bin := range append([]string{"/bin/sh"}, tools...) {
+		copyFiles(t, image, append([]string{bin}, libsOf(t, bin)...))
+	}
 	os.MkdirAll(filepath.Join(image, "etc"), 0o755)
 	os.WriteFile(filepath.Join(image, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\n"), 0o644)
 	run(t, "mkfs.ext4", "-q", "-d", image, vm.disk, "32M")
@@ -72,7 +80,7 @@ func (vm *vmFixture) opts(args ...string) agentOpts {
 	return agentOpts{
 		root:      "/mnt/root",
 		exe:       "/init",
-		wrap:      []string{"unshare", "--pid", "--fork", "--mount", "--propagation", "private", "--uts", "--net", "chroot", vm.initrd},
+		wrap:      []string{"unshare", "--pid", "--fork", "--kill-child", "--mount", "--propagation", "private", "--uts", "--net", "chroot", vm.initrd},
 		sock:      filepath.Join(vm.initrd, "tmp", "vsock.sock_1024"),
 		agentSock: "/tmp/vsock.sock_1024",
 		args:      args,
@@ -160,4 +168,56 @@ func copyFiles(t *testing.T, dir string, files []string) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestIntegrationVMModeOps runs the operations against an agent in VM mode
+// (PID 1 of its namespaces, the workload chrooted into the root disk, /dev
+// and a devpts instance of its own): exec with a terminal, files out and
+// in, and a signal. The host's vsock connection is the unix socket
+// --listen names, as chsim routes it.
+func TestIntegrationVMModeOps(t *testing.T) {
+	vm := newVMFixture(t, "/usr/bin/tty", "/usr/bin/stty", "/usr/bin/cat")
+	o := vm.opts("--root-device", vm.dev)
+	o.listen, o.opsSock = "/tmp/g", filepath.Join(vm.initrd, "tmp", "g_"+strconv.Itoa(proto.OpPort))
+	h, _ := running(t, &proto.Spec{
+		Command:   sh(`trap 'echo got-usr1; exit 6' USR1; echo ready; while :; do read -t 1 x; done`),
+		SecretEnv: []proto.SecretEnv{{Key: "TOKEN", Value: proto.NewSecret("vm-secret")}},
+		Hostname:  "vmguest",
+	}, o)
+	h.waitLog("ready")
+
+	exit, out, _, err := h.exec(&proto.ExecRequest{Command: sh(`tty; stty size; echo "$TOKEN"; cat /etc/hostname; test -e /init || echo image-root`), TTY: true, Cols: 132, Rows: 43}, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^/dev/pts/\d+\r\n43 132\r\nvm-secret\r\nvmguest\r\nimage-root\r\n$`).MatchString(out) || exitCode(exit) != "code 0" {
+		t.Errorf("exec in the guest: exit %s, output %q", exitCode(exit), out)
+	}
+
+	res, err := h.putFiles("/", 1<<20, makeTar(t, putMember{name: "srv/", typ: tar.TypeDir}, putMember{name: "srv/in.txt", typ: tar.TypeReg, body: "copied in"}))
+	if err != nil || res.Members != 2 {
+		t.Fatalf("put: %+v, %v", res, err)
+	}
+	exit, out, _, err = h.exec(&proto.ExecRequest{Command: sh(`cat /srv/in.txt; echo; echo made > /srv/out.txt`)}, "")
+	if err != nil || out != "copied in\n" || exitCode(exit) != "code 0" {
+		t.Errorf("reading the file copied in: %s, %q, %v", exitCode(exit), out, err)
+	}
+	b, err := h.getFiles("/srv/out.txt")
+	if got := readTar(t, b); err != nil || len(got) != 1 || got[0].body != "made\n" {
+		t.Errorf("the file copied out: %v, %v", got, err)
+	}
+
+	if err := proto.Signal(context.Background(), h.dialOp(), int(syscall.SIGUSR1)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if e, ok := h.next().(*proto.Exit); ok {
+			if e.Code == nil || *e.Code != 6 {
+				t.Errorf("exit after the signal: %+v, want code 6", e)
+			}
+			break
+		}
+	}
+	h.send(&proto.Stop{})
+	h.waitAgent()
 }

@@ -24,12 +24,21 @@ const DefaultGuestHeartbeat = time.Second
 // cannot import the protocol package (it is a leaf), so the number is repeated here.
 const guestVsockPort = 1024
 
+// guestHaltSignal is appvm/guest.HaltSignal, repeated for the same reason: it ends a
+// process-mode agent with every process below it (the agent kills and reaps them first).
+const guestHaltSignal = syscall.Signal(40)
+
+// guestHaltWait bounds the wait for a halted agent; then its process group is killed.
+const guestHaltWait = 5 * time.Second
+
 // guestAgent is one run of the AppVM guest agent as a host process: what an AppVM's
 // initramfs /init would be inside a real VM.
 type guestAgent struct {
 	cmd  *exec.Cmd
 	done chan struct{}
 	nic  *guestNIC // the guest's NIC when the agent runs in its own network namespace
+	// listen is the agent's GuestListenPrefix: its vsock ports are <listen>_<port>.
+	listen string
 
 	mu     sync.Mutex
 	exited bool
@@ -55,6 +64,11 @@ func (s *sim) guestNetworkLocked() bool {
 // guest's root disk and is kept across boots.
 func GuestRoot(vsockSocket string) string { return vsockSocket + ".root" }
 
+// GuestListenPrefix is where the guest agent listens for what reaches its vsock ports:
+// the unix socket "<prefix>_<port>" for guest port port, "<socket>.guest_<port>". A host
+// CONNECT to a port with such a socket is routed there (vsock.go).
+func GuestListenPrefix(vsockSocket string) string { return vsockSocket + ".guest" }
+
 // startGuestAgentLocked starts the guest agent for the current boot. Its exit is the
 // guest's poweroff; its death by a signal leaves the VM running without an agent (a real
 // guest whose init died panics and stops answering).
@@ -79,7 +93,7 @@ func (s *sim) startGuestAgentLocked() error {
 		hb = DefaultGuestHeartbeat
 	}
 	args := []string{"guest", "--transport", fmt.Sprintf("unix:%s_%d", s.vm.Vsock.Socket, guestVsockPort),
-		"--root", root, "--heartbeat", hb.String()}
+		"--root", root, "--heartbeat", hb.String(), "--listen", "unix:" + GuestListenPrefix(s.vm.Vsock.Socket)}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), GuestAgentEnv+"=1")
 	// The agent's stderr is the guest's console: it goes to the serial port's log here,
@@ -91,10 +105,8 @@ func (s *sim) startGuestAgentLocked() error {
 	}
 	defer logFile.Close()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Its own process group, so that stopping the VM kills the workload too.
-	cmd.SysProcAttr = childProcAttr()
-	cmd.SysProcAttr.Setpgid = true
-	g := &guestAgent{cmd: cmd, done: make(chan struct{})}
+	cmd.SysProcAttr = agentProcAttr()
+	g := &guestAgent{cmd: cmd, done: make(chan struct{}), listen: GuestListenPrefix(s.vm.Vsock.Socket)}
 	if s.guestNetworkLocked() {
 		// As root, the guest gets a network namespace whose eth0 is wired to the VM's
 		// first tap, and the agent configures it.
@@ -138,19 +150,44 @@ func (g *guestAgent) signal(sig syscall.Signal) error {
 	return unix.Kill(-g.cmd.Process.Pid, sig)
 }
 
-// stopGuestAgentLocked kills the agent and its workload: the guest is gone (stop, delete,
-// VMM exit, or a reset before a reboot). It does not wait for the exit.
+// stopGuestAgentLocked ends the guest (stop, delete, VMM exit, or a reset before a
+// reboot): it halts the agent, which kills and reaps its workload and every process below
+// it (orphans and processes that left their session included, as the agent is their
+// subreaper), and waits for that; an agent that does not end in guestHaltWait has its
+// process group killed. The agent's listening sockets go with the guest's vsock ports.
 func (s *sim) stopGuestAgentLocked() {
-	if s.agent == nil {
+	g := s.agent
+	if g == nil {
 		return
 	}
-	s.agent.signal(syscall.SIGKILL)
-	// A stopped (paused) group must also see the kill.
-	s.agent.signal(syscall.SIGCONT)
-	if s.agent.nic != nil {
-		s.agent.nic.close()
-	}
 	s.agent = nil
+	g.haltOnly()
+	// A stopped (paused) agent must run to take the halt.
+	g.signal(syscall.SIGCONT)
+	select {
+	case <-g.done:
+	case <-time.After(guestHaltWait):
+		s.logf(0, "guest agent did not end %v after the halt; killing it", guestHaltWait)
+		g.signal(syscall.SIGKILL)
+		g.signal(syscall.SIGCONT)
+	}
+	if g.nic != nil {
+		g.nic.close()
+	}
+	socks, _ := filepath.Glob(g.listen + "_*")
+	for _, p := range socks {
+		os.Remove(p)
+	}
+}
+
+// haltOnly sends the halt to the agent process alone (not its group: the agent itself
+// ends its workload), unless it has already exited.
+func (g *guestAgent) haltOnly() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.exited {
+		unix.Kill(g.cmd.Process.Pid, guestHaltSignal)
+	}
 }
 
 // pauseGuestAgentLocked freezes (SIGSTOP) or thaws (SIGCONT) the agent with the VM.

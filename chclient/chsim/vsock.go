@@ -104,10 +104,24 @@ func (m *vsockMux) handshake(c net.Conn) {
 		m.untrack(c)
 		return
 	}
-	if !m.s.guestListens(port) {
+	listens, agentPort := m.s.guestListens(port)
+	if !listens {
 		// The guest answers RST: the stream closes without OK.
 		m.untrack(c)
 		return
+	}
+	var agent net.Conn
+	if agentPort != "" {
+		// The guest agent accepts (or refuses: RST) within CH's request timeout.
+		a, err := net.DialTimeout("unix", agentPort, connRequestTimeout)
+		if err != nil || !m.track(a) {
+			if a != nil {
+				a.Close()
+			}
+			m.untrack(c)
+			return
+		}
+		agent = a
 	}
 	m.mu.Lock()
 	hostPort := m.nextPort
@@ -118,9 +132,42 @@ func (m *vsockMux) handshake(c net.Conn) {
 	m.mu.Unlock()
 	if _, err := fmt.Fprintf(c, "OK %d\n", hostPort); err != nil {
 		m.untrack(c)
+		if agent != nil {
+			m.untrack(agent)
+		}
+		return
+	}
+	if agent != nil {
+		m.splice(c, agent)
 		return
 	}
 	m.s.serveGuest(port, c, func() { m.untrack(c) })
+}
+
+// connRequestTimeout is CH's CONN_REQUEST_TIMEOUT_MS: a guest that does not answer a
+// host-initiated connection within it gets the stream closed without OK.
+const connRequestTimeout = 2 * time.Second
+
+// splice carries bytes both ways between the host's stream and the guest agent's
+// connection until both directions ended. An end of one direction is passed on as a
+// half-close, as v53 does (a host shutdown(SHUT_WR) reaches the guest as
+// VSOCK_OP_SHUTDOWN with SEND, and the guest's shutdown of its send side shuts down the
+// write side of the host's stream).
+func (m *vsockMux) splice(host, guest net.Conn) {
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		io.Copy(dst, src)
+		if cw, ok := dst.(interface{ CloseWrite() error }); ok {
+			cw.CloseWrite()
+		}
+		done <- struct{}{}
+	}
+	go pipe(guest, host)
+	go pipe(host, guest)
+	<-done
+	<-done
+	m.untrack(host)
+	m.untrack(guest)
 }
 
 // close unlinks the socket and drops every connection, as when the device shuts down.
@@ -137,10 +184,25 @@ func (m *vsockMux) close() {
 	}
 }
 
-func (s *sim) guestListens(port uint32) bool {
+// guestListens reports whether a program of the running (or paused) guest listens on
+// port: one the simulator serves (--sim-guest-ports, /sim/v1/vsock/listen), or the guest
+// agent's, whose unix socket it returns.
+func (s *sim) guestListens(port uint32) (bool, string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return (s.state == stateRunning || s.state == statePaused) && s.guestPorts[port]
+	if s.state != stateRunning && s.state != statePaused {
+		return false, ""
+	}
+	if s.guestPorts[port] {
+		return true, ""
+	}
+	if s.agent != nil {
+		p := fmt.Sprintf("%s_%d", s.agent.listen, port)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().Type() == os.ModeSocket {
+			return true, p
+		}
+	}
+	return false, ""
 }
 
 // serveGuest hands a connection that reached guest port to the guest program.

@@ -44,7 +44,7 @@ host_packages="qemu-system-x86 qemu-system-common qemu-utils ovmf systemd-boot-e
 	fdisk dosfstools mtools e2fsprogs dnsmasq-base openssh-client busybox-static iproute2 bc
 	ca-certificates"
 
-# Guest packages (../shared/ref/real-guests.md): python3-cffi-backend named
+# Guest packages (docs/ref/real-guests.md §4): python3-cffi-backend named
 # because debootstrap does not resolve the virtual dependency of cloud-init.
 guest_packages="systemd-sysv udev cloud-init python3-cffi-backend openssh-server
 	linux-image-cloud-amd64 initramfs-tools ifupdown isc-dhcp-client iproute2 e2fsprogs sudo

@@ -2,10 +2,18 @@
 // `vmhost sim-qsd` with QSD's own flags, it parses the same --blockdev,
 // --object, --export, --chardev, --monitor and --pidfile arguments (dotted
 // key=value or JSON), fails at startup the way QSD 7.2 does (a missing
-// image, a raw file, an unknown node, an over-long socket path), listens on
-// each vhost-user-blk export socket and answers the QMP commands vmhost
-// uses with QSD's shapes and error texts (see shared/ref/qsd-qmp-qcow2.md).
-// It exits 0 on quit and on SIGTERM, removing its sockets and pidfile.
+// image, a raw file, an unknown node, an over-long socket path, a missing
+// backing file), listens on each vhost-user-blk export socket and answers
+// the QMP commands vmhost uses with QSD's shapes and error texts (see
+// docs/ref/qcow2-overlays.md for the backing-file ones). It exits 0 on quit
+// and on SIGTERM, removing its sockets and pidfile.
+//
+// Backing files as in QSD: a qcow2 node whose header names one opens it
+// (and its own backing files, recursively) as extra read-only nodes named
+// #block<N>, removed with the node, unless the options say "backing": null
+// or name an existing node to use instead. A file node opens its file
+// read-write unless "read-only" is set, so an immutable build fails the
+// way it fails in QSD ("Operation not permitted").
 //
 // Limits: export sockets answer only the vhost-user queries a front-end
 // makes before setting up rings (GET_FEATURES, GET_PROTOCOL_FEATURES,
@@ -15,6 +23,10 @@
 // still fits in its clusters, which covers growth up to 4 TiB for images
 // made by qemu-img; beyond that the new size is kept in memory only.
 // blockdev-create writes a minimal qcow2 image (no header extensions).
+// Only qcow2 backing files are followed (a backing format other than qcow2
+// is refused), and a node's "file" is always its host file's name where
+// QSD sometimes shows a json: description (a "backing": null over a header
+// that names a backing file, or a backing node other than the header's).
 // Images are not locked, so a second daemon on the same image is not
 // refused as QSD refuses it ("Failed to get \"write\" lock").
 //
@@ -58,11 +70,17 @@ type node struct {
 	name     string
 	drv      string // file, qcow2, throttle
 	child    string // file child node
+	backing  string // qcow2: the backing node, if any
 	group    string // throttle group
 	filename string // file: the host file; others: the file node's
 	size     uint64 // virtual size
-	users    int    // parents and exports
+	users    int    // parents (by file or backing) and exports
 	ro       bool
+	// implicit: opened by QSD for a backing file its parent's header
+	// names (#block<N>), so deleted with that parent.
+	implicit bool
+	// What a qcow2 header names as the backing file and its format.
+	hdrBacking, hdrBackingFmt string
 }
 
 type export struct {
@@ -97,6 +115,8 @@ type sim struct {
 	monPaths []string
 	pidfile  string
 	pidLock  *os.File
+	// nextImplicit numbers the nodes opened for backing files.
+	nextImplicit int
 
 	quit chan struct{}
 	once sync.Once
@@ -334,7 +354,12 @@ func (s *sim) blockdevAdd(m map[string]any) error {
 	if s.findNode(name) != nil {
 		return fmt.Errorf("Duplicate nodes with node-name='%s'", name)
 	}
-	n := &node{name: name, drv: drv}
+	ro, err := boolean(m, "read-only")
+	if err != nil {
+		return err
+	}
+	n := &node{name: name, drv: drv, ro: ro}
+	var backingNodes []*node // opened for the header's backing file
 	switch drv {
 	case "file":
 		fn, err := str(m, "filename")
@@ -344,27 +369,44 @@ func (s *sim) blockdevAdd(m map[string]any) error {
 		if fn == "" {
 			return errors.New("Parameter 'filename' is missing")
 		}
-		st, err := os.Stat(fn)
+		size, err := openFile(fn, ro)
 		if err != nil {
-			return fmt.Errorf("Could not open '%s': %s", fn, errnoText(err))
+			return err
 		}
-		n.filename = fn
-		n.size = (uint64(st.Size()) + 511) / 512 * 512
+		n.filename, n.size = fn, size
 	case "qcow2":
 		child, err := s.childNode(m, "file")
 		if err != nil {
 			return err
 		}
+		if !ro && child.ro {
+			return errors.New("Block node is read-only")
+		}
 		h, err := readHeader(child.filename)
 		if err != nil {
 			return err
 		}
-		if h.backing != "" {
-			if b, present := m["backing"]; !present || b != nil {
-				if _, err := os.Stat(h.backing); err != nil {
-					return fmt.Errorf("Could not open backing file: Could not open '%s': %s", h.backing, errnoText(err))
-				}
+		n.hdrBacking, n.hdrBackingFmt = h.backing, h.backingFmt
+		var backing *node
+		switch b, present := m["backing"]; {
+		case present && b == nil:
+		case present:
+			ref, ok := b.(string)
+			if !ok {
+				return errors.New("the simulator takes a backing node by name only")
 			}
+			if backing = s.findNode(ref); backing == nil {
+				return fmt.Errorf("Could not open backing file: Cannot find device='%s' nor node-name='%s'", ref, ref)
+			}
+		case h.backing != "":
+			if backingNodes, err = s.openBacking(h.backing, h.backingFmt); err != nil {
+				return fmt.Errorf("Could not open backing file: %w", err)
+			}
+			backing = backingNodes[0]
+		}
+		if backing != nil {
+			n.backing = backing.name
+			backing.users++
 		}
 		n.child, n.filename, n.size = child.name, child.filename, h.size
 		child.users++
@@ -385,8 +427,67 @@ func (s *sim) blockdevAdd(m map[string]any) error {
 	default:
 		return fmt.Errorf("Parameter 'driver' does not accept value '%s'", drv)
 	}
-	s.nodes = append([]*node{n}, s.nodes...)
+	// QSD lists the backing file's nodes before the node that opened them.
+	s.nodes = append(append(backingNodes, n), s.nodes...)
 	return nil
+}
+
+// openFile opens fn as a file node does: read-write unless ro (so an
+// immutable or read-only file is refused), and returns its size rounded
+// up to a sector.
+func openFile(fn string, ro bool) (uint64, error) {
+	flag := os.O_RDWR
+	if ro {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(fn, flag, 0)
+	if err != nil {
+		return 0, fmt.Errorf("Could not open '%s': %s", fn, errnoText(err))
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("Could not open '%s': %s", fn, errnoText(err))
+	}
+	return (uint64(st.Size()) + 511) / 512 * 512, nil
+}
+
+// openBacking opens the backing file a header names, read-only, as QSD
+// does: a qcow2 node over a file node, both named #block<N>, and the same
+// for the backing file's own backing file. It returns the nodes top first;
+// the caller adds them. The errors nest as QSD's do ("Could not open
+// backing file: " once per level).
+func (s *sim) openBacking(path, format string) ([]*node, error) {
+	if format != "" && format != "qcow2" {
+		return nil, fmt.Errorf("the simulator follows qcow2 backing files only, not %s", format)
+	}
+	size, err := openFile(path, true)
+	if err != nil {
+		return nil, err
+	}
+	h, err := readHeader(path)
+	if err != nil {
+		return nil, err
+	}
+	file := &node{name: s.implicitName(), drv: "file", filename: path, size: size, ro: true, implicit: true, users: 1}
+	q := &node{name: s.implicitName(), drv: "qcow2", child: file.name, filename: path, size: h.size, ro: true, implicit: true,
+		hdrBacking: h.backing, hdrBackingFmt: h.backingFmt}
+	nodes := []*node{q, file}
+	if h.backing != "" {
+		deeper, err := s.openBacking(h.backing, h.backingFmt)
+		if err != nil {
+			return nil, fmt.Errorf("Could not open backing file: %w", err)
+		}
+		q.backing = deeper[0].name
+		deeper[0].users++
+		nodes = append(nodes, deeper...)
+	}
+	return nodes, nil
+}
+
+func (s *sim) implicitName() string {
+	s.nextImplicit++
+	return fmt.Sprintf("#block%d", 100+s.nextImplicit)
 }
 
 // childNode resolves a reference to an existing node.
@@ -416,12 +517,13 @@ func errnoText(err error) string {
 }
 
 type header struct {
-	version  uint32
-	size     uint64
-	backing  string
-	l1Size   uint32
-	l1Offset uint64
-	cbits    uint32
+	version    uint32
+	size       uint64
+	backing    string
+	backingFmt string // the backing-format extension, if any
+	l1Size     uint32
+	l1Offset   uint64
+	cbits      uint32
 }
 
 func readHeader(path string) (*header, error) {
@@ -444,8 +546,48 @@ func readHeader(path string) (*header, error) {
 		if _, err := f.ReadAt(name, int64(off)); err == nil {
 			h.backing = string(name)
 		}
+		h.backingFmt = backingFormat(f, h, off)
 	}
 	return h, nil
+}
+
+// backingFormat walks the header extensions (after the 104-byte v3
+// header's header_length, or the 72-byte v2 header) up to the end marker,
+// the backing file name at backingOff or the end of cluster 0, and returns
+// the backing-format extension's text.
+func backingFormat(f *os.File, h *header, backingOff uint64) string {
+	be := binary.BigEndian
+	off := uint64(72)
+	if h.version == 3 {
+		var b [4]byte
+		if _, err := f.ReadAt(b[:], 100); err != nil {
+			return ""
+		}
+		off = uint64(be.Uint32(b[:]))
+	}
+	end := backingOff
+	if h.cbits >= 9 && h.cbits <= 21 {
+		end = min(end, uint64(1)<<h.cbits)
+	}
+	var ext [8]byte
+	for off+8 <= end {
+		if _, err := f.ReadAt(ext[:], int64(off)); err != nil {
+			return ""
+		}
+		typ, n := be.Uint32(ext[0:]), uint64(be.Uint32(ext[4:]))
+		switch {
+		case typ == 0:
+			return ""
+		case typ == 0xe2792aca && n < 1024:
+			name := make([]byte, n)
+			if _, err := f.ReadAt(name, int64(off+8)); err != nil {
+				return ""
+			}
+			return string(name)
+		}
+		off += 8 + (n+7)/8*8
+	}
+	return ""
 }
 
 // throttleKeys are the 19 keys of a throttle group's limits.
@@ -1012,17 +1154,27 @@ func queryNamedBlockNodes(c *conn, _ map[string]any) (any, *qerr) {
 		if n.drv != "file" {
 			img["cluster-size"] = 65536
 		}
+		if n.hdrBacking != "" {
+			img["backing-filename"], img["full-backing-filename"] = n.hdrBacking, n.hdrBacking
+			if n.hdrBackingFmt != "" {
+				img["backing-filename-format"] = n.hdrBackingFmt
+			}
+		}
 		if n.drv == "qcow2" {
 			img["format-specific"] = map[string]any{"type": "qcow2", "data": map[string]any{"compat": "1.1", "corrupt": false, "refcount-bits": 16}}
 		}
 		if st, err := os.Stat(n.filename); err == nil {
 			img["actual-size"] = st.Sys().(*syscall.Stat_t).Blocks * 512
 		}
-		out = append(out, map[string]any{
+		entry := map[string]any{
 			"node-name": n.name, "drv": n.drv, "ro": n.ro, "file": n.filename, "image": img,
 			"cache": map[string]bool{"no-flush": false, "direct": false, "writeback": true},
-			"bps":   0, "iops": 0,
-		})
+			"bps":   0, "iops": 0, "backing_file_depth": 0,
+		}
+		if b := c.s.findNode(n.backing); b != nil {
+			entry["backing_file"] = b.filename
+		}
+		out = append(out, entry)
 	}
 	return out, nil
 }
@@ -1037,20 +1189,41 @@ func blockdevAddCmd(c *conn, args map[string]any) (any, *qerr) {
 func blockdevDel(c *conn, args map[string]any) (any, *qerr) {
 	name, _ := str(args, "node-name")
 	s := c.s
-	for i, n := range s.nodes {
-		if n.name != name {
-			continue
-		}
-		if n.users > 0 {
-			return nil, generic("Block device %s is in use", name)
-		}
-		if ch := s.findNode(n.child); ch != nil {
-			ch.users--
-		}
-		s.nodes = append(s.nodes[:i:i], s.nodes[i+1:]...)
-		return nil, nil
+	n := s.findNode(name)
+	if n == nil {
+		return nil, generic("Failed to find node with node-name='%s'", name)
 	}
-	return nil, generic("Failed to find node with node-name='%s'", name)
+	for _, p := range s.nodes {
+		if p.backing == name {
+			return nil, generic("Node '%s' is busy: node is used as backing hd of '%s'", name, p.name)
+		}
+	}
+	if n.implicit {
+		return nil, generic("Node %s is not owned by the monitor", name)
+	}
+	if n.users > 0 {
+		return nil, generic("Block device %s is in use", name)
+	}
+	s.removeNode(n)
+	return nil, nil
+}
+
+// removeNode removes n, releases its file child and backing node, and
+// removes those QSD opened on its own for n's backing file.
+func (s *sim) removeNode(n *node) {
+	for i, x := range s.nodes {
+		if x == n {
+			s.nodes = append(s.nodes[:i:i], s.nodes[i+1:]...)
+			break
+		}
+	}
+	for _, ref := range []string{n.child, n.backing} {
+		if r := s.findNode(ref); r != nil {
+			if r.users--; r.implicit && r.users == 0 {
+				s.removeNode(r)
+			}
+		}
+	}
 }
 
 func blockExportAdd(c *conn, args map[string]any) (any, *qerr) {

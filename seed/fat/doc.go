@@ -3,7 +3,7 @@
 //
 // The writer builds the whole image in memory without mkfs.vfat or mtools.
 // Its layout is the one mkfs.vfat chooses for the same size (see
-// shared/ref/nocloud-seed.md §4): 512-byte sectors, 4 sectors per cluster,
+// docs/ref/nocloud-seed.md §4): 512-byte sectors, 4 sectors per cluster,
 // 1 reserved sector, 2 identical FATs, 512 root-directory entries, media
 // 0xF8, 16 sectors per track and 2 heads. For a 1 MiB image with volume ID
 // 0x1234ABCD and the same timestamps, the result equals

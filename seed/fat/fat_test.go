@@ -17,7 +17,7 @@ import (
 )
 
 // refTime and refVolumeID are what `mkfs.vfat --invariant` and
-// `SOURCE_DATE_EPOCH=1700000000 mcopy` write (shared/ref/nocloud-seed.md §4).
+// `SOURCE_DATE_EPOCH=1700000000 mcopy` write (docs/ref/nocloud-seed.md §4).
 var (
 	refTime     = time.Date(2023, time.November, 14, 22, 13, 20, 0, time.UTC)
 	refVolumeID = uint32(0x1234ABCD)
@@ -32,7 +32,8 @@ func readExample(t testing.TB, name string) []byte {
 	return b
 }
 
-// exampleFiles are the reference's three validated seed files.
+// exampleFiles are the three seed documents of testdata/fat
+// (docs/ref/nocloud-seed.md §6).
 func exampleFiles(t testing.TB) []File {
 	return []File{
 		{Name: "meta-data", Data: readExample(t, "meta-data")},
@@ -55,7 +56,7 @@ func writeImage(t testing.TB, files []File, opts Options) (string, []byte) {
 }
 
 func TestLayout(t *testing.T) {
-	// The sizes mkfs.vfat picks (shared/ref/nocloud-seed.md §4 table).
+	// The sizes mkfs.vfat picks (docs/ref/nocloud-seed.md §4, the layout table).
 	tests := []struct {
 		size                           int64
 		sectors, fatSectors, clusters  int
@@ -133,8 +134,9 @@ func TestChecksumAndAliases(t *testing.T) {
 }
 
 func TestFAT12Chains(t *testing.T) {
-	// The reference's example: a 1-cluster meta-data, then a 6187-byte
-	// user-data (4 clusters), then a 1-cluster network-config.
+	// The example of docs/ref/nocloud-seed.md §4: a 1-cluster meta-data,
+	// then a 6187-byte user-data (4 clusters), then a 1-cluster
+	// network-config.
 	files := []File{
 		{Name: "meta-data", Data: bytes.Repeat([]byte("m"), 41)},
 		{Name: "user-data", Data: bytes.Repeat([]byte("u"), 6187)},

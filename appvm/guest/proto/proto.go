@@ -5,7 +5,9 @@
 //
 // The guest dials the host: AF_VSOCK CID 2 (the host), port [Port]. With
 // Cloud Hypervisor's hybrid vsock the host side is a unix listener at
-// `<vsock socket>_<Port>`. There is one connection per boot.
+// `<vsock socket>_<Port>`. There is one session connection per boot (a
+// redial after a host agent restart replaces it); from version 3 on the
+// host also dials the guest for each operation (below).
 //
 // # Framing
 //
@@ -24,17 +26,26 @@
 // version understands (the Spec with the guest's V). After the Spec the guest
 // sends [Heartbeat], [Lease], [Started], [Health], [Log], [Exit] and [Fatal] as
 // things happen; the host may send [Stop], and from version 2 on [Mount] and
-// [Unmount], each answered by one [MountResult] with the same Seq, and
-// [ExitAck] once it has recorded an Exit or a Fatal. When the
-// connection breaks (a host agent restart), the guest redials and sends a
-// Hello with Resume set instead of expecting a Spec.
+// [Unmount], each answered by one [MountResult] with the same Seq,
+// [ExitAck] once it has recorded an Exit or a Fatal, and from version 3 on
+// [LogAck]. When the connection breaks (a host agent restart), the guest
+// redials and sends a Hello with Resume set instead of expecting a Spec.
 //
 // Version history: 1, the first; 2 adds Mount, Unmount and MountResult (a
 // volume hot-plugged into or out of a running AppVM) and ExitAck: a
 // version 2 guest without Keepalive powers off after the workload's end
 // only once the host acknowledged it (or sent Stop), so an end that
 // happens while the host agent is down reaches the next one, replayed on
-// resume, and its restart policy applies.
+// resume, and its restart policy applies. 3 adds operation connections
+// (below: a version 3 guest listens on [OpPort]), Log.At, and LogAck with
+// the replay of unacknowledged logs on resume: a version 3 guest keeps the
+// Log messages the host has not acknowledged (up to [MaxLogBacklog] bytes
+// of output, the oldest dropped first) and, when it resumes with a host
+// whose Spec said version 3, sends them again, with their Seq and At,
+// after the Lease and Started and before the Exit, Fatal and Health; the
+// host drops those it already stored (by Seq within the BootID), and a gap
+// in Seq is output lost while the host was away. A guest never sends At to
+// a host whose Spec said an older version (its decoding is strict).
 //
 // # Host side
 //
@@ -47,14 +58,54 @@
 // for one too). Send ExitAck after recording an Exit or Fatal. Send Mount
 // after hot-plugging a volume
 // and Unmount before unplugging one, and wait for the MountResult; a guest
-// whose Hello says V 1 knows neither.
+// whose Hello says V 1 knows neither. To a guest of version 3, send LogAck
+// once Log messages are stored, so that it forgets them; never to an older
+// one, whose strict decoding would fail the session.
+//
+// # Operation connections (version 3)
+//
+// Exec, file transfers and signals each use a connection of their own,
+// dialled by the host to the guest's vsock port [OpPort] (through Cloud
+// Hypervisor's hybrid vsock: `CONNECT 1025\n` on the vsock socket, answered
+// `OK <hostport>\n`), so that each is its own byte stream with the
+// transport's flow control as back-pressure, and the session above is
+// untouched. A guest whose Hello says a version below 3 does not listen:
+// the host refuses these operations ("restart the AppVM to get the new
+// guest agent").
+//
+// On such a connection every frame is 1 byte of [FrameType], 3 zero bytes,
+// the payload's length as 4 bytes big-endian, then the payload (at most
+// [MaxPayload] bytes) — the layout of the API's interactive exec frames,
+// whose types 0 to 5 mean the same here. The host's first frame is
+// FrameRequest, JSON [Request] with exactly one operation:
+//
+//   - exec: the guest answers FrameStarted (JSON [ExecStarted]) or
+//     FrameError; then FrameStdout and FrameStderr carry output as it comes
+//     and FrameExit (JSON [ExecExit]) ends it. The host sends FrameStdin,
+//     FrameStdinClosed and (with a TTY) FrameResize whenever it likes.
+//   - get_files: FrameData frames carry a tar archive, FrameEnd ends it; or
+//     FrameError (first, or after some data).
+//   - put_files: the host sends the archive as FrameData frames and
+//     FrameEnd; the guest answers FrameDone (JSON [PutResult]) once it is
+//     extracted, or FrameError (possibly before the host finished sending).
+//   - signal: FrameDone (payload {}) once delivered, or FrameError.
+//
+// FrameError carries a JSON [OpError] and is the last frame. The guest
+// closes the connection after the last frame; a host that closes it (or
+// vanishes) first abandons the operation: an exec'd process is killed with
+// its process group, a partial put leaves nothing. The functions in
+// op_client.go ([Exec], [StartExec], [GetFiles], [PutFiles], [Signal]) are
+// the host side.
 //
 // # Secrets
 //
 // Secret env values and secret file contents travel only in [Spec], as
 // [Secret] values: they encode their real value in JSON (the guest needs it),
 // and print as "[redacted]" through fmt, slog and errors. They must never be
-// put on the kernel command line, in the initramfs or in a log.
+// put on the kernel command line, in the initramfs or in a log. The guest
+// does not redact what the workload or an exec'd process prints (Log data,
+// exec output may hold secrets; an exec'd process has the secret
+// variables): the host does, before anything reaches an answer or a file.
 package proto
 
 import (
@@ -73,7 +124,7 @@ import (
 
 // Version is the protocol version carried by Hello and Spec: the newest
 // this package speaks. Versions from [MinVersion] on are accepted.
-const Version = 2
+const Version = 3
 
 // MinVersion is the oldest version either side still accepts.
 const MinVersion = 1
@@ -81,6 +132,10 @@ const MinVersion = 1
 // Version2 added Mount, Unmount, MountResult and ExitAck: a peer of an
 // older version knows none of them.
 const Version2 = 2
+
+// Version3 added operation connections on OpPort, Log.At, LogAck and the
+// replay of unacknowledged logs on resume.
+const Version3 = 3
 
 // Port is the vsock port the guest dials on the host (CID 2).
 const Port = 1024
@@ -93,6 +148,10 @@ const MaxFrame = 4 << 20
 
 // MaxLogChunk is the largest Log.Data the guest sends in one message.
 const MaxLogChunk = 64 << 10
+
+// MaxLogBacklog bounds the output a version 3 guest keeps for replay until
+// the host acknowledges it.
+const MaxLogBacklog = 4 << 20
 
 // MaxHealthOutput is the largest Health.Output the guest sends.
 const MaxHealthOutput = 4096
@@ -380,7 +439,19 @@ type Log struct {
 	Stream string `json:"stream"`
 	// Data is at most MaxLogChunk bytes (base64 in JSON: output need not be UTF-8).
 	Data []byte `json:"data"`
-	// Seq counts Log messages from 1, across both streams.
+	// Seq counts Log messages from 1, across both streams, within one
+	// BootID: the order of the output, and (version 3) the key of the
+	// host's acknowledgement and of its deduplication after a replay.
+	Seq uint64 `json:"seq"`
+	// At (version 3) is when the guest read the chunk, so that a chunk
+	// replayed after an outage keeps its time; zero (absent) for hosts of
+	// older versions.
+	At time.Time `json:"at,omitzero"`
+}
+
+// LogAck (host, version 3) says that the host stored every Log up to Seq:
+// the guest forgets them and does not replay them.
+type LogAck struct {
 	Seq uint64 `json:"seq"`
 }
 
@@ -426,6 +497,9 @@ func (*Health) Type() string { return "health" }
 // Type returns "log".
 func (*Log) Type() string { return "log" }
 
+// Type returns "log_ack".
+func (*LogAck) Type() string { return "log_ack" }
+
 // newMessage returns an empty message for a type name, or nil.
 func newMessage(typ string) Message {
 	switch typ {
@@ -457,6 +531,8 @@ func newMessage(typ string) Message {
 		return new(Health)
 	case "log":
 		return new(Log)
+	case "log_ack":
+		return new(LogAck)
 	}
 	return nil
 }
@@ -721,6 +797,9 @@ func (m *Log) Validate() error {
 	}
 	return nil
 }
+
+// Validate accepts any acknowledgement.
+func (m *LogAck) Validate() error { return nil }
 
 // Conn sends and receives messages over a byte stream. Send is safe for
 // concurrent use; Recv must be called from one goroutine at a time.

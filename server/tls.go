@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"crypto/tls"
@@ -10,17 +10,17 @@ import (
 	"time"
 )
 
-// tlsFiles are the PEM files serve's HTTPS uses: --tls-cert, --tls-key
-// and --tls-client-ca, each over its config key (tls.cert, tls.key,
-// tls.client_ca). All empty means plain HTTP.
-type tlsFiles struct {
+// TLSFiles are the PEM files the server's HTTPS uses: --tls-cert,
+// --tls-key and --tls-client-ca, each over its config key (tls.cert,
+// tls.key, tls.client_ca). All empty means plain HTTP.
+type TLSFiles struct {
 	Cert, Key, ClientCA string
 }
 
 // enabled reports whether the files ask for TLS.
-func (f tlsFiles) enabled() bool { return f.Cert != "" || f.Key != "" || f.ClientCA != "" }
+func (f TLSFiles) enabled() bool { return f.Cert != "" || f.Key != "" || f.ClientCA != "" }
 
-func (f tlsFiles) check() error {
+func (f TLSFiles) check() error {
 	if (f.Cert == "") != (f.Key == "") {
 		return errors.New("TLS: the certificate and the key go together (--tls-cert and --tls-key, or tls.cert and tls.key)")
 	}
@@ -30,25 +30,26 @@ func (f tlsFiles) check() error {
 	return nil
 }
 
-// nextProtos offers HTTP/1.1 only: the server's limits (256 connections
-// at once, a header and a body deadline per request) are per connection
-// and per request of HTTP/1.1; HTTP/2 would multiplex many requests over
-// one connection past them.
+// nextProtos offers HTTP/1.1 only: the server's limits (connections at
+// once and per source, a header and a body deadline per request, closing
+// a connection after a request without a key) are per connection and per
+// request of HTTP/1.1; HTTP/2 would multiplex many requests over one
+// connection past them.
 var nextProtos = []string{"http/1.1"}
 
-// tlsReloader serves the TLS configuration built from tlsFiles, and builds
+// tlsReloader serves the TLS configuration built from TLSFiles, and builds
 // it again on Reload: a handshake uses the configuration current when it
 // starts, so a renewed certificate (or a new client CA) takes effect
 // without dropping the connections that are open.
 type tlsReloader struct {
-	files    tlsFiles
+	files    TLSFiles
 	cur      atomic.Pointer[tls.Config]
 	notAfter atomic.Pointer[time.Time] // the current certificate's expiry
 }
 
 // newTLSReloader loads the files; an error names the file that could not
 // be used.
-func newTLSReloader(files tlsFiles) (*tlsReloader, error) {
+func newTLSReloader(files TLSFiles) (*tlsReloader, error) {
 	if err := files.check(); err != nil {
 		return nil, err
 	}
