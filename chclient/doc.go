@@ -2,7 +2,7 @@
 // socket, reads its event-monitor stream, launches and supervises the process, and speaks
 // the host side of its hybrid vsock.
 //
-// The client follows CH v53 (see ref/cloud-hypervisor.md): every request carries a plain
+// The client follows CH v53 (see docs/ref/cloud-hypervisor.md): every request carries a plain
 // Content-Length (CH cannot read chunked bodies), each call checks the exact success status,
 // and failures come back as *APIError carrying the HTTP status and CH's error chain.
 // A 404 (no VM created, or no VM config) satisfies errors.Is(err, ErrNotFound).

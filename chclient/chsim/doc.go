@@ -3,7 +3,7 @@
 // client, launch and supervision, the VM lifecycle, events, the serial console socket and
 // the hybrid vsock — can be tested for real without KVM. `vmhost sim-ch` runs Main.
 //
-// It follows ref/cloud-hypervisor.md: the same paths, methods, statuses, headers and error
+// It follows docs/ref/cloud-hypervisor.md: the same paths, methods, statuses, headers and error
 // chains; a 51,200-byte body limit and no chunked bodies (micro_http); the state table;
 // vm.create stores the config and vm.info echoes it with CH's defaults and generated ids
 // (_disk0, _net1, …, one shared counter); vm.boot runs the validation CH does there and

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestStateTable walks the state × action table of ref/cloud-hypervisor.md §4 (all but
+// TestStateTable walks the state × action table of docs/ref/cloud-hypervisor.md §4 (all but
 // vmm.shutdown, which ends the process and is covered by check 13).
 func TestStateTable(t *testing.T) {
 	// A guest that never comes up ignores the power button, so the process stays.

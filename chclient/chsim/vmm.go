@@ -609,7 +609,7 @@ func (s *sim) info(*request) (response, func()) {
 	}
 	if s.state == stateRunning || s.state == statePaused {
 		// Once booted: less what the balloon holds, plus hotplugged memory
-		// (ref: cloud-hypervisor.md §5). The simulated guest gives the
+		// (docs/ref/cloud-hypervisor.md §5). The simulated guest gives the
 		// balloon all it asks for at once.
 		actual := s.vm.Memory.Size
 		if h := s.vm.Memory.HotpluggedSize; h != nil {
