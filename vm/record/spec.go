@@ -34,6 +34,9 @@ type Spec struct {
 	DiskBpsTotal  uint64         `json:"disk_bps_total,omitempty"`
 	DiskIopsTotal uint64         `json:"disk_iops_total,omitempty"`
 	AutoBoot      bool           `json:"auto_boot,omitempty"`
+	// FromSnapshot names the snapshot whose disks the VM gets copies of,
+	// in the place of Disk and Image (docs/api.md, Snapshots).
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // DiskSpec is the root disk of a classic create.
