@@ -88,6 +88,8 @@ type NamedVolume struct {
 // Source is the VM at the time of the snapshot, as far as a new VM from
 // it, or a restore onto it, needs to know.
 type Source struct {
+	// VMCreatedAt tells the VM from another made later with its id.
+	VMCreatedAt time.Time `json:"vm_created_at"`
 	// Volumes are the VM's volumes in disk order, as its record had them
 	// (VM-owned ones copied into Disks; first-class ones only named).
 	Volumes json.RawMessage `json:"volumes,omitempty"`

@@ -37,6 +37,8 @@ import (
 //     stopped, since a failed VM runs nothing. A storage daemon that runs
 //     but whose QMP monitor does not answer (it serves one client at a
 //     time) is watched by pid only, rather than failing a running VM.
+//   - A suspend, snapshot, restore or start from a saved state that was
+//     cut short (Record.Saving) is finished or undone first (saved.go).
 //   - A record whose delete was asked for (Deleting, stored before the
 //     teardown began) is deleted: its processes by recorded identity, taps,
 //     directories, then the record.
@@ -168,6 +170,7 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 	if rec.Deleting {
 		return e.finishDelete(rec)
 	}
+	rec = e.recoverSaving(rec) // saved.go
 	rt := rec.Runtime
 	running := rec.State == record.StateRunning || rec.State == record.StatePaused
 	switch {
