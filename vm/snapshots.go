@@ -178,7 +178,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, mode Mode, id string, req 
 	switch {
 	case rec.Deleting:
 		return nil, &StateError{ID: id, Action: "snapshot", State: "being deleted"}
-	case disksAbsent(rec) || !rec.Runtime.Done(record.StepRootDisk):
+	case disksAbsent(rec):
 		return nil, &StateError{ID: id, Action: "snapshot", State: rec.DisplayState, Hint: "its disks are not made"}
 	case slices.ContainsFunc(rec.Spec.Volumes, func(v VolumeSpec) bool { return v.Pending != "" }):
 		return nil, &StateError{ID: id, Action: "snapshot", State: rec.DisplayState, Hint: "a volume change is in progress"}
@@ -348,7 +348,7 @@ func (s *Service) RestoreSnapshot(ctx context.Context, mode Mode, id string, req
 		return nil, &StateError{ID: id, Action: "restore a snapshot onto", State: "being deleted"}
 	case rec.State == StateRunning || rec.State == StatePaused:
 		return nil, &StateError{ID: id, Action: "restore a snapshot onto", State: rec.DisplayState, Hint: "stop or suspend it first"}
-	case disksAbsent(rec) || !rec.Runtime.Done(record.StepRootDisk):
+	case disksAbsent(rec):
 		return nil, &StateError{ID: id, Action: "restore a snapshot onto", State: rec.DisplayState, Hint: "its disks are not made"}
 	}
 	if !store.ValidID(req.SnapshotID) {

@@ -205,9 +205,6 @@ func (e *Engine) recordSuspended(id string, ch *chclient.Process) error {
 		r.FailureReason = &record.FailureReason{DetectedAt: now, Summary: "suspended by the operator: its memory and device state are saved, and a start resumes it",
 			Detail: d, Cause: record.CauseOperatorShutdown}
 	})
-	if err == nil {
-		e.log.Info("VM suspended", "id", id)
-	}
 	return err
 }
 
@@ -558,7 +555,6 @@ func (e *Engine) RestoreSnapshot(ctx context.Context, rec *record.Record, sn *sn
 	if _, err := e.update(id, func(r *record.Record) { r.Saving = nil }); err != nil {
 		return err
 	}
-	e.log.Info("snapshot restored", "id", id, "snapshot", sn.ID, "memory", sn.Memory)
 	return nil
 }
 
