@@ -82,7 +82,9 @@ func (l Layout) SnapshotDisk(sid, diskID string) string {
 }
 
 // SnapshotMemory is the saved state of snapshot sid, when it has one.
-func (l Layout) SnapshotMemory(sid string) string { return l.StateDir + "/snapshots/" + sid + "/memory" }
+func (l Layout) SnapshotMemory(sid string) string {
+	return l.StateDir + "/snapshots/" + sid + "/memory"
+}
 
 // RootDiskID is the id of the root disk among a snapshot's disks.
 const RootDiskID = "root"
