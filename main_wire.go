@@ -100,6 +100,7 @@ func newService(env serveEnv) (*service, error) {
 		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
+		Events:   evs,
 	})
 	if err != nil {
 		evs.Close()
