@@ -28,6 +28,7 @@ import (
 	"time"
 
 	"vmhost/internal/atomicfile"
+	"vmhost/internal/crashhook"
 )
 
 // MetaFile is the metadata of a snapshot, written last.
@@ -299,6 +300,7 @@ func (s *Store) Delete(id string) error {
 	if err := atomicfile.Rename(s.Dir(id), gone); err != nil {
 		return fmt.Errorf("deleting snapshot %s: %w", id, err)
 	}
+	crashhook.StopAt("snapshot-delete:renamed") // crash tests: gone, its files not yet
 	if err := os.RemoveAll(gone); err != nil {
 		s.log.Warn("removing a deleted snapshot's files; the next start removes them", "id", id, "err", err)
 	}

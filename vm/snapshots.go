@@ -14,6 +14,7 @@ import (
 	"github.com/google/uuid"
 
 	"vmhost/events"
+	"vmhost/internal/crashhook"
 	"vmhost/snapshot"
 	"vmhost/store"
 	"vmhost/vm/record"
@@ -226,6 +227,7 @@ func (s *Service) CreateSnapshot(ctx context.Context, mode Mode, id string, req 
 	if err := s.snaps.Commit(sn); err != nil {
 		return nil, &HostError{Kind: HostStorage, Op: "snapshot of VM " + id, Err: err}
 	}
+	crashhook.StopAt("snapshot:committed") // crash tests: the snapshot whole, not answered
 	s.log.Info("snapshot taken", "id", id, "snapshot", sid, "memory", saved, "disks", len(disks))
 	got, err := s.snaps.Get(sid)
 	if err != nil {

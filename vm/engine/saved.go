@@ -62,7 +62,7 @@ func (e *Engine) Suspend(ctx context.Context, rec *record.Record) error {
 	testStopAt(HookSuspendStart)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout(rec.Spec.MemoryMB))
 	defer cancel()
-	undo := func(err error) error { return e.endSave(ctx, id, c, running, err) }
+	undo := func(err error) error { return e.endSave(ctx, id, c, running, "", err) }
 	if running {
 		if err := c.PauseVM(ctx); err != nil {
 			return undo(&record.HostError{Kind: record.HostHypervisor, Op: "vm.pause of VM " + id, Err: err})
@@ -90,10 +90,10 @@ func (e *Engine) Suspend(ctx context.Context, rec *record.Record) error {
 }
 
 // endSave ends a suspend or snapshot that stops short of its end, or a
-// snapshot that is done: a VM it paused runs again, and the intent is
-// cleared. A VM that cannot be resumed is recorded paused. err is
+// snapshot that is done: a VM it paused runs again (then the crash-test
+// hook, when one is named), and the intent is cleared. A VM that cannot be resumed is recorded paused. err is
 // returned, or the resume's failure when err is nil.
-func (e *Engine) endSave(ctx context.Context, id string, c *chclient.Client, resume bool, err error) error {
+func (e *Engine) endSave(ctx context.Context, id string, c *chclient.Client, resume bool, hook string, err error) error {
 	paused := false
 	if resume {
 		if rerr := c.ResumeVM(ctx); rerr != nil {
@@ -103,6 +103,9 @@ func (e *Engine) endSave(ctx context.Context, id string, c *chclient.Client, res
 				err = &record.HostError{Kind: record.HostHypervisor, Op: "vm.resume of VM " + id, Err: rerr}
 			}
 		}
+	}
+	if hook != "" {
+		testStopAt(hook) // crash tests (recover_hook.go)
 	}
 	// A monitor that recorded the VM's end meanwhile keeps its verdict.
 	watched, uerr := e.updateWatched(id, func(r *record.Record) {
@@ -390,7 +393,7 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout(rec.Spec.MemoryMB))
 	defer cancel()
 	undo := func(err error) ([]snapshot.Disk, bool, error) {
-		return nil, false, e.endSave(ctx, id, c, running, err)
+		return nil, false, e.endSave(ctx, id, c, running, "", err)
 	}
 	if running {
 		if err := c.PauseVM(ctx); err != nil {
@@ -419,7 +422,7 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 		return undo(err)
 	}
 	testStopAt(HookSnapshotDisks)
-	if err := e.endSave(ctx, id, c, running, nil); err != nil {
+	if err := e.endSave(ctx, id, c, running, HookSnapshotResume, nil); err != nil {
 		// The copies are whole; the VM stays paused, as recorded.
 		return disks, saved, err
 	}
