@@ -238,6 +238,7 @@ func classicDHCP(l *lane, a artifacts) {
 		t.Errorf("after stop and start: /dev/vdc starts with %q (%v), want %q", out, err, laneVolumeData)
 	}
 	phase(t, "classic dhcp: stop, start", start)
+	suspendClassic(l, id, ip, start)
 	l.deleteVM("/api/vms", id)
 	// Deleting the VM kept its first-class volume.
 	l.must("DELETE", "/api/volumes/lane-vol", "", http.StatusNoContent)
@@ -304,6 +305,7 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running"
 	})
 	phase(t, "appvm: running", start)
+	suspendAppVMRefused(l, id)
 
 	logPath := l.stateDir + "/vms/" + id + "/workload.log"
 	readLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
