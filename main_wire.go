@@ -105,7 +105,7 @@ func newService(env serveEnv) (*service, error) {
 		evs.Close()
 		return nil, err
 	}
-	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng})
+	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng, Dialer: eng})
 	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
 	apps.RecoverRestarts()
