@@ -42,7 +42,7 @@ type appvmView struct {
 
 // startAppVMServer starts vmhost serve in its own network namespace with an
 // AppVM kernel and a catalog image per workload (name → shell command).
-func startAppVMServer(t *testing.T, workloads map[string]string) *server {
+func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 	t.Helper()
 	f := newFixture(t)
 	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) { c.AppVMKernel = f.kernel }})
