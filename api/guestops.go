@@ -58,7 +58,10 @@ func (s *Server) execAppVM(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	res, err := s.apps.Exec(ctx, id, &req)
 	if err != nil {
-		if s.streamsCtx.Err() != nil && r.Context().Err() == nil {
+		if r.Context().Err() != nil {
+			return // the client went away: its process was killed
+		}
+		if s.streamsCtx.Err() != nil {
 			writeError(w, http.StatusInternalServerError, CodeInternal, "the agent is shutting down: the exec was ended")
 			return
 		}
@@ -261,6 +264,11 @@ func (s *Server) putFiles(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if _, err := s.apps.Get(id); err != nil {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no AppVM has this id")
+		return
+	}
+	if max := s.vms.Config().GuestFileMaxBytes; r.ContentLength > max {
+		w.Header().Set("Connection", "close")
+		writeError(w, http.StatusBadRequest, CodeBadRequest, fmt.Sprintf("the archive exceeds %d bytes (guest_file_max_bytes)", max))
 		return
 	}
 	ctx, cancel := s.streamContext(r)

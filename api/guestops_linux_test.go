@@ -938,3 +938,49 @@ func TestExecFrameFromClientRightBehindRequest(t *testing.T) {
 		t.Errorf("out %q exit %q", out, exit)
 	}
 }
+
+// TestExecEndsAtShutdown: the agent's shutdown (CloseStreams) ends an
+// interactive exec: its process is killed and the connection closes.
+func TestExecEndsAtShutdown(t *testing.T) {
+	h := newHarness(t)
+	h.createOps(t)
+	srv := httptest.NewServer(h.srv)
+	defer srv.Close()
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	x, st, b := dialExec(t, srv, h.rw, `{"command":["sh","-c","sleep 1000 & echo $! > `+pidFile+`; wait"],"interactive":true}`)
+	if st != 101 {
+		t.Fatalf("%d %s", st, b)
+	}
+	child := readPID(t, pidFile)
+	h.srv.CloseStreams()
+	if _, _, exit := x.read(t); exit != "" {
+		t.Errorf("exit frame %q after the shutdown", exit)
+	}
+	pidGone(t, child, "shutdown")
+}
+
+// TestSpoolSwept: an archive an agent killed mid-put left spooled is gone
+// at the next start, and a body announced above the cap is refused before
+// it is read.
+func TestSpoolSwept(t *testing.T) {
+	h := newHarness(t)
+	spool := filepath.Join(h.e.StateDir, "spool")
+	os.MkdirAll(spool, 0o700)
+	os.WriteFile(filepath.Join(spool, "put-123.tar"), []byte("left over"), 0o600)
+	h.start(t)
+	if ents, err := os.ReadDir(spool); err != nil || len(ents) != 0 {
+		t.Errorf("spool after a start: %v %v", ents, err)
+	}
+	if st, _, b := h.do(t, "POST", "/api/appvm/vms", h.rw, `{"vm_id":"off","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false}`); st != 201 {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	h.e.Config.GuestFileMaxBytes = 1000
+	req := httptest.NewRequest("PUT", "/api/appvm/vms/off/files?path=/tmp", &spyBody{r: strings.NewReader(strings.Repeat("x", 1001))})
+	req.ContentLength = 1001
+	req.Header.Set("Authorization", "Bearer "+h.rw)
+	w := httptest.NewRecorder()
+	h.srv.ServeHTTP(w, req)
+	if w.Code != 400 || !strings.Contains(w.Body.String(), "exceeds 1000 bytes") || req.Body.(*spyBody).read {
+		t.Errorf("an announced body over the cap: %d %s (read %v)", w.Code, w.Body, req.Body.(*spyBody).read)
+	}
+}
