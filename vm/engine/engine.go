@@ -227,19 +227,6 @@ func addSteps(r *record.Record, names ...string) {
 	}
 }
 
-// Preflight checks what the engine can tell before anything is stored:
-// the VM's socket paths fit a unix socket address, and the host can create
-// taps if the VM has interfaces.
-func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
-	if err := e.layout().CheckSocketPaths(rec.ID); err != nil {
-		return &record.FieldError{Field: "vm_id", Msg: err.Error()}
-	}
-	if len(rec.NICs) > 0 && e.o.Taps == nil {
-		return &record.HostError{Kind: record.HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
-	}
-	return nil
-}
-
 // Provision carries out the provisioning steps not yet recorded as done:
 // image download (display downloading), root disk copy (display creating),
 // data volumes, seed, run directory, taps, then launches
