@@ -59,6 +59,12 @@ type Options struct {
 	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
 	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int
+	// SimGuestRoot, when set, is where the CH simulator runs an AppVM's
+	// workload, given the VM's vsock socket (chsim.GuestRoot): before
+	// each boot the engine unpacks the VM's root disk there (simroot.go),
+	// so that the simulated guest runs the image's own tree. serve --dev
+	// sets it; nil leaves the simulator's directory alone.
+	SimGuestRoot func(vsockSocket string) string
 	// StopGrace is how long a VMM gets to exit after vmm.shutdown (and
 	// again after SIGTERM); 0 means 5 seconds.
 	StopGrace time.Duration
@@ -727,7 +733,7 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 			errs = append(errs, err)
 		}
 	}
-	if err := os.RemoveAll(l.RunVMDir(id)); err != nil {
+	if err := removeTree(l.RunVMDir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if all {
