@@ -114,6 +114,11 @@ func Main(args []string) int {
 			fmt.Fprintln(os.Stderr, "guest: process mode needs --root")
 			return 2
 		}
+		// A guest's init starts with the kernel's umask, 022; a
+		// process-mode agent would inherit its simulator's 077 (Cloud
+		// Hypervisor's), and the directories it makes in the root (the
+		// working directory, /etc) would shut out a workload user.
+		syscall.Umask(0o022)
 		ps := &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
 		ps.haltOnSignal()
 		sys = ps

@@ -73,13 +73,38 @@ func TestIntegrationNoNetwork(t *testing.T) {
 	}
 }
 
+// TestIntegrationDHCPNoServer: on a network where no DHCP server answers
+// (dev mode's bridge), the client gives up when its time is up, saying so,
+// and the workload is not left waiting for ever.
+func TestIntegrationDHCPNoServer(t *testing.T) {
+	netnstest.Enter(t)
+	run(t, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	run(t, "ip", "link", "set", "d0", "up")
+	run(t, "ip", "link", "set", "d1", "up")
+	ifi, err := net.InterfaceByName("d0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newDHCPClient(ifi, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.conn.Close()
+	c.attempt = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := c.obtain(ctx); err == nil || !strings.Contains(err.Error(), "dhcp on d0: no DHCP server answered within") {
+		t.Errorf("obtain with no server = %v", err)
+	}
+}
+
 // TestFullIDMap: the agent switches users only where every id maps to
 // itself; the simulator's rootless namespace maps one.
 func TestFullIDMap(t *testing.T) {
 	for m, want := range map[string]bool{
 		"         0          0 4294967295\n": true,
-		"0 1000 1\n":                        false,
-		"0 0 65536\n":                       false,
+		"0 1000 1\n":                         false,
+		"0 0 65536\n":                        false,
 		"":                                   false,
 	} {
 		if got := fullIDMap(m); got != want {
