@@ -23,8 +23,9 @@ import (
 // libraries). The disk is read as it is, backing build included: qemu-img
 // converts it to a raw file beside the directory (-U: the storage daemon
 // holds the image), and debugfs copies the ext4 tree out (rdump, which
-// keeps modes, and owners only for root). Without root the directories
-// are made writable by their owner, so that the tree can be removed.
+// keeps modes, and owners only for root; docs/ref/debugfs-rdump.md).
+// Without root the directories are made writable by their owner, so that
+// the tree can be removed.
 //
 // The tree lives in the VM's run directory and goes with it; it is kept
 // across boots (what the workload writes stays, as on a disk) and

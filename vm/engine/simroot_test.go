@@ -60,8 +60,8 @@ func ext4Image(t *testing.T, dst string, files map[string]string) {
 // TestEngineSimGuestRoot: with SimGuestRoot (serve --dev), an AppVM's boot
 // unpacks its root disk where the simulator runs the workload; the tree is
 // kept across boots, with what was written in it, until the root disk is
-// another file (a redeploy's), whose tree replaces it; a delete removes
-// it.
+// another file (a redeploy's), whose tree replaces it; what an interrupted
+// unpack left is replaced at the next boot; a delete removes it all.
 func TestEngineSimGuestRoot(t *testing.T) {
 	for _, tool := range []string{"qemu-img", "debugfs"} {
 		if !filepath.IsAbs(sbin.Path(tool)) {
@@ -122,6 +122,30 @@ func TestEngineSimGuestRoot(t *testing.T) {
 	cycle()
 	if read("written") != "w" {
 		t.Errorf("what the workload wrote is gone after a reboot: %q", read("written"))
+	}
+	// An agent killed while it unpacked: a half-made tree and raw file
+	// left, the stamp not written yet. The next boot unpacks afresh and
+	// leaves neither.
+	if err := os.MkdirAll(root+".new/half", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(root+".raw", []byte("partial"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(root + ".disk"); err != nil {
+		t.Fatal(err)
+	}
+	cycle()
+	if read("hello") != "v1" || read("written") == "w" {
+		t.Errorf("after an interrupted unpack: hello %q, written %q; want a fresh tree", read("hello"), read("written"))
+	}
+	for _, p := range []string{root + ".new", root + ".raw"} {
+		if _, err := os.Lstat(p); err == nil {
+			t.Errorf("%s left after an interrupted unpack", p)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(root, "written"), []byte("w"), 0o644); err != nil {
+		t.Fatal(err)
 	}
 	// A redeploy's root disk: another file under the same name.
 	next := s.lay.RootDisk("app") + ".test-next"
