@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -204,4 +205,53 @@ func TestLabelsAndHostAcrossAgentKill(t *testing.T) {
 	if i := slices.IndexFunc(evs, stopped); i < 0 || !maps.Equal(evs[i].Labels, want) {
 		t.Errorf("the filtered stream has no event of lab1's stop with %v (set before the restart)\n%s", want, out)
 	}
+}
+
+// TestCrashDuringLabelEdit kills the agent with SIGKILL while a labels
+// edit is in flight, 50 times at spread-out moments: after each restart
+// the record loads, its labels are those before the edit or after it
+// (never a mix, never lost), an edit that was answered 200 is there, and
+// no temp file of the record write is left.
+func TestCrashDuringLabelEdit(t *testing.T) {
+	n := 50
+	if testing.Short() {
+		n = 5
+	}
+	s := startServer(t, serverOpts{})
+	f := newFixture(t)
+	s.create(f.body("lab", false, `,"labels":{"gen":"0","keep":"me"}`), http.StatusCreated)
+	prev := "0"
+	applied, answered := 0, 0
+	for i := 1; i <= n; i++ {
+		gen := fmt.Sprint(i)
+		done := make(chan int, 1)
+		go func() {
+			st, _ := s.do("PATCH", "/api/vms/lab/labels", `{"gen":"`+gen+`","old":null}`)
+			done <- st
+		}()
+		time.Sleep(time.Duration(i%10) * 300 * time.Microsecond)
+		s.kill()
+		st := <-done
+		s.restart()
+		got := s.labelsOf("lab")
+		switch {
+		case got["keep"] != "me" || len(got) != 2:
+			t.Fatalf("kill %d: labels %v, want gen and keep=me only", i, got)
+		case got["gen"] != prev && got["gen"] != gen:
+			t.Fatalf("kill %d: gen=%q, want the one before (%s) or the edit's (%s)", i, got["gen"], prev, gen)
+		case st == http.StatusOK && got["gen"] != gen:
+			t.Fatalf("kill %d: the edit was answered 200 but gen=%q after the restart, want %s", i, got["gen"], gen)
+		}
+		if st == http.StatusOK {
+			answered++
+		}
+		if got["gen"] == gen {
+			applied++
+		}
+		prev = got["gen"]
+		if temps, _ := filepath.Glob(s.stateDir + "/vms/.*.tmp-*"); len(temps) > 0 {
+			t.Fatalf("kill %d: temp files left in the records' directory: %v", i, temps)
+		}
+	}
+	t.Logf("%d kills during a labels edit: %d edits stored (%d answered before the kill), %d lost with the agent", n, applied, answered, n-applied)
 }
