@@ -51,41 +51,41 @@ func Publish(p events.Publisher) func(Change) {
 func Events(c Change) []events.Event {
 	switch {
 	case c.Old == nil && c.New != nil:
-		return []events.Event{VMEvent(events.Created, c.New)}
+		return []events.Event{vmEvent(events.Created, c.New)}
 	case c.New == nil && c.Old != nil:
-		return []events.Event{VMEvent(events.Deleted, c.Old)}
+		return []events.Event{vmEvent(events.Deleted, c.Old)}
 	case c.Old == nil:
 		return nil
 	}
 	old, cur := c.Old, c.New
 	var out []events.Event
 	if old.State != cur.State {
-		e := VMEvent(events.StateChanged, cur)
+		e := vmEvent(events.StateChanged, cur)
 		e.PreviousState = string(old.State)
 		out = append(out, e)
 	}
 	if old.DisplayState != cur.DisplayState {
-		e := VMEvent(events.DisplayStateChanged, cur)
+		e := vmEvent(events.DisplayStateChanged, cur)
 		e.PreviousDisplayState = old.DisplayState
 		out = append(out, e)
 	}
 	if f := cur.FailureReason; f != nil && (old.FailureReason == nil || !old.FailureReason.DetectedAt.Equal(f.DetectedAt) || old.FailureReason.Cause != f.Cause) {
-		e := VMEvent(events.Failed, cur)
+		e := vmEvent(events.Failed, cur)
 		e.Failure = &events.Failure{Summary: f.Summary, Cause: f.Cause, DetectedAt: f.DetectedAt}
 		out = append(out, e)
 	}
 	if p := cur.GuestPanickedAt; p != nil && (old.GuestPanickedAt == nil || !old.GuestPanickedAt.Equal(*p)) {
-		out = append(out, VMEvent(events.GuestPanic, cur))
+		out = append(out, vmEvent(events.GuestPanic, cur))
 	}
 	if WorkloadExited(c) {
 		cg := cur.AppVM.Guest
-		e := VMEvent(events.WorkloadExit, cur)
+		e := vmEvent(events.WorkloadExit, cur)
 		e.ExitCode, e.ExitSignal, e.Fatal = cg.ExitCode, cg.ExitSignal, cg.Fatal
 		out = append(out, e)
 	}
 	og, cg := guestOf(old), guestOf(cur)
 	if cg.Health != "" && cg.Health != og.Health {
-		e := VMEvent(events.HealthChanged, cur)
+		e := vmEvent(events.HealthChanged, cur)
 		e.Health = cg.Health
 		out = append(out, e)
 	}
@@ -104,9 +104,14 @@ func WorkloadExited(c Change) bool {
 	return exited(cg) && (!exited(og) || !sameExit(og, cg))
 }
 
-// VMEvent is an event of type t of rec, with its id, family, state and
-// labels as rec has them: every VM event is made here, so all carry the same.
-func VMEvent(t events.Type, rec *record.Record) events.Event {
+// VMEvent is an event of type t of rec, for the VM events published
+// outside the registry's changes (appvm's heartbeat_stale): every VM event
+// is made by vmEvent, so all carry the same fields.
+func VMEvent(t events.Type, rec *record.Record) events.Event { return vmEvent(t, rec) }
+
+// vmEvent is an event of rec with its id, family, state and labels as
+// they are after the change.
+func vmEvent(t events.Type, rec *record.Record) events.Event {
 	return events.Event{Type: t, VMID: rec.ID, Mode: string(rec.Mode), State: string(rec.State), DisplayState: rec.DisplayState,
 		Labels: rec.Spec.Labels}
 }
@@ -127,7 +132,7 @@ func volumeEvents(a, b *record.Record, t events.Type) []events.Event {
 		if j := b.Spec.VolumeIndex(v.ID); j >= 0 && b.Spec.Volumes[j].Pending != record.PendingAttach {
 			continue
 		}
-		e := VMEvent(t, after)
+		e := vmEvent(t, after)
 		e.VolumeID, e.Device = v.ID, record.VolumeDevice(a, i)
 		if v.VolumeID != "" {
 			e.VolumeID = v.VolumeID
