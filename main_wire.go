@@ -139,7 +139,7 @@ func newService(env serveEnv) (*service, error) {
 		env.Log.Error("recovering AppVM image imports", "err", err)
 	}
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Images: images, Logger: env.Log,
-		Registry: reg, ImageCache: eng.ImageCache(), Events: evs, Audit: auditLog})
+		Registry: reg, ImageCache: eng.ImageCache(), Events: evs, Audit: auditLog, AgentID: env.AgentID, Version: version})
 	return &service{Handler: h, CloseStreams: h.CloseStreams, Close: func() error {
 		stopRegistry()
 		err := eng.Close()
