@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"vmhost/appvm"
@@ -132,9 +133,10 @@ func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request, id stri
 	}
 	fc := proto.NewFrameConn(rw)
 	inputDone := make(chan struct{})
+	var ended atomic.Bool // the process ended: the input's end is ours
 	go func() {
 		defer close(inputDone)
-		if err := relayInput(fc, sess); err != nil {
+		if err := relayInput(fc, sess); err != nil && !ended.Load() {
 			s.log.Info("interactive exec: the client's side ended", "id", id, "err", err)
 		}
 		// The client is gone or broke the framing: the process is killed,
@@ -148,6 +150,7 @@ func (s *Server) execInteractive(w http.ResponseWriter, r *http.Request, id stri
 	if err != nil {
 		s.log.Info("interactive exec ended without an exit status", "id", id, "err", err)
 	}
+	ended.Store(true)
 	conn.Close()
 	<-inputDone
 }

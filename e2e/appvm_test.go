@@ -52,7 +52,7 @@ func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 
 // addImages puts a catalog image per workload (name → shell command) in
 // s's state directory, as an import would.
-func addImages(t *testing.T, s *server, workloads map[string]string) {
+func addImages(t testing.TB, s *server, workloads map[string]string) {
 	t.Helper()
 	cat := appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}
 	for id, cmd := range workloads {
