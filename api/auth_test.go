@@ -83,6 +83,7 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/registry/images":          "/api/registry/images",
 		"GET /api/registry/images/{id}":     "/api/registry/images/debian-12",
 		"GET /api/host/pci":                 "/api/host/pci",
+		"GET /api/host":                     "/api/host",
 		"GET /api/images/cache":             "/api/images/cache",
 		"DELETE /api/images/cache/{digest}": "/api/images/cache/" + fixtureDigest,
 
@@ -93,6 +94,8 @@ func TestAuthMatrix(t *testing.T) {
 
 		"PATCH /api/appvm/vms/{id}/spec":    "/api/appvm/vms/app-fixture/spec",
 		"POST /api/appvm/vms/{id}/redeploy": "/api/appvm/vms/app-fixture/redeploy",
+		"PATCH /api/vms/{id}/labels":        "/api/vms/fixture/labels",
+		"PATCH /api/appvm/vms/{id}/labels":  "/api/appvm/vms/app-fixture/labels",
 
 		"GET /api/volumes":                         "/api/volumes",
 		"GET /api/volumes/{id}":                    "/api/volumes/vol-a",
@@ -106,6 +109,10 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/snapshots":         "/api/snapshots",
 		"GET /api/snapshots/{id}":    "/api/snapshots/snap-fixture",
 		"DELETE /api/snapshots/{id}": "/api/snapshots/snap-spare",
+		"POST /api/appvm/vms/{id}/exec":   "/api/appvm/vms/app-fixture/exec",
+		"GET /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/etc",
+		"PUT /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/tmp",
+		"POST /api/appvm/vms/{id}/signal": "/api/appvm/vms/app-fixture/signal",
 
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
@@ -220,6 +227,8 @@ func TestAuthMatrix(t *testing.T) {
 					body = `{"id":"ok-image","path":"` + notAnImage + `"}`
 				case "PATCH /api/appvm/vms/{id}/spec":
 					body = `{"keepalive":true}`
+				case "PATCH /api/vms/{id}/labels", "PATCH /api/appvm/vms/{id}/labels":
+					body = `{"team":"infra"}`
 				case "POST /api/volumes":
 					body = `{"volume_id":"ok-vol","size_gib":1}`
 				case "POST /api/vms/{id}/volumes":
@@ -231,9 +240,10 @@ func TestAuthMatrix(t *testing.T) {
 				h.apps.Wait() // a redeploy's background work, before the next case looks
 				_, mkfsErr := exec.LookPath("mkfs.ext4")
 				attach := strings.HasSuffix(rt.Pattern, "{id}/volumes") && (mkfsErr == nil || rt.Pattern == "POST /api/vms/{id}/volumes")
-				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") && !attach {
-					// Lifecycle actions: what follows auth depends on the
-					// fixture's state and the fake host (lifecycle_test.go).
+				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") && !attach || strings.HasSuffix(rt.Pattern, "/files") {
+					// Lifecycle actions and guest operations: what follows
+					// auth depends on the fixture's state and the fake host
+					// (lifecycle_test.go, guestops_linux_test.go).
 					if st == http.StatusUnauthorized || st == http.StatusForbidden {
 						t.Errorf("%s %s allowed = %d %s", method, path, st, b)
 					}

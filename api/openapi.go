@@ -28,6 +28,11 @@ type routeDoc struct {
 	request any // the body's type, as a nil pointer; nil: no body
 	ok      []openapi.Response
 	query   []openapi.Param
+	// requestType is the media type of a body that is not JSON.
+	requestType string
+	// errs are error statuses the route answers beyond those its shape
+	// implies.
+	errs []int
 }
 
 func jsonOK(status int, v any) openapi.Response {
@@ -41,11 +46,17 @@ type vmList struct {
 	VMs []*vm.View `json:"vms"`
 }
 
+// labelParam is ?label= of the lists and the event stream.
+var labelParam = openapi.Param{Name: "label", Repeated: true,
+	Description: "key=value: only VMs whose label key has that value; key: only VMs with that label; repeated: all must match"}
+
 var routeDocs = map[string]routeDoc{
-	"GET /api/vms":            {summary: "List classic VMs", tag: "vms", ok: []openapi.Response{jsonOK(200, vmList{})}},
-	"GET /api/vms/{id}":       {summary: "Read a classic VM", tag: "vms", ok: []openapi.Response{jsonOK(200, vm.View{})}},
-	"POST /api/vms":           {summary: "Create a classic VM (202 when an image is downloaded first)", tag: "vms", request: (*vm.Spec)(nil), ok: []openapi.Response{jsonOK(201, vm.View{}), jsonOK(202, vm.View{})}},
-	"GET /api/appvm/vms":      {summary: "List AppVMs", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvmList{})}},
+	"GET /api/vms": {summary: "List classic VMs", tag: "vms", ok: []openapi.Response{jsonOK(200, vmList{})},
+		query: []openapi.Param{labelParam}},
+	"GET /api/vms/{id}": {summary: "Read a classic VM", tag: "vms", ok: []openapi.Response{jsonOK(200, vm.View{})}},
+	"POST /api/vms":     {summary: "Create a classic VM (202 when an image is downloaded first)", tag: "vms", request: (*vm.Spec)(nil), ok: []openapi.Response{jsonOK(201, vm.View{}), jsonOK(202, vm.View{})}},
+	"GET /api/appvm/vms": {summary: "List AppVMs", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvmList{})},
+		query: []openapi.Param{labelParam}},
 	"GET /api/appvm/vms/{id}": {summary: "Read an AppVM", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvm.View{})}},
 	"POST /api/appvm/vms":     {summary: "Create an AppVM", tag: "appvms", request: (*appvm.CreateRequest)(nil), ok: []openapi.Response{jsonOK(201, appvm.CreateResponse{})}},
 	"DELETE /api/vms/{id}": {summary: "Delete a classic VM", tag: "vms", ok: []openapi.Response{noContent},
@@ -84,7 +95,28 @@ var routeDocs = map[string]routeDoc{
 	"GET /api/events": {summary: "Follow the event stream (Server-Sent Events)", tag: "observability",
 		ok: []openapi.Response{{Status: 200, ContentType: "text/event-stream", Description: "id: <seq> and data: <event JSON> per event"}},
 		query: []openapi.Param{{Name: "since", Integer: true, Description: "resume after this seq (or the Last-Event-ID header)"},
-			{Name: "vm_id", Description: "only this VM's events"}}},
+			{Name: "vm_id", Description: "only this VM's events"}, labelParam}},
+	"PATCH /api/vms/{id}/labels": {summary: "Edit a classic VM's labels (a merge patch: a value sets, null deletes, absent keeps)", tag: "vms",
+		request: (*LabelsEdit)(nil), ok: []openapi.Response{jsonOK(200, vm.View{})}},
+	"PATCH /api/appvm/vms/{id}/labels": {summary: "Edit an AppVM's labels (a merge patch: a value sets, null deletes, absent keeps)", tag: "appvms",
+		request: (*LabelsEdit)(nil), ok: []openapi.Response{jsonOK(200, appvm.View{})}},
+	"GET /api/host": {summary: "The host: this agent, its capacity in admission's numbers, its VMs by state, its features", tag: "host",
+		ok: []openapi.Response{jsonOK(200, HostView{})}},
+	"POST /api/appvm/vms/{id}/exec": {summary: "Run a command in an AppVM beside its workload (one-shot JSON, or interactive over an upgraded connection)", tag: "appvms",
+		request: (*appvm.ExecRequest)(nil), ok: []openapi.Response{jsonOK(200, appvm.ExecResult{}),
+			{Status: 101, Description: "Switching Protocols to " + ExecUpgrade + " (interactive or tty true, with the upgrade headers): frames both ways, " +
+				"each 1 byte type, 3 zero bytes, the payload length (4 bytes, big-endian, at most 65536), the payload. " +
+				"Types: 0 stdin, 3 resize {\"cols\",\"rows\"}, 5 stdin closed (client); 1 stdout, 2 stderr, 4 exit {\"exit_code\",\"signal\"} (the last frame)"}},
+		query: []openapi.Param{{Name: "Connection", Header: true, Description: "Upgrade, for an interactive exec"},
+			{Name: "Upgrade", Header: true, Description: ExecUpgrade + ", for an interactive exec"}}},
+	"GET /api/appvm/vms/{id}/files": {summary: "Copy a file or directory out of an AppVM (a tar archive; secret files left out)", tag: "appvms",
+		ok:    []openapi.Response{{Status: 200, ContentType: "application/x-tar", Description: "members relative to the path's parent, owners as numbers"}},
+		query: []openapi.Param{{Name: "path", Description: "absolute path in the workload's root"}}, errs: []int{409}},
+	"PUT /api/appvm/vms/{id}/files": {summary: "Copy a tar archive into a directory of an AppVM (checked whole before anything is written)", tag: "appvms",
+		requestType: "application/x-tar", ok: []openapi.Response{noContent},
+		query: []openapi.Param{{Name: "path", Description: "absolute path of an existing directory in the workload's root"}}},
+	"POST /api/appvm/vms/{id}/signal": {summary: "Send a signal to an AppVM's workload", tag: "appvms",
+		request: (*signalRequest)(nil), ok: []openapi.Response{noContent}},
 	"GET /metrics":          {summary: "Prometheus metrics (text format 0.0.4)", tag: "observability", ok: []openapi.Response{{Status: 200, ContentType: "text/plain"}}},
 	"GET /api/openapi.json": {summary: "This document", tag: "observability", ok: []openapi.Response{jsonOK(200, map[string]any{})}},
 }
@@ -135,7 +167,7 @@ func buildOpenAPI(routes []Route) ([]byte, error) {
 	for _, rt := range routes {
 		d := routeDocs[rt.Pattern]
 		op := openapi.Operation{Pattern: rt.Pattern, Summary: d.summary, Tag: d.tag, Mutates: rt.Mutates,
-			QueryParams: d.query, Responses: append([]openapi.Response(nil), d.ok...)}
+			QueryParams: d.query, Responses: append([]openapi.Response(nil), d.ok...), RequestContentType: d.requestType}
 		op.Responses = append(op.Responses, errResp(401), errResp(403), errResp(500))
 		if d.request != nil {
 			op.Request = reflect.TypeOf(d.request).Elem()
@@ -149,6 +181,9 @@ func buildOpenAPI(routes []Route) ([]byte, error) {
 		}
 		if rt.Mutates {
 			op.Responses = append(op.Responses, errResp(409))
+		}
+		for _, st := range d.errs {
+			op.Responses = append(op.Responses, errResp(st))
 		}
 		ops = append(ops, op)
 	}

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"io"
@@ -33,6 +34,12 @@ func newRouteRecorder(routes []string) *routeRecorder {
 			rr.seen = append(rr.seen, r.Pattern)
 			rr.mu.Unlock()
 			switch {
+			case r.Pattern == "GET /api/appvm/vms/{id}/files":
+				w.Header().Set("Content-Type", "application/x-tar")
+				w.Write(oneFileTar("hostname", "x1\n"))
+			case r.Pattern == "POST /api/appvm/vms/{id}/exec":
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"exit_code":0,"stdout":"","stderr":"","truncated":false,"duration_ms":1}`)
 			case r.Pattern == "GET /api/events":
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(200)
@@ -58,6 +65,16 @@ func newRouteRecorder(routes []string) *routeRecorder {
 		io.WriteString(w, `{"code":"NOT_FOUND","message":"no such route"}`)
 	})
 	return rr
+}
+
+// oneFileTar is a tar archive of one file.
+func oneFileTar(name, content string) []byte {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg})
+	io.WriteString(tw, content)
+	tw.Close()
+	return b.Bytes()
 }
 
 func (rr *routeRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) { rr.mux.ServeHTTP(w, r) }
@@ -94,23 +111,35 @@ func TestRoutes(t *testing.T) {
 		{"vm", "suspend", "x1"}, {"vm", "snapshot", "x1", "--id", "s1", "--memory"}, {"vm", "restore", "x1", "s1"},
 		{"appvm", "suspend", "x1"}, {"appvm", "snapshot", "x1"}, {"appvm", "restore", "x1", "s1"}, {"appvm", "start", "x1", "--cold"},
 		{"snapshot", "list"}, {"snapshot", "list", "--vm", "x1"}, {"snapshot", "get", "s1"}, {"snapshot", "delete", "s1"},
+		{"appvm", "exec", "x1", "--", "true"}, {"appvm", "cp", "x1:/etc/hostname", t.TempDir()}, {"appvm", "cp", body, "x1:/tmp"},
+		{"appvm", "kill", "x1", "--signal", "HUP"},
 		{"volume", "list"}, {"volume", "get", "v1"}, {"volume", "create", "--size-gib", "1"}, {"volume", "delete", "v1"},
 		{"volume", "attach", "x1", "--size-gib", "1"}, {"volume", "attach", "x1", "--appvm", "--volume", "v1", "--mountpoint", "/data"},
 		{"volume", "detach", "x1", "data0"}, {"volume", "detach", "x1", "v1", "--appvm"},
 		{"image", "list"}, {"image", "get", "i1"}, {"image", "import", "--id", "i1", image}, {"image", "delete", "i1"},
 		{"registry", "list"}, {"registry", "get", "r1"},
 		{"cache", "list"}, {"cache", "delete", "abc"},
-		{"network", "list"}, {"host", "pci"},
+		{"network", "list"}, {"host", "pci"}, {"host"},
 		{"events"}, {"metrics"}, {"health"},
+		{"vm", "label", "x1", "team=infra", "old-"}, {"appvm", "label", "x1", "team=infra"},
+		{"list", "--label", "team=infra"}, {"vm", "list", "--label", "team"}, {"events", "--label", "team=infra"},
 	}
 	called := map[string]bool{}
 	for _, args := range invocations {
+		// The synopsis of a verb the arguments name, else the command's
+		// without verbs (vmhost host, vmhost host pci).
 		var synopsis *Synopsis
 		for i := range Synopses {
 			cmd, verbs := Synopses[i].Command()
-			if cmd == args[0] && (len(verbs) == 0 || slices.Contains(verbs, args[1])) {
+			if cmd != args[0] {
+				continue
+			}
+			if len(args) > 1 && slices.Contains(verbs, args[1]) {
 				synopsis = &Synopses[i]
 				break
+			}
+			if len(verbs) == 0 && synopsis == nil {
+				synopsis = &Synopses[i]
 			}
 		}
 		if synopsis == nil {
@@ -269,7 +298,7 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vmhost", ""}, strings.Join(Commands, " ")},
 		{[]string{"vmhost", "vo"}, "volume"},
-		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon delete suspend snapshot restore"},
+		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon label delete suspend snapshot restore"},
 		{[]string{"vmhost", "--api", "unix:/x", "appvm", "re"}, "resume reboot redeploy restore"},
 		{[]string{"vmhost", "snapshot", ""}, "list get delete"},
 		{[]string{"vmhost", "vm", "start", "web", "--c"}, "--cold --cacert --cert"},

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
@@ -127,6 +128,9 @@ func New(o Options) (*Service, error) {
 // Layout returns the service's path layout.
 func (s *Service) Layout() Layout { return s.layout }
 
+// Facts returns what the service reads about the host.
+func (s *Service) Facts() HostFacts { return s.facts }
+
 // Config returns the host configuration.
 func (s *Service) Config() *config.Config { return s.o.Config }
 
@@ -208,6 +212,10 @@ func (s *Service) NewRecord(mode Mode, spec *Spec, nics int) (*Record, error) {
 	}
 	rec.Spec.VMID = rec.ID
 	rec.Spec.Volumes = slices.Clone(spec.Volumes)
+	rec.Spec.Labels = nil
+	if len(spec.Labels) > 0 {
+		rec.Spec.Labels = maps.Clone(spec.Labels)
+	}
 	rec.Spec.NormalizeVolumes()
 	if spec.Image != nil {
 		rec.DisplayState = DisplayDownloading
@@ -263,17 +271,18 @@ func (s *Service) macInUse(mac string) bool {
 	return used
 }
 
-// Launch admits rec (409: *ExistsError, *CapacityError), then has the host
-// create it: Preflight, store the record, Provision (in the background when
-// an image must be downloaded: async), and Boot when the spec asks for it.
-// A synchronous failure before boot rolls back everything, record
-// included, so a retry with the same id works; a boot failure keeps the VM.
+// Launch has the host check its preconditions for rec (Preflight: 400
+// *FieldError naming what the host lacks, with nothing made), admits it
+// (409: *ExistsError, *CapacityError), then has the host create it: store
+// the record, Provision (in the background when an image must be
+// downloaded: async), and Boot when the spec asks for it. A synchronous
+// failure before boot rolls back everything, record included, so a retry
+// with the same id works; a boot failure keeps the VM.
 func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async bool, err error) {
-	if err := s.recs.Reserve(rec, s.admission(rec)); err != nil {
+	if err := s.o.Host.Preflight(ctx, rec); err != nil {
 		return nil, false, err
 	}
-	if err := s.o.Host.Preflight(ctx, rec); err != nil {
-		s.recs.Release(rec.ID)
+	if err := s.recs.Reserve(rec, s.admission(rec)); err != nil {
 		return nil, false, err
 	}
 	if err := s.recs.Create(rec); err != nil {

@@ -51,6 +51,9 @@ type View struct {
 	// SuspendedAt is when the saved state a start resumes from was saved
 	// (docs/api.md, Suspend and snapshots).
 	SuspendedAt *time.Time `json:"suspended_at,omitempty"`
+	// Labels are the VM's labels (docs/api.md, Labels); omitted when it
+	// has none.
+	Labels map[string]string `json:"labels,omitempty"`
 
 	store viewStore
 }
@@ -174,6 +177,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		Mode:          rec.Mode,
 		ShuttingDown:  rec.ShuttingDown,
 		BalloonMB:     rec.BalloonMB,
+		Labels:        sp.Labels, // records are never modified
 		store:         st,
 	}
 	if rec.GuestPanickedAt != nil {

@@ -1,6 +1,9 @@
 package chsim
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
 // agentProcAttr starts the guest agent in a session of its own, without a parent-death
 // signal: a suspended guest outlives the simulator that saved it. (A session, not only a
@@ -12,4 +15,14 @@ import "syscall"
 // guest is left behind.
 func agentProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setsid: true}
+}
+
+// rootless makes attr start its process as root of a new user namespace that maps uid and
+// gid 0 to the caller's own ids, and nothing else (setgroups denied, as an unprivileged
+// user namespace must).
+func rootless(attr *syscall.SysProcAttr) {
+	attr.Cloneflags |= syscall.CLONE_NEWUSER
+	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
+	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
+	attr.GidMappingsEnableSetgroups = false
 }

@@ -9,3 +9,6 @@ import "syscall"
 func agentProcAttr() *syscall.SysProcAttr {
 	return &syscall.SysProcAttr{Setsid: true}
 }
+
+// rootless does nothing: only Linux has user namespaces (and runs the agent).
+func rootless(*syscall.SysProcAttr) {}

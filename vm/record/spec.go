@@ -37,6 +37,9 @@ type Spec struct {
 	// FromSnapshot names the snapshot whose disks the VM gets copies of,
 	// in the place of Disk and Image (docs/api.md, Snapshots).
 	FromSnapshot string `json:"from_snapshot,omitempty"`
+	// Labels are the caller's tags of the VM (package labels); a labels
+	// edit (PATCH .../labels) changes them after the create.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // DiskSpec is the root disk of a classic create.
