@@ -106,9 +106,9 @@ func TestAuthMatrix(t *testing.T) {
 		"POST /api/appvm/vms/{id}/volumes":         "/api/appvm/vms/app-vol-fixture/volumes",
 		"DELETE /api/appvm/vms/{id}/volumes/{vol}": "/api/appvm/vms/app-vol-fixture/volumes/data0",
 
-		"GET /api/snapshots":         "/api/snapshots",
-		"GET /api/snapshots/{id}":    "/api/snapshots/snap-fixture",
-		"DELETE /api/snapshots/{id}": "/api/snapshots/snap-spare",
+		"GET /api/snapshots":              "/api/snapshots",
+		"GET /api/snapshots/{id}":         "/api/snapshots/snap-fixture",
+		"DELETE /api/snapshots/{id}":      "/api/snapshots/snap-spare",
 		"POST /api/appvm/vms/{id}/exec":   "/api/appvm/vms/app-fixture/exec",
 		"GET /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/etc",
 		"PUT /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/tmp",
