@@ -135,3 +135,41 @@ func TestSuspendSnapshotRoutes(t *testing.T) {
 		t.Errorf("host calls %q, want them to begin %q", got, want)
 	}
 }
+
+// TestSnapshotAdmission: a snapshot counts against the state directory's
+// free space (its memory here: the recording host makes no disk files), so
+// one that does not fit is 409 CAPACITY_CONFLICT with nothing made and the
+// VM left running; with the room it is taken.
+func TestSnapshotAdmission(t *testing.T) {
+	h := newHarness(t)
+	if st, _, b := h.do(t, "POST", "/api/vms", h.rw, minimalVMBody(h, "sv")); st != http.StatusCreated {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	if st, _, b := h.do(t, "POST", "/api/vms/sv/start", h.rw, ""); st != http.StatusNoContent {
+		t.Fatalf("start = %d %s", st, b)
+	}
+	h.e.DiskFree = 512<<20 - 1 // the VM's 512 MiB of memory, less a byte
+	st, _, b := h.do(t, "POST", "/api/vms/sv/snapshots", h.rw, `{"snapshot_id":"big","memory":true}`)
+	if st != http.StatusConflict || !strings.Contains(b, `"code":"CAPACITY_CONFLICT"`) || !strings.Contains(b, "host capacity: disk:") {
+		t.Errorf("snapshot over the free space = %d %s, want 409 CAPACITY_CONFLICT for disk", st, b)
+	}
+	if st, _, b := h.do(t, "GET", "/api/snapshots/big", h.ro, ""); st != http.StatusNotFound {
+		t.Errorf("the refused snapshot: GET = %d %s, want 404", st, b)
+	}
+	if st, _, b := h.do(t, "GET", "/api/vms/sv", h.ro, ""); st != http.StatusOK || !strings.Contains(b, `"state":"running"`) {
+		t.Errorf("after the refused snapshot the VM is %d %s, want running", st, b)
+	}
+	for _, c := range h.e.Host.Calls() {
+		if strings.HasPrefix(c, "snapshot ") {
+			t.Errorf("the refused snapshot reached the host: %q", c)
+		}
+	}
+	// A snapshot without memory needs no room here; with it, exactly enough.
+	if st, _, b := h.do(t, "POST", "/api/vms/sv/snapshots", h.rw, `{"snapshot_id":"disks"}`); st != http.StatusCreated {
+		t.Errorf("snapshot of the disks = %d %s, want 201", st, b)
+	}
+	h.e.DiskFree++
+	if st, _, b := h.do(t, "POST", "/api/vms/sv/snapshots", h.rw, `{"snapshot_id":"big","memory":true}`); st != http.StatusCreated || !strings.Contains(b, `"memory":true`) {
+		t.Errorf("snapshot with exactly the room = %d %s, want 201 with memory", st, b)
+	}
+}
