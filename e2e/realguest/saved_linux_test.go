@@ -2,9 +2,12 @@ package realguest
 
 import (
 	"encoding/json"
+	"io/fs"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"testing"
 	"time"
 )
 
@@ -32,16 +35,22 @@ func (l *lane) uptime(user, ip string) float64 {
 // its address, and answers SSH. A snapshot of its disks then makes a new
 // VM that boots cold with the file the guest wrote before the snapshot,
 // and cloud-init runs there as a new instance: its own hostname and
-// instance id.
-func suspendClassic(l *lane, id, ip string, start time.Time) {
+// instance id. The lane logs the suspend's time, the saved state's bytes
+// per GiB of guest memory, and the start from it until SSH answers beside
+// coldBoot, the same guest's cold start until SSH answers (one sample each,
+// under TCG: a figure to read, not a benchmark).
+func suspendClassic(l *lane, id, ip string, start time.Time, coldBoot time.Duration) {
 	t := l.t
 	const marker = "lane-written-before-the-snapshot"
 	if out, err := l.ssh("lane", ip, "echo "+marker+" > ~/snapfile && sync && cat ~/snapfile"); err != nil || !strings.Contains(out, marker) {
 		t.Fatalf("writing the file the snapshot keeps: %q %v", out, err)
 	}
 	before := l.uptime("lane", ip)
+	suspendAt := time.Now()
 	l.must("POST", "/api/vms/"+id+"/suspend", "", http.StatusNoContent)
+	suspendTook := time.Since(suspendAt)
 	phase(t, "classic dhcp: suspended", start)
+	saved := dirSize(t, l.stateDir+"/vms/"+id+"/suspend")
 	st, b := l.do("GET", "/api/vms/"+id, "")
 	var sv struct {
 		State       string     `json:"state"`
@@ -53,12 +62,16 @@ func suspendClassic(l *lane, id, ip string, start time.Time) {
 	if procs := l.vmProcesses(id); len(procs) > 0 {
 		t.Errorf("processes of the suspended VM run on: %v", procs)
 	}
+	resumeAt := time.Now()
 	l.must("POST", "/api/vms/"+id+"/start", "", http.StatusNoContent)
 	if v, _ := l.view("/api/vms", id); v.State != "running" || v.DisplayState != "running" {
 		t.Errorf("right after the start: %+v, want running at once (no boot)", v)
 	}
 	l.waitSSH("lane", ip, bootTimeout)
+	resumeTook := time.Since(resumeAt)
 	phase(t, "classic dhcp: resumed, ssh answers", start)
+	t.Logf("classic dhcp (768 MiB): suspend %.2f s, saved state %d MiB (%.0f MiB per GiB of memory); start from it until ssh answers %.2f s, cold start until ssh answers %.2f s",
+		suspendTook.Seconds(), saved>>20, float64(saved)/(768<<20)*1024, resumeTook.Seconds(), coldBoot.Seconds())
 	if after := l.uptime("lane", ip); after < before {
 		t.Errorf("the guest's uptime went from %.1f s to %.1f s across the suspend: it booted", before, after)
 	}
@@ -120,4 +133,24 @@ func suspendAppVMRefused(l *lane, id string) {
 	if v, _ := l.view("/api/appvm/vms", id); v.State != "running" {
 		t.Errorf("after the refused suspend: %+v, want it running on", v)
 	}
+}
+
+// dirSize sums the sizes of the regular files under dir.
+func dirSize(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		fi, err := d.Info()
+		if err == nil {
+			n += fi.Size()
+		}
+		return err
+	})
+	if err != nil {
+		t.Errorf("the saved state's size: %v", err)
+	}
+	return n
 }
