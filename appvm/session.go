@@ -706,7 +706,9 @@ func (g *Guests) Adopt(_ context.Context, rec *vm.Record, l net.Listener) error 
 // resume. The time it was suspended does not count against it: staleness
 // counts from now until its first heartbeat.
 func (g *Guests) Resume(_ context.Context, rec *vm.Record, l net.Listener) error {
-	ss := g.serve(rec.ID, l)
+	// The run it serves is recorded after (the engine records the VM
+	// running once CH has restored it), as a new boot's.
+	ss := g.serve(rec.ID, l, false)
 	ss.mu.Lock()
 	ss.resumedMono = time.Now()
 	ss.armStale(g.staleLimit(rec))
