@@ -59,7 +59,7 @@ func newService(env serveEnv) (*service, error) {
 		}
 	}
 	if uid := os.Geteuid(); uid == 0 {
-		eo.Taps = tap.New(nil)
+		eo.Taps = tap.New(&tap.Config{AgentID: env.AgentID})
 	} else {
 		eo.NoTapsReason = noTapsReason(uid)
 	}
@@ -100,6 +100,7 @@ func newService(env serveEnv) (*service, error) {
 		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
+		AgentID:  env.AgentID,
 	})
 	if err != nil {
 		evs.Close()

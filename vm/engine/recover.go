@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/store"
+	"vmhost/tap"
 	"vmhost/vm/record"
 )
 
@@ -681,8 +683,13 @@ func vmProcessOf(cmdline, prefix []byte) (string, bool) {
 	return "", false
 }
 
-// reapTaps deletes taps whose ifalias names a VM or interface no record
-// has.
+// reapTaps reconciles the vmhost taps of the namespace with the records
+// (docs/design.md §2, several agents on one host): a tap marked with this
+// agent's id that no record names (a VM or interface index no record has)
+// is deleted; an unmarked tap one of the records names (made before the
+// agent had an id) is adopted, marked as this agent's, and guarded again,
+// which moves its anti-spoof chain into this agent's table; every other tap
+// (another agent's, an unmarked stranger) is left alone.
 func (e *Engine) reapTaps() []string {
 	h := e.o.Taps
 	if h == nil {
@@ -690,24 +697,52 @@ func (e *Engine) reapTaps() []string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	owned, err := h.ListOwned(ctx)
+	marked, err := h.ListMarked(ctx)
 	if err != nil {
 		e.log.Warn("cannot list taps; orphan taps are not reaped", "err", err)
 		return nil
 	}
 	var reaped []string
-	for _, t := range owned {
-		if r := e.recs.Get(t.VMID); r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name {
-			continue
+	for _, t := range marked {
+		r := e.recs.Get(t.VMID)
+		named := r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name
+		switch {
+		case t.Whose == tap.Mine && !named:
+			if err := h.Delete(ctx, t.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				e.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
+				continue
+			}
+			e.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
+			reaped = append(reaped, t.Name)
+		case t.Whose == tap.Unmarked && named:
+			e.adoptTap(ctx, r, t)
 		}
-		if err := h.Delete(ctx, t.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			e.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
-			continue
-		}
-		e.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
-		reaped = append(reaped, t.Name)
 	}
 	return reaped
+}
+
+// adoptTap marks the unmarked tap t, which interface t.Index of rec
+// names, as this agent's, and guards it again (with the address DHCP
+// snooping learned, if any) when its network guards it: the new chain
+// goes to this agent's table and the unmarked table's goes.
+func (e *Engine) adoptTap(ctx context.Context, rec *record.Record, t tap.Owned) {
+	h := e.o.Taps
+	if err := h.Adopt(ctx, t.Name, t.VMID, t.Index); err != nil {
+		e.log.Error("adopting an unmarked tap of this agent's VM", "tap", t.Name, "vm", t.VMID, "err", err)
+		return
+	}
+	if g := e.dhcpGuard(rec, t.Index); g != nil {
+		if snooped := rec.NICs[t.Index].DHCPSnoopedIPv4; !g.IPv4.IsValid() && snooped != "" {
+			if a, err := netip.ParseAddr(snooped); err == nil {
+				g.IPv4 = a
+			}
+		}
+		if err := h.Guard(ctx, *g); err != nil {
+			e.log.Error("guarding an adopted tap", "tap", t.Name, "vm", t.VMID, "err", err)
+			return
+		}
+	}
+	e.log.Info("adopted an unmarked tap of this agent's VM", "tap", t.Name, "vm", t.VMID, "index", t.Index)
 }
 
 // reapDirs removes run directories and VM directories without a record.
