@@ -109,6 +109,7 @@ func newService(env serveEnv) (*service, error) {
 	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng})
 	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
+	apps.FinishRestarts(context.Background())
 	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())
 	// Registry indexes are read in the background, at once and every

@@ -170,6 +170,10 @@ type agent struct {
 	// done ends reconnect attempts when the agent finishes.
 	done  chan struct{}
 	stops chan *proto.Stop
+	// stopped is closed by the first Stop (requestStop): what the guest
+	// waits for before the workload starts (a DHCP lease) gives up then.
+	stopped  chan struct{}
+	stopOnce sync.Once
 	// mmu serializes mounts and unmounts of data volumes; mounts maps
 	// each data volume's guest mountpoint to its device (the Spec's and
 	// the hot-mounted ones).
@@ -361,6 +365,7 @@ func (a *agent) run() error {
 	a.done = make(chan struct{})
 	defer close(a.done)
 	a.stops = make(chan *proto.Stop, 1)
+	a.stopped = make(chan struct{})
 	a.acked = make(chan struct{})
 	go a.watchPowerButton()
 
@@ -506,10 +511,7 @@ func (a *agent) receive(conn *proto.Conn) {
 		}
 		switch m := m.(type) {
 		case *proto.Stop:
-			select {
-			case a.stops <- m:
-			default:
-			}
+			a.requestStop(m)
 		case *proto.ExitAck:
 			a.ackOnce.Do(func() { close(a.acked) })
 		case *proto.LogAck:
@@ -522,6 +524,16 @@ func (a *agent) receive(conn *proto.Conn) {
 			a.log.Warn("ignoring unexpected message from the host", "type", m.Type())
 		}
 	}
+}
+
+// requestStop hands a Stop (the host's, or the power button's) to the
+// supervisor, and ends any wait before the workload starts.
+func (a *agent) requestStop(m *proto.Stop) {
+	select {
+	case a.stops <- m:
+	default:
+	}
+	a.stopOnce.Do(func() { close(a.stopped) })
 }
 
 func (a *agent) heartbeats(ctx context.Context, interval time.Duration, change <-chan time.Duration) {
@@ -564,7 +576,22 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	hostname := spec.Hostname
 	var lease *proto.Lease
 	if a.opts.network && spec.Network.Mode != proto.NetworkNone {
-		l, err := a.sys.configureNetwork(spec.Network, hostname, func(l *proto.Lease) { a.send(l) })
+		// A Stop during the wait for a lease ends it: the guest powers
+		// off with its workload never started.
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-a.stopped:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		l, err := a.sys.configureNetwork(ctx, spec.Network, hostname, func(l *proto.Lease) { a.send(l) })
+		stopped := ctx.Err() != nil
+		cancel()
+		if err != nil && stopped {
+			return nil, errStopped
+		}
 		if err != nil {
 			return nil, fmt.Errorf("configuring the network: %w", err)
 		}
