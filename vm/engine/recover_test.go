@@ -232,7 +232,8 @@ func TestRecoverReapsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.MkdirAll(l.VMDir("prov"), 0o700)
-	for _, f := range []string{l.RootDisk("prov"), l.VMDir("prov") + "/.root.qcow2.123"} {
+	copyTemp := l.VMDir("prov") + "/.root.qcow2.tmp-0123"
+	for _, f := range []string{l.RootDisk("prov"), copyTemp} {
 		if err := os.WriteFile(f, []byte("partial"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -252,7 +253,8 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	b := newTestService(t, a.state, a.run)
 	b.Wait() // the interrupted synchronous create is rolled back and failed
 	rep := b.Recovery()
-	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, []string{initrdTemp}) {
+	slices.Sort(rep.Temps)
+	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, []string{initrdTemp, copyTemp}) {
 		t.Errorf("temp %s of an interrupted write: %v; reaped temps %v", initrdTemp, err, rep.Temps)
 	}
 	if _, err := os.Stat(initrd); err != nil {
@@ -287,7 +289,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 			t.Errorf("%s was removed: %v", d, err)
 		}
 	}
-	for _, f := range []string{l.RootDisk("prov"), l.VMDir("prov") + "/.root.qcow2.123"} {
+	for _, f := range []string{l.RootDisk("prov"), copyTemp} {
 		if _, err := os.Stat(f); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("file of an unfinished step %s survived: %v", f, err)
 		}
