@@ -229,8 +229,8 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 	if r.Vcpus < 1 || r.Vcpus > vm.MaxVcpus {
 		return nil, bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)
 	}
-	if r.MemoryMB < vm.MinMemoryMB {
-		return nil, bad("memory_mb", "must be at least %d, got %d", vm.MinMemoryMB, r.MemoryMB)
+	if err := vm.CheckMemory(r.MemoryMB); err != nil {
+		return nil, err
 	}
 	if r.DiskGiB < 1 || r.DiskGiB > vm.MaxSizeGiB {
 		return nil, bad("disk_gib", "must be 1..%d, got %d", vm.MaxSizeGiB, r.DiskGiB)
@@ -278,6 +278,9 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 			return nil, bad(f("mountpoint"), "%s is also the mountpoint of data_volumes[%d]", d.Mountpoint, j)
 		}
 		seen[d.Mountpoint] = i
+	}
+	if err := vm.CheckIOLimits(r.DiskBpsTotal, r.DiskIopsTotal); err != nil {
+		return nil, err
 	}
 	if err := r.workload().validate(); err != nil {
 		return nil, err

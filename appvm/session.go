@@ -365,7 +365,13 @@ func (ss *session) handle(m proto.Message) {
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.ExitCode, gst.ExitSignal, gst.Fatal = m.Code, m.Signal, ""
 		})
-		ss.g.log.Info("workload exited", "id", ss.id, "code", m.Code, "signal", m.Signal)
+		attrs := []any{"id", ss.id}
+		if m.Code != nil {
+			attrs = append(attrs, "code", *m.Code)
+		} else {
+			attrs = append(attrs, "signal", m.Signal)
+		}
+		ss.g.log.Info("workload exited", attrs...)
 		ss.ackEnd()
 	case *proto.Fatal:
 		ss.flushLogs()

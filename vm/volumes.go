@@ -352,6 +352,9 @@ func checkAttach(rec *Record, req AttachRequest) error {
 	if len(rec.Spec.Volumes) >= max {
 		return bad("volumes", "VM %q has %d volumes, the most it may have", rec.ID, max)
 	}
+	if n := pciDevices(&rec.Spec); n >= PCISlots {
+		return bad("volumes", "VM %q has %d PCI devices, all that Cloud Hypervisor's PCI segment holds (%d); detach a volume first", rec.ID, n, PCISlots)
+	}
 	switch {
 	case rec.Deleting:
 		return &StateError{ID: rec.ID, Action: "attach a volume to", State: "being deleted"}
