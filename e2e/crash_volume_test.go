@@ -161,6 +161,9 @@ func volumeChangePending(t *testing.T, s *server, id string) bool {
 func volumesNow(t *testing.T, s *server, id string) (view, ch, qsd []string, state string) {
 	t.Helper()
 	st, b := s.do("GET", "/api/vms/"+id, "")
+	if st == http.StatusNotFound { // an AppVM
+		st, b = s.do("GET", "/api/appvm/vms/"+id, "")
+	}
 	var v struct {
 		State   string `json:"state"`
 		Volumes []struct {

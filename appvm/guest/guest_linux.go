@@ -401,21 +401,13 @@ func (a *agent) run() error {
 	id := make([]byte, 16)
 	rand.Read(id)
 	a.bootID = hex.EncodeToString(id)
-	if err := a.conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID}); err != nil {
-		return err
-	}
 	hbCtx, stopHB := context.WithCancel(context.Background())
 	defer stopHB()
 	hbInterval := make(chan time.Duration, 1)
-	go a.heartbeats(hbCtx, a.opts.heartbeat, hbInterval)
-
-	m, err := a.conn.Recv()
+	heartbeats := sync.OnceFunc(func() { go a.heartbeats(hbCtx, a.opts.heartbeat, hbInterval) })
+	spec, err := a.awaitSpec(heartbeats)
 	if err != nil {
-		return fmt.Errorf("waiting for the spec: %w", err)
-	}
-	spec, ok := m.(*proto.Spec)
-	if !ok {
-		return fmt.Errorf("waiting for the spec: got %s", m.Type())
+		return err
 	}
 	if spec.HeartbeatSecs > 0 {
 		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
@@ -442,6 +434,40 @@ func (a *agent) run() error {
 		return a.idle(spec, sigs, a.stops, false)
 	}
 	return a.supervise(spec, w, sigs, a.stops)
+}
+
+// awaitSpec says Hello and waits for the host's Spec; started runs once
+// the first Hello is out. A connection lost before the Spec came (the host
+// agent restarted just then) is dialed again, with a new Hello of the same
+// boot, rather than ending the guest: the host's next start sends the Spec.
+func (a *agent) awaitSpec(started func()) (*proto.Spec, error) {
+	for {
+		a.cmu.Lock()
+		conn := a.conn
+		a.cmu.Unlock()
+		err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID})
+		var m proto.Message
+		if err == nil {
+			started()
+			m, err = conn.Recv()
+		}
+		if err == nil {
+			spec, ok := m.(*proto.Spec)
+			if !ok {
+				return nil, fmt.Errorf("waiting for the spec: got %s", m.Type())
+			}
+			return spec, nil
+		}
+		a.log.Error("host connection lost before the spec came; dialing again", "err", err)
+		nc, derr := a.dial()
+		if derr != nil {
+			return nil, fmt.Errorf("waiting for the spec: %w; then %w", err, derr)
+		}
+		a.cmu.Lock()
+		a.nc.Close()
+		a.nc, a.conn, a.lost = nc, proto.NewConn(nc), false
+		a.cmu.Unlock()
+	}
 }
 
 // dial connects to the host, retrying until opts.dialWait passes. An error

@@ -168,7 +168,18 @@ func diskOf(ctx context.Context, c *chclient.Client, id, key string) (*chclient.
 	if i < 0 {
 		return nil, "", nil
 	}
-	return &info.Config.Disks[i], info.DeviceTree[key].PciBdf, nil
+	return &info.Config.Disks[i], deviceBDF(info, key), nil
+}
+
+// deviceBDF is the PCI address of device id in CH's device tree: on the
+// device's node, or (CH's shape for virtio devices) on its parent, the
+// "_virtio-pci-<id>" node.
+func deviceBDF(info *chclient.VmInfo, id string) string {
+	n := info.DeviceTree[id]
+	if n.PciBdf == "" && n.Parent != "" {
+		return info.DeviceTree[n.Parent].PciBdf
+	}
+	return n.PciBdf
 }
 
 // removeDisk asks CH to remove device key and waits, at most
@@ -211,8 +222,8 @@ func diskBDF(ctx context.Context, c *chclient.Client, key string) (string, bool)
 	if err != nil {
 		return "", false
 	}
-	n, ok := info.DeviceTree[key]
-	return n.PciBdf, ok && n.PciBdf != ""
+	bdf := deviceBDF(info, key)
+	return bdf, bdf != ""
 }
 
 // heldQSD is rec's storage daemon as its monitor holds it.

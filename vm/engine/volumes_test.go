@@ -320,3 +320,20 @@ func TestEngineHotPlugResumes(t *testing.T) {
 		}
 	}
 }
+
+// TestDeviceBDF reads a device's PCI address where CH's vm.info puts it:
+// on the "_virtio-pci-<id>" parent of a virtio device's node, or on the
+// node itself.
+func TestDeviceBDF(t *testing.T) {
+	info := &chclient.VmInfo{DeviceTree: map[string]chclient.DeviceNode{
+		"data1":              {ID: "data1", Parent: "_virtio-pci-data1"},
+		"_virtio-pci-data1":  {ID: "_virtio-pci-data1", Children: []string{"data1"}, PciBdf: "0000:00:07.0"},
+		"__pvpanic":          {ID: "__pvpanic", PciBdf: "0000:00:03.0"},
+		"_virtio-pci-orphan": {ID: "_virtio-pci-orphan"},
+	}}
+	for id, want := range map[string]string{"data1": "0000:00:07.0", "__pvpanic": "0000:00:03.0", "gone": ""} {
+		if got := deviceBDF(info, id); got != want {
+			t.Errorf("deviceBDF(%s) = %q, want %q", id, got, want)
+		}
+	}
+}
