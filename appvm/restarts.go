@@ -69,9 +69,15 @@ func (s *Service) finishRestart(ctx context.Context, id string) {
 			return
 		}
 		log.Warn("finishing a restart an agent restart interrupted before the stop: restarting the AppVM on its new spec")
-		if _, err := s.restartNow(ctx, rec); err != nil {
-			log.Error("finishing an interrupted restart", "err", err)
+		_, err := s.restartNow(ctx, rec)
+		if err == nil {
+			return
 		}
+		log.Error("finishing an interrupted restart", "err", err)
+		if cur, gerr := s.Get(id); gerr != nil || cur.State == vm.StateRunning || cur.State == vm.StatePaused {
+			return
+		}
+		fallthrough // stopped all the same: boot it
 	default:
 		log.Warn("finishing a restart an agent restart interrupted: booting the AppVM")
 		if _, err := s.vms.Act(ctx, vm.ModeAppVM, id, vm.ActionStart); err != nil {

@@ -114,15 +114,15 @@ func (s *Service) restartNow(ctx context.Context, rec *vm.Record) (*vm.Record, e
 }
 
 // restartStop stops rec (running: a graceful shutdown with its stop grace;
-// paused: at once) and waits, bounded, until it is stopped or failed.
+// paused: at once) and waits, bounded, until it is stopped or failed. A
+// stop whose request failed but which stopped the VM all the same (CH
+// exits while answering the power button) counts as done.
 func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, error) {
 	action := vm.ActionShutdown
 	if rec.State == vm.StatePaused {
 		action = vm.ActionStop
 	}
-	if _, err := s.vms.Act(ctx, vm.ModeAppVM, rec.ID, action); err != nil {
-		return nil, err
-	}
+	_, actErr := s.vms.Act(ctx, vm.ModeAppVM, rec.ID, action)
 	grace := time.Duration(rec.AppVM.StopGraceSecs) * time.Second
 	if grace == 0 {
 		grace = 10 * time.Second
@@ -136,7 +136,13 @@ func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, 
 		if cur.State == vm.StateStopped || cur.State == vm.StateFailed {
 			return cur, nil
 		}
+		if actErr != nil && cur.State != vm.StateRunning && cur.State != vm.StatePaused {
+			return nil, actErr // neither stopped nor running: nothing to wait for
+		}
 		if time.Now().After(deadline) {
+			if actErr != nil {
+				return nil, actErr
+			}
 			return nil, &vm.StateError{ID: rec.ID, Action: "restart", State: cur.DisplayState + " (it did not stop within " + (grace + restartWait).String() + ")"}
 		}
 		select {
