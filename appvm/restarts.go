@@ -38,10 +38,11 @@ func (s *Service) endRestart(id string) {
 // after RecoverRedeploys, which settles a redeploy's root disk first), in
 // the background (Wait waits for them): an AppVM recorded as restarting
 // is booted when it does not run; when the boot it was to replace still
-// runs with an older spec than its record's (spec_pending: the agent died
-// before the stop), it is stopped gracefully and booted; otherwise (it
-// runs a boot that came after, or a redeploy rolled back before the stop)
-// the restart happened.
+// runs, shutting down (the agent died during the stop) or with an older
+// spec than its record's (spec_pending: it died before the stop), it is
+// stopped gracefully and booted; otherwise (it runs a boot that came
+// after, or a redeploy rolled back before it stopped anything) the
+// restart happened.
 func (s *Service) FinishRestarts(ctx context.Context) {
 	for _, rec := range s.List() {
 		if rec.AppVM.Restart == nil {
@@ -65,10 +66,10 @@ func (s *Service) finishRestart(ctx context.Context, id string) {
 	switch rec.State {
 	case vm.StateRunning, vm.StatePaused:
 		sameBoot := rec.Runtime != nil && rec.Runtime.CH != nil && rec.Runtime.CH.StartTime == rec.AppVM.Restart.Of
-		if !sameBoot || !rec.AppVM.SpecPending {
+		if !sameBoot || !rec.AppVM.SpecPending && !rec.ShuttingDown {
 			return
 		}
-		log.Warn("finishing a restart an agent restart interrupted before the stop: restarting the AppVM on its new spec")
+		log.Warn("finishing a restart an agent restart interrupted before the AppVM stopped: restarting it")
 		_, err := s.restartNow(ctx, rec)
 		if err == nil {
 			return

@@ -8,6 +8,7 @@ import (
 	mrand "math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/config"
 	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
 )
@@ -419,82 +421,106 @@ func TestCrashDuringAppVMOperations(t *testing.T) {
 	if os.Getenv("VMHOST_E2E_CRASH_LOOP") != "" && !testing.Short() {
 		want = 50
 	}
-	for _, op := range appvmOps {
-		t.Run(op.name, func(t *testing.T) {
-			s := startAppVMServer(t, map[string]string{"svc": `trap 'exit 0' TERM; echo up; while :; do sleep 0.05; done`})
-			c := &opCrash{t: t, s: s, cat: appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}, id: "app", outcomes: map[string]int{}}
-			seed := time.Now().UnixNano()
-			t.Logf("seed %d", seed)
-			c.rng = mrand.New(mrand.NewPCG(uint64(seed), 0))
-			if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"app","image_id":"svc","vcpus":1,"memory_mb":128,"disk_gib":1,`+
-				`"ip":"10.80.0.5","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
-				t.Fatalf("create = %d %s", st, b)
-			}
-			if st, b := s.do("POST", "/api/volumes", `{"volume_id":"fc","size_gib":1,"format":"ext4"}`); st != http.StatusCreated {
-				t.Fatalf("POST /api/volumes = %d %s", st, b)
-			}
-			c.settle()
-			// How long the operation takes here, uninterrupted: kills fall
-			// at random points within about that span.
-			if op.setup != nil {
-				op.setup(c, 0)
-			}
+	// The volume changes run against the real qemu-storage-daemon too.
+	type variant struct {
+		name string
+		opts serverOpts
+		ops  []crashOp
+	}
+	variants := []variant{{"qsdsim", serverOpts{}, appvmOps}}
+	if qsd, err := exec.LookPath("qemu-storage-daemon"); err == nil {
+		variants = append(variants, variant{"real-qsd", serverOpts{simulate: "ch", edit: func(c *config.Config) { c.Binaries.QemuStorageDaemon = qsd }}, appvmOps[:2]})
+	} else if os.Getenv("CI") != "" {
+		t.Fatal("qemu-storage-daemon not installed")
+	}
+	for _, v := range variants {
+		for _, op := range v.ops {
+			t.Run(v.name+"/"+op.name, func(t *testing.T) { crashLoop(t, v.opts, op, want) })
+		}
+	}
+}
+
+// crashLoop kills the agent during op until want operations were cut
+// short, checking each outcome.
+func crashLoop(t *testing.T, o serverOpts, op crashOp, want int) {
+	s := startAppVMServerWith(t, o, map[string]string{"svc": `trap 'exit 0' TERM; echo up; while :; do sleep 0.05; done`})
+	c := &opCrash{t: t, s: s, cat: appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}, id: "app", outcomes: map[string]int{}}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	c.rng = mrand.New(mrand.NewPCG(uint64(seed), 0))
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"app","image_id":"svc","vcpus":1,"memory_mb":128,"disk_gib":1,`+
+		`"ip":"10.80.0.5","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	if st, b := s.do("POST", "/api/volumes", `{"volume_id":"fc","size_gib":1,"format":"ext4"}`); st != http.StatusCreated {
+		t.Fatalf("POST /api/volumes = %d %s", st, b)
+	}
+	c.settle()
+	// How long the operation takes here, uninterrupted: kills fall
+	// at random points within about that span.
+	if op.setup != nil {
+		op.setup(c, 0)
+	}
+	t0 := time.Now()
+	c.killed = make(chan struct{})
+	if st, b := op.request(c, 0); st != op.answered {
+		t.Fatalf("%s = %d %s", op.name, st, b)
+	}
+	took := []time.Duration{time.Since(t0)}
+	c.settle()
+	op.check(c, 0, c.record(), true)
+	c.settle()
+	t.Logf("%s takes %v uninterrupted", op.name, took[0])
+	cut, rounds := 0, 0
+	for r := 1; cut < want && r <= 10*want+10; r++ {
+		rounds++
+		if op.setup != nil {
+			op.setup(c, r)
+		}
+		c.settle()
+		type answer struct {
+			st   int
+			b    []byte
+			took time.Duration
+		}
+		done := make(chan answer, 1)
+		c.killed = make(chan struct{})
+		go func() {
 			t0 := time.Now()
-			c.killed = make(chan struct{})
-			if st, b := op.request(c, 0); st != op.answered {
-				t.Fatalf("%s = %d %s", op.name, st, b)
-			}
-			span := time.Since(t0)
-			c.settle()
-			op.check(c, 0, c.record(), true)
-			c.settle()
-			t.Logf("%s takes %v uninterrupted", op.name, span)
-			cut, rounds := 0, 0
-			for r := 1; cut < want && r <= 4*want+10; r++ {
-				rounds++
-				if op.setup != nil {
-					op.setup(c, r)
-				}
-				c.settle()
-				type answer struct {
-					st int
-					b  []byte
-				}
-				done := make(chan answer, 1)
-				c.killed = make(chan struct{})
-				go func() {
-					st, b := op.request(c, r)
-					done <- answer{st, b}
-				}()
-				time.Sleep(time.Duration(c.rng.Int64N(int64(span + span/4))))
-				s.kill()
-				close(c.killed)
-				a := <-done
-				answered := a.st == op.answered
-				switch {
-				case answered:
-				case a.st == 0 && (strings.Contains(string(a.b), "connection refused") || strings.Contains(string(a.b), "no such file")):
-					// the agent was dead before the request reached it
-				case a.st == 0:
-					cut++
-				default:
-					t.Errorf("round %d: %s answered %d %s", r, op.name, a.st, a.b)
-				}
-				before := c.record()
-				s.restart()
-				c.settle()
-				waitVolumesAgree(t, s, c.id)
-				op.check(c, r, before, answered)
-				c.settle()
-				c.checkFiles()
-				if t.Failed() {
-					break
-				}
-			}
-			t.Logf("%s: %d rounds, %d interrupted; outcomes %v", op.name, rounds, cut, c.outcomes)
-			if cut < want {
-				t.Errorf("interrupted %d %s operations, want at least %d", cut, op.name, want)
-			}
-		})
+			st, b := op.request(c, r)
+			done <- answer{st, b, time.Since(t0)}
+		}()
+		// The kill falls at a random point of about the operation's
+		// length (the median of the runs that finished so far).
+		span := median(took)
+		time.Sleep(time.Duration(c.rng.Int64N(int64(span + span/4))))
+		s.kill()
+		close(c.killed)
+		a := <-done
+		answered := a.st == op.answered
+		switch {
+		case answered:
+			took = append(took, a.took)
+		case a.st == 0 && (strings.Contains(string(a.b), "connection refused") || strings.Contains(string(a.b), "no such file")):
+			// the agent was dead before the request reached it
+		case a.st == 0:
+			cut++
+		default:
+			t.Errorf("round %d: %s answered %d %s", r, op.name, a.st, a.b)
+		}
+		before := c.record()
+		s.restart()
+		c.settle()
+		waitVolumesAgree(t, s, c.id)
+		op.check(c, r, before, answered)
+		c.settle()
+		c.checkFiles()
+		if t.Failed() {
+			break
+		}
+	}
+	t.Logf("%s: %d rounds, %d interrupted; outcomes %v", op.name, rounds, cut, c.outcomes)
+	if cut < want {
+		t.Errorf("interrupted %d %s operations, want at least %d", cut, op.name, want)
 	}
 }
