@@ -42,14 +42,14 @@ type appvmView struct {
 
 // startAppVMServer starts vmhost serve in its own network namespace with an
 // AppVM kernel and a catalog image per workload (name → shell command).
-func startAppVMServer(t *testing.T, workloads map[string]string) *server {
+func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 	t.Helper()
 	return startAppVMServerWith(t, serverOpts{}, workloads)
 }
 
 // startAppVMServerWith is startAppVMServer with the options of o (its
 // edit runs after the AppVM kernel is set).
-func startAppVMServerWith(t *testing.T, o serverOpts, workloads map[string]string) *server {
+func startAppVMServerWith(t testing.TB, o serverOpts, workloads map[string]string) *server {
 	t.Helper()
 	f := newFixture(t)
 	edit := o.edit
@@ -61,6 +61,14 @@ func startAppVMServerWith(t *testing.T, o serverOpts, workloads map[string]strin
 		}
 	}
 	s := startServer(t, o)
+	addImages(t, s, workloads)
+	return s
+}
+
+// addImages puts a catalog image per workload (name → shell command) in
+// s's state directory, as an import would.
+func addImages(t testing.TB, s *server, workloads map[string]string) {
+	t.Helper()
 	cat := appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}
 	for id, cmd := range workloads {
 		im := &appvm.Image{ID: id, Status: appvm.StatusReady, CreatedAt: time.Now().UTC(), Workload: vm.Workload{
@@ -73,7 +81,6 @@ func startAppVMServerWith(t *testing.T, o serverOpts, workloads map[string]strin
 			t.Fatal(err)
 		}
 	}
-	return s
 }
 
 func (s *server) appvmGet(id string) appvmView {

@@ -19,28 +19,26 @@ import (
 	"testing"
 	"time"
 
-	"vmhost/appvm"
 	"vmhost/auth"
 	"vmhost/config"
-	"vmhost/qcow2"
-	"vmhost/vm"
 )
 
-// TestDevAppVMsLeaveNoProcess runs `vmhost serve --dev` (its simulators
-// run each AppVM's guest agent and workload as processes of the host),
-// creates 20 AppVMs, stops them and deletes them, and then finds no
-// process whose command line names the agent's run directory: no
-// simulator, no guest agent, no workload (whose command line names the
-// run directory on purpose). Checked while the agent runs and after it
-// exited.
-//
-// Dev-mode AppVMs run as root here (the dev bridge gives them their
-// interface; the agent runs in a network namespace of its own); without
-// root they need dev mode's AppVMs without a network, which are not there
-// yet, so the test skips.
+// TestDevAppVMsLeaveNoProcess runs `vmhost serve --dev` (its simulator
+// runs each AppVM's guest agent and workload as processes of the host, the
+// workload chrooted in the image's own tree), creates 20 AppVMs of the
+// quick start's hello image, stops them and deletes them, and then finds
+// no process whose command line names the agent's run directory: no
+// simulator, no guest agent, no workload (whose arguments name the run
+// directory on purpose). Checked while the agent runs and after it exited.
+// As root the agent runs in a network namespace of its own (its dev
+// bridge goes with it); without root, as a newcomer runs it.
 func TestDevAppVMsLeaveNoProcess(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("dev-mode AppVMs need root here (an AppVM always has an interface, and only root makes taps)")
+	for _, tool := range []string{"qemu-img", "debugfs", "mkfs.ext4"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			if _, serr := os.Stat("/sbin/" + tool); serr != nil {
+				t.Skipf("%s not installed (dev-mode AppVMs need qemu-utils and e2fsprogs)", tool)
+			}
+		}
 	}
 	const n = 20
 	cwd, err := os.MkdirTemp(shortTemp(), "vhd")
@@ -48,10 +46,8 @@ func TestDevAppVMsLeaveNoProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(cwd) })
-	f := newFixture(t)
 	cfg := config.DevDefault()
-	cfg.AppVMKernel = f.kernel // the simulator boots no kernel
-	cfg.HostCPUs = 64          // 20 AppVMs on a small machine
+	cfg.HostCPUs = 64 // 20 AppVMs on a small machine
 	data, err := cfg.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -67,12 +63,25 @@ func TestDevAppVMsLeaveNoProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The quick start's image, imported as its README says.
+	tarball := filepath.Join(cwd, "hello.tar")
+	if out, err := exec.Command("../examples/hello/build.sh", tarball).CombinedOutput(); err != nil {
+		t.Fatalf("examples/hello/build.sh: %v\n%s", err, out)
+	}
+	imp := exec.Command(vmhostBin, "image", "import", "--dev", "--ignore-owners", "--id", "hello", tarball)
+	imp.Dir = cwd
+	if out, err := imp.CombinedOutput(); err != nil {
+		t.Fatalf("vmhost image import: %v\n%s", err, out)
+	}
 	sock := filepath.Join(cwd, "api.sock")
 	cmd := exec.Command(vmhostBin, "serve", "--dev", "--listen", "unix:"+sock)
 	cmd.Dir = cwd
 	logs := new(syncBuffer)
 	cmd.Stdout, cmd.Stderr = logs, logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Cloneflags: syscall.CLONE_NEWNET}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if os.Geteuid() == 0 {
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -114,22 +123,13 @@ func TestDevAppVMsLeaveNoProcess(t *testing.T) {
 	if !filepath.IsAbs(runDir) {
 		runDir = filepath.Join(cwd, runDir)
 	}
-	// The workload names the run directory in its command line, so that
-	// one left running is found.
-	cat := appvm.Catalog{Dir: filepath.Join(state, "appvm-images")}
-	im := &appvm.Image{ID: "svc", Status: appvm.StatusReady, CreatedAt: time.Now().UTC(), Workload: vm.Workload{
-		BuildDigest: "sha256:feedfacecafe", SizeBytes: 64 << 20,
-		Cmd: []string{"/bin/sh", "-c", "sleep 1000; echo " + runDir}, Env: []string{"PATH=/usr/local/bin:/usr/bin:/bin"}}}
-	if err := cat.Put(im); err != nil {
-		t.Fatal(err)
-	}
-	if err := qcow2.Create(cat.RootFS(im), 64<<20); err != nil {
-		t.Fatal(err)
-	}
 	ids := make([]string, n)
 	for i := range ids {
 		ids[i] = fmt.Sprintf("dev%02d", i)
-		body := fmt.Sprintf(`{"vm_id":%q,"image_id":"svc","vcpus":1,"memory_mb":64,"disk_gib":1,"ip":"10.81.0.%d","prefix":24,"gateway":"10.81.0.1"}`, ids[i], 10+i)
+		// Without a network (dev mode's default); the workload's
+		// arguments name the run directory, so that one left running is
+		// found.
+		body := fmt.Sprintf(`{"vm_id":%q,"image_id":"hello","vcpus":1,"memory_mb":64,"disk_gib":1,"command":["/hello",%q]}`, ids[i], runDir)
 		if st, b := do("POST", "/api/appvm/vms", body); st != http.StatusCreated {
 			t.Fatalf("create %s = %d %s", ids[i], st, b)
 		}
