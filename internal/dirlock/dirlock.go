@@ -82,8 +82,6 @@ func Acquire(dir, what string) (*Lock, error) {
 	return &Lock{f: f}, nil
 }
 
-// holderPID reads the pid the holder wrote. The holder writes it just after
-// taking the lock, so an empty file is read again for a short while.
 // orphanWait bounds how long Acquire waits for a lock whose recorded
 // holder is dead.
 const orphanWait = 5 * time.Second
@@ -103,13 +101,18 @@ func lockOrWait(f *os.File) error {
 			return err
 		}
 		pid := holderPID(f)
-		if alive := unix.Kill(pid, 0); pid <= 0 || alive == nil || errors.Is(alive, unix.EPERM) {
+		if pid <= 0 {
+			return err // no holder recorded: refused
+		}
+		if alive := unix.Kill(pid, 0); alive == nil || errors.Is(alive, unix.EPERM) {
 			return err // the holder lives (or cannot be told): refused
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
+// holderPID reads the pid the holder wrote. The holder writes it just after
+// taking the lock, so an empty file is read again for a short while.
 func holderPID(f *os.File) int {
 	buf := make([]byte, 32)
 	for range 20 {
