@@ -151,11 +151,9 @@ type Service struct {
 
 // New returns the AppVM service of c. The catalog is
 // <StateDir>/appvm-images. It follows the records' changes: a workload's
-// end that the restart policy answers boots the AppVM again. Archives an
-// agent killed in the middle of a files put left spooled are removed.
+// end that the restart policy answers boots the AppVM again.
 func New(c Config) *Service {
 	c.Restart.defaults()
-	SweepSpool(c.VMs.Layout())
 	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, dialer: c.Dialer, restart: c.Restart,
 		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
 		noDefaultNetwork: c.NoDefaultNetwork}

@@ -17,8 +17,8 @@ import (
 // that the next start removes every one and nothing else: records,
 // root disk copies and overlays, a redeploy's staged disk, seeds, VM-owned
 // data volumes (qcow2 and the raw image an ext4 one is made from),
-// first-class volumes and their metadata, and the AppVM initramfs in the
-// run directory.
+// first-class volumes and their metadata, an AppVM files put's spooled
+// archive, and the AppVM initramfs in the run directory.
 func TestStartupSweepsTemps(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	f := newFixture(t)
@@ -39,8 +39,10 @@ func TestStartupSweepsTemps(t *testing.T) {
 		s.stateDir + "/volumes/.fc2.qcow2.tmp-1a2b3c4d5e6f7081",       // a first-class volume
 		s.stateDir + "/volumes/.fc2.json.tmp-1a2b3c4d5e6f7081",        // its metadata
 		s.runDir + "/.appvm-initramfs-0123.cpio.tmp-1a2b3c4d5e6f7081", // an AppVM initramfs
+		s.stateDir + "/spool/.put.tar.tmp-123456789",                  // an AppVM files put's spooled archive
 	}
 	for _, p := range temps {
+		os.MkdirAll(filepath.Dir(p), 0o700)
 		if err := os.WriteFile(p, []byte("partial"), 0o600); err != nil {
 			t.Fatal(err)
 		}

@@ -773,12 +773,13 @@ func (e *Engine) reapDirs() []string {
 // agent's death interrupted, from every directory the VMs' steps write in:
 // the records' (<state>/vms), each VM's (disk copies, overlays, data
 // volumes, seeds, a redeploy's staged disk), the first-class volumes', the
-// run directory (an AppVM initramfs) and each VM's run directory. It runs
+// spool of AppVM files puts, the run directory (an AppVM initramfs) and
+// each VM's run directory. It runs
 // first at Recover, with the state directory locked by this agent, so no
 // write is in flight.
 func (e *Engine) sweepTemps() []string {
 	l := e.layout()
-	dirs := []string{l.StateDir + "/vms", l.VolumesDir(), l.RunDir}
+	dirs := []string{l.StateDir + "/vms", l.VolumesDir(), l.SpoolDir(), l.RunDir}
 	for _, base := range []string{l.StateDir + "/vms", l.RunDir + "/vms"} {
 		ents, _ := os.ReadDir(base)
 		for _, ent := range ents {

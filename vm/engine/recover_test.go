@@ -244,7 +244,10 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	// such a write publishes, which stays.
 	initrdTemp := filepath.Join(l.RunDir, ".appvm-initramfs-0123.cpio.tmp-89ab")
 	initrd := filepath.Join(l.RunDir, "appvm-initramfs-0123.cpio")
-	for _, f := range []string{initrdTemp, initrd} {
+	// And an AppVM files put's archive, spooled when the agent was killed.
+	spoolTemp := filepath.Join(l.SpoolDir(), ".put.tar.tmp-4567")
+	os.MkdirAll(l.SpoolDir(), 0o700)
+	for _, f := range []string{initrdTemp, initrd, spoolTemp} {
 		if err := os.WriteFile(f, []byte("cpio"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -254,7 +257,9 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	b.Wait() // the interrupted synchronous create is rolled back and failed
 	rep := b.Recovery()
 	slices.Sort(rep.Temps)
-	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, []string{initrdTemp, copyTemp}) {
+	want := []string{initrdTemp, spoolTemp, copyTemp}
+	slices.Sort(want)
+	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, want) {
 		t.Errorf("temp %s of an interrupted write: %v; reaped temps %v", initrdTemp, err, rep.Temps)
 	}
 	if _, err := os.Stat(initrd); err != nil {

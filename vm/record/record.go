@@ -394,6 +394,10 @@ func (l Layout) DataVolume(id, key string) string {
 // VolumesDir holds the first-class volumes (package volume).
 func (l Layout) VolumesDir() string { return l.StateDir + "/volumes" }
 
+// SpoolDir is <state>/spool, where an AppVM files put spools the archive
+// it checks before sending it (named as a temp file, and unlinked at once).
+func (l Layout) SpoolDir() string { return l.StateDir + "/spool" }
+
 // Volume is the file of first-class volume volID.
 func (l Layout) Volume(volID string) string { return l.StateDir + "/volumes/" + volID + ".qcow2" }
 
