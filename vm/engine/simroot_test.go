@@ -6,8 +6,8 @@ import (
 	"os/exec"
 	"path/filepath"
 	"testing"
-	"vmhost/internal/atomicfile"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/internal/sbin"
 	"vmhost/qcow2"
 	"vmhost/vm/record"
