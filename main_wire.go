@@ -63,7 +63,7 @@ func newService(env serveEnv) (*service, error) {
 	}
 	uid := os.Geteuid()
 	if uid == 0 {
-		eo.Taps = tap.New(nil)
+		eo.Taps = tap.New(&tap.Config{AgentID: env.AgentID})
 	} else {
 		eo.NoTapsReason = noTapsReason(uid)
 	}
@@ -105,6 +105,7 @@ func newService(env serveEnv) (*service, error) {
 		Host:     eng,
 		Logger:   env.Log,
 		Events:   evs,
+		AgentID:  env.AgentID,
 	})
 	if err != nil {
 		evs.Close()
@@ -116,6 +117,7 @@ func newService(env serveEnv) (*service, error) {
 	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng, Dialer: eng, NoDefaultNetwork: env.Dev})
 	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
+	apps.FinishRestarts(context.Background())
 	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())
 	// Registry indexes are read in the background, at once and every

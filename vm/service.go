@@ -54,6 +54,10 @@ type Options struct {
 	// Events gets the snapshot events (the others come from the
 	// records); nil publishes none.
 	Events events.Publisher
+	// AgentID is this agent's id (package agentid): the tap names of new
+	// VMs derive from it, so that two agents in one network namespace
+	// never pick the same name for a VM id both use (record.AgentTapName).
+	AgentID string
 }
 
 // Service holds the rules of the records of both VM families: one id
@@ -237,7 +241,7 @@ func (s *Service) NewRecord(mode Mode, spec *Spec, nics int) (*Record, error) {
 				return nil, err
 			}
 		}
-		rec.NICs = append(rec.NICs, NIC{MAC: mac, Tap: record.TapName(rec.ID, i)})
+		rec.NICs = append(rec.NICs, NIC{MAC: mac, Tap: record.AgentTapName(s.o.AgentID, rec.ID, i)})
 	}
 	return rec, nil
 }
