@@ -24,6 +24,7 @@ import (
 	"vmhost/disk"
 	"vmhost/events"
 	"vmhost/openapi"
+	"vmhost/qcow2"
 	"vmhost/registry"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
@@ -138,6 +139,11 @@ func newHarness(t testing.TB) *harness {
 	} {
 		if err := h.apps.Catalog().Put(im); err != nil {
 			t.Fatal(err)
+		}
+		if im.Status == appvm.StatusReady {
+			if err := qcow2.Create(h.apps.Catalog().RootFS(im), im.SizeBytes); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	return h

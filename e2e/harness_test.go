@@ -22,6 +22,7 @@ import (
 	"vmhost/api"
 	"vmhost/auth"
 	"vmhost/config"
+	"vmhost/disk"
 	"vmhost/internal/netnstest"
 	"vmhost/openapi"
 	"vmhost/qcow2"
@@ -250,7 +251,7 @@ func (s *server) stop() {
 			}
 		}
 	}
-	os.RemoveAll(s.dir)
+	disk.RemoveAll(s.dir) // the catalog's builds are sealed (immutable, as root)
 }
 
 // children lists the pids of processes whose command line names this

@@ -238,8 +238,9 @@ func (e *Engine) finishDelete(rec *record.Record) recovered {
 }
 
 // failMissingDisk fails (disk_missing) a provisioned VM that is not
-// running and whose root disk is gone, so it never looks healthy without
-// it. It reports whether it did.
+// running and whose root disk is gone, or whose root disk is an overlay
+// whose build is gone (detail.path names what is missing), so it never
+// looks healthy without it. It reports whether it did.
 func (e *Engine) failMissingDisk(rec *record.Record) bool {
 	if rec == nil || rec.State == record.StateRunning || rec.State == record.StatePaused || rec.Provisioning() || rec.DisplayState == record.DisplayProvisionFailed || !rec.Runtime.Done(record.StepRootDisk) {
 		return false
@@ -247,15 +248,19 @@ func (e *Engine) failMissingDisk(rec *record.Record) bool {
 	if fr := rec.FailureReason; rec.State == record.StateFailed && fr != nil && fr.Detail.Kind == record.KindDiskMissing {
 		return false // already said
 	}
-	p := e.layout().RootDisk(rec.ID)
-	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+	p := e.rootDiskGone(rec)
+	if p == "" {
 		return false
+	}
+	summary := fmt.Sprintf("root disk %s is gone (found at agent start)", p)
+	if p == rec.RootBacking() {
+		summary = fmt.Sprintf("the build %s that root disk %s is an overlay of is gone (found at agent start)", p, e.layout().RootDisk(rec.ID))
 	}
 	_, err := e.recs.Update(rec.ID, func(r *record.Record) {
 		r.State, r.DisplayState = record.StateFailed, string(record.StateFailed)
 		r.FailureReason = &record.FailureReason{
 			DetectedAt: e.o.Now().UTC(),
-			Summary:    fmt.Sprintf("root disk %s is gone (found at agent start)", p),
+			Summary:    summary,
 			Detail:     record.FailureDetail{Kind: record.KindDiskMissing, Path: p},
 			Cause:      record.CauseDiskMissing,
 		}
@@ -264,7 +269,7 @@ func (e *Engine) failMissingDisk(rec *record.Record) bool {
 		e.log.Error("recording a missing root disk", "id", rec.ID, "err", err)
 		return false
 	}
-	e.log.Error("VM's root disk is gone; VM failed", "id", rec.ID, "disk", p)
+	e.log.Error("VM's root disk is gone; VM failed", "id", rec.ID, "missing", p)
 	return true
 }
 
