@@ -257,6 +257,14 @@ func (e *Engine) Close() error {
 		}
 	}
 	w.wg.Wait()
+	// The storage daemons of created VMs stay too; only the engine's
+	// connections to them go.
+	e.mu.Lock()
+	for id, q := range e.live {
+		q.Close()
+		delete(e.live, id)
+	}
+	e.mu.Unlock()
 	if e.fw != nil {
 		e.fw.close()
 	}
