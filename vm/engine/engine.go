@@ -95,7 +95,7 @@ type Engine struct {
 	// consoleCtx ends the console keepers (console.go) at Close.
 	consoleCtx  context.Context
 	consoleStop context.CancelFunc
-	consoles    sync.WaitGroup
+	cons        consoles
 
 	// pmu guards provs: the provisions in progress, so that a forced
 	// delete can cancel one (a stalled download, a long copy).
@@ -176,6 +176,7 @@ func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 // without stopping them.
 func (e *Engine) Recover() {
 	e.starts.Do(func() {
+		e.serveConsoleAttach()
 		e.recoverHost()
 	})
 }
@@ -677,10 +678,20 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		case <-q.Done():
 			q.Close()
 		default:
-			if err := e.syncExports(ctx, q, rec); err != nil {
-				return nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
+			err := e.syncExports(ctx, q, rec)
+			if err == nil {
+				return nil, nil
 			}
-			return nil, nil
+			// A daemon whose monitor does not answer (an adopted one
+			// another client holds) serves a VM that runs nothing:
+			// replace it.
+			e.log.Warn("replacing the storage daemon of a VM that is not running", "id", rec.ID, "err", err)
+			e.mu.Lock()
+			if e.live[rec.ID] == q {
+				delete(e.live, rec.ID)
+			}
+			e.mu.Unlock()
+			q.Close()
 		}
 	}
 	if rt := rec.Runtime; rt != nil && rt.QSD != nil {

@@ -143,7 +143,7 @@ func (e *Engine) HasDisk(ctx context.Context, rec *record.Record, key string) (b
 		return true, nil
 	}
 	if q, err := e.heldQSD(rec); err == nil {
-		if exports, err := q.Client().QueryBlockExports(ctx); err == nil && slices.ContainsFunc(exports, func(x qmp.BlockExport) bool { return x.ID == key }) {
+		if exports, err := q.DataExports(ctx); err == nil && slices.ContainsFunc(exports, func(x qmp.BlockExport) bool { return x.ID == key }) {
 			if err := q.RemoveDataExport(ctx, key); err != nil {
 				return false, &record.HostError{Kind: record.HostStorage, Op: "removing the export of volume " + key, Err: err}
 			}
@@ -272,7 +272,7 @@ func (e *Engine) deviceRemoved(id, dev string) {
 // provisioning, those of rec's volumes: volumes attached or detached while
 // the VM did not run changed only the record.
 func (e *Engine) syncExports(ctx context.Context, q *qmp.QSD, rec *record.Record) error {
-	exports, err := q.Client().QueryBlockExports(ctx)
+	exports, err := q.DataExports(ctx)
 	if err != nil {
 		return err
 	}

@@ -38,7 +38,7 @@ func hostVolumes(t *testing.T, s *testService, id string) (ch, qsd []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exports, err := q.Client().QueryBlockExports(ctx)
+	exports, err := q.DataExports(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
