@@ -729,7 +729,8 @@ func (m *monitor) readEvents() {
 // onEvent acts on, so replaying a stream after an agent restart decodes
 // only those.
 func unwatchedEvent(raw []byte) bool {
-	return !bytes.Contains(raw, []byte("activated")) && !bytes.Contains(raw, []byte("device-removed")) && !bytes.Contains(raw, []byte("panic"))
+	rootActivated := bytes.Contains(raw, []byte("activated")) && bytes.Contains(raw, []byte(`"_disk0"`))
+	return !rootActivated && !bytes.Contains(raw, []byte("device-removed")) && !bytes.Contains(raw, []byte("panic"))
 }
 
 func (m *monitor) onEvent(ev chclient.Event) {

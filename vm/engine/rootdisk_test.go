@@ -216,3 +216,28 @@ func TestQSDConfigOverlay(t *testing.T) {
 		t.Errorf("copy root disk has backing %q", got.Backing)
 	}
 }
+
+// TestUnwatchedEvent: replaying CH's event stream decodes the root disk's
+// activation, device removals and guest panics, in CH's pretty-printed
+// form, and passes over the rest.
+func TestUnwatchedEvent(t *testing.T) {
+	ev := func(source, event, props string) []byte {
+		return []byte("{\n  \"timestamp\": {\n    \"secs\": 0,\n    \"nanos\": 5\n  },\n  \"source\": \"" + source +
+			"\",\n  \"event\": \"" + event + "\",\n  \"properties\": " + props + "\n}")
+	}
+	for _, tc := range []struct {
+		raw  []byte
+		skip bool
+	}{
+		{ev("virtio-device", "activated", "{\n    \"id\": \"_disk0\"\n  }"), false},
+		{ev("virtio-device", "activated", "{\n    \"id\": \"_net1\"\n  }"), true},
+		{ev("vm", "device-removed", "{\n    \"id\": \"data1\"\n  }"), false},
+		{ev("guest", "panic", "{\n    \"event\": \"panic\"\n  }"), false},
+		{ev("vm", "booting", "null"), true},
+		{ev("vmm", "starting", "null"), true},
+	} {
+		if got := unwatchedEvent(tc.raw); got != tc.skip {
+			t.Errorf("unwatchedEvent(%s) = %v, want %v", tc.raw, got, tc.skip)
+		}
+	}
+}
