@@ -466,6 +466,7 @@ func (im *Importer) Delete(id string, users func(id string) []string) error {
 		os.Remove(gone)
 		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
 	}
+	testStopAt(HookImageDeleteRenamed)
 	// The lock file goes while it is held; lock() notices a removed file.
 	os.Remove(lockPath(im.cat.Dir, id))
 	if err := removeImageDir(gone); err != nil {

@@ -155,6 +155,7 @@ func (s *Service) installRootDisk(ctx context.Context, id string) (*vm.Record, s
 	if err != nil {
 		return nil, "staging the new root disk", err
 	}
+	testStopAt(HookRedeployStaged)
 	if cur, err = s.finishRedeploy(ctx, cur); err != nil {
 		return nil, "installing the new root disk", err
 	}
@@ -167,6 +168,7 @@ func (s *Service) finishRedeploy(ctx context.Context, rec *vm.Record) (*vm.Recor
 	if err := s.disks.SwapRootDisk(ctx, rec); err != nil {
 		return nil, err
 	}
+	testStopAt(HookRedeploySwapped)
 	build := s.catalog.BuildFile(rec.AppVM.ImageID, rec.AppVM.Redeploy.To.BuildDigest)
 	return s.recs.Update(rec.ID, func(r *vm.Record) {
 		r.AppVM.Image = r.AppVM.Redeploy.To
