@@ -18,6 +18,7 @@ import (
 
 	"vmhost/appvm"
 	"vmhost/config"
+	"vmhost/internal/atomicfile"
 	"vmhost/internal/netnstest"
 	"vmhost/qcow2"
 	"vmhost/vm"
@@ -384,6 +385,9 @@ func checkNoStrays(t *testing.T, s *server, present map[string]bool) {
 	for _, dir := range []string{s.stateDir + "/vms", s.runDir + "/vms"} {
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
+			if atomicfile.IsTemp(e.Name()) {
+				continue // a record write in flight
+			}
 			if id := strings.TrimSuffix(e.Name(), ".json"); !present[id] {
 				t.Errorf("%s/%s is left that no VM owns", dir, e.Name())
 			}
