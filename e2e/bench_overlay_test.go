@@ -82,7 +82,8 @@ func appvmAgent(tb testing.TB, kernel, mode string) *server {
 // BenchmarkAppVMCreate times an AppVM's create, POST /api/appvm/vms with
 // auto_boot until the view's display_state is running (the guest agent's
 // first heartbeat; simulators, disk_gib 4), for images whose build holds
-// 10 MiB, 200 MiB and 1 GiB of data, three ways side by side: vmhost
+// 10 MiB, 200 MiB and 1 GiB of data (the order of the sizes rotating from
+// round to round too), three ways side by side: vmhost
 // making an overlay of the build (appvm_root_disk overlay, the default),
 // vmhost making a copy (appvm_root_disk copy, two agents), and what a
 // user would otherwise run for the disk alone, `qemu-img create -f qcow2
@@ -166,7 +167,8 @@ func BenchmarkAppVMCreate(b *testing.B) {
 	}
 	b.ResetTimer()
 	for i := range b.N {
-		for _, sz := range sizes {
+		for j := range sizes {
+			sz := sizes[(i+j)%len(sizes)]
 			for k := range ways {
 				way := ways[(i+k)%len(ways)]
 				var v float64
