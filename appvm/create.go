@@ -57,6 +57,7 @@ type CreateRequest struct {
 	SecretFiles   []SecretFileRequest `json:"secret_files,omitempty"`
 	TmpfsMounts   []vm.TmpfsMount     `json:"tmpfs_mounts,omitempty"`
 	StopGraceSecs *uint32             `json:"stop_grace_secs,omitempty"`
+	Labels        map[string]string   `json:"labels,omitempty"`
 }
 
 // DataVolumeRequest is one requested data volume.
@@ -178,6 +179,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		DiskBpsTotal:  req.DiskBpsTotal,
 		DiskIopsTotal: req.DiskIopsTotal,
 		AutoBoot:      booted,
+		Labels:        req.Labels,
 	}
 	app := &vm.AppVMSpec{
 		ImageID:       img.ID,
@@ -243,6 +245,9 @@ func (s *Service) validate(r *CreateRequest, img *Image, err error) error {
 		return bad("image_id", "%v", err)
 	case img.Status == StatusFailed:
 		return bad("image_id", "AppVM image %q failed to import", r.ImageID)
+	}
+	if err := vm.CheckLabels(r.Labels); err != nil {
+		return err
 	}
 	if r.Vcpus < 1 || r.Vcpus > vm.MaxVcpus {
 		return bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)

@@ -165,7 +165,7 @@ func TestCrashOverlayLoop(t *testing.T) {
 	stopSteps := []string{"", appvm.HookImageDeleteRenamed, "root_disk", appvm.HookRedeployStaged, appvm.HookImageDeleteRenamed,
 		"qsd", appvm.HookRedeploySwapped, appvm.HookImageDeleteRenamed, "booted"}
 	var n struct {
-		rounds, createsCut, redeploysCut, deletesCut int
+		rounds, createsCut, redeploysCut, deletesCut                           int
 		createsKept, redeploysDone, redeploysBack, deletesDone, deletesRenamed int
 	}
 	const perRound = 4

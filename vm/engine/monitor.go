@@ -84,10 +84,10 @@ type watchers struct {
 
 // monitor supervises one running VM.
 type monitor struct {
-	e   *Engine
-	id  string
-	ch  *chclient.Process
-	qsd *qmp.QSD // nil when the VM has no storage daemon
+	e         *Engine
+	id        string
+	ch        *chclient.Process
+	qsd       *qmp.QSD // nil when the VM has no storage daemon
 	apiSocket string
 	events    string
 	rootDisk  string // "" when there is none to watch
