@@ -70,6 +70,8 @@ func (e *Engine) findConsole(id string) (*console.Keeper, error) {
 // guest prints while nobody reads the socket is not kept. A console that
 // cannot be kept is logged and the VM runs without it.
 func (e *Engine) keepConsole(id, socket string, p *chclient.Process) {
+	// An agent before the shared attach socket bound one per VM here.
+	os.Remove(filepath.Join(e.layout().RunVMDir(id), console.AttachName))
 	k, err := console.Start(e.consoleCtx, console.Config{Socket: socket, Path: e.layout().ConsoleLog(id)})
 	if err != nil {
 		e.log.Warn("keeping the serial console", "id", id, "err", err)
