@@ -157,7 +157,7 @@ func appVMIO(l, main *lane) {
 			}
 			slices.Sort(v)
 			med[id+" "+kind] = v[1]
-			t.Logf("%s %s 256 MiB: %v s (median %.2f s, %.1f MiB/s)", id, kind, v, v[1], 256/v[1])
+			t.Logf("%s %s 256 MiB: %.2f, %.2f, %.2f s (median %.2f s, %.1f MiB/s)", id, kind, v[0], v[1], v[2], v[1], 256/v[1])
 		}
 	}
 	t.Logf("guest dd of 256 MiB, overlay / copy time: read %.2f, write %.2f",
