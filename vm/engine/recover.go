@@ -628,12 +628,22 @@ func (e *Engine) reapProcesses(keep map[int]bool) []string {
 		if err != nil || pid == self || keep[pid] {
 			continue
 		}
+		// The command line first: most processes of a host are not a VM's,
+		// and need no more reading. A match is read again after its start
+		// time, so the identity the kill checks is the process whose
+		// command line matched (a pid reused in between no longer does).
+		cmd, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		if _, ok := vmProcessOf(cmd, prefix); !ok {
+			continue
+		}
 		start, err := proc.StartTime(pid)
 		if err != nil {
 			continue
 		}
-		cmd, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
-		if err != nil {
+		if cmd, err = os.ReadFile("/proc/" + ent.Name() + "/cmdline"); err != nil {
 			continue
 		}
 		id, ok := vmProcessOf(cmd, prefix)
