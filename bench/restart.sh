@@ -12,6 +12,10 @@
 # adopted, agent CPU in ms, and agent CPU per VM. Each round checks that the
 # agent adopted all N VMs and ended none.
 #
+# With VMHOST_BEFORE=BINARY (another vmhost build, for instance of an
+# earlier commit), the rounds alternate between it and VMHOST on the same
+# VMs, and the medians are reported for each.
+#
 # With PROFILE=DIR, each restarted agent writes a CPU profile of its start
 # to DIR/restart-<round>.prof (VMHOST_START_CPUPROFILE), for
 # `go tool pprof -top VMHOST DIR/restart-1.prof`.
@@ -34,8 +38,8 @@ ulimit -n 65536 2>/dev/null || true
 mkdir -p "$dir/state"
 printf '{"host_cpus": %d, "host_memory_mb": %d, "host_path_roots": []}\n' "$n" $((n * 256)) >"$dir/config.json"
 token=$("$vmhost" key add --state-dir "$dir/state" --name bench --scope readwrite | tail -1)
-start_agent() {
-	"$vmhost" serve --listen "unix:$sock" --state-dir "$dir/state" --run-dir "$dir/run" \
+start_agent() { # [BINARY]
+	"${1:-$vmhost}" serve --listen "unix:$sock" --state-dir "$dir/state" --run-dir "$dir/run" \
 		--config "$dir/config.json" --simulate ch,qsd >>"$dir/agent.log" 2>&1 &
 	pid=$!
 }
@@ -51,15 +55,20 @@ until [ "$(api http://x/api/vms | grep -o '"display_state":"running"' | wc -l)" 
 sleep 2
 echo "$n VMs running; $rounds restarts"
 cpu() { awk '{print ($14+$15)*10}' "/proc/$1/stat"; } # ms (USER_HZ 100)
+sides=after
+[ -n "${VMHOST_BEFORE:-}" ] && sides="before after"
 for r in $(seq 1 "$rounds"); do
+	for side in $sides; do
+	bin=$vmhost
+	[ "$side" = before ] && bin=$VMHOST_BEFORE
 	kill -KILL "$pid"
 	wait "$pid" 2>/dev/null || true
 	: >"$dir/agent.log"
 	r0=$(date +%s.%N)
 	if [ -n "${PROFILE:-}" ]; then
-		VMHOST_START_CPUPROFILE="$PROFILE/restart-$r.prof" start_agent
+		VMHOST_START_CPUPROFILE="$PROFILE/restart-$side-$r.prof" start_agent "$bin"
 	else
-		start_agent
+		start_agent "$bin"
 	fi
 	until api -o /dev/null http://x/healthz 2>/dev/null; do sleep 0.002; done
 	r1=$(date +%s.%N)
@@ -71,10 +80,13 @@ for r in $(seq 1 "$rounds"); do
 		tail -20 "$dir/agent.log" >&2
 		exit 1
 	fi
-	awk -v r="$r" -v r0="$r0" -v r1="$r1" -v c="$c" -v n="$n" 'BEGIN {
-		printf "round %d: %.3f s to every VM adopted, agent CPU %d ms (%.3f ms per VM)\n", r, r1-r0, c, c/n }' | tee -a "$dir/rounds"
+	awk -v r="$r" -v side="$side" -v r0="$r0" -v r1="$r1" -v c="$c" -v n="$n" 'BEGIN {
+		printf "%s round %d: %.3f s to every VM adopted, agent CPU %d ms (%.3f ms per VM)\n", side, r, r1-r0, c, c/n }' | tee -a "$dir/rounds"
 	sleep 3 # let the adopted agent settle before it is killed again
+	done
 done
-awk '{ t[NR]=$3; c[NR]=$11; p[NR]=substr($14, 2) }
-function median(a, k,   i, j, x) { for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { x = a[i]; a[i] = a[j]; a[j] = x } return k % 2 ? a[(k+1)/2] : (a[k/2] + a[k/2+1]) / 2 }
-END { printf "median of %d: %.3f s to every VM adopted, agent CPU %.0f ms, %.3f ms per VM\n", NR, median(t, NR), median(c, NR), median(c, NR) / '"$n"' }' "$dir/rounds"
+for side in $sides; do
+	grep "^$side " "$dir/rounds" | awk -v side="$side" -v n="$n" '{ t[NR]=$4; c[NR]=$12 }
+	function median(a, k,   i, j, x) { for (i = 1; i <= k; i++) for (j = i + 1; j <= k; j++) if (a[j] < a[i]) { x = a[i]; a[i] = a[j]; a[j] = x } return k % 2 ? a[(k+1)/2] : (a[k/2] + a[k/2+1]) / 2 }
+	END { printf "%s: median of %d: %.3f s to every VM adopted, agent CPU %.0f ms, %.3f ms per VM\n", side, NR, median(t, NR), median(c, NR), median(c, NR) / n }'
+done
