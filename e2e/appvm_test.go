@@ -46,6 +46,14 @@ func startAppVMServer(t *testing.T, workloads map[string]string) *server {
 	t.Helper()
 	f := newFixture(t)
 	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) { c.AppVMKernel = f.kernel }})
+	addImages(t, s, workloads)
+	return s
+}
+
+// addImages puts a catalog image per workload (name → shell command) in
+// s's state directory, as an import would.
+func addImages(t *testing.T, s *server, workloads map[string]string) {
+	t.Helper()
 	cat := appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}
 	for id, cmd := range workloads {
 		im := &appvm.Image{ID: id, Status: appvm.StatusReady, CreatedAt: time.Now().UTC(), Workload: vm.Workload{
@@ -58,7 +66,6 @@ func startAppVMServer(t *testing.T, workloads map[string]string) *server {
 			t.Fatal(err)
 		}
 	}
-	return s
 }
 
 func (s *server) appvmGet(id string) appvmView {

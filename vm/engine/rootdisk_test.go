@@ -48,6 +48,7 @@ func TestEngineOverlayRootDisk(t *testing.T) {
 	sp.DiskBpsTotal = 50 << 20
 	sp.AutoBoot = true
 	rec := s.mustCreate(t, sp)
+	defer s.remove(context.Background(), "ovl")
 	if rec.State != record.StateRunning || rec.RootBacking() != build {
 		t.Fatalf("record after the create: %s (backing %q)", describe(rec), rec.RootBacking())
 	}
@@ -154,6 +155,11 @@ func TestEngineOverlayBuildGone(t *testing.T) {
 	if _, err := s.act(ctx, "cp", "start"); err != nil {
 		t.Errorf("booting a copy whose base is gone: %v", err)
 	}
+	for _, id := range []string{"ovl", "cp"} {
+		if err := s.remove(ctx, id); err != nil {
+			t.Error(err)
+		}
+	}
 }
 
 // TestEngineStageRootDiskOverlay: a redeploy's staged root disk is of the
@@ -166,6 +172,7 @@ func TestEngineStageRootDiskOverlay(t *testing.T) {
 	sealedBuild(t, old, 1<<30)
 	sealedBuild(t, next, 3<<30) // above disk.size_gib
 	rec := s.mustCreate(t, overlaySpec(t, s.root, "ovl", old))
+	defer s.remove(ctx, "ovl")
 	if err := s.StageRootDisk(ctx, rec, next); err != nil {
 		t.Fatal(err)
 	}
@@ -188,6 +195,7 @@ func TestEngineStageRootDiskOverlay(t *testing.T) {
 	}
 
 	cp := s.mustCreate(t, baseSpec(t, s.root, "cp"))
+	defer s.remove(ctx, "cp")
 	if err := s.StageRootDisk(ctx, cp, next); err != nil {
 		t.Fatal(err)
 	}
