@@ -215,13 +215,17 @@ func TestCrashOverlayLoop(t *testing.T) {
 		begin := time.Now()
 		start := func(kind, id, img string, span time.Duration) {
 			delay := killAt - time.Duration(rng.Int64N(int64(span)))
+			create := ""
+			if kind == "create" {
+				create = body(id, img) // here: body counts addresses
+			}
 			go func() {
 				time.Sleep(time.Until(begin.Add(delay)))
 				var st int
 				var b []byte
 				switch kind {
 				case "create":
-					st, b = s.do("POST", "/api/appvm/vms", body(id, img))
+					st, b = s.do("POST", "/api/appvm/vms", create)
 				case "redeploy":
 					st, b = s.do("POST", "/api/appvm/vms/"+id+"/redeploy", "")
 				case "delete":
