@@ -3,6 +3,7 @@ package chsim
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -11,7 +12,12 @@ import (
 // PUT and answers 204, 400 for a bad body, 404 for an unknown path, or 409 with
 // {"error": "…"} when the VM's state does not allow it:
 //
-//	PUT /sim/v1/activate          the guest's drivers activate every device (events)
+//	PUT /sim/v1/activate          the guest's drivers take every device they have a driver
+//	                              for (the watchdog's they lack): virtio-device activated for
+//	                              each CH implements itself (none for vhost-user disks and
+//	                              nets). {"devices":[id,…]}: only those (a kernel without the
+//	                              others' drivers, or one loading them later); 409 when none
+//	                              is taken, or for an id that is not a device the guest takes
 //	PUT /sim/v1/poweroff          ACPI poweroff from the guest (exit 0 unless --no-shutdown)
 //	PUT /sim/v1/reboot            the guest resets itself (vm rebooting/rebooted, same pid)
 //	PUT /sim/v1/panic             {"event":"panic"|"crash_loaded"}: pvpanic write
@@ -31,8 +37,13 @@ import (
 //	                              eject requests: vm.remove-device on a booted VM answers 204
 //	                              but nothing is removed and no vm device-removed follows (a
 //	                              request made meanwhile is lost; a later one is honoured)
+//	PUT /sim/v1/power-button      {"ignore":true|false}: while ignoring, a classic guest that
+//	                              is up does nothing on the ACPI power button (vm.power-button
+//	                              answers 204); otherwise it powers off 50 ms after the press,
+//	                              as systemd would. An AppVM's guest agent takes the button
+//	                              either way.
 //	GET /sim/v1/status            {"state","activated","hung","taps","vhost_conns","guest_ports",
-//	                              "guest_agent_pid","refuse_eject"}
+//	                              "guest_agent_pid","refuse_eject","ignore_power_button"}
 func (s *sim) control(r *request) (response, func()) {
 	name := strings.TrimPrefix(r.path, "/sim/v1/")
 	if name == "status" {
@@ -50,6 +61,9 @@ func (s *sim) control(r *request) (response, func()) {
 		Data   string  `json:"data"`
 		Port   *uint32 `json:"port"`
 		Refuse *bool   `json:"refuse"`
+		Ignore *bool   `json:"ignore"`
+		// Devices (activate): the ids of the devices the guest's drivers take.
+		Devices []string `json:"devices"`
 	}
 	if r.body != nil {
 		if err := json.Unmarshal(r.body, &body); err != nil {
@@ -66,7 +80,13 @@ func (s *sim) control(r *request) (response, func()) {
 	switch name {
 	case "activate":
 		s.mu.Lock()
-		ok := s.activateLocked()
+		for _, id := range body.Devices {
+			if !slices.Contains(s.order, id) || !guestDriverTakes(id) {
+				s.mu.Unlock()
+				return controlError(http.StatusConflict, "no device "+id+" the guest's drivers take"), nil
+			}
+		}
+		ok := s.activateLocked(body.Devices...)
 		s.mu.Unlock()
 		if !ok {
 			return controlError(http.StatusConflict, "the VM is not running or its devices are already active"), nil
@@ -168,6 +188,14 @@ func (s *sim) control(r *request) (response, func()) {
 		s.refuseEject = *body.Refuse
 		s.mu.Unlock()
 		return noContent(), nil
+	case "power-button":
+		if body.Ignore == nil {
+			return controlError(http.StatusBadRequest, "ignore is required"), nil
+		}
+		s.mu.Lock()
+		s.ignorePowerButton = *body.Ignore
+		s.mu.Unlock()
+		return noContent(), nil
 	case "guest-agent":
 		if body.Signal <= 0 || body.Signal >= 65 {
 			return controlError(http.StatusBadRequest, "signal must be 1…64"), nil
@@ -218,13 +246,14 @@ func (s *sim) status() response {
 		ports = append(ports, p)
 	}
 	return jsonResponse(http.StatusOK, map[string]any{
-		"state":           s.state.String(),
-		"activated":       s.activated,
-		"hung":            s.hung.Load(),
-		"taps":            taps,
-		"vhost_conns":     len(s.vhost),
-		"guest_ports":     ports,
-		"guest_agent_pid": s.agentPidLocked(),
-		"refuse_eject":    s.refuseEject,
+		"state":               s.state.String(),
+		"activated":           s.activated,
+		"hung":                s.hung.Load(),
+		"taps":                taps,
+		"vhost_conns":         len(s.vhost),
+		"guest_ports":         ports,
+		"guest_agent_pid":     s.agentPidLocked(),
+		"refuse_eject":        s.refuseEject,
+		"ignore_power_button": s.ignorePowerButton,
 	})
 }

@@ -310,8 +310,9 @@ type sim struct {
 	nextID    int               // CH's one counter for generated device ids
 	bdfs      map[string]string // device id → PCI address, for the running VM
 	order     []string          // virtio device ids in creation order
-	activated bool
-	bootGen   int // bumps on every boot/reboot/stop so stale timers do nothing
+	activated bool              // the guest's OS is up: its drivers have taken devices
+	taken     map[string]bool   // the devices the guest's drivers have (the transport is active)
+	bootGen   int               // bumps on every boot/reboot/stop so stale timers do nothing
 	serial    *serialPort
 	vsock     *vsockMux
 	agent     *guestAgent // the AppVM guest agent of this boot, nil when none
@@ -324,6 +325,9 @@ type sim struct {
 	// refuseEject (/sim/v1/eject): the simulated guest ignores eject requests, so
 	// vm.remove-device on a booted VM removes nothing.
 	refuseEject bool
+	// ignorePowerButton (/sim/v1/power-button): the simulated classic guest's OS ignores
+	// the ACPI power button, as one without acpid or systemd-logind would.
+	ignorePowerButton bool
 
 	// The qemu backend (Config.Backend == BackendQemu).
 	accel   string   // "kvm" or "tcg", resolved at start

@@ -30,7 +30,7 @@
 //
 // Every running or paused VM has one monitor: the CH child's exit (or, for
 // a process adopted after an agent restart, its pidfd), the event stream
-// (root disk activated, guest panic, shutdown), the API socket's presence
+// (a device activated, guest panic, shutdown), the API socket's presence
 // and answers, pings, the root disk file, and QSD's death; each ends the
 // VM with the failure_reason docs/design.md §5 maps it to. At Recover, live
 // processes whose pid and start time match are adopted, dead ones end

@@ -181,7 +181,7 @@ func lifeSign(m record.Mode) string {
 	if m == record.ModeAppVM {
 		return "guest agent heartbeat"
 	}
-	return "root disk activation"
+	return "virtio device activation"
 }
 
 // bootDeadline runs at the boot timeout of CH process p: if the VM still

@@ -225,8 +225,8 @@ func TestQSDConfigOverlay(t *testing.T) {
 	}
 }
 
-// TestUnwatchedEvent: replaying CH's event stream decodes the root disk's
-// activation, device removals and guest panics, in CH's pretty-printed
+// TestUnwatchedEvent: replaying CH's event stream decodes boots,
+// activations, device removals and guest panics, in CH's pretty-printed
 // form, and passes over the rest.
 func TestUnwatchedEvent(t *testing.T) {
 	ev := func(source, event, props string) []byte {
@@ -238,11 +238,14 @@ func TestUnwatchedEvent(t *testing.T) {
 		skip bool
 	}{
 		{ev("virtio-device", "activated", "{\n    \"id\": \"_disk0\"\n  }"), false},
-		{ev("virtio-device", "activated", "{\n    \"id\": \"_net1\"\n  }"), true},
+		{ev("virtio-device", "activated", "{\n    \"id\": \"_net1\"\n  }"), false},
 		{ev("vm", "device-removed", "{\n    \"id\": \"data1\"\n  }"), false},
 		{ev("guest", "panic", "{\n    \"event\": \"panic\"\n  }"), false},
-		{ev("vm", "booting", "null"), true},
+		{ev("vm", "booting", "null"), false},
+		{ev("vm", "rebooting", "null"), false},
+		{ev("vm", "booted", "null"), true},
 		{ev("vmm", "starting", "null"), true},
+		{ev("vm", "shutdown", "null"), true},
 	} {
 		if got := unwatchedEvent(tc.raw); got != tc.skip {
 			t.Errorf("unwatchedEvent(%s) = %v, want %v", tc.raw, got, tc.skip)
