@@ -112,7 +112,7 @@ func newService(env serveEnv) (*service, error) {
 	// In dev mode an AppVM that names no network gets none: the dev
 	// bridge (as root) has no DHCP server, and without root there are no
 	// taps at all.
-	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng, NoDefaultNetwork: env.Dev})
+	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng, Dialer: eng, NoDefaultNetwork: env.Dev})
 	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
 	apps.RecoverRestarts()

@@ -109,7 +109,7 @@ type RootDisks interface {
 	DropStagedRootDisk(rec *vm.Record) error
 }
 
-// Config wires a Service; every field but Restart is required.
+// Config wires a Service; every field but Dialer and Restart is required.
 type Config struct {
 	// VMs holds the rules of both families' records: create, actions,
 	// volumes, views.
@@ -121,6 +121,9 @@ type Config struct {
 	Guests *Guests
 	// RootDisks rebuilds root disks for redeploys (the engine).
 	RootDisks RootDisks
+	// Dialer connects to the guest agents' operation port (the engine);
+	// without it exec, files and signals fail with 500.
+	Dialer GuestDialer
 	// Restart tunes the restart policy.
 	Restart RestartOptions
 	// NoDefaultNetwork gives an AppVM whose create names no network (no
@@ -137,6 +140,7 @@ type Service struct {
 	recs    *records.Registry
 	guests  *Guests
 	disks   RootDisks
+	dialer  GuestDialer
 	catalog Catalog
 	// restartMu guards restart (SetRestartStablePeriod).
 	restartMu sync.Mutex
@@ -151,10 +155,12 @@ type Service struct {
 
 // New returns the AppVM service of c. The catalog is
 // <StateDir>/appvm-images. It follows the records' changes: a workload's
-// end that the restart policy answers boots the AppVM again.
+// end that the restart policy answers boots the AppVM again. Archives an
+// agent killed in the middle of a files put left spooled are removed.
 func New(c Config) *Service {
 	c.Restart.defaults()
-	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, restart: c.Restart,
+	SweepSpool(c.VMs.Layout())
+	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, dialer: c.Dialer, restart: c.Restart,
 		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
 		noDefaultNetwork: c.NoDefaultNetwork}
 	s.recs.Watch(s.followRecords)

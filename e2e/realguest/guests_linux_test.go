@@ -72,7 +72,7 @@ func importImage(l *lane) {
 		ocitest.File("bin/busybox", string(busybox), 0o755, 0, 0),
 		ocitest.File("workload.sh", workload, 0o755, 0, 0),
 	}
-	for _, applet := range []string{"sh", "cat", "echo", "sync", "sleep", "stat", "grep", "pwd"} {
+	for _, applet := range []string{"sh", "cat", "echo", "sync", "sleep", "stat", "grep", "pwd", "uname", "sha256sum", "head", "true", "env", "stty"} {
 		entries = append(entries, ocitest.Symlink("bin/"+applet, "busybox"))
 	}
 	img := ocitest.Image{
