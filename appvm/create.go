@@ -12,8 +12,10 @@ import (
 	"sync"
 
 	"vmhost/appvm/guest/proto"
+	"vmhost/config"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/record"
 	"vmhost/vm/records"
 )
 
@@ -152,6 +154,8 @@ type Service struct {
 	bg sync.WaitGroup
 	// noDefaultNetwork is Config.NoDefaultNetwork.
 	noDefaultNetwork bool
+	// builds keeps the builds AppVMs use (builds.go).
+	builds buildKeeper
 }
 
 // New returns the AppVM service of c. The catalog is
@@ -163,6 +167,7 @@ func New(c Config) *Service {
 		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
 		noDefaultNetwork: c.NoDefaultNetwork}
 	s.recs.Watch(s.followRecords)
+	s.recs.Watch(s.followBuilds)
 	return s
 }
 
@@ -171,6 +176,10 @@ func (s *Service) Catalog() Catalog { return s.catalog }
 
 // Create validates req (400 *vm.FieldError), checks the image is ready (409
 // *ConflictError), admits and creates the AppVM through the vm machinery.
+//
+// The root disk is made from the image's current build as
+// appvm_root_disk says: an overlay of it, or a copy. The build is pinned
+// (builds.go) until the record, which names it, is stored.
 func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateResponse, error) {
 	src, err := s.source(req)
 	if err != nil {
@@ -186,11 +195,15 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	}
 	booted := req.AutoBoot == nil || *req.AutoBoot
 	size := uint32(req.DiskGiB)
+	mode := record.DiskCopy
+	if s.vms.Config().AppVMRootDisk == config.AppVMRootOverlay {
+		mode = record.DiskOverlay
+	}
 	spec := &vm.Spec{
 		VMID:          req.VMID,
 		Vcpus:         req.Vcpus,
 		MemoryMB:      req.MemoryMB,
-		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: src.base.Path, SizeGiB: &size},
+		Disk:          &vm.DiskSpec{Mode: src.mode(mode), BasePath: src.base.Path, SizeGiB: &size},
 		FromSnapshot:  req.FromSnapshot,
 		Volumes:       src.volumes,
 		DiskBpsTotal:  req.DiskBpsTotal,
@@ -259,6 +272,8 @@ type createSource struct {
 	base    vm.BaseImage
 	volumes []vm.VolumeSpec // a snapshot's own volumes, as they were
 	release func()
+	// fromSnapshot: the disks are a snapshot's copies.
+	fromSnapshot bool
 }
 
 // source resolves the image_id or from_snapshot of r (exactly one of them;
@@ -285,20 +300,37 @@ func (s *Service) source(r *CreateRequest) (*createSource, error) {
 			}
 		}
 		return &createSource{img: img, base: vm.BaseImage{Path: sn.Disks[0].Path, VirtualSizeBytes: sn.Disks[0].VirtualSizeBytes},
-			volumes: vols, release: release}, nil
+			volumes: vols, release: release, fromSnapshot: true}, nil
 	case r.ImageID == "":
 		return nil, bad("image_id", "required unless from_snapshot is given")
 	}
-	img, err := s.catalog.Get(r.ImageID)
+	// The build is pinned (builds.go) until the record, which names it,
+	// is stored.
+	img, unpin, err := s.pinBuild(r.ImageID)
+	if err != nil && unpin == nil {
+		return nil, err // the build of a ready image is missing
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		unpin()
 		return nil, bad("image_id", "unknown AppVM image %q", r.ImageID)
 	case err != nil:
+		unpin()
 		return nil, bad("image_id", "%v", err)
 	case img.Status == StatusFailed:
+		unpin()
 		return nil, bad("image_id", "AppVM image %q failed to import", r.ImageID)
 	}
-	return &createSource{img: img, base: vm.BaseImage{Path: s.catalog.RootFS(img), VirtualSizeBytes: img.SizeBytes}, release: func() {}}, nil
+	return &createSource{img: img, base: vm.BaseImage{Path: s.catalog.RootFS(img), VirtualSizeBytes: img.SizeBytes}, release: unpin}, nil
+}
+
+// mode is the root disk's kind: configured, for an image's build; a
+// copy of the snapshot's disk as it is, for a snapshot.
+func (c *createSource) mode(configured string) string {
+	if c.volumes != nil || c.fromSnapshot {
+		return record.DiskCopy
+	}
+	return configured
 }
 
 // validate checks every rule of docs/api.md (POST /api/appvm/vms) that goes beyond types and

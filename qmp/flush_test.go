@@ -56,7 +56,10 @@ func TestQSDFlush(t *testing.T) {
 				return
 			}
 			nbd := filepath.Join(dir, "nbd.sock")
-			c := q.Client()
+			c, err := q.Client(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := c.Execute(ctx, "nbd-server-start", map[string]any{"addr": map[string]any{"type": "unix", "data": map[string]any{"path": nbd}}}, nil); err != nil {
 				t.Fatal(err)
 			}

@@ -341,6 +341,7 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running"
 	})
 	phase(t, "appvm: running", start)
+	l.checkOverlay(id) // the default appvm_root_disk
 	suspendAppVMRefused(l, id)
 
 	logPath := l.stateDir + "/vms/" + id + "/workload.log"

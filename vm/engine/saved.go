@@ -433,19 +433,14 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 func (e *Engine) flushWatched(ctx context.Context, id string) error {
 	e.mon.mu.Lock()
 	var q *qmp.QSD
-	adoptedByPid := false
 	if m := e.mon.m[id]; m != nil {
-		q, adoptedByPid = m.qsd, m.qsdProc != nil
+		q = m.qsd
 	}
 	e.mon.mu.Unlock()
-	switch {
-	case q != nil:
+	if q != nil {
 		if err := q.Flush(ctx); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "snapshot of VM " + id, Err: err}
 		}
-	case adoptedByPid:
-		return &record.HostError{Kind: record.HostStorage, Op: "snapshot of VM " + id,
-			Err: errors.New("its qemu-storage-daemon did not answer over QMP when the agent started, so its disks cannot be flushed for a copy (a stop and start fixes it)")}
 	}
 	return nil
 }
