@@ -65,6 +65,8 @@ type Service struct {
 	usage  diskUsage
 
 	views viewMemo
+	// changes tells the requests waiting on a VM of its changes (wait.go).
+	changes changeHub
 
 	vols  *volume.Store
 	volMu sync.Mutex // see volumes.go
@@ -111,6 +113,7 @@ func New(o Options) (*Service, error) {
 			s.forgetView(c.Old.ID)
 		}
 	})
+	s.recs.Watch(s.changes.tell)
 	return s, nil
 }
 
