@@ -192,6 +192,12 @@ var routeTable = []Route{
 	{"DELETE /api/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeVM)},
 	{"POST /api/appvm/vms/{id}/volumes", true, attachVolume(vm.ModeAppVM)},
 	{"DELETE /api/appvm/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeAppVM)},
+	// Guest operations that read (api/guestlogs.go).
+	{"GET /api/vms/{id}/wait", false, waitVM(vm.ModeVM)},
+	{"GET /api/appvm/vms/{id}/wait", false, waitVM(vm.ModeAppVM)},
+	{"GET /api/vms/{id}/console", false, consoleLog(vm.ModeVM)},
+	{"GET /api/appvm/vms/{id}/console", false, consoleLog(vm.ModeAppVM)},
+	{"GET /api/appvm/vms/{id}/logs", false, (*Server).workloadLogs},
 	// Observability (api/events.go, api/metrics.go).
 	{"GET /api/events", false, (*Server).streamEvents},
 	{"GET /metrics", false, (*Server).metrics},

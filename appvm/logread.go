@@ -60,7 +60,7 @@ func (s *Service) Logs(ctx context.Context, id string, q LogQuery, w io.Writer, 
 	if err := s.guests.migrateLog(rec); err != nil {
 		s.guests.log.Warn("migrating the workload log", "id", id, "err", err)
 	}
-	r, err := s.guests.follow.Open(path)
+	r, err := s.vms.OpenLog(path)
 	if err != nil {
 		return fmt.Errorf("opening the workload log: %w", err)
 	}
@@ -264,12 +264,22 @@ func lineAfter(r *follow.Reader, off, size int64) (start int64, seq uint64, ok b
 		if err != nil && err != io.EOF {
 			return 0, 0, false, err
 		}
+		next, err := nextLineStart(r, start, size)
+		if err != nil {
+			return 0, 0, false, err
+		}
 		if seq, ok := parseSeq(head[:n]); ok {
 			return start, seq, true, nil
 		}
-		if start, err = nextLineStart(r, start, size); err != nil {
+		// Not written by this writer's field order: decode it whole.
+		line := make([]byte, next-start)
+		if _, err := r.ReadAt(line, start); err != nil && err != io.EOF {
 			return 0, 0, false, err
 		}
+		if ll, ok := decodeLine(bytes.TrimSuffix(line, []byte("\n"))); ok {
+			return start, ll.Seq, true, nil
+		}
+		start = next
 	}
 	return size, 0, false, nil
 }

@@ -13,7 +13,6 @@ import (
 	"vmhost/appvm/guest/proto"
 	"vmhost/config"
 	"vmhost/events"
-	"vmhost/follow"
 	"vmhost/vm"
 	"vmhost/vm/records"
 )
@@ -101,8 +100,6 @@ type Guests struct {
 	mu   sync.Mutex
 	byID map[string]*session
 
-	// follow is the inotify instance of every workload log reader.
-	follow *follow.Watcher
 	// migrateMu serializes the migrations of workload logs of the format
 	// before (logmigrate.go).
 	migrateMu sync.Mutex
@@ -154,8 +151,7 @@ type session struct {
 // the engine (engine.Options.Guest) and to the Service (Config.Guests).
 func NewGuests(o GuestOptions) *Guests {
 	o.defaults()
-	g := &Guests{o: o, recs: o.Records, log: o.Logger.With("component", "appvm-session"), binary: os.Executable, byID: map[string]*session{},
-		follow: follow.NewWatcher()}
+	g := &Guests{o: o, recs: o.Records, log: o.Logger.With("component", "appvm-session"), binary: os.Executable, byID: map[string]*session{}}
 	if o.Binary != "" {
 		g.binary = func() (string, error) { return o.Binary, nil }
 	}

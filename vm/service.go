@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 
 	"vmhost/config"
+	"vmhost/follow"
 	"vmhost/vm/record"
 	"vmhost/vm/records"
 	"vmhost/volume"
@@ -67,6 +68,9 @@ type Service struct {
 	views viewMemo
 	// changes tells the requests waiting on a VM of its changes (wait.go).
 	changes changeHub
+	// logs follows the logs the API serves (OpenLog); made at first use.
+	logsOnce sync.Once
+	logs     *follow.Watcher
 
 	vols  *volume.Store
 	volMu sync.Mutex // see volumes.go

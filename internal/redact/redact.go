@@ -64,6 +64,16 @@ func FileValues(content string) []string {
 	return out
 }
 
+// MaxLen is the length of the longest value (0 for an empty set): a
+// reader that starts inside output backs up this much less one byte to
+// see a secret it starts in.
+func (s *Set) MaxLen() int {
+	if s.Empty() {
+		return 0
+	}
+	return len(s.values[0])
+}
+
 // Empty reports whether s replaces nothing.
 func (s *Set) Empty() bool { return s == nil || len(s.values) == 0 }
 
