@@ -302,6 +302,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprintf(stderr, "vmhost %s\n%s", strings.TrimPrefix(err.Error(), "usage: "), usage)
 		return 2
 	}
+	var xs *exitStatus
+	if errors.As(err, &xs) {
+		if xs.msg != "" {
+			fmt.Fprintf(stderr, "vmhost %s: %s\n", e.cmd, xs.msg)
+		}
+		return xs.code
+	}
 	var ae *APIError
 	if errors.As(err, &ae) {
 		fmt.Fprintln(stderr, ae.Error())
@@ -364,6 +371,8 @@ func (e *env) run(args []string) error {
 		return e.textCmd(cmd, rest)
 	case "console":
 		return e.consoleCmd(rest)
+	case "run":
+		return e.runCmd(rest)
 	}
 	return usageError("unknown command %q", cmd)
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // routeRecorder is a fake API that knows exactly the routes the synopses
@@ -23,16 +24,51 @@ type routeRecorder struct {
 	seen   []string
 	mux    *http.ServeMux
 	cancel context.CancelFunc // ends a command that streams (events)
+	// stopped is closed by the stop of vmhost run's sig1.
+	stopped chan struct{}
 }
 
 func newRouteRecorder(routes []string) *routeRecorder {
-	rr := &routeRecorder{mux: http.NewServeMux()}
+	rr := &routeRecorder{mux: http.NewServeMux(), stopped: make(chan struct{})}
 	for _, route := range routes {
 		rr.mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
 			rr.mu.Lock()
 			rr.seen = append(rr.seen, r.Pattern)
 			rr.mu.Unlock()
+			// vmhost run: attach1 and sig1 exist already (attached to);
+			// sig1's run is interrupted while it waits, and its shutdown
+			// falls back to a stop.
+			existing := strings.Contains(r.URL.Path, "attach1") || strings.Contains(r.URL.Path, "sig1")
 			switch {
+			case r.Pattern == "POST /api/appvm/vms":
+				b, _ := io.ReadAll(r.Body)
+				if strings.Contains(string(b), "attach1") || strings.Contains(string(b), "sig1") {
+					w.WriteHeader(409)
+					io.WriteString(w, `{"code":"ALREADY_EXISTS","message":"exists"}`)
+					return
+				}
+				w.WriteHeader(201)
+				io.WriteString(w, `{"id":"x1","mode":"appvm","image_id":"i1","booted":true}`)
+			case r.Pattern == "GET /api/appvm/vms/{id}" && existing:
+				io.WriteString(w, `{"id":"x1","mode":"appvm","state":"stopped","appvm":{"image_id":"i1"}}`)
+			case strings.HasSuffix(r.Pattern, "/wait"):
+				if strings.Contains(r.URL.Path, "sig1") {
+					rr.cancel() // the first SIGINT
+					select {
+					case <-rr.stopped:
+					case <-time.After(10 * time.Second):
+					}
+				}
+				io.WriteString(w, `{"id":"x1","mode":"appvm","state":"stopped","appvm":{"image_id":"i1","workload_exit_code":0}}`)
+			case r.Pattern == "POST /api/appvm/vms/{id}/shutdown" && existing:
+				w.WriteHeader(409)
+				io.WriteString(w, `{"code":"INVALID_STATE","message":"not running"}`)
+			case r.Pattern == "POST /api/appvm/vms/{id}/stop" && existing:
+				w.WriteHeader(204)
+				close(rr.stopped)
+			case strings.HasSuffix(r.Pattern, "/logs"):
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				io.WriteString(w, `{"seq":1,"time":"2026-01-02T03:04:05Z","stream":"stdout","data":"x\n"}`+"\n")
 			case r.Pattern == "GET /api/events":
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(200)
@@ -89,6 +125,8 @@ func TestRoutes(t *testing.T) {
 		{"appvm", "list"}, {"appvm", "get", "x1"}, {"appvm", "create", "-f", body},
 		{"appvm", "start", "x1"}, {"appvm", "stop", "x1"}, {"appvm", "shutdown", "x1"}, {"appvm", "pause", "x1"}, {"appvm", "resume", "x1"}, {"appvm", "reboot", "x1"},
 		{"appvm", "edit", "x1", "-f", body, "--restart"}, {"appvm", "redeploy", "x1"}, {"appvm", "balloon", "x1", "0"}, {"appvm", "delete", "x1"},
+		{"vm", "wait", "x1", "--for", "running"}, {"vm", "console-log", "x1"},
+		{"appvm", "wait", "x1", "--for", "running,failed", "--timeout", "5s"}, {"appvm", "console-log", "x1", "-f"}, {"appvm", "logs", "x1", "--tail", "5"},
 		{"volume", "list"}, {"volume", "get", "v1"}, {"volume", "create", "--size-gib", "1"}, {"volume", "delete", "v1"},
 		{"volume", "attach", "x1", "--size-gib", "1"}, {"volume", "attach", "x1", "--appvm", "--volume", "v1", "--mountpoint", "/data"},
 		{"volume", "detach", "x1", "data0"}, {"volume", "detach", "x1", "v1", "--appvm"},
@@ -97,6 +135,8 @@ func TestRoutes(t *testing.T) {
 		{"cache", "list"}, {"cache", "delete", "abc"},
 		{"network", "list"}, {"host", "pci"},
 		{"events"}, {"metrics"}, {"health"},
+		{"run", "--rm", "--image", "i1", "--", "echo", "hi"}, {"run", "--name", "attach1", "--image", "i1"},
+		{"run", "--name", "sig1", "--image", "i1", "--disk-gib", "2"},
 	}
 	called := map[string]bool{}
 	for _, args := range invocations {
@@ -264,7 +304,7 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vmhost", ""}, strings.Join(Commands, " ")},
 		{[]string{"vmhost", "vo"}, "volume"},
-		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon delete"},
+		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon delete wait console-log"},
 		{[]string{"vmhost", "--api", "unix:/x", "appvm", "re"}, "resume reboot redeploy"},
 		{[]string{"vmhost", "vm", "delete", "--f"}, "--force"},
 		{[]string{"vmhost", "volume", "attach", "web", "--m"}, "--mountpoint"},

@@ -131,13 +131,16 @@ func (e *env) vmCmd(family string, args []string) error {
 		prefix = "/api/appvm/vms"
 	}
 	if len(args) == 0 {
-		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, delete"
+		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, delete, wait, console-log"
 		if family == "appvm" {
-			verbs += ", edit, redeploy"
+			verbs += ", edit, redeploy, logs"
 		}
 		return usageError("%s: no subcommand (%s)", family, verbs)
 	}
 	sub := args[0]
+	if isGuestRead(sub) {
+		return e.guestReadCmd(family, prefix, args)
+	}
 	name := family + " " + sub
 	var file string
 	var force, restart bool
