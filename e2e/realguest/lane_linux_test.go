@@ -129,6 +129,7 @@ func TestRealGuests(t *testing.T) {
 		t.Run("classic-static", func(t *testing.T) { t.Parallel(); classicStatic(l.with(t), a) })
 		t.Run("classic-dhcp", func(t *testing.T) { t.Parallel(); classicDHCP(l.with(t), a) })
 		t.Run("appvm", func(t *testing.T) { t.Parallel(); appVM(l.with(t), a) })
+		t.Run("appvm-logs", func(t *testing.T) { t.Parallel(); appVMLogs(l.with(t), a) })
 	})
 	phase(t, "lane test total", total)
 }
