@@ -42,14 +42,14 @@ type appvmView struct {
 
 // startAppVMServer starts vmhost serve in its own network namespace with an
 // AppVM kernel and a catalog image per workload (name → shell command).
-func startAppVMServer(t *testing.T, workloads map[string]string) *server {
+func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 	t.Helper()
 	return startAppVMServerWith(t, workloads, nil)
 }
 
 // startAppVMServerWith is startAppVMServer with edit applied to the
 // config too.
-func startAppVMServerWith(t *testing.T, workloads map[string]string, edit func(*config.Config)) *server {
+func startAppVMServerWith(t testing.TB, workloads map[string]string, edit func(*config.Config)) *server {
 	t.Helper()
 	f := newFixture(t)
 	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) {
