@@ -149,6 +149,10 @@ func Run(ctx context.Context, h Host) []Check {
 	return checks
 }
 
+// KVMReady reports whether dev (/dev/kvm) is a KVM this process can use:
+// the kvm check passes. GET /api/host reports it.
+func KVMReady(dev string) bool { return checkKVM(dev).Status == OK }
+
 // Failed reports whether any check failed: real VMs cannot run.
 func Failed(checks []Check) bool {
 	return slices.ContainsFunc(checks, func(c Check) bool { return c.Status == Fail })
