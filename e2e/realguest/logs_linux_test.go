@@ -59,6 +59,18 @@ func (l *lane) output(id string) string {
 	return out.String()
 }
 
+// lastTick is the number of the last "tick N" line of out, -1 without one.
+func lastTick(out string) int {
+	n := -1
+	for _, line := range strings.Split(out, "\n") {
+		var k int
+		if _, err := fmt.Sscanf(line, "tick %d", &k); err == nil {
+			n = k
+		}
+	}
+	return n
+}
+
 // client runs a command of the vmhost client against the lane's agent.
 func (l *lane) client(args ...string) *exec.Cmd {
 	cmd := exec.Command(l.bin, args...)
@@ -100,7 +112,13 @@ func appVMLogs(l *lane, a artifacts) {
 	}
 	phase(t, "logs: wait --for running", start)
 
-	// A follow from now on: it shows the ticks printed after it began.
+	// A follow from now on (--tail 0), begun once the workload has printed
+	// a few ticks: it shows ticks printed after it began, none before.
+	before := -1
+	l.poll("the workload's ticks", 2*time.Minute, func() bool {
+		before = lastTick(l.output(id))
+		return before >= 2
+	})
 	follow := l.client("appvm", "logs", id, "-f", "--tail", "0")
 	var followed syncBuffer
 	follow.Stdout = &followed
@@ -108,9 +126,9 @@ func appVMLogs(l *lane, a artifacts) {
 		t.Fatal(err)
 	}
 	defer func() { follow.Process.Kill(); follow.Wait() }()
-	l.poll("a tick on vmhost appvm logs -f", 2*time.Minute, func() bool { return strings.Contains(followed.String(), "tick ") })
-	if strings.Contains(followed.String(), "key: ") {
-		t.Errorf("--tail 0 printed output from before the follow: %q", followed.String())
+	l.poll("a tick printed after vmhost appvm logs -f began", 2*time.Minute, func() bool { return lastTick(followed.String()) > before })
+	if out := followed.String(); strings.Contains(out, "key: ") || strings.Contains(out, fmt.Sprintf("tick %d\n", before)) {
+		t.Errorf("--tail 0 printed output from before the follow (tick %d was the last): %q", before, out)
 	}
 	phase(t, "logs: a line after logs -f began", start)
 
