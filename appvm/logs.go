@@ -249,14 +249,18 @@ func (l *workloadLog) Begin(boot string, replay bool) error {
 	return nil
 }
 
-// Append takes one Log message of the guest, received at recv (its time
-// unless it carries At). A chunk of this boot already stored (a replay) is
-// dropped.
-func (l *workloadLog) Append(m *proto.Log, recv time.Time) error {
+// Append takes one Log message of the guest's boot boot, received at
+// recv (its time unless it carries At). A chunk of this boot already
+// stored (a replay) is dropped, and so is one of another boot than the
+// last Begin's (a late message of a connection from before a reboot).
+func (l *workloadLog) Append(m *proto.Log, boot string, recv time.Time) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.f == nil {
 		return os.ErrClosed
+	}
+	if boot != l.boot {
+		return nil
 	}
 	s := streamIndex(m.Stream)
 	if m.Seq != 0 {

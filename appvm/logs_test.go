@@ -81,7 +81,7 @@ func openTestLog(t *testing.T, p string, max int64, secrets ...string) *workload
 func appendAll(t *testing.T, l *workloadLog, msgs ...*proto.Log) {
 	t.Helper()
 	for _, m := range msgs {
-		if err := l.Append(m, time.Now()); err != nil {
+		if err := l.Append(m, l.boot, time.Now()); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -200,8 +200,12 @@ func TestWorkloadLogReplayAfterRestart(t *testing.T) {
 	if got := summary(readLines(t, p)); got != want {
 		t.Errorf("after the replay of %d.. :\n%s\nwant:\n%s", acked+1, got, want)
 	}
-	// A new boot numbers its chunks from 1 again; the log goes on.
+	// A new boot numbers its chunks from 1 again; the log goes on. A late
+	// chunk of the boot before is not taken for one of the new boot.
 	l.Begin("b2", false)
+	if err := l.Append(logMsg("stdout", 7, "late\n"), "b1", time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	appendAll(t, l, logMsg("stdout", 1, "again\n"))
 	lines := readLines(t, p)
 	if last := lines[len(lines)-1]; last.Seq != 6 || last.Data != "again\n" || last.Boot != "b2" {

@@ -334,7 +334,7 @@ func (ss *session) serve(c net.Conn) {
 			}
 			return
 		}
-		ss.handle(m)
+		ss.handle(m, hello.BootID)
 	}
 }
 
@@ -422,8 +422,9 @@ func (ss *session) sendLogAck() {
 	}
 }
 
-// handle records what one guest message says.
-func (ss *session) handle(m proto.Message) {
+// handle records what one guest message says; boot is the boot id of
+// the connection it came on.
+func (ss *session) handle(m proto.Message, boot string) {
 	switch m := m.(type) {
 	case *proto.Heartbeat:
 		ss.heartbeat()
@@ -466,7 +467,7 @@ func (ss *session) handle(m proto.Message) {
 		w := ss.logs
 		ss.mu.Unlock()
 		if w != nil {
-			if err := w.Append(m, ss.now()); err != nil {
+			if err := w.Append(m, boot, ss.now()); err != nil {
 				ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 			}
 			ss.armAck()
