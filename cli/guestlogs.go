@@ -183,18 +183,31 @@ type logFollower struct {
 	onChunk func(logChunk)
 }
 
-// run prints until the stream ends (not following, or the AppVM was
-// deleted) or ctx ends.
+// run prints until the stream ends (not following), the AppVM is
+// deleted or ctx ends. Following, an answer that ends (the agent shut
+// down) or a connection that fails is taken up again after the last
+// chunk printed; an AppVM that is gone then (404) is a normal end.
 func (l *logFollower) run(ctx context.Context) error {
 	delay := retryFirst
+	connected := false
 	for {
-		err := l.once(ctx)
+		err := l.once(ctx, &connected)
 		if ctx.Err() != nil {
 			return nil
 		}
-		var ae *APIError
-		if err == nil || !l.follow || errors.As(err, &ae) && ae.Status/100 == 4 {
+		if !l.follow {
 			return err
+		}
+		var ae *APIError
+		switch {
+		case errors.As(err, &ae) && ae.Status == http.StatusNotFound && connected:
+			return nil // deleted
+		case errors.As(err, &ae) && ae.Status/100 == 4:
+			return err
+		case err == nil:
+			// The answer ended with the AppVM still there, or gone: ask
+			// again at once to know which.
+			continue
 		}
 		fmt.Fprintf(l.stderr, "vmhost: the log stream ended (%v); reconnecting in %v\n", err, delay)
 		select {
@@ -206,9 +219,9 @@ func (l *logFollower) run(ctx context.Context) error {
 	}
 }
 
-// once reads one connection's chunks; nil when the answer ended (the
-// AppVM was deleted, or not following).
-func (l *logFollower) once(ctx context.Context) error {
+// once reads one connection's chunks; nil when the answer ended. It sets
+// *connected once an answer was 200.
+func (l *logFollower) once(ctx context.Context, connected *bool) error {
 	q := url.Values{}
 	for k, v := range l.query {
 		q[k] = v
@@ -228,6 +241,9 @@ func (l *logFollower) once(ctx context.Context) error {
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
 		return parseAPIError(resp.StatusCode, b)
+	}
+	if connected != nil {
+		*connected = true
 	}
 	r := bufio.NewReaderSize(resp.Body, 64<<10)
 	for {

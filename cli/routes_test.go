@@ -66,6 +66,11 @@ func newRouteRecorder(routes []string) *routeRecorder {
 			case r.Pattern == "POST /api/appvm/vms/{id}/stop" && existing:
 				w.WriteHeader(204)
 				close(rr.stopped)
+			case strings.HasSuffix(r.Pattern, "/logs") && strings.Contains(r.URL.Path, "gone1") && r.URL.Query().Has("since_seq"):
+				// A follow taken up again after its answer ended: the
+				// AppVM is gone.
+				w.WriteHeader(404)
+				io.WriteString(w, `{"code":"NOT_FOUND","message":"no AppVM has this id"}`)
 			case strings.HasSuffix(r.Pattern, "/logs"):
 				w.Header().Set("Content-Type", "application/x-ndjson")
 				io.WriteString(w, `{"seq":1,"time":"2026-01-02T03:04:05Z","stream":"stdout","data":"x\n"}`+"\n")
@@ -126,7 +131,7 @@ func TestRoutes(t *testing.T) {
 		{"appvm", "start", "x1"}, {"appvm", "stop", "x1"}, {"appvm", "shutdown", "x1"}, {"appvm", "pause", "x1"}, {"appvm", "resume", "x1"}, {"appvm", "reboot", "x1"},
 		{"appvm", "edit", "x1", "-f", body, "--restart"}, {"appvm", "redeploy", "x1"}, {"appvm", "balloon", "x1", "0"}, {"appvm", "delete", "x1"},
 		{"vm", "wait", "x1", "--for", "running"}, {"vm", "console-log", "x1"},
-		{"appvm", "wait", "x1", "--for", "running,failed", "--timeout", "5s"}, {"appvm", "console-log", "x1", "-f"}, {"appvm", "logs", "x1", "--tail", "5"},
+		{"appvm", "wait", "x1", "--for", "running,failed", "--timeout", "5s"}, {"appvm", "console-log", "x1", "-f"}, {"appvm", "logs", "x1", "--tail", "5"}, {"appvm", "logs", "gone1", "-f"},
 		{"volume", "list"}, {"volume", "get", "v1"}, {"volume", "create", "--size-gib", "1"}, {"volume", "delete", "v1"},
 		{"volume", "attach", "x1", "--size-gib", "1"}, {"volume", "attach", "x1", "--appvm", "--volume", "v1", "--mountpoint", "/data"},
 		{"volume", "detach", "x1", "data0"}, {"volume", "detach", "x1", "v1", "--appvm"},

@@ -243,7 +243,7 @@ func (r *runner) follow(attached bool) (int, string) {
 		var last lastChunk
 		l := &logFollower{env: &env{ctx: r.ctx, stdout: io.Discard, stderr: io.Discard, client: r.client, opts: r.opts},
 			path: r.path + "/logs", query: url.Values{"tail": {"1"}}, onChunk: last.take}
-		if err := l.once(r.ctx); err != nil {
+		if err := l.once(r.ctx, nil); err != nil {
 			return runFailed, "reading the workload log: " + err.Error()
 		}
 		logs.last, logs.seen = last.seq, true
@@ -284,7 +284,7 @@ func (r *runner) follow(attached bool) (int, string) {
 	stopLogs()
 	<-logsDone
 	logs.follow = false
-	if err := logs.once(r.ctx); err != nil {
+	if err := logs.once(r.ctx, nil); err != nil {
 		fmt.Fprintf(r.stderr, "vmhost run: reading the rest of the workload log: %v\n", err)
 	}
 	return end.code, end.msg

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
@@ -88,6 +89,16 @@ func TestWorkloadLogsSurviveAgentKills(t *testing.T) {
 		`"ip":"10.80.0.9","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
 		t.Fatalf("create = %d %s", st, b)
 	}
+	// A client follows all along: it takes the stream up again after each
+	// kill, after the last chunk it printed.
+	follow := exec.Command(vmhostBin, "appvm", "logs", "count", "-f", "--since", "0", "--stream", "stdout")
+	follow.Env = s.clientEnv()
+	followed := new(syncBuffer)
+	follow.Stdout = followed
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follow.Process.Kill(); follow.Wait() }()
 	for k := range 3 {
 		s.waitOutput("count", fmt.Sprintf("line %d\n", 40+k*120), 60*time.Second)
 		s.kill()
@@ -106,6 +117,13 @@ func TestWorkloadLogsSurviveAgentKills(t *testing.T) {
 	}
 	if got := output(chunks, "stderr"); got != wantErr.String() {
 		t.Errorf("stderr after three agent kills differs:\n%s", diffLines(got, wantErr.String()))
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for !strings.HasSuffix(followed.String(), "done\n") && time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := followed.String(); got != want.String() {
+		t.Errorf("vmhost appvm logs -f across three agent kills printed something else:\n%s", diffLines(got, want.String()))
 	}
 	for i := 1; i < len(chunks); i++ {
 		if chunks[i].Seq != chunks[i-1].Seq+1 {
