@@ -69,11 +69,9 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		source = path
 	}
-	jail := doctor.DefaultJail()
-	jail.Enabled = os.Geteuid() == 0 // the jail is on whenever the agent runs as root
-	checks := doctor.Run(context.Background(), doctor.Host{
-		Config: cfg, StateDir: *stateDir, AppVMModules: appvm.AgentModules, Jail: jail, Euid: -1,
-	})
+	h := doctorHost()
+	h.Config, h.StateDir = cfg, *stateDir
+	checks := doctor.Run(context.Background(), *h)
 	if *output == "json" {
 		b, _ := json.MarshalIndent(struct {
 			Config string         `json:"config"`
@@ -92,4 +90,13 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// doctorHost is what the host checks need to know of the agent beyond its
+// configuration and state directory: the modules an AppVM needs, and the
+// jail, which is on whenever the agent runs as root.
+func doctorHost() *doctor.Host {
+	jail := doctor.DefaultJail()
+	jail.Enabled = os.Geteuid() == 0
+	return &doctor.Host{AppVMModules: appvm.AgentModules, Jail: jail, Euid: -1}
 }

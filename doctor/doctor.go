@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"vmhost/config"
+	"vmhost/internal/sbin"
 	"vmhost/kmod"
 )
 
@@ -210,9 +211,9 @@ func checkProgram(ctx context.Context, name, key, path string, simulated bool, f
 
 func checkMkfsExt4() Check {
 	const name = "mkfs.ext4"
-	p, err := exec.LookPath("mkfs.ext4")
-	if err != nil {
-		return Check{Name: name, Status: Warn, Detail: "mkfs.ext4 is not in PATH: AppVM image imports and ext4 volumes fail",
+	p := sbin.Path("mkfs.ext4")
+	if !filepath.IsAbs(p) {
+		return Check{Name: name, Status: Warn, Detail: "mkfs.ext4 is not in PATH, /usr/sbin or /sbin: AppVM image imports and ext4 volumes fail",
 			Fix: "apt-get install e2fsprogs (1.43 or later, for mkfs.ext4 -d)"}
 	}
 	return ok(name, "%s (AppVM images and ext4 volumes)", p)

@@ -58,6 +58,14 @@ func startAppVMServerWith(t testing.TB, workloads map[string]string, edit func(*
 			edit(c)
 		}
 	}})
+	addImages(t, s, workloads)
+	return s
+}
+
+// addImages puts a catalog image per workload (name → shell command) in
+// s's state directory, as an import would.
+func addImages(t testing.TB, s *server, workloads map[string]string) {
+	t.Helper()
 	cat := appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}
 	for id, cmd := range workloads {
 		im := &appvm.Image{ID: id, Status: appvm.StatusReady, CreatedAt: time.Now().UTC(), Workload: vm.Workload{
@@ -70,7 +78,6 @@ func startAppVMServerWith(t testing.TB, workloads map[string]string, edit func(*
 			t.Fatal(err)
 		}
 	}
-	return s
 }
 
 func (s *server) appvmGet(id string) appvmView {

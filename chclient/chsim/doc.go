@@ -80,6 +80,7 @@
 //	--sim-poweroff-at-boot   the guest powers off right after vm.boot answers
 //	--sim-guest-heartbeat D  the guest agent's heartbeat interval (default 1s)
 //	--sim-no-guest-network   no network namespace and NIC for the guest agent
+//	--sim-guest-chroot       the guest agent chroots the workload into its root (below)
 //
 // # The AppVM guest agent
 //
@@ -91,7 +92,13 @@
 // 1024 would through CH's hybrid vsock. The agent's exit is the guest's poweroff; its
 // death by a signal leaves the VM running without it. Stop, delete and VMM exit kill it
 // and its workload; a reboot starts it again; pause and resume stop and continue it.
-// The workload runs on the host (process mode: no chroot or mounts). As root, when the
+// The workload runs on the host (process mode: no chroot or mounts), unless
+// --sim-guest-chroot: then the agent gets --chroot and runs it chrooted into the root,
+// which the host has filled with the VM's root file system (serve --dev unpacks the root
+// disk there before each boot), so the image's entrypoint and libraries are found;
+// without root the agent runs in a user namespace of its own mapping uid and gid 0 to the
+// simulator's (and no other id), where it may chroot, and runs the workload as that one
+// user whatever the image names. As root, when the
 // VM's first interface has a tap, the agent runs with --network in a network namespace of
 // its own holding eth0, a tap with the VM's MAC whose frames the simulator pumps to and
 // from the VM's tap (as virtio-net would): the agent's static or DHCP configuration and
@@ -114,7 +121,7 @@
 //	                             e2e/realguest/fetch-vhost-device-vsock.sh puts it)
 //
 // The simulated-guest flags (--sim-activate-delay, --sim-no-activate, --sim-guest-ports,
-// --sim-poweroff-at-boot, --sim-no-guest-agent, --sim-no-guest-network,
+// --sim-poweroff-at-boot, --sim-no-guest-agent, --sim-no-guest-network, --sim-guest-chroot,
 // --sim-guest-heartbeat) are refused with it; /sim/v1/ answers 404 and no guest agent runs
 // on the host (the real guest runs its own from its initramfs).
 //

@@ -59,6 +59,12 @@ type Options struct {
 	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
 	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int
+	// SimGuestRoot, when set, is where the CH simulator runs an AppVM's
+	// workload, given the VM's vsock socket (chsim.GuestRoot): before
+	// each boot the engine unpacks the VM's root disk there (simroot.go),
+	// so that the simulated guest runs the image's own tree. serve --dev
+	// sets it; nil leaves the simulator's directory alone.
+	SimGuestRoot func(vsockSocket string) string
 	// StopGrace is how long a VMM gets to exit after vmm.shutdown (and
 	// again after SIGTERM); 0 means 5 seconds.
 	StopGrace time.Duration
@@ -225,19 +231,6 @@ func addSteps(r *record.Record, names ...string) {
 			r.Runtime.Steps = append(r.Runtime.Steps, n)
 		}
 	}
-}
-
-// Preflight checks what the engine can tell before anything is stored:
-// the VM's socket paths fit a unix socket address, and the host can create
-// taps if the VM has interfaces.
-func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
-	if err := e.layout().CheckSocketPaths(rec.ID); err != nil {
-		return &record.FieldError{Field: "vm_id", Msg: err.Error()}
-	}
-	if len(rec.NICs) > 0 && e.o.Taps == nil {
-		return &record.HostError{Kind: record.HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
-	}
-	return nil
 }
 
 // Provision carries out the provisioning steps not yet recorded as done:
@@ -740,7 +733,7 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 			errs = append(errs, err)
 		}
 	}
-	if err := os.RemoveAll(l.RunVMDir(id)); err != nil {
+	if err := removeTree(l.RunVMDir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if all {
