@@ -453,9 +453,9 @@ func (l *workloadLog) Ack() (uint64, error) {
 	return a, nil
 }
 
-// Close closes the file. Chunks still held back are not stored: a
-// version 3 guest replays them to the next agent; an older guest's are
-// at most the start of a secret.
+// Close closes the file. Chunks still held back (whole chunks whose end
+// may start a secret or cuts a character) are not stored: a version 3
+// guest replays them to the next agent; an older guest's are lost.
 func (l *workloadLog) Close() error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
