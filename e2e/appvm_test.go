@@ -44,8 +44,20 @@ type appvmView struct {
 // AppVM kernel and a catalog image per workload (name → shell command).
 func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 	t.Helper()
+	return startAppVMServerWith(t, workloads, nil)
+}
+
+// startAppVMServerWith is startAppVMServer with edit applied to the
+// config too.
+func startAppVMServerWith(t testing.TB, workloads map[string]string, edit func(*config.Config)) *server {
+	t.Helper()
 	f := newFixture(t)
-	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) { c.AppVMKernel = f.kernel }})
+	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) {
+		c.AppVMKernel = f.kernel
+		if edit != nil {
+			edit(c)
+		}
+	}})
 	addImages(t, s, workloads)
 	return s
 }
@@ -118,9 +130,8 @@ func TestAppVMCrashLoopRestarts(t *testing.T) {
 	if v.AppVM.LastRestartAt == nil {
 		t.Errorf("view: %s", v.raw)
 	}
-	logs, err := os.ReadFile(filepath.Join(s.stateDir, "vms", "crash", "workload.log"))
-	if err != nil || bytes.Count(logs, []byte("boom\n")) < 2 {
-		t.Errorf("workload log %q (%v): want one boom per run", logs, err)
+	if logs := output(s.logs("crash", "tail=100"), "stdout"); strings.Count(logs, "boom\n") < 2 {
+		t.Errorf("workload log %q: want one boom per run", logs)
 	}
 }
 

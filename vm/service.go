@@ -18,6 +18,7 @@ import (
 	"github.com/google/uuid"
 
 	"vmhost/config"
+	"vmhost/follow"
 	"vmhost/vm/record"
 	"vmhost/vm/records"
 	"vmhost/volume"
@@ -66,6 +67,11 @@ type Service struct {
 	usage  diskUsage
 
 	views viewMemo
+	// changes tells the requests waiting on a VM of its changes (wait.go).
+	changes changeHub
+	// logs follows the logs the API serves (OpenLog); made at first use.
+	logsOnce sync.Once
+	logs     *follow.Watcher
 
 	vols  *volume.Store
 	volMu sync.Mutex // see volumes.go
@@ -112,6 +118,7 @@ func New(o Options) (*Service, error) {
 			s.forgetView(c.Old.ID)
 		}
 	})
+	s.recs.Watch(s.changes.tell)
 	return s, nil
 }
 
