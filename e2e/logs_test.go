@@ -208,9 +208,9 @@ func rss(t *testing.T, pid int) int {
 // numbers jump once, then go on one by one.
 func TestSlowLogReaderHoldsNothingBack(t *testing.T) {
 	const mib = 48
-	s := startAppVMServerWith(t, map[string]string{
+	s := startAppVMServerWith(t, serverOpts{edit: func(c *config.Config) { c.WorkloadLogMaxBytes = 8 << 20 }}, map[string]string{
 		"flood": fmt.Sprintf(`touch flood.started; while ! test -f flood.go; do sleep 0.05; done; head -c %d /dev/zero | tr '\0' 'x' | fold -w 1023; echo; echo done; exec sleep 300`, mib<<20),
-	}, func(c *config.Config) { c.WorkloadLogMaxBytes = 8 << 20 })
+	})
 	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"flood","image_id":"flood","vcpus":1,"memory_mb":128,"disk_gib":1,`+
 		`"ip":"10.80.0.10","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
 		t.Fatalf("create = %d %s", st, b)
