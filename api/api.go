@@ -239,8 +239,8 @@ func New(c Config) *Server {
 		if c.Events != nil {
 			io.Events = c.Events
 		}
-		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), io)
-		if err := c.Images.Recover(); err != nil {
+		var err error
+		if c.Images, err = c.AppVMs.NewImporter(io); err != nil {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}
 	}

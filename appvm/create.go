@@ -11,8 +11,10 @@ import (
 	"sync"
 
 	"vmhost/appvm/guest/proto"
+	"vmhost/config"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/record"
 	"vmhost/vm/records"
 )
 
@@ -147,6 +149,8 @@ type Service struct {
 	bg sync.WaitGroup
 	// noDefaultNetwork is Config.NoDefaultNetwork.
 	noDefaultNetwork bool
+	// builds keeps the builds AppVMs use (builds.go).
+	builds buildKeeper
 }
 
 // New returns the AppVM service of c. The catalog is
@@ -158,6 +162,7 @@ func New(c Config) *Service {
 		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
 		noDefaultNetwork: c.NoDefaultNetwork}
 	s.recs.Watch(s.followRecords)
+	s.recs.Watch(s.followBuilds)
 	return s
 }
 
@@ -166,9 +171,17 @@ func (s *Service) Catalog() Catalog { return s.catalog }
 
 // Create validates req (400 *vm.FieldError), checks the image is ready (409
 // *ConflictError), admits and creates the AppVM through the vm machinery.
+//
+// The root disk is made from the image's current build as
+// appvm_root_disk says: an overlay of it, or a copy. The build is pinned
+// (builds.go) until the record, which names it, is stored.
 func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateResponse, error) {
-	img, err := s.validate(req)
-	if err != nil {
+	img, unpin, err := s.pinBuild(req.ImageID)
+	if err != nil && unpin == nil {
+		return nil, err // the build of a ready image is missing
+	}
+	defer unpin()
+	if err := s.validate(req, img, err); err != nil {
 		return nil, err
 	}
 	if img.Status == StatusImporting {
@@ -176,11 +189,15 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	}
 	booted := req.AutoBoot == nil || *req.AutoBoot
 	size := uint32(req.DiskGiB)
+	mode := record.DiskCopy
+	if s.vms.Config().AppVMRootDisk == config.AppVMRootOverlay {
+		mode = record.DiskOverlay
+	}
 	spec := &vm.Spec{
 		VMID:          req.VMID,
 		Vcpus:         req.Vcpus,
 		MemoryMB:      req.MemoryMB,
-		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: s.catalog.RootFS(img), SizeGiB: &size},
+		Disk:          &vm.DiskSpec{Mode: mode, BasePath: s.catalog.RootFS(img), SizeGiB: &size},
 		DiskBpsTotal:  req.DiskBpsTotal,
 		DiskIopsTotal: req.DiskIopsTotal,
 		AutoBoot:      booted,
@@ -240,84 +257,85 @@ func bad(field, format string, args ...any) error {
 	return &vm.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// validate checks every rule of docs/api.md (POST /api/appvm/vms) that goes beyond types and
-// returns the image. The image's import status is left to Create (409).
-func (s *Service) validate(r *CreateRequest) (*Image, error) {
+// validate checks every rule of docs/api.md (POST /api/appvm/vms) that
+// goes beyond types, on the image r names as the catalog gave it (img, or
+// the error reading it). The image's import status is left to Create
+// (409).
+func (s *Service) validate(r *CreateRequest, img *Image, err error) error {
 	if r.VMID != "" && !store.ValidID(r.VMID) {
-		return nil, bad("vm_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+		return bad("vm_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 	}
-	img, err := s.catalog.Get(r.ImageID)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, bad("image_id", "unknown AppVM image %q", r.ImageID)
+		return bad("image_id", "unknown AppVM image %q", r.ImageID)
 	case err != nil:
-		return nil, bad("image_id", "%v", err)
+		return bad("image_id", "%v", err)
 	case img.Status == StatusFailed:
-		return nil, bad("image_id", "AppVM image %q failed to import", r.ImageID)
+		return bad("image_id", "AppVM image %q failed to import", r.ImageID)
 	}
 	if err := vm.CheckLabels(r.Labels); err != nil {
-		return nil, err
+		return err
 	}
 	if r.Vcpus < 1 || r.Vcpus > vm.MaxVcpus {
-		return nil, bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)
+		return bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)
 	}
 	if err := vm.CheckMemory(r.MemoryMB); err != nil {
-		return nil, err
+		return err
 	}
 	if r.DiskGiB < 1 || r.DiskGiB > vm.MaxSizeGiB {
-		return nil, bad("disk_gib", "must be 1..%d, got %d", vm.MaxSizeGiB, r.DiskGiB)
+		return bad("disk_gib", "must be 1..%d, got %d", vm.MaxSizeGiB, r.DiskGiB)
 	}
 	if uint64(r.DiskGiB)<<30 < img.SizeBytes {
-		return nil, bad("disk_gib", "%d GiB is below the image's size of %d bytes", r.DiskGiB, img.SizeBytes)
+		return bad("disk_gib", "%d GiB is below the image's size of %d bytes", r.DiskGiB, img.SizeBytes)
 	}
 	if r.NetworkID != "" {
 		if _, ok := s.vms.Config().Network(r.NetworkID); !ok {
-			return nil, bad("network_id", "unknown network %q", r.NetworkID)
+			return bad("network_id", "unknown network %q", r.NetworkID)
 		}
 	}
 	if err := checkNetworkMode(r); err != nil {
-		return nil, err
+		return err
 	}
 	if h := strings.TrimSpace(r.Hostname); h != "" && !vm.ValidHostname(h) {
-		return nil, bad("hostname", "at most %d bytes of letters, digits and -, not starting or ending with -", vm.MaxHostnameBytes)
+		return bad("hostname", "at most %d bytes of letters, digits and -, not starting or ending with -", vm.MaxHostnameBytes)
 	}
 	keys := map[string]string{}
 	plain := make([]string, len(r.Env))
 	copy(plain, r.Env)
 	if err := checkEnv("env", plain, keys); err != nil {
-		return nil, err
+		return err
 	}
 	secret := make([]string, len(r.SecretEnv))
 	for i, e := range r.SecretEnv {
 		secret[i] = e.Reveal()
 	}
 	if err := checkEnv("secret_env", secret, keys); err != nil {
-		return nil, err
+		return err
 	}
 	if len(r.DataVolumes) > MaxDataVolumes {
-		return nil, bad("data_volumes", "at most %d volumes, got %d", MaxDataVolumes, len(r.DataVolumes))
+		return bad("data_volumes", "at most %d volumes, got %d", MaxDataVolumes, len(r.DataVolumes))
 	}
 	seen := map[string]int{}
 	for i, d := range r.DataVolumes {
 		f := func(n string) string { return fmt.Sprintf("data_volumes[%d].%s", i, n) }
 		if d.SizeGiB < 1 || d.SizeGiB > vm.MaxSizeGiB {
-			return nil, bad(f("size_gib"), "must be 1..%d, got %d", vm.MaxSizeGiB, d.SizeGiB)
+			return bad(f("size_gib"), "must be 1..%d, got %d", vm.MaxSizeGiB, d.SizeGiB)
 		}
 		if err := vm.CheckMountpoint(d.Mountpoint); err != nil {
-			return nil, bad(f("mountpoint"), "%s", err)
+			return bad(f("mountpoint"), "%s", err)
 		}
 		if j, dup := seen[d.Mountpoint]; dup {
-			return nil, bad(f("mountpoint"), "%s is also the mountpoint of data_volumes[%d]", d.Mountpoint, j)
+			return bad(f("mountpoint"), "%s is also the mountpoint of data_volumes[%d]", d.Mountpoint, j)
 		}
 		seen[d.Mountpoint] = i
 	}
 	if err := vm.CheckIOLimits(r.DiskBpsTotal, r.DiskIopsTotal); err != nil {
-		return nil, err
+		return err
 	}
 	if err := r.workload().validate(); err != nil {
-		return nil, err
+		return err
 	}
-	return img, nil
+	return nil
 }
 
 // checkNetworkMode applies the network mode rules 1-4.

@@ -251,7 +251,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	v.DiscoveredIPv4 = record.DiscoveredIPv4(rec.NICs)
 	if d := sp.Disk; d != nil || sp.Image != nil {
 		dv := &v.store.disk
-		*dv = DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
+		*dv = DiskView{Mode: sp.DiskMode(), Owned: true, ImageFmt: "qcow2"}
 		if rec.Base != nil {
 			dv.BasePath = rec.Base.Path
 			dv.VirtualSizeBytes = rec.Base.VirtualSizeBytes

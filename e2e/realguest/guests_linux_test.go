@@ -338,6 +338,7 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running"
 	})
 	phase(t, "appvm: running", start)
+	l.checkOverlay(id) // the default appvm_root_disk
 
 	logPath := l.stateDir + "/vms/" + id + "/workload.ndjson"
 	readLog := func() string { return l.output(id) }

@@ -24,6 +24,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"vmhost/disk"
 )
 
 // The lane's network: the bridge and the dnsmasq live in the test's
@@ -132,6 +134,9 @@ func TestRealGuests(t *testing.T) {
 		t.Run("appvm-ops", func(t *testing.T) { t.Parallel(); appVMOps(l.with(t), a) })
 		t.Run("appvm-logs", func(t *testing.T) { t.Parallel(); appVMLogs(l.with(t), a) })
 	})
+	// Alone, since it restarts the agent (appvm_root_disk): guest IO
+	// through an overlay root disk beside a copied one.
+	t.Run("appvm-io", func(t *testing.T) { appVMIO(l.with(t), l) })
 	phase(t, "lane test total", total)
 }
 
@@ -219,24 +224,52 @@ func setUp(t *testing.T, a artifacts) *lane {
 	}
 	l.token = strings.TrimSpace(string(out))
 
-	l.serve = exec.Command("ip", "netns", "exec", l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
-		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", dir+"/config.json")
-	l.serve.Stdout, l.serve.Stderr = l.serveLog, l.serveLog
-	l.serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := l.serve.Start(); err != nil {
-		t.Fatal(err)
-	}
 	l.hc = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 			var d net.Dialer
 			return d.DialContext(ctx, "unix", l.sock)
 		}}}
+	l.startServe()
+	phase(t, "namespace, dnsmasq, serve", start)
+	return l
+}
+
+// startServe starts vmhost serve in the namespace and waits until it
+// answers.
+func (l *lane) startServe() {
+	l.serve = exec.Command("ip", "netns", "exec", l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
+		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", l.dir+"/config.json")
+	l.serve.Stdout, l.serve.Stderr = l.serveLog, l.serveLog
+	l.serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := l.serve.Start(); err != nil {
+		l.t.Fatal(err)
+	}
 	l.poll("vmhost serve answers", 30*time.Second, func() bool {
 		st, _ := l.do("GET", "/api/networks", "")
 		return st == http.StatusOK
 	})
-	phase(t, "namespace, dnsmasq, serve", start)
-	return l
+}
+
+// restartServe stops vmhost serve (its VMs run on), sets config key to
+// value and starts it again.
+func (l *lane) restartServe(key string, value any) {
+	l.t.Helper()
+	syscall.Kill(-l.serve.Process.Pid, syscall.SIGTERM)
+	l.serve.Wait()
+	var cfg map[string]any
+	b, err := os.ReadFile(l.dir + "/config.json")
+	if err == nil {
+		err = json.Unmarshal(b, &cfg)
+	}
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cfg[key] = value
+	b, _ = json.MarshalIndent(cfg, "", "  ")
+	if err := os.WriteFile(l.dir+"/config.json", b, 0o600); err != nil {
+		l.t.Fatal(err)
+	}
+	l.startServe()
 }
 
 // tearDown stops serve, kills what it left (VMs outlive the agent by
@@ -268,7 +301,7 @@ func (l *lane) tearDown() {
 		}
 	}
 	exec.Command("ip", "netns", "del", l.ns).Run()
-	os.RemoveAll(l.dir)
+	disk.RemoveAll(l.dir) // the catalog's builds are sealed (immutable, as root)
 }
 
 func tail(b []byte, n int) []byte {
@@ -356,6 +389,10 @@ type vmView struct {
 		RestartCount     uint32 `json:"restart_count"`
 		HeartbeatStale   bool   `json:"heartbeat_stale"`
 	} `json:"appvm"`
+	Disk *struct {
+		Mode     string `json:"mode"`
+		BasePath string `json:"base_path"`
+	} `json:"disk"`
 }
 
 // view reads a VM of family prefix ("/api/vms" or "/api/appvm/vms").

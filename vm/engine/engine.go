@@ -101,7 +101,7 @@ type Engine struct {
 	// consoleCtx ends the console keepers (console.go) at Close.
 	consoleCtx  context.Context
 	consoleStop context.CancelFunc
-	consoles    sync.WaitGroup
+	cons        consoles
 
 	// pmu guards provs: the provisions in progress, so that a forced
 	// delete can cancel one (a stalled download, a long copy).
@@ -182,6 +182,7 @@ func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 // without stopping them.
 func (e *Engine) Recover() {
 	e.starts.Do(func() {
+		e.serveConsoleAttach()
 		e.recoverHost()
 	})
 }
@@ -362,8 +363,8 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "creating VM directory", Err: err}
 		}
-		if err := disk.Copy(ctx, rec.Base.Path, l.RootDisk(id)); err != nil {
-			return &record.HostError{Kind: record.HostStorage, Op: "copying base image " + rec.Base.Path, Err: err}
+		if err := e.makeRootDisk(ctx, rec, rec.Base.Path, l.RootDisk(id)); err != nil {
+			return err
 		}
 		did(record.StepRootDisk)
 	}
@@ -630,23 +631,21 @@ func guardRule(nic record.NIC, nv record.NetView, i int, ci *record.CloudInitSpe
 	return r, nil
 }
 
-// qsdConfig is how the VM's qemu-storage-daemon runs: the root disk grown
-// to disk.size_gib (never below the base) with the root-disk limits, and
+// qsdConfig is how the VM's qemu-storage-daemon runs: the root disk (with
+// its build as the backing node when it is an overlay) grown to
+// disk.size_gib (never below the base) with the root-disk limits, and
 // every data volume.
 func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 	l, id, sp := e.layout(), rec.ID, &rec.Spec
 	var size uint64
 	if sp.Disk != nil && sp.Disk.SizeGiB != nil {
-		size = uint64(*sp.Disk.SizeGiB) << 30
-		if rec.Base != nil && rec.Base.VirtualSizeBytes > size {
-			size = (rec.Base.VirtualSizeBytes + 511) / 512 * 512
-		}
+		size = rootDiskSize(rec, 0)
 	}
 	c := qmp.QSDConfig{
 		Binary:  e.o.QSD.Binary,
 		PreArgs: e.o.QSD.PreArgs,
 		Env:     e.o.QSD.Env,
-		Root: qmp.RootDisk{Path: l.RootDisk(id), Socket: l.RootSocket(id), Size: size,
+		Root: qmp.RootDisk{Path: l.RootDisk(id), Backing: rec.RootBacking(), Socket: l.RootSocket(id), Size: size,
 			Limits: qmp.ThrottleLimits{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}},
 		QMPSocket: l.QMPSocket(id),
 		PidFile:   l.QSDPidFile(id),
@@ -672,10 +671,20 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		case <-q.Done():
 			q.Close()
 		default:
-			if err := e.syncExports(ctx, q, rec); err != nil {
-				return nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
+			err := e.syncExports(ctx, q, rec)
+			if err == nil {
+				return nil, nil
 			}
-			return nil, nil
+			// A daemon whose monitor does not answer (an adopted one
+			// another client holds) serves a VM that runs nothing:
+			// replace it.
+			e.log.Warn("replacing the storage daemon of a VM that is not running", "id", rec.ID, "err", err)
+			e.mu.Lock()
+			if e.live[rec.ID] == q {
+				delete(e.live, rec.ID)
+			}
+			e.mu.Unlock()
+			q.Close()
 		}
 	}
 	if rt := rec.Runtime; rt != nil && rt.QSD != nil {
@@ -684,6 +693,9 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
 			return nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
 		}
+	}
+	if err := e.checkBacking(rec); err != nil {
+		return nil, err
 	}
 	cfg := e.qsdConfig(rec)
 	q, err := qmp.LaunchQSD(ctx, cfg)

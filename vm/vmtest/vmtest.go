@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"vmhost/config"
+	"vmhost/disk"
 	"vmhost/events"
 	"vmhost/qcow2"
 	"vmhost/store"
@@ -282,6 +283,10 @@ type Env struct {
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
 	dir := t.TempDir()
+	// AppVM image builds in the state dir are sealed (immutable, as
+	// root): TempDir's own cleanup, which runs after this one, could not
+	// remove them.
+	t.Cleanup(func() { disk.RemoveAll(dir) })
 	e := &Env{
 		StateDir: filepath.Join(dir, "state"),
 		RunDir:   filepath.Join(dir, "run"),
