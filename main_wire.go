@@ -104,6 +104,7 @@ func newService(env serveEnv) (*service, error) {
 		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
+		Events:   evs,
 		AgentID:  env.AgentID,
 	})
 	if err != nil {

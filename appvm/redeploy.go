@@ -71,6 +71,9 @@ func (s *Service) startRedeploy(id string) (before, after *vm.Record, err error)
 		return nil, nil, state("being deleted")
 	case rec.Provisioning():
 		return nil, nil, state(rec.DisplayState)
+	case rec.Suspended != nil:
+		// Its saved state holds the old root disk's file system in memory.
+		return nil, nil, state("suspended; start it (it resumes) and redeploy then, or start it with ?cold=true first")
 	}
 	img, unpin, err := s.pinBuild(rec.AppVM.ImageID) // until the record names it
 	if unpin != nil {

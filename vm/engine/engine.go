@@ -363,7 +363,11 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "creating VM directory", Err: err}
 		}
-		if err := e.makeRootDisk(ctx, rec, rec.Base.Path, l.RootDisk(id)); err != nil {
+		make := e.makeRootDisk
+		if sp.FromSnapshot != "" {
+			make = copySnapshotDisk // a snapshot's copy of a VM's disk, as it was
+		}
+		if err := make(ctx, rec, rec.Base.Path, l.RootDisk(id)); err != nil {
 			return err
 		}
 		did(record.StepRootDisk)
@@ -438,11 +442,19 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 // for a volume its guest mounts (an AppVM's) an ext4 file system made by
 // mkfs.ext4 on a sparse raw file and converted to qcow2 (only written
 // clusters are allocated; e2fsprogs must be installed; it replaces a
-// leftover at its name).
+// leftover at its name); for a VM made from a snapshot, a copy of the
+// snapshot's.
 func (e *Engine) makeDataVolume(ctx context.Context, rec *record.Record, i int) error {
 	v := rec.Spec.Volumes[i]
 	path := e.lay.DataVolume(rec.ID, v.ID)
 	size := uint64(v.SizeGiB) << 30
+	if sid := rec.Spec.FromSnapshot; sid != "" {
+		// A VM made from a snapshot gets copies of its volumes.
+		if err := disk.CopyImage(ctx, e.lay.SnapshotDisk(sid, v.ID), path); err != nil {
+			return &record.HostError{Kind: record.HostStorage, Op: "copying volume " + v.ID + " of snapshot " + sid, Err: err}
+		}
+		return nil
+	}
 	if v.Mounted() {
 		if err := qcow2.CreateExt4(ctx, path, size, v.ID); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}

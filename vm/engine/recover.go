@@ -41,6 +41,8 @@ import (
 //     stopped, since a failed VM runs nothing. A storage daemon whose QMP
 //     monitor does not answer (it serves one client at a time) fails only
 //     the commands that need it (a hot attach), not the running VM.
+//   - A suspend, snapshot, restore or start from a saved state that was
+//     cut short (Record.Saving) is finished or undone first (saved.go).
 //   - A record whose delete was asked for (Deleting, stored before the
 //     teardown began) is deleted: its processes by recorded identity, taps,
 //     directories, then the record.
@@ -174,6 +176,7 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 	if rec.Deleting {
 		return e.finishDelete(rec)
 	}
+	rec = e.recoverSaving(rec) // saved.go
 	rt := rec.Runtime
 	running := rec.State == record.StateRunning || rec.State == record.StatePaused
 	switch {

@@ -94,3 +94,13 @@ func (e *Engine) rootDiskGone(rec *record.Record) string {
 	}
 	return ""
 }
+
+// copySnapshotDisk makes the root disk of a VM created from a snapshot: a
+// copy of the snapshot's disk as it is (disk.CopyImage), an overlay's
+// header included.
+func copySnapshotDisk(ctx context.Context, _ *record.Record, base, path string) error {
+	if err := disk.CopyImage(ctx, base, path); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: "copying base image " + base, Err: err}
+	}
+	return nil
+}
