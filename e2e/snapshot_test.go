@@ -26,10 +26,19 @@ var (
 	countLine = regexp.MustCompile(`(?m)^count (\d+)$`)
 )
 
-// workloadLog is what AppVM id's workload printed so far, as its log holds it.
+// workloadLog is what AppVM id's workload printed so far, both streams in
+// the order its log (workload.ndjson, rotated to .1) holds them.
 func (s *server) workloadLog(id string) string {
-	b, _ := os.ReadFile(filepath.Join(s.stateDir, "vms", id, "workload.log"))
-	return string(b)
+	path := filepath.Join(s.stateDir, "vms", id, "workload.ndjson")
+	var out strings.Builder
+	for _, p := range []string{path + ".1", path} {
+		b, _ := os.ReadFile(p)
+		chunks, _ := decodeChunks(b) // a line being written is left for the next read
+		for _, c := range chunks {
+			out.WriteString(c.Data)
+		}
+	}
+	return out.String()
 }
 
 // counts are the counts the workload printed, in order.
