@@ -812,6 +812,33 @@ func TestIntegrationSpecEditRestart(t *testing.T) {
 	}
 }
 
+// TestIntegrationRestartBeforeHello: a restart of an AppVM whose guest
+// agent has not yet said hello in its boot (a create's ?restart edit right
+// away) stops it at once: no workload runs yet, and a guest still booting
+// would not take the power button. The record is put back to how a boot
+// looks before the hello, with the host end gone and the guest agent
+// frozen, so that a graceful shutdown could not end it.
+func TestIntegrationRestartBeforeHello(t *testing.T) {
+	h := newHost(t)
+	h.image("early", `exec sleep 300`, nil)
+	id := h.create(baseCreate("early"))
+	h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	old := h.recs.Get(id).AppVM.Guest.BootID
+	h.simAgentSignal(id, int(syscall.SIGSTOP))
+	h.guests.End(id)
+	if _, err := h.recs.Update(id, func(r *vm.Record) { r.AppVM.Guest.BootID = "" }); err != nil {
+		t.Fatal(err)
+	}
+	code, body := h.do("PATCH", "/api/appvm/vms/"+id+"/spec?restart=true", map[string]any{"env": []string{"MODE=edited"}, "stop_grace_secs": 30})
+	if code != http.StatusOK {
+		t.Fatalf("edit with restart before the hello = %d %s", code, body)
+	}
+	h.waitFor(id, "a new boot greeted by its guest agent", 30*time.Second, func(v appView) bool {
+		b := h.recs.Get(id).AppVM.Guest.BootID
+		return v.DisplayState == "running" && b != "" && b != old
+	})
+}
+
 // TestIntegrationRedeploy: a running AppVM is redeployed on a new build of
 // its image: it stops gracefully, gets a fresh root disk (a new file), and
 // boots running the new build's command; update_available is gone.
