@@ -258,6 +258,7 @@ func TestSnapshotDeleteSweepsItsBuild(t *testing.T) {
 	if err := vms.Delete(ctx, vm.ModeAppVM, "a1", true); err != nil {
 		t.Fatal(err)
 	}
+	apps.WaitSweeps() // a sweep holds the image's lock: an import would be 409
 	src := filepath.Join(t.TempDir(), "v2")
 	testImage(t, "v2").WriteDir(t, src)
 	img, err := im.Import(ctx, &appvm.ImportRequest{ID: "web", Path: src})
