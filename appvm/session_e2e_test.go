@@ -72,6 +72,26 @@ type host struct {
 	events *events.Log
 }
 
+// output is the workload output of AppVM id its log keeps (the last
+// appvm.MaxLogTail chunks), both streams, as read through Service.Logs.
+func (h *host) output(id string) []byte {
+	h.t.Helper()
+	var buf bytes.Buffer
+	if err := h.apps.Logs(context.Background(), id, appvm.LogQuery{Tail: appvm.MaxLogTail}, &buf, func() {}); err != nil {
+		h.t.Fatalf("reading the workload log: %v", err)
+	}
+	var out []byte
+	dec := json.NewDecoder(&buf)
+	for dec.More() {
+		var c appvm.LogChunk
+		if err := dec.Decode(&c); err != nil {
+			h.t.Fatal(err)
+		}
+		out = append(out, c.Data...)
+	}
+	return out
+}
+
 func newHost(t *testing.T) *host {
 	t.Helper()
 	inPrivateNetns(t)
@@ -337,8 +357,8 @@ func TestIntegrationWorkloadExits(t *testing.T) {
 	}
 	found := 0
 	for _, id := range ids {
-		b, err := os.ReadFile(appvm.WorkloadLog(h.vms.Layout(), id))
-		if err == nil && (bytes.Contains(b, []byte("bye\n")) || bytes.Contains(b, []byte("oops\n"))) {
+		b := h.output(id)
+		if bytes.Contains(b, []byte("bye\n")) || bytes.Contains(b, []byte("oops\n")) {
 			found++
 		}
 	}
@@ -596,7 +616,7 @@ func TestIntegrationSecretsStayInGuest(t *testing.T) {
 	logPath := appvm.WorkloadLog(h.vms.Layout(), id)
 	deadline = time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(logPath)
+		b := h.output(id)
 		if bytes.Contains(b, []byte("started with 18 secret bytes")) {
 			break
 		}
@@ -794,10 +814,9 @@ func TestIntegrationSpecEditRestart(t *testing.T) {
 	h.waitFor(id, "running on the new spec", 30*time.Second, func(v appView) bool {
 		return v.DisplayState == "running" && !bytes.Contains(v.raw, []byte(`"spec_pending":true`))
 	})
-	logPath := appvm.WorkloadLog(h.vms.Layout(), id)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(logPath)
+		b := h.output(id)
 		if bytes.Contains(b, []byte("MODE=edited\n")) {
 			break
 		}
@@ -883,7 +902,7 @@ func TestIntegrationRedeploy(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(appvm.WorkloadLog(h.vms.Layout(), id))
+		b := h.output(id)
 		if bytes.Contains(b, []byte("build-two\n")) {
 			break
 		}
@@ -945,12 +964,16 @@ func TestIntegrationHotVolume(t *testing.T) {
 // guest powers off, and the operator's shutdown is not restarted.
 func TestIntegrationShutdownByPowerButton(t *testing.T) {
 	h := newHost(t)
-	termed := filepath.Join(t.TempDir(), "got-term")
-	h.image("pb", "trap 'touch "+termed+"; exit 0' TERM; while :; do sleep 0.1; done", nil)
+	dir := t.TempDir()
+	termed, trapped := filepath.Join(dir, "got-term"), filepath.Join(dir, "trapped")
+	// The workload says when its trap is set: a SIGTERM before that
+	// would end the shell without the trap, on a slow machine.
+	h.image("pb", "trap 'touch "+termed+"; exit 0' TERM; touch "+trapped+"; while :; do sleep 0.1; done", nil)
 	req := baseCreate("pb")
 	req["restart_policy"] = "always"
 	id := h.create(req)
 	h.waitFor(id, "a heartbeat", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" && v.AppVM.LastHeartbeatAt != nil })
+	h.waitFor(id, "the workload's trap", 30*time.Second, func(appView) bool { _, err := os.Stat(trapped); return err == nil })
 	rec, err := h.vms.Get(vm.ModeAppVM, id)
 	if err != nil {
 		t.Fatal(err)
