@@ -126,10 +126,7 @@ func appVMIO(l, main *lane) {
 	for _, id := range []string{"io-ovl", "io-copy"} {
 		l.must("POST", "/api/appvm/vms/"+id+"/start", "", http.StatusNoContent)
 	}
-	logOf := func(id string) string {
-		b, _ := os.ReadFile(l.stateDir + "/vms/" + id + "/workload.log")
-		return string(b)
-	}
+	logOf := l.output
 	l.poll("both IO workloads done", 20*time.Minute, func() bool {
 		return strings.Contains(logOf("io-ovl"), "lane-io done") && strings.Contains(logOf("io-copy"), "lane-io done")
 	})
