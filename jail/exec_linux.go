@@ -293,11 +293,9 @@ func buildRoot(s *helperSpec) error {
 		}
 		plan = append(plan, mountPlan{real: real, Bind: b, inert: !b.Writable && inert(&st)})
 	}
-	slices.SortFunc(plan, func(a, b mountPlan) int { return strings.Compare(a.real, b.real) })
-	for i := 1; i < len(plan); i++ {
-		if strings.HasPrefix(plan[i].real, plan[i-1].real+"/") {
-			return fmt.Errorf("binding %s: it is inside %s, bound too", plan[i].real, plan[i-1].real)
-		}
+	plan, err := dropContained(plan)
+	if err != nil {
+		return err
 	}
 	for _, p := range plan {
 		if p.real == root || strings.HasPrefix(p.real, root+"/") || strings.HasPrefix(root, p.real+"/") {
@@ -356,6 +354,34 @@ func buildRoot(s *helperSpec) error {
 		return fmt.Errorf("making the root read-only: %w", err)
 	}
 	return nil
+}
+
+// dropContained leaves out of plan every bind inside another bound
+// directory (a library under a bound /usr): it shows through that
+// directory already, which must then give at least its permissions
+// (writable, executable); a bind that needs more than the directory
+// around it gives is refused. What remains is sorted by path, and no
+// bind is inside another.
+func dropContained(plan []mountPlan) ([]mountPlan, error) {
+	byPath := make(map[string]*mountPlan, len(plan))
+	for i := range plan {
+		byPath[plan[i].real] = &plan[i]
+	}
+	var out []mountPlan
+	for _, p := range plan {
+		var outer *mountPlan
+		for d := filepath.Dir(p.real); outer == nil && d != "/" && d != "."; d = filepath.Dir(d) {
+			outer = byPath[d]
+		}
+		switch {
+		case outer == nil:
+			out = append(out, p)
+		case p.Writable && !outer.Writable || p.Exec && !outer.Exec:
+			return nil, fmt.Errorf("binding %s: it is inside %s, bound with fewer permissions", p.real, outer.real)
+		}
+	}
+	slices.SortFunc(out, func(a, b mountPlan) int { return strings.Compare(a.real, b.real) })
+	return out, nil
 }
 
 // maxLinks bounds the symbolic links followed for one path, as the kernel's

@@ -48,6 +48,9 @@ type View struct {
 	GuestPanickedAt   *time.Time     `json:"guest_panicked_at,omitempty"`
 	ShuttingDown      bool           `json:"shutting_down,omitempty"`
 	Mode              Mode           `json:"mode"`
+	// Confinement is the VM's jail; absent while its processes run
+	// unconfined.
+	Confinement *record.Confinement `json:"confinement,omitempty"`
 
 	store viewStore
 }
@@ -171,6 +174,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		Mode:          rec.Mode,
 		ShuttingDown:  rec.ShuttingDown,
 		BalloonMB:     rec.BalloonMB,
+		Confinement:   rec.Jail, // records are never modified
 		store:         st,
 	}
 	if rec.GuestPanickedAt != nil {
