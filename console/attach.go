@@ -7,6 +7,8 @@ import (
 	"net"
 	"os"
 	"sync"
+
+	"vmhost/internal/nofollow"
 )
 
 // AttachName is the attach socket's name in a VM's run directory
@@ -52,7 +54,8 @@ func listenAttach(path string) (*attachments, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console attach socket: %w", err)
 	}
-	if err := os.Chmod(path, 0o600); err != nil {
+	// The directory may be a confined VM's, which could put a link there.
+	if err := nofollow.Chmod(path, 0o600); err != nil {
 		ln.Close()
 		return nil, fmt.Errorf("console attach socket: %w", err)
 	}

@@ -62,3 +62,7 @@ func (d *Dialer) DialUnix(ctx context.Context, path string) (net.Conn, error) {
 func DialUnix(ctx context.Context, path string) (net.Conn, error) {
 	return dialUnix(ctx, &net.Dialer{}, path)
 }
+
+// Chmod sets the permission bits of what is at name (a socket the agent
+// just bound, say) without following a link there.
+func Chmod(name string, mode os.FileMode) error { return chmod(name, mode) }

@@ -54,3 +54,25 @@ func dialUnix(ctx context.Context, d *net.Dialer, path string) (net.Conn, error)
 	}
 	return c, nil
 }
+
+// chmod changes the mode of what is at name, which must not be a link: it
+// opens the inode (O_PATH) and changes it through /proc/self/fd/N, since
+// fchmodat cannot refuse to follow a link on older kernels.
+func chmod(name string, mode os.FileMode) error {
+	fd, err := unix.Open(name, unix.O_PATH|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "chmod", Path: name, Err: err}
+	}
+	defer unix.Close(fd)
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return &os.PathError{Op: "chmod", Path: name, Err: err}
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		return &os.PathError{Op: "chmod", Path: name, Err: unix.ELOOP}
+	}
+	if err := unix.Chmod("/proc/self/fd/"+strconv.Itoa(fd), uint32(mode.Perm())); err != nil {
+		return &os.PathError{Op: "chmod", Path: name, Err: err}
+	}
+	return nil
+}

@@ -33,3 +33,14 @@ func dialUnix(ctx context.Context, d *net.Dialer, path string) (net.Conn, error)
 	}
 	return d.DialContext(ctx, "unix", path)
 }
+
+func chmod(name string, mode os.FileMode) error {
+	fi, err := os.Lstat(name)
+	if err != nil {
+		return err
+	}
+	if fi.Mode()&os.ModeSymlink != 0 {
+		return &os.PathError{Op: "chmod", Path: name, Err: syscall.ELOOP}
+	}
+	return os.Chmod(name, mode)
+}

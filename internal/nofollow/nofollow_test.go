@@ -118,3 +118,26 @@ func TestOpen(t *testing.T) {
 	}
 }
 
+func TestChmod(t *testing.T) {
+	dir := t.TempDir()
+	target := dir + "/target"
+	if err := os.WriteFile(target, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, dir+"/link"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Chmod(dir+"/link", 0o600); !errors.Is(err, syscall.ELOOP) {
+		t.Errorf("chmod through a link: %v, want ELOOP", err)
+	}
+	if fi, _ := os.Stat(target); fi.Mode().Perm() != 0o644 {
+		t.Errorf("the link's target became %v", fi.Mode().Perm())
+	}
+	listen(t, dir+"/s.sock")
+	if err := Chmod(dir+"/s.sock", 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if fi, _ := os.Lstat(dir + "/s.sock"); fi.Mode().Perm() != 0o600 || fi.Mode().Type() != os.ModeSocket {
+		t.Errorf("socket mode %v", fi.Mode())
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/internal/nofollow"
 	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/vm/record"
@@ -360,7 +361,7 @@ func (m *monitor) checkFiles() (finding, bool) {
 	}
 	if st, ok := statT(fi); ok && st.Ino != m.sockIno {
 		// Replaced: a new file nobody may listen on.
-		c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
+		c, err := dialRunFile(m.apiSocket)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return finding{kind: record.KindSocketDead, err: err}, true
 		}
@@ -383,7 +384,7 @@ func (m *monitor) probeSocket() (kind string, bad bool) {
 	if _, err := os.Lstat(m.apiSocket); errors.Is(err, fs.ErrNotExist) {
 		return record.KindSocketGone, true
 	}
-	c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
+	c, err := dialRunFile(m.apiSocket)
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		return record.KindSocketDead, true
 	}
@@ -509,7 +510,7 @@ func (m *monitor) qsdVerdict() verdict {
 
 // logHint gives "; log: <last line>" for a log file's last non-empty line.
 func logHint(path string) string {
-	b, err := os.ReadFile(path)
+	b, err := nofollow.ReadFile(path)
 	if err != nil {
 		return ""
 	}
@@ -712,7 +713,7 @@ func (e *Engine) pingTimeoutSecs() int {
 // activation and guest panics.
 func (m *monitor) readEvents() {
 	if m.evFile == nil {
-		f, err := os.Open(m.events)
+		f, err := nofollow.Open(m.events)
 		if err != nil {
 			if !m.evWarned {
 				m.evWarned = true
@@ -793,7 +794,7 @@ func (e eventSummary) poweredOff() bool { return e.vmShutdown && e.vmmShutdown }
 // scanEvents reads the event file at path to its end.
 func scanEvents(path string) eventSummary {
 	var sum eventSummary
-	f, err := os.Open(path)
+	f, err := nofollow.Open(path)
 	if err != nil {
 		return sum
 	}
@@ -847,6 +848,14 @@ func processStartWall(ticks uint64) time.Time {
 		}
 	})
 	return bootTime.Add(time.Duration(ticks) * time.Second / clockTicks)
+}
+
+// dialRunFile dials a socket of a VM's run directory, which the VM owns
+// when it is confined: a link there is never followed (it could lead to
+// another VM's socket).
+func dialRunFile(path string) (net.Conn, error) {
+	d := nofollow.Dialer{Dialer: net.Dialer{Timeout: time.Second}}
+	return d.DialUnix(context.Background(), path)
 }
 
 // inode returns the inode of path (not following a symlink), or 0.
