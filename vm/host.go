@@ -3,6 +3,8 @@ package vm
 import (
 	"context"
 	"errors"
+
+	"vmhost/vm/record"
 )
 
 // Host is the work a VM needs done on the host: disk copies, data volumes,
@@ -17,7 +19,9 @@ import (
 // in-memory fake that records calls.
 type Host interface {
 	// Preflight reports whether the host can carry out creating rec at
-	// all, before anything is stored. It changes nothing.
+	// all, before anything is stored. It changes nothing on the host; it
+	// may fill in what the host gives the VM (its jail, rec.Jail), which
+	// the create's record then stores.
 	Preflight(ctx context.Context, rec *Record) error
 	// Provision creates the VM's disks, taps and seed (downloading the
 	// image first when rec.Spec.Image is set). On error it leaves nothing
@@ -44,6 +48,9 @@ type Host interface {
 	// Counters reads the device counters of a running or paused VM
 	// (Cloud Hypervisor's vm.counters: device id → counter → value).
 	Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error)
+	// Usage reads what a confined VM's processes use now (its cgroup's
+	// counters); nil, with no error, for a VM that runs unconfined.
+	Usage(rec *Record) (*record.Usage, error)
 	// HotAttach plugs volume key of rec, a running or paused VM (recorded
 	// with Pending attach), into it: the storage daemon exports the image,
 	// CH adds the disk, and a running AppVM's guest mounts it. On failure
@@ -93,6 +100,9 @@ func (NoHost) Rollback(context.Context, *Record) error { return nil }
 func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
 	return RunsNoVMs("balloon", rec)
 }
+
+// Usage has nothing to read: no VM runs here.
+func (NoHost) Usage(*Record) (*record.Usage, error) { return nil, nil }
 
 // Counters refuses: no VM runs here.
 func (NoHost) Counters(_ context.Context, rec *Record) (map[string]map[string]uint64, error) {

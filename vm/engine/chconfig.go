@@ -46,7 +46,7 @@ const netRefillMillis = 100
 //     read-only) when cloud_init is set, data volumes (vhost-user,
 //     data<N>.vhost). No ids are sent: CH names them _disk0, _disk1, …,
 //     and _disk0's activation is the classic VM's sign of life.
-//   - net: the recorded tap and MAC, the resolved MTU, and for
+//   - net: the recorded tap and MAC (the tap carries the resolved MTU), and for
 //     rate_limit_mbps a bandwidth bucket refilled every 100 ms holding
 //     mbps × 125 × 100 bytes (mbps × 10^6 / 8 bytes per second).
 //   - serial on console.sock, console off, pvpanic, platform serial_number,
@@ -120,7 +120,11 @@ func CHConfig(rec *record.Record, cfg *config.Config, l record.Layout, host CHCo
 			np = &sp.Nets[i]
 		}
 		nv := record.ResolveNet(cfg, np, nic)
-		n := chclient.NetConfig{Tap: nic.Tap, Mac: nic.MAC, Mtu: int(nv.MTU)}
+		// No mtu: given one, CH sets it on the tap (SIOCSIFMTU), which a
+		// confined CH may not; without, it advertises the tap's, which the
+		// agent set when it made the tap. No host_mac either: CH would set
+		// that too; it reads the tap's.
+		n := chclient.NetConfig{Tap: nic.Tap, Mac: nic.MAC}
 		if nv.RateLimitMbps != nil && *nv.RateLimitMbps > 0 {
 			n.RateLimiterConfig = &chclient.RateLimiterConfig{Bandwidth: &chclient.TokenBucket{
 				Size: uint64(*nv.RateLimitMbps) * 125 * netRefillMillis, RefillTime: netRefillMillis}}

@@ -17,6 +17,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/disk"
+	"vmhost/jail"
 	"vmhost/qcow2"
 	"vmhost/qmp"
 	"vmhost/seed"
@@ -33,6 +34,11 @@ type Program struct {
 	PreArgs []string
 	// Env is the program's environment; nil means the agent's.
 	Env []string
+	// Jail is what the program needs in a VM's jail beyond what the
+	// engine gives every VM's process of its kind (its binds and
+	// devices; the program's own files are found by jail.ExecFiles): a
+	// simulator's guest side, say.
+	Jail jail.Exec
 }
 
 // Options configure an Engine. Config, Records, StateDir and RunDir are
@@ -56,6 +62,9 @@ type Options struct {
 	// interface then fails with a HostNetwork error carrying NoTapsReason.
 	Taps         *tap.Handle
 	NoTapsReason string
+	// Jail confines the VMs' processes (jail.go); nil, or a Jailer that
+	// is not Enabled, runs them unconfined.
+	Jail *jail.Jailer
 	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
 	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int
@@ -106,6 +115,9 @@ type Engine struct {
 	// their records may not hold yet, by VM id.
 	cidMu     sync.Mutex
 	cidsGiven map[string]uint32
+
+	// jailMu serializes the allocation of jail ids (jail.go).
+	jailMu sync.Mutex
 
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
@@ -229,7 +241,8 @@ func addSteps(r *record.Record, names ...string) {
 
 // Preflight checks what the engine can tell before anything is stored:
 // the VM's socket paths fit a unix socket address, and the host can create
-// taps if the VM has interfaces.
+// taps if the VM has interfaces. When VMs are confined it gives rec its
+// jail (rec.Jail), which the create's record then stores.
 func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
 	if err := e.layout().CheckSocketPaths(rec.ID); err != nil {
 		return &record.FieldError{Field: "vm_id", Msg: err.Error()}
@@ -237,7 +250,8 @@ func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
 	if len(rec.NICs) > 0 && e.o.Taps == nil {
 		return &record.HostError{Kind: record.HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
 	}
-	return nil
+	// The create's record, stored next, is the intent of the jail too.
+	return e.assignJail(rec)
 }
 
 // Provision carries out the provisioning steps not yet recorded as done:
@@ -324,7 +338,12 @@ func (e *Engine) cancelProvision(id string) bool {
 func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) {
 	id := rec.ID
 	l := e.layout()
-	rec = e.current(rec)
+	// A VM created while VMs ran unconfined gets its jail first: the
+	// intent, before any host work (taps are made for its uid).
+	rec, err = e.recordJail(e.current(rec))
+	if err != nil {
+		return err
+	}
 	sp := &rec.Spec
 	var done []string // steps done here and not recorded yet
 	did := func(step string) {
@@ -563,7 +582,11 @@ func (e *Engine) createTap(ctx context.Context, rec *record.Record, i int) error
 	if e.o.Taps == nil {
 		return fail("creating tap "+nic.Tap, errors.New(e.o.NoTapsReason))
 	}
-	if err := e.o.Taps.Create(ctx, tap.TapConfig{Name: nic.Tap, MTU: int(nv.MTU), VMID: rec.ID, Index: i}); err != nil {
+	tc := tap.TapConfig{Name: nic.Tap, MTU: int(nv.MTU), VMID: rec.ID, Index: i}
+	if rec.Jail != nil && e.jailer() != nil {
+		tc.Owner = int(rec.Jail.UID) // a confined CH attaches as the owner
+	}
+	if err := e.o.Taps.Create(ctx, tc); err != nil {
 		return fail("creating tap "+nic.Tap, err)
 	}
 	undo := func(err error) error {
@@ -660,7 +683,7 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 		LogFile:   l.QSDLog(id),
 	}
 	for _, v := range sp.Volumes {
-		c.Data = append(c.Data, qmp.DataDisk{ID: v.ID, Path: l.VolumeFile(id, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly})
+		c.Data = append(c.Data, qmp.DataDisk{ID: v.ID, Path: e.volumePath(rec, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly})
 	}
 	return c
 }
@@ -671,9 +694,22 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 // engine holds it, and an agent that dies first leaves a process that the
 // next start reaps.
 func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSDRuntime, error) {
+	rec, jv, err := e.prepareJail(rec)
+	if err != nil {
+		return nil, err
+	}
 	e.mu.Lock()
 	q := e.live[rec.ID]
 	e.mu.Unlock()
+	if q != nil && jv != nil {
+		if in, _ := jv.Cgroup().Contains(q.Pid); !in {
+			// Started unconfined (by an older vmhost, or before the VM had
+			// a jail): a confined CH could not use its sockets.
+			e.log.Info("restarting the storage daemon of a VM confined from this boot on", "id", rec.ID, "pid", q.Pid)
+			e.stopHeldQSD(rec.ID)
+			q = nil
+		}
+	}
 	if q != nil {
 		select {
 		case <-q.Done():
@@ -693,7 +729,10 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		}
 	}
 	cfg := e.qsdConfig(rec)
-	q, err := qmp.LaunchQSD(ctx, cfg)
+	if jv != nil {
+		cfg.Confine = e.confineQSD(rec, jv, cfg.Root.Backing)
+	}
+	q, err = qmp.LaunchQSD(ctx, cfg)
 	if err != nil {
 		return nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
 	}
@@ -727,6 +766,14 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 	if err := e.stopAll(ctx, rec); err != nil {
 		errs = append(errs, err)
 	}
+	// Whatever else runs in the VM's cgroup dies with it, and its
+	// first-class volumes go back to root.
+	if err := e.destroyJail(ctx, e.current(rec)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := e.disownVolumes(e.current(rec)); err != nil {
+		errs = append(errs, err)
+	}
 	for i, nic := range rec.NICs {
 		if !rec.Runtime.Done(record.StepTap(i)) || e.o.Taps == nil {
 			continue
@@ -758,6 +805,9 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 		}
 		if rec.Runtime.Done(record.StepSeed) {
 			remove(l.Seed(id))
+		}
+		if err := os.RemoveAll(e.volumeLinks(id)); err != nil {
+			errs = append(errs, err)
 		}
 		if err := os.Remove(l.VMDir(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			e.o.Logger.Warn("VM directory not empty after rollback; left in place", "id", id, "err", err)

@@ -566,6 +566,7 @@ func (m *monitor) conclude(v verdict) {
 		m.qsdProc.Close() // stopProcesses stops the recorded daemon
 	}
 	e.stopProcesses(m.id, m.ch, m.qsd)
+	e.killJail(e.recs.Get(m.id)) // a stopped or failed VM runs nothing
 }
 
 // stopProcesses ends ch and qsd (either may be nil or already gone),

@@ -182,6 +182,9 @@ func (h *Host) Balloon(_ context.Context, rec *vm.Record, mb uint64) error {
 	return nil
 }
 
+// Usage reads nothing: the fake runs no process.
+func (h *Host) Usage(*vm.Record) (*vm.Usage, error) { return nil, nil }
+
 // Boot records the call, and the boot: state running, display booting.
 func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
 	h.record("boot", rec)
