@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"vmhost/api"
 	"vmhost/appvm"
 	"vmhost/audit"
+	"vmhost/chclient/chsim"
 	"vmhost/events"
+	"vmhost/jail"
 	"vmhost/registry"
 	"vmhost/tap"
 	"vmhost/vm"
@@ -47,17 +50,29 @@ type service struct {
 func newService(env serveEnv) (*service, error) {
 	eo := engine.Options{Config: env.Config, StateDir: env.StateDir, RunDir: env.RunDir, Logger: env.Log}
 	if env.SimCH || env.SimQSD {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("locating the vmhost executable for the simulators: %w", err)
+		exe := env.Simulator
+		if exe == "" {
+			var err error
+			if exe, err = os.Executable(); err != nil {
+				return nil, fmt.Errorf("locating the vmhost executable for the simulators: %w", err)
+			}
 		}
 		if env.SimCH {
-			eo.CH = engine.Program{Binary: exe, PreArgs: []string{"sim-ch"}}
+			j, err := simCHJail(env.SimCHArgs)
+			if err != nil {
+				return nil, fmt.Errorf("--sim-ch-args: %w", err)
+			}
+			eo.CH = engine.Program{Binary: exe, PreArgs: append([]string{"sim-ch"}, env.SimCHArgs...), Jail: j}
 		}
 		if env.SimQSD {
 			eo.QSD = engine.Program{Binary: exe, PreArgs: []string{"sim-qsd"}}
 		}
 	}
+	j, err := newJailer(env)
+	if err != nil {
+		return nil, err
+	}
+	eo.Jail = j
 	if uid := os.Geteuid(); uid == 0 {
 		eo.Taps = tap.New(nil)
 	} else {
@@ -129,6 +144,58 @@ func newService(env serveEnv) (*service, error) {
 		err := eng.Close()
 		return errors.Join(err, evs.Close(), auditLog.Close())
 	}}, nil
+}
+
+// newJailer returns the VMs' jailer (docs/operating.md, Confinement), and
+// says once whether VMs run confined: an agent without root, or with
+// jail.enabled false, runs them unconfined.
+func newJailer(env serveEnv) (*jail.Jailer, error) {
+	runDir, err := filepath.Abs(env.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	j, err := jail.New(env.Config.Jail, jail.Host{RunDir: runDir, AgentID: env.AgentID})
+	if err != nil {
+		return nil, fmt.Errorf("confining VMs: %w", err)
+	}
+	if !j.Enabled() {
+		env.Log.Warn("VMs run unconfined", "reason", j.Off())
+		return j, nil
+	}
+	c := j.Config()
+	env.Log.Info("VMs run confined", "cgroups", j.Layout().String(), "id_range", fmt.Sprintf("%d..%d", c.IDRange[0], c.IDRange[1]),
+		"cgroup", path.Join(c.CgroupParent, env.AgentID))
+	return j, nil
+}
+
+// simCHJail is what `vmhost sim-ch` needs in a VM's jail beyond what Cloud
+// Hypervisor gets: the host's /usr (and the top-level links or directories
+// of a system without merged /usr), read-only, which stands in for the
+// simulated guest's file system (its process-mode guest agent runs the
+// workload from it) and holds the qemu backend's firmware; the loader's
+// cache; and the programs the qemu backend runs, with their libraries.
+func simCHJail(args []string) (jail.Exec, error) {
+	var x jail.Exec
+	for _, p := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"} {
+		if _, err := os.Stat(p); err == nil {
+			x.Binds = append(x.Binds, jail.Bind{Path: p, Exec: p != "/etc/ld.so.cache"})
+		}
+	}
+	progs, err := chsim.HostPrograms(args)
+	if err != nil {
+		return x, err
+	}
+	for _, p := range progs {
+		files, err := jail.ExecFiles(p)
+		if err != nil {
+			return x, err
+		}
+		for _, f := range files {
+			x.Binds = append(x.Binds, jail.Bind{Path: f, Exec: true})
+		}
+	}
+	x.Devices = []string{"/dev/zero"}
+	return x, nil
 }
 
 // noTapsReason is why a VM with an interface cannot be created by an agent

@@ -313,6 +313,8 @@ type sim struct {
 	// refuseEject (/sim/v1/eject): the simulated guest ignores eject requests, so
 	// vm.remove-device on a booted VM removes nothing.
 	refuseEject bool
+	// hogged is memory /sim/v1/hog allocated, kept so it stays charged.
+	hogged [][]byte
 
 	// The qemu backend (Config.Backend == BackendQemu).
 	accel   string   // "kvm" or "tcg", resolved at start
