@@ -145,22 +145,6 @@ func startServer(t testing.TB, o serverOpts) *server {
 	if sim == "" {
 		sim = "ch,qsd"
 	}
-	if raceBuild {
-		// The configured binaries become scripts running the non-race
-		// simulators; the agent itself runs with the race detector.
-		for _, p := range strings.Split(sim, ",") {
-			script := dir + "/sim-" + p
-			if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+simBin+" sim-"+p+" \"$@\"\n"), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if p == "ch" {
-				cfg.Binaries.CloudHypervisor = script
-			} else {
-				cfg.Binaries.QemuStorageDaemon = script
-			}
-		}
-		sim = "none"
-	}
 	if o.edit != nil {
 		o.edit(cfg)
 	}
@@ -177,8 +161,10 @@ func startServer(t testing.TB, o serverOpts) *server {
 	if s.token, err = auth.Add(s.stateDir+"/keys.json", "e2e", auth.ScopeReadWrite, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Under -race the agent runs with the race detector and the
+	// simulators without (--simulator).
 	s.cmd = exec.Command(vmhostBin, "serve", "--listen", "unix:"+s.sock, "--state-dir", s.stateDir,
-		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim)
+		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim, "--simulator", simBin)
 	s.cmd.Stderr = s.stderr
 	s.cmd.Stdout = s.stderr
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
@@ -235,6 +221,7 @@ func (s *server) stop() {
 	for _, pid := range s.children() {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+	s.removeCgroups()
 	if s.nsFD > 0 {
 		syscall.Close(s.nsFD)
 	}

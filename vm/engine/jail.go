@@ -357,7 +357,12 @@ func (e *Engine) confineCH(rec *record.Record, v *jail.VM, files []string) proc.
 	if len(rec.NICs) > 0 {
 		x.Devices = append(x.Devices, "/dev/net/tun")
 		for _, n := range rec.NICs {
-			x.Binds = append(x.Binds, jail.Bind{Path: "/sys/class/net/" + n.Tap})
+			// CH reads tun_flags there. An agent in a network namespace
+			// whose sysfs was not mounted for it sees no such node, and
+			// neither would CH.
+			if p := "/sys/class/net/" + n.Tap; fileExists(p) {
+				x.Binds = append(x.Binds, jail.Bind{Path: p})
+			}
 		}
 	}
 	if len(sp.PCIDevices) > 0 {
