@@ -565,6 +565,25 @@ func (m *monitor) conclude(v verdict) {
 	if m.qsdProc != nil {
 		m.qsdProc.Close() // stopProcesses stops the recorded daemon
 	}
+	// The cleanup holds the VM's action lock, so a start that follows the
+	// verdict at once waits for it rather than see its new processes
+	// killed with the old ones (the VM's cgroup is emptied).
+	unlock := e.recs.Lock(m.id)
+	defer unlock()
+	if r := e.recs.Get(m.id); r != nil && (r.State == record.StateRunning || r.State == record.StatePaused) {
+		// Booted again before the lock came: only this monitor's own
+		// processes go (that boot stopped what was recorded).
+		if err := terminate(m.ch.Done(), m.ch.Signal); err != nil {
+			e.log.Error("stopping cloud-hypervisor", "id", m.id, "pid", m.ch.Pid, "err", err)
+		}
+		m.ch.Close()
+		if m.qsd != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*stopGrace)
+			m.qsd.Quit(ctx)
+			cancel()
+		}
+		return
+	}
 	e.stopProcesses(m.id, m.ch, m.qsd)
 	e.killJail(e.recs.Get(m.id)) // a stopped or failed VM runs nothing
 }
