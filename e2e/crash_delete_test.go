@@ -343,4 +343,5 @@ func checkNothingElse(t *testing.T, s *server, present map[string]view, taps boo
 			}
 		}
 	}
+	checkJails(t, s, present)
 }

@@ -150,6 +150,7 @@ func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, r
 	if !root {
 		return
 	}
+	checkJails(t, s, map[string]view{id: v})
 	var tapNames, wantTaps []string
 	for _, o := range s.ownedTaps(t) {
 		tapNames = append(tapNames, o.Name)

@@ -93,6 +93,8 @@ type serverOpts struct {
 	noBridge bool
 	// simulate is --simulate; empty means "ch,qsd".
 	simulate string
+	// simCHArgs is --sim-ch-args: more flags for the CH simulator.
+	simCHArgs string
 	// edit changes the config before it is written.
 	edit func(*config.Config)
 }
@@ -164,7 +166,7 @@ func startServer(t testing.TB, o serverOpts) *server {
 	// Under -race the agent runs with the race detector and the
 	// simulators without (--simulator).
 	s.cmd = exec.Command(vmhostBin, "serve", "--listen", "unix:"+s.sock, "--state-dir", s.stateDir,
-		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim, "--simulator", simBin)
+		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim, "--simulator", simBin, "--sim-ch-args", o.simCHArgs)
 	s.cmd.Stderr = s.stderr
 	s.cmd.Stdout = s.stderr
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
