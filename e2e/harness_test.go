@@ -95,6 +95,9 @@ type serverOpts struct {
 	simulate string
 	// simCHArgs is --sim-ch-args: more flags for the CH simulator.
 	simCHArgs string
+	// uid, when not 0, runs the server as that uid and gid (a test as
+	// root running an agent that is not), owning its directory.
+	uid int
 	// edit changes the config before it is written.
 	edit func(*config.Config)
 }
@@ -172,6 +175,18 @@ func startServer(t testing.TB, o serverOpts) *server {
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if o.netns {
 		s.cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
+	if o.uid != 0 {
+		err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, o.uid, o.uid)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.uid)}
 	}
 	if err := s.cmd.Start(); err != nil {
 		t.Fatal(err)

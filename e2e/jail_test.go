@@ -15,13 +15,17 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"vmhost/config"
 	"vmhost/internal/netnstest"
 	"vmhost/jail"
 	"vmhost/metrics/metricstest"
+	"vmhost/proc"
+	"vmhost/qcow2"
 	"vmhost/vm/record"
 )
 
@@ -365,4 +369,275 @@ func simStatus(s *server, id string) (int, []byte) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, b
+}
+
+// TestJailMemoryLimitStopsHog: a simulated VMM that takes more memory than
+// its VM's cgroup allows (memory_mb + 256 MiB) is killed by that cgroup's
+// OOM killer, which its VM's failure reports; another VM runs on,
+// untouched.
+func TestJailMemoryLimitStopsHog(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{})
+	f := newFixture(t)
+	s.create(f.body("hog", true, ""), http.StatusCreated)
+	s.create(f.body("calm", true, ""), http.StatusCreated)
+	s.waitDisplay("hog", "running", "running")
+	s.waitDisplay("calm", "running", "running")
+	calm := s.jview("calm")
+	calmStart, err := proc.StartTime(calm.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 128 + 256 MiB is the limit: 640 MiB cannot fit.
+	s.simTry("hog", "hog", `{"mb":640}`)
+	v := s.waitFor("hog", "its VMM killed", func(v view) bool { return v.State == "failed" })
+	if fr := v.FailureReason; fr == nil || fr.Cause != "ch_crash" {
+		t.Errorf("hog's failure: %+v, want ch_crash (killed by a signal)", v.FailureReason)
+	}
+	hog := s.jview("hog")
+	l, _ := jail.DetectLayout()
+	if l.UnifiedLimits {
+		if n := keyedValue(t, filepath.Join(l.Unified, hog.Confinement.Cgroup, "memory.events"), "oom_kill"); n < 1 {
+			t.Errorf("memory.events oom_kill = %d, want the kill counted", n)
+		}
+	} else if n := keyedValue(t, filepath.Join(l.V1["memory"], hog.Confinement.Cgroup, "memory.oom_control"), "oom_kill"); n < 1 {
+		t.Errorf("memory.oom_control oom_kill = %d, want the kill counted", n)
+	}
+	if !proc.Alive(calm.PID, calmStart) {
+		t.Error("calm's VMM died with hog's")
+	}
+	if v := s.jview("calm"); v.State != "running" {
+		t.Errorf("calm is %s/%s, want running", v.State, v.DisplayState)
+	}
+}
+
+// keyedValue reads the value of key in a "key value" per line file.
+func keyedValue(t *testing.T, file, key string) int {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if k, v, ok := strings.Cut(line, " "); ok && k == key {
+			n, _ := strconv.Atoi(strings.TrimSpace(v))
+			return n
+		}
+	}
+	t.Fatalf("%s has no %s", file, key)
+	return 0
+}
+
+// TestJailAdoptedAfterRestart: an agent killed and started again adopts its
+// confined VMs (their processes found in their cgroups and checked), which
+// keep running as they were; a stop then empties the cgroup and a start
+// confines the VM again.
+func TestJailAdoptedAfterRestart(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{})
+	f := newFixture(t)
+	s.create(f.body("ad", true, ""), http.StatusCreated)
+	s.waitDisplay("ad", "running", "running")
+	before := s.jview("ad")
+	s.kill()
+	s.restart()
+	after := s.jview("ad")
+	if after.State != "running" || after.PID != before.PID || after.Disk.QSDPid != before.Disk.QSDPid || *after.Confinement != *before.Confinement {
+		t.Fatalf("after the restart: %+v %+v, want the same running VM as %+v %+v", after.view, after.Confinement, before.view, before.Confinement)
+	}
+	if out := s.stderr.String(); strings.Contains(out, "not confined") || strings.Contains(out, "not in its cgroup") || !strings.Contains(out, "VM adopted") {
+		t.Errorf("the restarted agent did not adopt the VM as confined:\n%s", out)
+	}
+	checkConfined(t, "adopted CH", after.PID, after)
+	checkJails(t, s, map[string]view{"ad": after.view})
+	if st := s.act("ad", "stop"); st != http.StatusNoContent {
+		t.Fatalf("stop = %d", st)
+	}
+	if pids := s.cgroupProcs(t, "ad"); len(pids) != 0 {
+		t.Errorf("processes %v left in the cgroup of a stopped VM", pids)
+	}
+	if st := s.act("ad", "start"); st != http.StatusNoContent {
+		t.Fatalf("start = %d", st)
+	}
+	s.waitDisplay("ad", "running", "running")
+	again := s.jview("ad")
+	checkConfined(t, "restarted CH", again.PID, again)
+	checkConfined(t, "restarted QSD", again.Disk.QSDPid, again)
+}
+
+// cgroupProcs lists the processes in VM id's cgroup.
+func (s *server) cgroupProcs(t *testing.T, id string) []int {
+	t.Helper()
+	j := s.jailer()
+	if j == nil {
+		return nil
+	}
+	v, err := j.VM(id, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := v.Cgroup().Procs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pids
+}
+
+// setJail rewrites the server's config with jail.enabled on or off (for
+// its next restart).
+func (s *server) setJail(t *testing.T, on bool) {
+	t.Helper()
+	cfg, err := config.Load(s.dir + "/config.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Jail.Enabled = on
+	b, err := cfg.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(s.dir+"/config.json", b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestJailOlderVMKeepsRunningUnconfined: a VM booted unconfined (by an
+// older vmhost; here an agent with jail.enabled false) is adopted by an
+// agent that confines VMs and keeps running as it was, unconfined, with
+// no confinement in its view; its next boot confines it, storage daemon
+// included.
+func TestJailOlderVMKeepsRunningUnconfined(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.Jail.Enabled = false }})
+	f := newFixture(t)
+	s.create(f.body("old", true, ""), http.StatusCreated)
+	s.waitDisplay("old", "running", "running")
+	before := s.jview("old")
+	if before.Confinement != nil {
+		t.Fatalf("confinement %+v with the jail off", before.Confinement)
+	}
+	if st := statusOf(t, before.PID); !strings.HasPrefix(st["Uid"], "0\t") {
+		t.Fatalf("unconfined CH runs as %s", st["Uid"])
+	}
+	s.kill()
+	s.setJail(t, true)
+	s.restart()
+	after := s.jview("old")
+	if after.State != "running" || after.PID != before.PID || after.Confinement != nil {
+		t.Fatalf("after the restart: %s pid %d confinement %+v; want running pid %d, unconfined", after.State, after.PID, after.Confinement, before.PID)
+	}
+	if st := statusOf(t, after.PID); !strings.HasPrefix(st["Uid"], "0\t") {
+		t.Errorf("the adopted CH runs as %s, want it left as it was", st["Uid"])
+	}
+	if !strings.Contains(s.stderr.String(), "VM runs unconfined (booted before VMs were confined)") {
+		t.Errorf("the agent did not say the adopted VM runs unconfined:\n%s", s.stderr)
+	}
+	if st := s.act("old", "stop"); st != http.StatusNoContent {
+		t.Fatalf("stop = %d", st)
+	}
+	if st := s.act("old", "start"); st != http.StatusNoContent {
+		t.Fatalf("start = %d", st)
+	}
+	s.waitDisplay("old", "running", "running")
+	now := s.jview("old")
+	if now.Confinement == nil {
+		t.Fatal("no confinement after the VM's next boot")
+	}
+	checkConfined(t, "CH after the next boot", now.PID, now)
+	checkConfined(t, "QSD after the next boot", now.Disk.QSDPid, now)
+}
+
+// TestJailConcurrentCreatesGetTheirOwnIDs: creates at once never give two
+// VMs one uid, and every VM's record carries its uid and gid.
+func TestJailConcurrentCreatesGetTheirOwnIDs(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{edit: func(c *config.Config) {
+		c.HostCPUs = 64
+		c.Jail.IDRange = [2]uint32{1500000, 1500015} // 16 ids for 16 VMs
+	}})
+	f := newFixture(t)
+	const n = 16
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if st, b := s.do("POST", "/api/vms", f.body(fmt.Sprintf("c%d", i), false, "")); st != http.StatusCreated {
+				t.Errorf("create c%d = %d %s", i, st, b)
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[uint32]string{}
+	present := map[string]view{}
+	for i := range n {
+		id := fmt.Sprintf("c%d", i)
+		v := s.jview(id)
+		present[id] = v.view
+		if v.Confinement == nil {
+			t.Fatalf("%s has no confinement", id)
+		}
+		if other, dup := seen[v.Confinement.UID]; dup {
+			t.Errorf("%s and %s both got uid %d", other, id, v.Confinement.UID)
+		}
+		seen[v.Confinement.UID] = id
+		checkConfined(t, id+"'s QSD", v.Disk.QSDPid, v)
+	}
+	// The range is full: one more create is refused before anything is made.
+	st, b := s.do("POST", "/api/vms", f.body("c16", false, ""))
+	if st != http.StatusInternalServerError || !strings.Contains(string(b), "jail.id_range") {
+		t.Errorf("a create with every id held = %d %s, want 500 naming jail.id_range", st, b)
+	}
+	if _, ok := s.get("c16"); ok || exists(s.stateDir+"/vms/c16") || slices.Contains(s.cgroupVMs(), "c16") {
+		t.Error("the refused create left something")
+	}
+	checkJails(t, s, present)
+}
+
+// TestJailOffWithoutRoot: an agent that is not root runs VMs unconfined, as
+// its own uid, says so once (not once per VM), and shows no confinement.
+func TestJailOffWithoutRoot(t *testing.T) {
+	netnstest.RequireRoot(t) // to start the agent as another user
+	const nobody = 65534
+	// The test binaries' directory must be open to that user.
+	bin := filepath.Dir(vmhostBin)
+	fi, err := os.Stat(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.Chmod(bin, fi.Mode().Perm()) })
+	s := startServer(t, serverOpts{uid: nobody})
+	// The kernel and base image where that user can read them.
+	f := fixture{kernel: s.dir + "/vmlinux", base: s.dir + "/base.qcow2"}
+	if err := os.WriteFile(f.kernel, []byte("not really a kernel"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := qcow2.Create(f.base, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chown(f.base, nobody, nobody); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		id := fmt.Sprintf("u%d", i)
+		s.create(f.body(id, true, ""), http.StatusCreated)
+		s.waitDisplay(id, "running", "running")
+		v := s.jview(id)
+		if v.Confinement != nil {
+			t.Errorf("%s: confinement %+v from an agent without root", id, v.Confinement)
+		}
+		if st := statusOf(t, v.PID); !strings.HasPrefix(st["Uid"], strconv.Itoa(nobody)+"\t") {
+			t.Errorf("%s's CH runs as %s, want the agent's uid %d", id, st["Uid"], nobody)
+		}
+	}
+	out := s.stderr.String()
+	if n := strings.Count(out, `msg="VMs run unconfined"`); n != 1 || !strings.Contains(out, "does not run as root") {
+		t.Errorf("the agent said %d times that VMs run unconfined (want once, saying why):\n%s", n, out)
+	}
+	if ids := s.cgroupVMs(); len(ids) > 0 {
+		t.Errorf("cgroups %v made by an agent without root", ids)
+	}
 }
