@@ -7,7 +7,10 @@
 //
 // A check only reads the host, except the state directory's, which writes
 // and removes two small temporary files to learn whether the file system
-// can share extents (reflink) or copies root disks in full.
+// can share extents (reflink) or copies root disks in full, and the
+// jail's (when main wires its probe), which starts one process in a
+// throwaway jail (a cgroup and a directory under the run directory) and
+// removes it.
 //
 // The package imports only config and kmod of vmhost's packages; what the
 // agent knows beyond the configuration (the modules an AppVM needs, the
