@@ -126,6 +126,7 @@ func classicStatic(l *lane, a artifacts) {
 	l.waitView("/api/vms", id, "display running", bootTimeout, func(v vmView) bool { return v.DisplayState == "running" })
 	phase(t, "classic static: running", start)
 	l.waitSSH("lane", staticIP, bootTimeout)
+	l.checkConfined("/api/vms", id)
 	phase(t, "classic static: ssh answers", start)
 
 	// The key got us in as the user; the rest is read in the guest.
@@ -210,6 +211,7 @@ func classicDHCP(l *lane, a artifacts) {
 		t.Errorf("discovered_ipv4 = %q, want the snooped %s", v.DiscoveredIPv4, ip)
 	}
 	l.waitSSH("lane", ip, bootTimeout)
+	l.checkConfined("/api/vms", id)
 	if out, err := l.ssh("lane", ip, "hostname; ip -4 -o addr show"); err != nil ||
 		!strings.Contains(out, "lane-dhcp-host") || !strings.Contains(out, ip+"/24") {
 		t.Errorf("dhcp guest: %q (%v), want hostname lane-dhcp-host and address %s/24", out, err, ip)
@@ -304,6 +306,7 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running"
 	})
 	phase(t, "appvm: running", start)
+	l.checkConfined(prefix, id)
 
 	logPath := l.stateDir + "/vms/" + id + "/workload.log"
 	readLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
@@ -360,6 +363,7 @@ func appVM(l *lane, a artifacts) {
 	})
 	l.must("DELETE", prefix+"/"+id+"/volumes/data1", "", http.StatusOK)
 	phase(t, "appvm: volume hot-plug", start)
+	l.checkConfined(prefix, id) // the hot-plugged volume changed nothing of it
 
 	// The ACPI power button, pressed on the hypervisor behind vmhost's
 	// back: the guest agent stops the workload gracefully (its TERM trap
