@@ -641,3 +641,33 @@ func TestJailOffWithoutRoot(t *testing.T) {
 		t.Errorf("cgroups %v made by an agent without root", ids)
 	}
 }
+
+// TestRunDirLinksNotFollowed: a confined VM owns its run directory, so it
+// can put a link there; the agent never follows one. VM a's API socket
+// swapped for a link to VM b's: an action on a fails instead of reaching
+// b, which goes on running, unpaused.
+func TestRunDirLinksNotFollowed(t *testing.T) {
+	s := startServer(t, serverOpts{})
+	f := newFixture(t)
+	s.create(f.body("la", true, ""), http.StatusCreated)
+	s.create(f.body("lb", true, ""), http.StatusCreated)
+	s.waitDisplay("la", "running", "running")
+	s.waitDisplay("lb", "running", "running")
+	sock := s.runDir + "/vms/la/ch.sock"
+	if err := os.Remove(sock); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(s.runDir+"/vms/lb/ch.sock", sock); err != nil {
+		t.Fatal(err)
+	}
+	if st, b := s.do("POST", "/api/vms/la/pause", ""); st == http.StatusNoContent {
+		t.Errorf("pause of la through a link = %d %s, want a failure", st, b)
+	}
+	if v := s.jview("lb"); v.State != "running" {
+		t.Errorf("lb is %s/%s after la's pause: the agent followed la's link", v.State, v.DisplayState)
+	}
+	st, body := simStatus(s, "lb")
+	if st != http.StatusOK || !strings.Contains(string(body), `"state":"Running"`) {
+		t.Errorf("lb's VMM says %d %s, want Running", st, body)
+	}
+}
