@@ -220,8 +220,11 @@ func setUp(t *testing.T, a artifacts) *lane {
 
 	// Cloud Hypervisor is the simulator with its qemu backend: the agent
 	// runs it, confined, as it runs CH (--simulate ch), and gives its jail
-	// what the backend runs (qemu, vhost-device-vsock).
-	l.serve = exec.Command("ip", "netns", "exec", l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
+	// what the backend runs (qemu, vhost-device-vsock). The agent enters
+	// the namespace's network only: `ip netns exec` would also mount a
+	// sysfs of the namespace over /sys, hiding the cgroup hierarchies
+	// under /sys/fs/cgroup that confinement needs.
+	l.serve = exec.Command("nsenter", "--net=/run/netns/"+l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
 		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", dir+"/config.json",
 		"--simulate", "ch", "--sim-ch-args", "--sim-backend qemu --sim-vsock-backend "+a.vsock)
 	l.serve.Stdout, l.serve.Stderr = l.serveLog, l.serveLog
