@@ -138,7 +138,7 @@ func newService(env serveEnv) (*service, error) {
 		return nil, errors.Join(err, eng.Close(), evs.Close())
 	}
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log,
-		Registry: reg, ImageCache: eng.ImageCache(), Events: evs, Audit: auditLog})
+		Registry: reg, ImageCache: eng.ImageCache(), Events: evs, Audit: auditLog, AgentID: env.AgentID, Version: version})
 	return &service{Handler: h, CloseStreams: h.CloseStreams, Close: func() error {
 		stopRegistry()
 		err := eng.Close()

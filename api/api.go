@@ -112,6 +112,15 @@ type Config struct {
 	// Audit gets one entry per request to a mutating route (denied ones
 	// included); nil audits nothing.
 	Audit *audit.Log
+	// AgentID and Version are what GET /api/host says this agent is: its
+	// id on the host (package agentid) and its release.
+	AgentID, Version string
+	// KVMDevice is the device GET /api/host tries for kvm; empty means
+	// /dev/kvm.
+	KVMDevice string
+	// Features are the capabilities GET /api/host lists besides the API's
+	// own (api/host.go), from the packages below it.
+	Features []Feature
 }
 
 // Server is the API's http.Handler. It is safe for concurrent use.
@@ -131,6 +140,9 @@ type Server struct {
 	events      *events.Log
 	audit       *audit.Log
 	scrape      scrapeState
+	// agentID, version, kvmDevice and features are GET /api/host's.
+	agentID, version, kvmDevice string
+	features                    []Feature
 	// streamsCtx ends when CloseStreams is called.
 	streamsCtx   context.Context
 	closeStreams context.CancelFunc
@@ -155,6 +167,10 @@ var routeTable = []Route{
 	{"POST /api/appvm/vms", true, (*Server).createAppVM},
 	{"PATCH /api/appvm/vms/{id}/spec", true, (*Server).editAppVMSpec},
 	{"POST /api/appvm/vms/{id}/redeploy", true, (*Server).redeployAppVM},
+	// Labels and the host's capacity (api/labels.go, api/host.go).
+	{"PATCH /api/vms/{id}/labels", true, editLabels(vm.ModeVM)},
+	{"PATCH /api/appvm/vms/{id}/labels", true, editLabels(vm.ModeAppVM)},
+	{"GET /api/host", false, (*Server).getHost},
 	// Lifecycle (api/lifecycle.go).
 	{"POST /api/vms/{id}/start", true, actVM(vm.ModeVM, vm.ActionStart)},
 	{"POST /api/vms/{id}/shutdown", true, actVM(vm.ModeVM, vm.ActionShutdown)},
@@ -223,9 +239,12 @@ func New(c Config) *Server {
 	if c.PCIIDs == nil {
 		c.PCIIDs = hostpci.PCIIDsPaths
 	}
+	if c.KVMDevice == "" {
+		c.KVMDevice = "/dev/kvm"
+	}
 	s := &Server{keys: c.Keys, vms: c.VMs, apps: c.AppVMs, images: c.Images, log: c.Logger, mux: http.NewServeMux(), routes: Routes(),
 		bodyTimeout: c.BodyReadTimeout, registry: c.Registry, cache: c.ImageCache, pciIDs: c.PCIIDs,
-		events: c.Events, audit: c.Audit}
+		events: c.Events, audit: c.Audit, agentID: c.AgentID, version: c.Version, kvmDevice: c.KVMDevice, features: c.Features}
 	s.streamsCtx, s.closeStreams = context.WithCancel(context.Background())
 	for _, rt := range s.routes {
 		s.mux.Handle(rt.Pattern, s.guard(rt))
@@ -469,9 +488,13 @@ type appvmList struct {
 
 // listVMs writes {"vms":[...]} (docs/design.md §5) from each VM's encoded list
 // view (vm.Service.ViewJSON), piece by piece without copying them: the
-// bytes writeJSON would give for the list.
+// bytes writeJSON would give for the list. ?label= filters it.
 func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
-	recs := s.vms.List(vm.ModeVM)
+	sel, ok := labelSelector(w, r)
+	if !ok {
+		return
+	}
+	recs := filterLabels(s.vms.List(vm.ModeVM), sel)
 	items := make([][]byte, len(recs))
 	n := len(listHead) + len(listTail) + max(len(recs)-1, 0) // the commas
 	for i, rec := range recs {
@@ -495,8 +518,12 @@ func (s *Server) listVMs(w http.ResponseWriter, r *http.Request) {
 var listHead, comma, listTail = []byte(`{"vms":[`), []byte(","), []byte("]}\n")
 
 func (s *Server) listAppVMs(w http.ResponseWriter, r *http.Request) {
+	sel, ok := labelSelector(w, r)
+	if !ok {
+		return
+	}
 	out := appvmList{VMs: []*appvm.View{}}
-	for _, rec := range s.apps.List() {
+	for _, rec := range filterLabels(s.apps.List(), sel) {
 		out.VMs = append(out.VMs, s.apps.View(rec, vm.ViewOptions{}))
 	}
 	writeJSON(w, http.StatusOK, out)

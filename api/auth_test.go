@@ -80,6 +80,7 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/registry/images":          "/api/registry/images",
 		"GET /api/registry/images/{id}":     "/api/registry/images/debian-12",
 		"GET /api/host/pci":                 "/api/host/pci",
+		"GET /api/host":                     "/api/host",
 		"GET /api/images/cache":             "/api/images/cache",
 		"DELETE /api/images/cache/{digest}": "/api/images/cache/" + fixtureDigest,
 
@@ -90,6 +91,8 @@ func TestAuthMatrix(t *testing.T) {
 
 		"PATCH /api/appvm/vms/{id}/spec":    "/api/appvm/vms/app-fixture/spec",
 		"POST /api/appvm/vms/{id}/redeploy": "/api/appvm/vms/app-fixture/redeploy",
+		"PATCH /api/vms/{id}/labels":        "/api/vms/fixture/labels",
+		"PATCH /api/appvm/vms/{id}/labels":  "/api/appvm/vms/app-fixture/labels",
 
 		"GET /api/volumes":                         "/api/volumes",
 		"GET /api/volumes/{id}":                    "/api/volumes/vol-a",
@@ -213,6 +216,8 @@ func TestAuthMatrix(t *testing.T) {
 					body = `{"id":"ok-image","path":"` + notAnImage + `"}`
 				case "PATCH /api/appvm/vms/{id}/spec":
 					body = `{"keepalive":true}`
+				case "PATCH /api/vms/{id}/labels", "PATCH /api/appvm/vms/{id}/labels":
+					body = `{"team":"infra"}`
 				case "POST /api/volumes":
 					body = `{"volume_id":"ok-vol","size_gib":1}`
 				case "POST /api/vms/{id}/volumes":

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
 	"slices"
 	"strconv"
@@ -64,8 +65,8 @@ func decodeStrict(body []byte, v any) error {
 		return &DecodeError{Msg: fmt.Sprintf("trailing data after the JSON value at offset %d", dec.InputOffset())}
 	}
 	rv := reflect.ValueOf(v)
-	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct {
-		panic("decodeStrict: v must be a pointer to a struct")
+	if rv.Kind() != reflect.Pointer || rv.Elem().Kind() != reflect.Struct && rv.Elem().Kind() != reflect.Map {
+		panic("decodeStrict: v must be a pointer to a struct or a map")
 	}
 	return fill("", root, rv.Elem())
 }
@@ -127,6 +128,26 @@ func fill(path string, val any, rv reflect.Value) error {
 			return typeErr(path, "object", val)
 		}
 		return fillStruct(path, m, rv)
+	case reflect.Map:
+		// An object of string keys (labels); a key is named quoted, as it
+		// may hold dots: labels["a.b"].
+		m, ok := val.(map[string]any)
+		if !ok {
+			return typeErr(path, "object", val)
+		}
+		if t.Key().Kind() != reflect.String {
+			panic(fmt.Sprintf("decodeStrict: map key type %v at %s", t.Key(), path))
+		}
+		out := reflect.MakeMapWithSize(t, len(m))
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			e := reflect.New(t.Elem()).Elem()
+			if err := fill(path+"["+strconv.Quote(k)+"]", m[k], e); err != nil {
+				return err
+			}
+			out.SetMapIndex(reflect.ValueOf(k).Convert(t.Key()), e)
+		}
+		rv.Set(out)
+		return nil
 	case reflect.Slice:
 		a, ok := val.([]any)
 		if !ok {

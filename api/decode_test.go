@@ -49,6 +49,11 @@ func TestDecodeStrictRejects(t *testing.T) {
 		{"object expected", `{"vcpus":1,"memory_mb":64,"disk":"x"}`, "disk: expected object, got string", false},
 		{"null array item", `{"vcpus":1,"memory_mb":64,"volumes":[null]}`, "volumes[0]: expected object, got null", false},
 		{"bool expected", `{"vcpus":1,"memory_mb":64,"auto_boot":"yes"}`, "auto_boot: expected boolean, got string", false},
+		{"labels not an object", `{"vcpus":1,"memory_mb":64,"labels":["a"]}`, "labels: expected object, got array", false},
+		{"label value number", `{"vcpus":1,"memory_mb":64,"labels":{"a":"1","b.c":2}}`, `labels["b.c"]: expected string, got number`, false},
+		{"label value null", `{"vcpus":1,"memory_mb":64,"labels":{"a":null}}`, `labels["a"]: expected string, got null`, false},
+		{"label key quoted", `{"vcpus":1,"memory_mb":64,"labels":{"a\nb":{}}}`, `labels["a\nb"]: expected string, got object`, false},
+		{"appvm label value", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"labels":{"a":true}}`, `labels["a"]: expected string, got boolean`, true},
 
 		{"appvm image missing", `{"vcpus":1,"memory_mb":64,"disk_gib":1}`, "image_id: required field missing", true},
 		{"appvm disk_gib null", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":null}`, "disk_gib: required field is null", true},
@@ -98,6 +103,17 @@ func TestDecodeStrictAccepts(t *testing.T) {
 	}
 	if s.CloudInit.Password.Reveal() != "pw" || s.Nets[0].IPv4.Address != "10.0.0.2/24" {
 		t.Errorf("decoded %+v", s)
+	}
+
+	var e LabelsEdit
+	if err := decodeStrict([]byte(`{"set":"v","gone":null,"empty":""}`), &e); err != nil {
+		t.Fatalf("decodeStrict of a labels edit: %v", err)
+	}
+	if len(e) != 3 || *e["set"] != "v" || e["gone"] != nil || *e["empty"] != "" {
+		t.Errorf("decoded labels edit %v: want set=v, gone=null (present, nil), empty", e)
+	}
+	if err := decodeStrict([]byte(`{"vcpus":1,"memory_mb":64,"labels":{"team":"infra"}}`), &s); err != nil || s.Labels["team"] != "infra" {
+		t.Errorf("decodeStrict of labels = %v, %v", s.Labels, err)
 	}
 
 	var a appvm.CreateRequest

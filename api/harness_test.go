@@ -105,7 +105,12 @@ type harness struct {
 	rw       string
 	ro       string
 	narrow   string
+	// features are the wiring's features the API lists (Config.Features).
+	features []Feature
 }
+
+// testAgentID is the agent id every harness's API reports.
+const testAgentID = "0123456789abcdef"
 
 func newHarness(t testing.TB) *harness {
 	t.Helper()
@@ -169,7 +174,8 @@ func (h *harness) start(t testing.TB) {
 		t.Fatal(err)
 	}
 	h.srv = New(Config{Keys: keys, VMs: h.vms, AppVMs: h.apps, Logger: slog.New(slog.NewTextHandler(&logBuf, nil)),
-		ImageCache: h.cache, Registry: h.registry, PCIIDs: []string{}, Events: h.events, Audit: h.audit})
+		ImageCache: h.cache, Registry: h.registry, PCIIDs: []string{}, Events: h.events, Audit: h.audit,
+		AgentID: testAgentID, Version: "test-1", Features: h.features})
 }
 
 // newApps is the AppVM service over vms and e's records, with the host

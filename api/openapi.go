@@ -41,11 +41,17 @@ type vmList struct {
 	VMs []*vm.View `json:"vms"`
 }
 
+// labelParam is ?label= of the lists and the event stream.
+var labelParam = openapi.Param{Name: "label", Repeated: true,
+	Description: "key=value: only VMs whose label key has that value; key: only VMs with that label; repeated: all must match"}
+
 var routeDocs = map[string]routeDoc{
-	"GET /api/vms":            {summary: "List classic VMs", tag: "vms", ok: []openapi.Response{jsonOK(200, vmList{})}},
-	"GET /api/vms/{id}":       {summary: "Read a classic VM", tag: "vms", ok: []openapi.Response{jsonOK(200, vm.View{})}},
-	"POST /api/vms":           {summary: "Create a classic VM (202 when an image is downloaded first)", tag: "vms", request: (*vm.Spec)(nil), ok: []openapi.Response{jsonOK(201, vm.View{}), jsonOK(202, vm.View{})}},
-	"GET /api/appvm/vms":      {summary: "List AppVMs", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvmList{})}},
+	"GET /api/vms": {summary: "List classic VMs", tag: "vms", ok: []openapi.Response{jsonOK(200, vmList{})},
+		query: []openapi.Param{labelParam}},
+	"GET /api/vms/{id}": {summary: "Read a classic VM", tag: "vms", ok: []openapi.Response{jsonOK(200, vm.View{})}},
+	"POST /api/vms":     {summary: "Create a classic VM (202 when an image is downloaded first)", tag: "vms", request: (*vm.Spec)(nil), ok: []openapi.Response{jsonOK(201, vm.View{}), jsonOK(202, vm.View{})}},
+	"GET /api/appvm/vms": {summary: "List AppVMs", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvmList{})},
+		query: []openapi.Param{labelParam}},
 	"GET /api/appvm/vms/{id}": {summary: "Read an AppVM", tag: "appvms", ok: []openapi.Response{jsonOK(200, appvm.View{})}},
 	"POST /api/appvm/vms":     {summary: "Create an AppVM", tag: "appvms", request: (*appvm.CreateRequest)(nil), ok: []openapi.Response{jsonOK(201, appvm.CreateResponse{})}},
 	"DELETE /api/vms/{id}": {summary: "Delete a classic VM", tag: "vms", ok: []openapi.Response{noContent},
@@ -84,7 +90,13 @@ var routeDocs = map[string]routeDoc{
 	"GET /api/events": {summary: "Follow the event stream (Server-Sent Events)", tag: "observability",
 		ok: []openapi.Response{{Status: 200, ContentType: "text/event-stream", Description: "id: <seq> and data: <event JSON> per event"}},
 		query: []openapi.Param{{Name: "since", Integer: true, Description: "resume after this seq (or the Last-Event-ID header)"},
-			{Name: "vm_id", Description: "only this VM's events"}}},
+			{Name: "vm_id", Description: "only this VM's events"}, labelParam}},
+	"PATCH /api/vms/{id}/labels": {summary: "Edit a classic VM's labels (a merge patch: a value sets, null deletes, absent keeps)", tag: "vms",
+		request: (*LabelsEdit)(nil), ok: []openapi.Response{jsonOK(200, vm.View{})}},
+	"PATCH /api/appvm/vms/{id}/labels": {summary: "Edit an AppVM's labels (a merge patch: a value sets, null deletes, absent keeps)", tag: "appvms",
+		request: (*LabelsEdit)(nil), ok: []openapi.Response{jsonOK(200, appvm.View{})}},
+	"GET /api/host": {summary: "The host: this agent, its capacity in admission's numbers, its VMs by state, its features", tag: "host",
+		ok: []openapi.Response{jsonOK(200, HostView{})}},
 	"GET /metrics":          {summary: "Prometheus metrics (text format 0.0.4)", tag: "observability", ok: []openapi.Response{{Status: 200, ContentType: "text/plain"}}},
 	"GET /api/openapi.json": {summary: "This document", tag: "observability", ok: []openapi.Response{jsonOK(200, map[string]any{})}},
 }

@@ -55,6 +55,7 @@ type CreateRequest struct {
 	SecretFiles   []SecretFileRequest `json:"secret_files,omitempty"`
 	TmpfsMounts   []vm.TmpfsMount     `json:"tmpfs_mounts,omitempty"`
 	StopGraceSecs *uint32             `json:"stop_grace_secs,omitempty"`
+	Labels        map[string]string   `json:"labels,omitempty"`
 }
 
 // DataVolumeRequest is one requested data volume.
@@ -161,6 +162,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		DiskBpsTotal:  req.DiskBpsTotal,
 		DiskIopsTotal: req.DiskIopsTotal,
 		AutoBoot:      booted,
+		Labels:        req.Labels,
 	}
 	app := &vm.AppVMSpec{
 		ImageID:       img.ID,
@@ -225,6 +227,9 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 		return nil, bad("image_id", "%v", err)
 	case img.Status == StatusFailed:
 		return nil, bad("image_id", "AppVM image %q failed to import", r.ImageID)
+	}
+	if err := vm.CheckLabels(r.Labels); err != nil {
+		return nil, err
 	}
 	if r.Vcpus < 1 || r.Vcpus > vm.MaxVcpus {
 		return nil, bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)

@@ -503,7 +503,7 @@ func (ss *session) staleFired() {
 		return // a heartbeat came as the timer fired
 	}
 	if p := ss.g.o.Events; p != nil {
-		p.Publish(events.Event{Type: events.HeartbeatStale, VMID: rec.ID, Mode: string(rec.Mode), State: string(rec.State), DisplayState: rec.DisplayState})
+		p.Publish(records.VMEvent(events.HeartbeatStale, rec))
 	}
 }
 

@@ -2,7 +2,7 @@
 // socket, reads its event-monitor stream, launches and supervises the process, and speaks
 // the host side of its hybrid vsock.
 //
-// The client follows CH v53 (see ref/cloud-hypervisor.md): every request carries a plain
+// The client follows CH v53 (see docs/ref/cloud-hypervisor.md): every request carries a plain
 // Content-Length (CH cannot read chunked bodies), each call checks the exact success status,
 // and failures come back as *APIError carrying the HTTP status and CH's error chain.
 // A 404 (no VM created, or no VM config) satisfies errors.Is(err, ErrNotFound).
@@ -11,8 +11,16 @@
 //
 // Only the calls and config fields vmhost uses are typed: vmm.ping, vmm.shutdown and the
 // vm.* actions create, boot, info, shutdown, power-button, reboot, pause, resume, delete,
-// add-disk, remove-device, resize and counters. vm.add-net with file descriptors, snapshots
-// and migration are not covered.
+// add-disk, remove-device, resize, counters, snapshot and restore. vm.add-net and
+// vm.restore with file descriptors (net_fds), and migration, are not covered.
+//
+// # Snapshots
+//
+// Snapshot writes a paused VM into an existing empty directory (FileURL); CH leaves the VM
+// paused. Restore is the first call on a fresh process and rebuilds the VM from such a
+// directory, paused unless RestoreConfig.Resume. CH writes the files without fsync and
+// with O_EXCL, and leaves partial files when it fails: write into a fresh directory, sync
+// it, and keep it only once Snapshot has returned.
 //
 // # Knobs
 //

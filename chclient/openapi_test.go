@@ -114,6 +114,17 @@ func TestRequestBodiesMatchOpenAPI(t *testing.T) {
 		}},
 		{"resize balloon to zero", func() error { return c.Resize(ctx, &chclient.VmResize{DesiredBalloon: &zero}) }},
 		{"counters", func() error { _, err := c.Counters(ctx); return err }},
+		{"snapshot", func() error { return c.Snapshot(ctx, "file:///var/lib/vmhost/vms/x/suspend") }},
+		{"restore minimal", func() error {
+			return c.Restore(ctx, &chclient.RestoreConfig{SourceURL: "file:///var/lib/vmhost/vms/x/suspend"})
+		}},
+		{"restore full", func() error {
+			return c.Restore(ctx, &chclient.RestoreConfig{SourceURL: "file:///s", Prefault: true,
+				MemoryRestoreMode: chclient.MemoryRestoreCopy, Resume: true})
+		}},
+		{"restore on demand", func() error {
+			return c.Restore(ctx, &chclient.RestoreConfig{SourceURL: "file:///s", MemoryRestoreMode: chclient.MemoryRestoreOnDemand})
+		}},
 		{"vmm.shutdown", func() error { return c.ShutdownVMM(ctx) }},
 	}
 	for _, s := range steps {
@@ -169,6 +180,14 @@ func TestValidatorCatchesMistakes(t *testing.T) {
 		dec.Decode(&val)
 		if errs := v.Validate("vm.create", schema, val); len(errs) == 0 {
 			t.Errorf("%s validated", bad)
+		}
+	}
+	schema, _ = doc.RequestSchema(t, "PUT", "vm.restore")
+	for _, bad := range []string{`{}`, `{"source_url":"file:///s","memory_restore_mode":"Lazy"}`, `{"source_url":"file:///s","resume":"yes"}`} {
+		var val any
+		json.Unmarshal([]byte(bad), &val)
+		if errs := v.Validate("vm.restore", schema, val); len(errs) == 0 {
+			t.Errorf("vm.restore %s validated", bad)
 		}
 	}
 }

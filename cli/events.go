@@ -42,8 +42,10 @@ type event struct {
 // last event seen (Last-Event-ID) whenever the stream drops.
 func (e *env) eventsCmd(args []string) error {
 	var vmID, since string
+	var filters labelFilters
 	pos, err := e.parse("events", args, func(fs *flag.FlagSet) {
 		fs.StringVar(&vmID, "vm", "", "only the events of this VM id")
+		fs.Var(&filters, "label", "only the events of VMs with this label (KEY=VALUE or KEY; repeatable: all must match)")
 		fs.StringVar(&since, "since", "", "resume after this event seq (default: from now on)")
 	})
 	if err != nil {
@@ -60,13 +62,14 @@ func (e *env) eventsCmd(args []string) error {
 	if err := e.connect(); err != nil {
 		return err
 	}
-	f := &follower{env: e, vmID: vmID, lastID: since, retry: retryFirst}
+	f := &follower{env: e, vmID: vmID, labels: filters, lastID: since, retry: retryFirst}
 	return f.run()
 }
 
 type follower struct {
 	*env
 	vmID   string
+	labels labelFilters
 	lastID string
 	retry  time.Duration // the server's retry:, or retryFirst
 	header bool
@@ -104,9 +107,16 @@ func (f *follower) run() error {
 func (f *follower) follow() (got bool, err error) {
 	ctx, cancel := context.WithCancel(f.ctx)
 	defer cancel()
-	path := "/api/events"
+	q := url.Values{}
 	if f.vmID != "" {
-		path += "?vm_id=" + url.QueryEscape(f.vmID)
+		q.Set("vm_id", f.vmID)
+	}
+	if len(f.labels) > 0 {
+		q["label"] = f.labels
+	}
+	path := "/api/events"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
 	}
 	hdr := http.Header{"Accept": {"text/event-stream"}, "Cache-Control": {"no-cache"}}
 	if f.lastID != "" {

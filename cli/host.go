@@ -196,8 +196,11 @@ func (e *env) networkCmd(args []string) error {
 	})
 }
 
-// hostCmd runs `vmhost host pci`.
+// hostCmd runs `vmhost host` (GET /api/host) and `vmhost host pci`.
 func (e *env) hostCmd(args []string) error {
+	if len(args) == 0 || strings.HasPrefix(args[0], "-") {
+		return e.hostInfo(args)
+	}
 	if _, _, err := e.verb("host", args, map[string]int{"pci": 0}, "pci"); err != nil {
 		return err
 	}
@@ -230,6 +233,64 @@ func (e *env) hostCmd(args []string) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s:%s\t%s\t%s\t%t\t%s\t%s\n", d.BDF, d.Class, strings.TrimPrefix(d.Vendor, "0x"), strings.TrimPrefix(d.Device, "0x"),
 				dash(d.Driver), group, d.Ready, dash(d.ClaimedBy), dash(name))
 		}
+		tw.Flush()
+		return nil
+	})
+}
+
+// hostInfo runs `vmhost host`: who the agent is, and what the host can
+// still take in the numbers admission decides with.
+func (e *env) hostInfo(args []string) error {
+	pos, err := e.parse("host", args, nil)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 0 {
+		return usageError("host: unexpected argument %q", pos[0])
+	}
+	return e.get("/api/host", func(b []byte) error {
+		var h struct {
+			Hostname string `json:"hostname"`
+			AgentID  string `json:"agent_id"`
+			Version  string `json:"version"`
+			BootID   string `json:"boot_id"`
+			KVM      bool   `json:"kvm"`
+			CPUs     struct {
+				Online, Allocatable, Used uint64
+			} `json:"cpus"`
+			MemoryMB struct {
+				Total, Allocatable, Used uint64
+			} `json:"memory_mb"`
+			Disk struct {
+				StateTotal uint64 `json:"state_total"`
+				StateFree  uint64 `json:"state_free"`
+				Committed  uint64 `json:"committed"`
+			} `json:"disk_bytes"`
+			VMs      map[string]int `json:"vms"`
+			Features []string       `json:"features"`
+		}
+		if err := json.Unmarshal(b, &h); err != nil {
+			return fmt.Errorf("decoding the host: %w", err)
+		}
+		left := func(alloc, used uint64) uint64 { return alloc - min(used, alloc) }
+		tw := newTable(e.stdout)
+		fmt.Fprintf(tw, "hostname\t%s\n", dash(h.Hostname))
+		fmt.Fprintf(tw, "agent id\t%s\n", dash(h.AgentID))
+		fmt.Fprintf(tw, "version\t%s\n", dash(h.Version))
+		fmt.Fprintf(tw, "boot id\t%s\n", dash(h.BootID))
+		fmt.Fprintf(tw, "kvm\t%t\n", h.KVM)
+		fmt.Fprintf(tw, "vcpus\t%d free of %d allocatable (%d used; %d host CPUs)\n",
+			left(h.CPUs.Allocatable, h.CPUs.Used), h.CPUs.Allocatable, h.CPUs.Used, h.CPUs.Online)
+		fmt.Fprintf(tw, "memory\t%s free of %s allocatable (%s used; %s on the host)\n",
+			mib(int64(left(h.MemoryMB.Allocatable, h.MemoryMB.Used))), mib(int64(h.MemoryMB.Allocatable)), mib(int64(h.MemoryMB.Used)), mib(int64(h.MemoryMB.Total)))
+		fmt.Fprintf(tw, "disk\t%s free for new disks (%s free of %s in the state directory; %s committed)\n",
+			bytesSize(int64(left(h.Disk.StateFree, h.Disk.Committed))), bytesSize(int64(h.Disk.StateFree)), bytesSize(int64(h.Disk.StateTotal)), bytesSize(int64(h.Disk.Committed)))
+		states := make([]string, 0, len(h.VMs))
+		for _, st := range []string{"created", "running", "paused", "stopped", "failed"} {
+			states = append(states, fmt.Sprintf("%d %s", h.VMs[st], st))
+		}
+		fmt.Fprintf(tw, "vms\t%s\n", strings.Join(states, ", "))
+		fmt.Fprintf(tw, "features\t%s\n", dash(strings.Join(h.Features, ", ")))
 		tw.Flush()
 		return nil
 	})

@@ -95,17 +95,27 @@ func TestRoutes(t *testing.T) {
 		{"image", "list"}, {"image", "get", "i1"}, {"image", "import", "--id", "i1", image}, {"image", "delete", "i1"},
 		{"registry", "list"}, {"registry", "get", "r1"},
 		{"cache", "list"}, {"cache", "delete", "abc"},
-		{"network", "list"}, {"host", "pci"},
+		{"network", "list"}, {"host", "pci"}, {"host"},
 		{"events"}, {"metrics"}, {"health"},
+		{"vm", "label", "x1", "team=infra", "old-"}, {"appvm", "label", "x1", "team=infra"},
+		{"list", "--label", "team=infra"}, {"vm", "list", "--label", "team"}, {"events", "--label", "team=infra"},
 	}
 	called := map[string]bool{}
 	for _, args := range invocations {
+		// The synopsis of a verb the arguments name, else the command's
+		// without verbs (vmhost host, vmhost host pci).
 		var synopsis *Synopsis
 		for i := range Synopses {
 			cmd, verbs := Synopses[i].Command()
-			if cmd == args[0] && (len(verbs) == 0 || slices.Contains(verbs, args[1])) {
+			if cmd != args[0] {
+				continue
+			}
+			if len(args) > 1 && slices.Contains(verbs, args[1]) {
 				synopsis = &Synopses[i]
 				break
+			}
+			if len(verbs) == 0 && synopsis == nil {
+				synopsis = &Synopses[i]
 			}
 		}
 		if synopsis == nil {
@@ -264,7 +274,7 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vmhost", ""}, strings.Join(Commands, " ")},
 		{[]string{"vmhost", "vo"}, "volume"},
-		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon delete"},
+		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon label delete"},
 		{[]string{"vmhost", "--api", "unix:/x", "appvm", "re"}, "resume reboot redeploy"},
 		{[]string{"vmhost", "vm", "delete", "--f"}, "--force"},
 		{[]string{"vmhost", "volume", "attach", "web", "--m"}, "--mountpoint"},

@@ -54,16 +54,17 @@ var (
 
 // Synopses are the client's command lines, in the order usage shows them.
 var Synopses = []Synopsis{
-	{"vmhost list", "list the VMs of both families", []string{"GET /api/vms", "GET /api/appvm/vms"}},
-	{"vmhost vm list", "list the classic VMs", []string{"GET /api/vms"}},
+	{"vmhost list [--label KEY[=VALUE]]…", "list the VMs of both families (--label: only those with the label)", []string{"GET /api/vms", "GET /api/appvm/vms"}},
+	{"vmhost vm list [--label KEY[=VALUE]]…", "list the classic VMs", []string{"GET /api/vms"}},
 	{"vmhost vm get ID", "show a classic VM (-o json: its whole view)", []string{"GET /api/vms/{id}"}},
 	{"vmhost vm create -f FILE", "create a classic VM from a JSON body (- reads stdin)", []string{"POST /api/vms"}},
 	{"vmhost vm start|stop|shutdown|pause|resume|reboot ID", "a lifecycle action (accepted, not done: read the VM after)", []string{
 		"POST /api/vms/{id}/start", "POST /api/vms/{id}/stop", "POST /api/vms/{id}/shutdown",
 		"POST /api/vms/{id}/pause", "POST /api/vms/{id}/resume", "POST /api/vms/{id}/reboot"}},
 	{"vmhost vm balloon ID MIB", "set the memory the balloon reclaims (0 deflates)", []string{"POST /api/vms/{id}/balloon"}},
+	{"vmhost vm label ID KEY=VALUE|KEY-…", "set (KEY=VALUE) and remove (KEY-) labels of a classic VM", []string{"PATCH /api/vms/{id}/labels"}},
 	{"vmhost vm delete ID [--force]", "delete a classic VM (--force: also a running one)", []string{"DELETE /api/vms/{id}"}},
-	{"vmhost appvm list", "list the AppVMs", []string{"GET /api/appvm/vms"}},
+	{"vmhost appvm list [--label KEY[=VALUE]]…", "list the AppVMs", []string{"GET /api/appvm/vms"}},
 	{"vmhost appvm get ID", "show an AppVM", []string{"GET /api/appvm/vms/{id}"}},
 	{"vmhost appvm create -f FILE", "create an AppVM from a JSON body", []string{"POST /api/appvm/vms", "GET /api/appvm/vms/{id}"}},
 	{"vmhost appvm start|stop|shutdown|pause|resume|reboot ID", "a lifecycle action", []string{
@@ -72,6 +73,7 @@ var Synopses = []Synopsis{
 	{"vmhost appvm edit ID -f FILE [--restart]", "change the workload spec (a JSON object of the fields to change)", []string{"PATCH /api/appvm/vms/{id}/spec"}},
 	{"vmhost appvm redeploy ID", "rebuild the root disk from the image's current build and boot it", []string{"POST /api/appvm/vms/{id}/redeploy"}},
 	{"vmhost appvm balloon ID MIB", "set the memory the balloon reclaims", []string{"POST /api/appvm/vms/{id}/balloon"}},
+	{"vmhost appvm label ID KEY=VALUE|KEY-…", "set and remove labels of an AppVM", []string{"PATCH /api/appvm/vms/{id}/labels"}},
 	{"vmhost appvm delete ID [--force]", "delete an AppVM", []string{"DELETE /api/appvm/vms/{id}"}},
 	{"vmhost volume list", "list the first-class volumes", []string{"GET /api/volumes"}},
 	{"vmhost volume get ID", "show a volume", []string{"GET /api/volumes/{id}"}},
@@ -88,8 +90,9 @@ var Synopses = []Synopsis{
 	{"vmhost cache list", "list the verified image downloads", []string{"GET /api/images/cache"}},
 	{"vmhost cache delete DIGEST", "remove a cached image", []string{"DELETE /api/images/cache/{digest}"}},
 	{"vmhost network list", "list the host networks and their bridges", []string{"GET /api/networks"}},
+	{"vmhost host", "show the agent and what the host can still take (admission's numbers)", []string{"GET /api/host"}},
 	{"vmhost host pci", "list the host's PCI devices and their passthrough readiness", []string{"GET /api/host/pci"}},
-	{"vmhost events [--vm ID] [--since SEQ]", "follow the event stream (reconnects by itself)", []string{"GET /api/events"}},
+	{"vmhost events [--vm ID] [--label KEY[=VALUE]]… [--since SEQ]", "follow the event stream (reconnects by itself)", []string{"GET /api/events"}},
 	{"vmhost metrics", "print the Prometheus metrics", []string{"GET /metrics"}},
 	{"vmhost health", "say whether the agent is ready (needs no key)", []string{"GET /healthz"}},
 	{"vmhost console ID [--run-dir DIR]", "attach to a VM's serial console, on the agent's host (detach: Ctrl-] then q)", nil},

@@ -40,6 +40,7 @@ type vmView struct {
 		Summary string `json:"summary"`
 		Cause   string `json:"cause"`
 	} `json:"failure_reason"`
+	Labels map[string]string `json:"labels"`
 }
 
 // cleanStop reports whether the VM's failure_reason records a stop that
@@ -122,6 +123,9 @@ func (e *env) vmTable(vms []vmView) {
 		}
 		fmt.Fprintf(e.stdout, "%s: %s\n", what, vms[0].FailureReason.Summary)
 	}
+	if len(vms) == 1 && len(vms[0].Labels) > 0 {
+		fmt.Fprintf(e.stdout, "labels: %s\n", labelLine(vms[0].Labels))
+	}
 }
 
 // vmCmd runs `vmhost vm …` (family "vm") and `vmhost appvm …`.
@@ -131,7 +135,7 @@ func (e *env) vmCmd(family string, args []string) error {
 		prefix = "/api/appvm/vms"
 	}
 	if len(args) == 0 {
-		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, delete"
+		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, label, delete"
 		if family == "appvm" {
 			verbs += ", edit, redeploy"
 		}
@@ -141,8 +145,11 @@ func (e *env) vmCmd(family string, args []string) error {
 	name := family + " " + sub
 	var file string
 	var force, restart bool
+	var filters labelFilters
 	pos, err := e.parse(name, args[1:], func(fs *flag.FlagSet) {
 		switch sub {
+		case "list":
+			fs.Var(&filters, "label", "only VMs with this label: KEY=VALUE, or KEY for any value (repeatable: all must match)")
 		case "create":
 			fs.StringVar(&file, "f", "", "JSON create body (docs/api.md); - for stdin")
 		case "edit":
@@ -161,6 +168,8 @@ func (e *env) vmCmd(family string, args []string) error {
 		want = 0
 	case "balloon":
 		want = 2
+	case "label":
+		want = -1 // the VM id and at least one edit: labelEdit checks
 	case "get", "start", "stop", "shutdown", "pause", "resume", "reboot", "delete":
 	case "edit", "redeploy":
 		if family != "appvm" {
@@ -169,7 +178,10 @@ func (e *env) vmCmd(family string, args []string) error {
 	default:
 		return usageError("%s: unknown subcommand %q", family, sub)
 	}
-	if len(pos) != want {
+	if want < 0 && len(pos) == 0 {
+		return usageError("%s: want a VM id, then KEY=VALUE or KEY- edits", name)
+	}
+	if want >= 0 && len(pos) != want {
 		switch want {
 		case 0:
 			return usageError("%s: unexpected argument %q", name, pos[0])
@@ -180,6 +192,12 @@ func (e *env) vmCmd(family string, args []string) error {
 	}
 	if (sub == "create" || sub == "edit") && file == "" {
 		return usageError("%s: -f FILE is required", name)
+	}
+	var labelBody []byte
+	if sub == "label" {
+		if labelBody, err = labelEdit(name, pos[1:]); err != nil {
+			return err
+		}
 	}
 	var balloon uint64
 	if sub == "balloon" {
@@ -192,7 +210,7 @@ func (e *env) vmCmd(family string, args []string) error {
 	}
 	switch sub {
 	case "list":
-		_, b, err := e.client.do(e.ctx, "GET", prefix, nil)
+		_, b, err := e.client.do(e.ctx, "GET", prefix+filters.query(), nil)
 		if err != nil {
 			return err
 		}
@@ -251,6 +269,12 @@ func (e *env) vmCmd(family string, args []string) error {
 			return err
 		}
 		return e.printVM(b)
+	case "label":
+		_, b, err := e.client.do(e.ctx, "PATCH", prefix+"/"+url.PathEscape(pos[0])+"/labels", labelBody)
+		if err != nil {
+			return err
+		}
+		return e.printVM(b)
 	case "redeploy":
 		// 202 with the view, redeploying true: the work goes on.
 		_, b, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/redeploy", nil)
@@ -302,7 +326,10 @@ func (e *env) printVM(b []byte) error {
 // table, by id; -o json prints {"vms":[…]} with both lists' views as the
 // API gave them.
 func (e *env) listAll(args []string) error {
-	pos, err := e.parse("list", args, nil)
+	var filters labelFilters
+	pos, err := e.parse("list", args, func(fs *flag.FlagSet) {
+		fs.Var(&filters, "label", "only VMs with this label: KEY=VALUE, or KEY for any value (repeatable: all must match)")
+	})
 	if err != nil {
 		return err
 	}
@@ -315,7 +342,7 @@ func (e *env) listAll(args []string) error {
 	var raws []json.RawMessage
 	var views []vmView
 	for _, path := range []string{"/api/vms", "/api/appvm/vms"} {
-		_, b, err := e.client.do(e.ctx, "GET", path, nil)
+		_, b, err := e.client.do(e.ctx, "GET", path+filters.query(), nil)
 		if err != nil {
 			return err
 		}

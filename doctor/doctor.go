@@ -206,6 +206,10 @@ func checkJail(p JailProbe) Check {
 // oneLine joins a message's lines.
 func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
+// KVMReady reports whether dev (/dev/kvm) is a KVM this process can use:
+// the kvm check passes. GET /api/host reports it.
+func KVMReady(dev string) bool { return checkKVM(dev).Status == OK }
+
 // Failed reports whether any check failed: real VMs cannot run.
 func Failed(checks []Check) bool {
 	return slices.ContainsFunc(checks, func(c Check) bool { return c.Status == Fail })

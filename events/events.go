@@ -75,6 +75,9 @@ type Event struct {
 	Mode         string    `json:"mode,omitempty"`
 	State        string    `json:"state,omitempty"`
 	DisplayState string    `json:"display_state,omitempty"`
+	// Labels are the VM's labels as they are after the change (as before
+	// it, for deleted).
+	Labels map[string]string `json:"labels,omitempty"`
 	// PreviousState and PreviousDisplayState are what state_changed and
 	// display_state_changed changed from.
 	PreviousState        string `json:"previous_state,omitempty"`
@@ -110,12 +113,13 @@ type Publisher interface {
 	Publish(Event)
 }
 
-// Entry is one stored event as a reader gets it: its seq, its VM (for
-// filters) and its JSON encoding (one line, no newline).
+// Entry is one stored event as a reader gets it: its seq, its VM and the
+// VM's labels (for filters) and its JSON encoding (one line, no newline).
 type Entry struct {
-	Seq  uint64
-	VMID string
-	JSON []byte
+	Seq    uint64
+	VMID   string
+	Labels map[string]string
+	JSON   []byte
 }
 
 // DefaultKeep is the fewest events kept (events_keep's default and minimum;
@@ -246,7 +250,7 @@ func readSegment(path string, tornOK bool) ([]Entry, int64, error) {
 			}
 			return nil, 0, fmt.Errorf("event log: %s: bad line at byte %d", path, good)
 		}
-		out = append(out, Entry{Seq: e.Seq, VMID: e.VMID, JSON: bytes.Clone(data[:i])})
+		out = append(out, Entry{Seq: e.Seq, VMID: e.VMID, Labels: e.Labels, JSON: bytes.Clone(data[:i])})
 		good += int64(i + 1)
 		data = data[i+1:]
 	}
@@ -286,7 +290,7 @@ func (l *Log) Publish(e Event) {
 		l.log.Info("writing the event log works again")
 	}
 	l.curCount++
-	l.kept = append(l.kept, Entry{Seq: e.Seq, VMID: e.VMID, JSON: line})
+	l.kept = append(l.kept, Entry{Seq: e.Seq, VMID: e.VMID, Labels: e.Labels, JSON: line})
 	select {
 	case l.dirty <- struct{}{}:
 	default:

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"vmhost/labels"
 )
 
 // Stream knobs: KeepAlive between comments when nothing happens,
@@ -27,6 +29,9 @@ type StreamOptions struct {
 	FromStart bool
 	// VMID, when set, shows only that VM's events.
 	VMID string
+	// Labels, when set, shows only the events whose VM's labels (as the
+	// event carries them) it matches.
+	Labels labels.Selector
 	// KeepAlive overrides the constant (tests); 0 means KeepAlive.
 	KeepAlive time.Duration
 }
@@ -101,7 +106,7 @@ func (l *Log) Stream(ctx context.Context, w http.ResponseWriter, o StreamOptions
 		wrote := false
 		for _, e := range entries {
 			cursor = e.Seq
-			if o.VMID != "" && e.VMID != o.VMID {
+			if o.VMID != "" && e.VMID != o.VMID || !o.Labels.Matches(e.Labels) {
 				continue
 			}
 			bw.WriteString("id: ")

@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Config is the agent's "jail" setting (extensions §11). The zero value is
+// Config is the agent's "jail" setting (docs/ref/confinement.md). The zero value is
 // not usable; start from DefaultConfig.
 type Config struct {
 	// Enabled turns confinement on. It is true by default; an agent that is
@@ -28,7 +28,7 @@ type Config struct {
 	MemoryOverheadMB uint64 `json:"memory_overhead_mb"`
 }
 
-// DefaultConfig is the configuration extensions §11 shows.
+// DefaultConfig is the configuration docs/ref/confinement.md shows.
 func DefaultConfig() Config {
 	return Config{
 		Enabled:          true,

@@ -1,7 +1,7 @@
 // Package jail confines the processes vmhost starts for a VM (Cloud
 // Hypervisor, qemu-storage-daemon, their simulators) so that a guest that
 // escapes its hypervisor finds an unprivileged, fenced process, not root
-// (extensions §11).
+// (docs/ref/confinement.md).
 //
 // Each VM gets one id of its own from jail.id_range, used as the uid and the
 // gid of its processes; one cgroup, <cgroup_parent>/<agent_id>/vm-<id>, that
@@ -46,7 +46,7 @@ var errLinuxOnly = fmt.Errorf("confinement is Linux-only: %w", errors.ErrUnsuppo
 // Host is what a Jailer needs to know of the agent and its host.
 type Host struct {
 	RunDir  string // the agent's run directory; jail roots are <RunDir>/jail/<vm_id>
-	AgentID string // this agent's id (extensions §14), a segment of every VM's cgroup
+	AgentID string // this agent's id (docs/design.md §2), a segment of every VM's cgroup
 	// Layout is where the cgroup hierarchies are; nil means DetectLayout.
 	Layout *Layout
 	// Helper is the binary re-executed as the jail's helper: any program

@@ -20,7 +20,7 @@ import (
 )
 
 // vmFiles lays out what the agent keeps for VMs a and b under base, as
-// DESIGN §3 does: state/vms/<id>/root.qcow2, state/keys.json and
+// docs/design.md §3 does: state/vms/<id>/root.qcow2, state/keys.json and
 // run/vms/<id>/, agent-owned (root, 0600 files, 0700 directories).
 func vmFiles(t *testing.T, base string) (state, run string) {
 	t.Helper()
@@ -79,7 +79,7 @@ func hostDevices() []string {
 }
 
 // TestJailedProcess starts a process jailed as a VM's Cloud Hypervisor is
-// and checks, on the real process, every property extensions §11 lists:
+// and checks, on the real process, every property docs/ref/confinement.md lists:
 // ids, groups, capabilities, no_new_privs, cgroups and their limits, what
 // it can open from inside, and that nothing of it is left after Destroy.
 func TestJailedProcess(t *testing.T) {

@@ -51,6 +51,8 @@ type Response struct {
 type Param struct {
 	Name, Description string
 	Integer           bool
+	// Repeated: the parameter may be given several times (?a=1&a=2).
+	Repeated bool
 }
 
 // Options are what reflection cannot see.
@@ -119,8 +121,12 @@ func (g *gen) operation(method, path string, op Operation) map[string]any {
 		if p.Integer {
 			typ = "integer"
 		}
+		schema := map[string]any{"type": typ}
+		if p.Repeated {
+			schema = map[string]any{"type": "array", "items": schema}
+		}
 		params = append(params, map[string]any{"name": p.Name, "in": "query", "required": false,
-			"description": p.Description, "schema": map[string]any{"type": typ}})
+			"description": p.Description, "schema": schema})
 	}
 	if params != nil {
 		out["parameters"] = params
@@ -204,7 +210,11 @@ func (g *gen) schema(t reflect.Type) map[string]any {
 	case reflect.Slice, reflect.Array:
 		return map[string]any{"type": "array", "items": g.schema(t.Elem())}
 	case reflect.Map:
-		return map[string]any{"type": "object", "additionalProperties": g.schema(t.Elem())}
+		elem := g.schema(t.Elem())
+		if t.Elem().Kind() == reflect.Pointer { // a null value means something (a merge patch's delete)
+			elem = map[string]any{"anyOf": []any{elem, map[string]any{"type": "null"}}}
+		}
+		return map[string]any{"type": "object", "additionalProperties": elem}
 	}
 	return map[string]any{} // an interface: anything
 }

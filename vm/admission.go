@@ -25,16 +25,18 @@ func active(r *Record) bool { return r.State != StateStopped && r.State != State
 
 // admission reads the host's CPUs, memory and free space, then returns the
 // check reserve runs, under the registry lock, with every other stored or
-// pending record. It refuses an explicit MAC another
-// VM uses (400), and counts vCPUs and memory of
-// active VMs against host totals times the overcommit ratios, the vCPUs of
-// a pinned VM against its pinned CPUs, PCI devices against every other
-// VM's claim, and the base image size against free space in the state dir.
+// pending record. It refuses an explicit MAC another VM uses (400), and
+// counts vCPUs and memory of active VMs against host totals times the
+// overcommit ratios, the vCPUs of a pinned VM against its pinned CPUs, PCI
+// devices against every other VM's claim, and the new disks against the
+// free space in the state dir less what provisions in flight will still
+// write. The capacity numbers are those of Capacity (GET /api/host): the
+// same limits and the same count of the others.
 func (s *Service) admission(rec *Record) func(others []*Record) error {
 	// The host is read here, before reserve takes the registry lock: no
 	// file read or statfs runs under it, as every VM read waits on it.
 	cfg := s.o.Config
-	cpus, memMB, hostErr := s.hostTotals()
+	lim, hostErr := s.limits()
 	var (
 		free    uint64
 		freeErr error
@@ -46,23 +48,18 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 		if hostErr != nil {
 			return hostErr
 		}
-		var usedCPU, usedMem uint64
+		var used usage
 		for _, o := range others {
-			if active(o) {
-				usedCPU += uint64(o.Spec.Vcpus)
-				usedMem += o.Spec.MemoryMB
-			}
+			used.add(o)
 		}
-		cpuCap := uint64(math.Floor(float64(cpus) * ratio(cfg.Overcommit.CPU, 4)))
 		// Written as "need > cap - used" so huge requests cannot wrap around.
-		if usedCPU > cpuCap || uint64(rec.Spec.Vcpus) > cpuCap-usedCPU {
+		if used.vcpus > lim.vcpus || uint64(rec.Spec.Vcpus) > lim.vcpus-used.vcpus {
 			return &CapacityError{Resource: "vcpus", Msg: fmt.Sprintf("%d requested, %d of %d in use (%d host CPUs x overcommit %g)",
-				rec.Spec.Vcpus, usedCPU, cpuCap, cpus, ratio(cfg.Overcommit.CPU, 4))}
+				rec.Spec.Vcpus, used.vcpus, lim.vcpus, lim.cpus, ratio(cfg.Overcommit.CPU, 4))}
 		}
-		memCap := uint64(math.Floor(float64(memMB) * ratio(cfg.Overcommit.Memory, 1)))
-		if usedMem > memCap || rec.Spec.MemoryMB > memCap-usedMem {
+		if used.memMB > lim.memMB || rec.Spec.MemoryMB > lim.memMB-used.memMB {
 			return &CapacityError{Resource: "memory_mb", Msg: fmt.Sprintf("%d MiB requested, %d of %d MiB in use (%d MiB x overcommit %g)",
-				rec.Spec.MemoryMB, usedMem, memCap, memMB, ratio(cfg.Overcommit.Memory, 1))}
+				rec.Spec.MemoryMB, used.memMB, lim.memMB, lim.hostMemMB, ratio(cfg.Overcommit.Memory, 1))}
 		}
 		if rec.Spec.CPUAffinity != nil {
 			// Validation has just checked that the pinned CPUs are online.
@@ -95,73 +92,105 @@ func (s *Service) admission(rec *Record) func(others []*Record) error {
 				}
 			}
 		}
-		need := diskBytes(rec)
-		if need > 0 {
-			for _, o := range others {
-				if o.Provisioning() {
-					need += diskBytes(o)
-				}
-			}
+		if need := diskBytes(rec); need > 0 {
 			if freeErr != nil {
 				return &CapacityError{Resource: "disk", Msg: freeErr.Error()}
 			}
-			if need > free {
-				return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("new disks need %d bytes, %d free in the state directory", need, free)}
+			if used.disk > free || need > free-used.disk {
+				return &CapacityError{Resource: "disk", Msg: fmt.Sprintf("new disks need %d bytes, %d free in the state directory of which provisions in flight will still write %d",
+					need, free, used.disk)}
 			}
 		}
 		return nil
 	}
 }
 
-// hostTotals are the host's CPUs and memory before overcommit: the
-// config's host_cpus and host_memory_mb, else what the host has (a
-// *CapacityError when that cannot be read).
-func (s *Service) hostTotals() (cpus int, memMB uint64, err error) {
+// limits are the totals admission counts against: the host's CPUs and
+// memory, and those times the overcommit ratios (what VMs may hold).
+type limits struct {
+	cpus      int
+	hostMemMB uint64
+	vcpus     uint64
+	memMB     uint64
+}
+
+// limits reads the host totals (the config's host_cpus and
+// host_memory_mb, else what the host has; a *CapacityError when that
+// cannot be read) and applies the overcommit ratios.
+func (s *Service) limits() (limits, error) {
 	cfg := s.o.Config
-	cpus, memMB = cfg.HostCPUs, uint64(cfg.HostMemoryMB)
-	if cpus == 0 {
+	l := limits{cpus: cfg.HostCPUs, hostMemMB: uint64(cfg.HostMemoryMB)}
+	if l.cpus == 0 {
 		online, err := s.facts.OnlineCPUs()
 		if err != nil {
-			return 0, 0, &CapacityError{Resource: "vcpus", Msg: err.Error()}
+			return limits{}, &CapacityError{Resource: "vcpus", Msg: err.Error()}
 		}
-		cpus = len(online)
+		l.cpus = len(online)
 	}
-	if memMB == 0 {
+	if l.hostMemMB == 0 {
 		m, err := s.facts.MemoryMB()
 		if err != nil {
-			return 0, 0, &CapacityError{Resource: "memory_mb", Msg: err.Error()}
+			return limits{}, &CapacityError{Resource: "memory_mb", Msg: err.Error()}
 		}
-		memMB = m
+		l.hostMemMB = m
 	}
-	return cpus, memMB, nil
+	l.vcpus = uint64(math.Floor(float64(l.cpus) * ratio(cfg.Overcommit.CPU, 4)))
+	l.memMB = uint64(math.Floor(float64(l.hostMemMB) * ratio(cfg.Overcommit.Memory, 1)))
+	return l, nil
 }
 
-// Capacity is what admission counts: the vCPUs and memory VMs may hold
-// (host totals times the overcommit ratios) and what active VMs (neither
-// stopped nor failed, creates in flight included) hold now.
+// usage is what admission counts of the VMs already there (stored, or
+// creates in flight): the vCPUs and memory of the active ones (neither
+// stopped nor failed) and the disks provisions in flight have yet to
+// write, which free space does not show yet.
+type usage struct {
+	vcpus, memMB, disk uint64
+}
+
+func (u *usage) add(r *Record) {
+	if active(r) {
+		u.vcpus += uint64(r.Spec.Vcpus)
+		u.memMB += r.Spec.MemoryMB
+	}
+	if r.Provisioning() {
+		u.disk += diskBytes(r)
+	}
+}
+
+// Capacity is what admission decides with (GET /api/host): the host
+// totals, what VMs may hold (the totals times the overcommit ratios), what
+// they hold now, and the state directory's space. A create fits when its
+// vCPUs are at most VCPUs-VCPUsUsed, its memory at most
+// MemoryMB-MemoryMBUsed, and its new disks at most DiskFree-DiskCommitted.
 type Capacity struct {
-	VCPUs, VCPUsUsed       uint64
-	MemoryMB, MemoryMBUsed uint64
+	HostCPUs, VCPUs, VCPUsUsed           uint64
+	HostMemoryMB, MemoryMB, MemoryMBUsed uint64
+	// DiskTotal and DiskFree are the state directory's file system's size
+	// and the space available to the agent; DiskCommitted is what
+	// provisions in flight will still write there.
+	DiskTotal, DiskFree, DiskCommitted uint64
 }
 
-// Capacity reads the host totals and sums the active VMs, as the next
-// admission would.
+// Capacity reads the host as an admission does and counts every stored VM
+// and create in flight with admission's own count.
 func (s *Service) Capacity() (Capacity, error) {
-	cpus, memMB, err := s.hostTotals()
+	lim, err := s.limits()
 	if err != nil {
 		return Capacity{}, err
 	}
-	cfg := s.o.Config
+	var used usage
+	s.recs.Each(used.add)
 	c := Capacity{
-		VCPUs:    uint64(math.Floor(float64(cpus) * ratio(cfg.Overcommit.CPU, 4))),
-		MemoryMB: uint64(math.Floor(float64(memMB) * ratio(cfg.Overcommit.Memory, 1))),
+		HostCPUs: uint64(lim.cpus), VCPUs: lim.vcpus, VCPUsUsed: used.vcpus,
+		HostMemoryMB: lim.hostMemMB, MemoryMB: lim.memMB, MemoryMBUsed: used.memMB,
+		DiskCommitted: used.disk,
 	}
-	s.recs.Each(func(r *Record) {
-		if active(r) {
-			c.VCPUsUsed += uint64(r.Spec.Vcpus)
-			c.MemoryMBUsed += r.Spec.MemoryMB
-		}
-	})
+	if c.DiskFree, err = s.o.DiskFree(); err != nil {
+		return Capacity{}, &CapacityError{Resource: "disk", Msg: err.Error()}
+	}
+	if c.DiskTotal, err = diskTotal(s.layout.StateDir); err != nil {
+		return Capacity{}, &CapacityError{Resource: "disk", Msg: err.Error()}
+	}
 	return c, nil
 }
 
@@ -197,4 +226,13 @@ func diskFree(dir string) (uint64, error) {
 		return 0, fmt.Errorf("statfs %s: %w", dir, err)
 	}
 	return uint64(st.Bavail) * uint64(st.Bsize), nil // Bavail is int64 on some systems
+}
+
+// diskTotal is the size of the file system holding dir.
+func diskTotal(dir string) (uint64, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return 0, fmt.Errorf("statfs %s: %w", dir, err)
+	}
+	return uint64(st.Blocks) * uint64(st.Bsize), nil
 }

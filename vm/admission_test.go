@@ -189,7 +189,8 @@ func TestParseCPUSet(t *testing.T) {
 }
 
 // TestCapacity: totals are host totals times overcommit; only active VMs
-// count as used.
+// count as used; the disks of a provision in flight count as committed
+// until it has written them.
 func TestCapacity(t *testing.T) {
 	e := vmtest.NewEnv(t)
 	e.Config.Overcommit.CPU, e.Config.Overcommit.Memory = 2, 1.5
@@ -209,7 +210,40 @@ func TestCapacity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (vm.Capacity{VCPUs: 32, VCPUsUsed: 3, MemoryMB: 98304, MemoryMBUsed: 1024}); c != want {
+	if c.DiskTotal == 0 {
+		t.Errorf("Capacity.DiskTotal = 0, want the state directory's file system size")
+	}
+	want := vm.Capacity{HostCPUs: 16, VCPUs: 32, VCPUsUsed: 3, HostMemoryMB: 65536, MemoryMB: 98304, MemoryMBUsed: 1024,
+		DiskTotal: c.DiskTotal, DiskFree: 1 << 40}
+	if c != want {
 		t.Errorf("Capacity = %+v, want %+v", c, want)
+	}
+
+	// A create whose provision waits: its 1 GiB base copy and 2 GiB
+	// volume are committed, and it holds its vCPUs and memory.
+	e.Host.Gate = make(chan struct{})
+	s := baseSpec(e)
+	s.VMID, s.Vcpus, s.MemoryMB, s.Volumes = "c", 2, 512, []vm.VolumeSpec{{SizeGiB: 2}}
+	created := make(chan error, 1)
+	go func() { _, _, err := svc.CreateVM(ctx, &s); created <- err }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		if rec, err := svc.Get(vm.ModeVM, "c"); err == nil && rec.Provisioning() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the create never stored its record")
+		}
+	}
+	c, err = svc.Capacity()
+	close(e.Host.Gate)
+	if cerr := <-created; cerr != nil || err != nil {
+		t.Fatalf("create: %v; Capacity: %v", cerr, err)
+	}
+	want.VCPUsUsed, want.MemoryMBUsed, want.DiskCommitted = 5, 1536, 3<<30
+	if c != want {
+		t.Errorf("Capacity while c provisions = %+v, want %+v", c, want)
+	}
+	if c, _ = svc.Capacity(); c.DiskCommitted != 0 {
+		t.Errorf("Capacity.DiskCommitted after the provision = %d, want 0", c.DiskCommitted)
 	}
 }

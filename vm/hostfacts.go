@@ -26,6 +26,18 @@ type HostFacts struct {
 	Meminfo string
 }
 
+// IOMMU reports whether the host has an IOMMU in use: the kernel lists
+// IOMMU groups, so devices bound to vfio-pci can be passed through.
+func (h HostFacts) IOMMU() bool {
+	d, err := os.Open(filepath.Join(h.Sysfs, "kernel/iommu_groups"))
+	if err != nil {
+		return false
+	}
+	defer d.Close()
+	names, _ := d.Readdirnames(1)
+	return len(names) > 0
+}
+
 // OnlineCPUs lists the host's online logical CPUs (devices/system/cpu/online).
 func (h HostFacts) OnlineCPUs() ([]int, error) {
 	b, err := os.ReadFile(filepath.Join(h.Sysfs, "devices/system/cpu/online"))

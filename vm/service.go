@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
@@ -117,6 +118,9 @@ func New(o Options) (*Service, error) {
 // Layout returns the service's path layout.
 func (s *Service) Layout() Layout { return s.layout }
 
+// Facts returns what the service reads about the host.
+func (s *Service) Facts() HostFacts { return s.facts }
+
 // Config returns the host configuration.
 func (s *Service) Config() *config.Config { return s.o.Config }
 
@@ -184,6 +188,10 @@ func (s *Service) NewRecord(mode Mode, spec *Spec, nics int) (*Record, error) {
 	}
 	rec.Spec.VMID = rec.ID
 	rec.Spec.Volumes = slices.Clone(spec.Volumes)
+	rec.Spec.Labels = nil
+	if len(spec.Labels) > 0 {
+		rec.Spec.Labels = maps.Clone(spec.Labels)
+	}
 	rec.Spec.NormalizeVolumes()
 	if spec.Image != nil {
 		rec.DisplayState = DisplayDownloading

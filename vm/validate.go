@@ -96,6 +96,9 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (
 	if err := checkCPUMemory(s.Vcpus, s.MemoryMB); err != nil {
 		return nil, err
 	}
+	if err := CheckLabels(s.Labels); err != nil {
+		return nil, err
+	}
 	switch {
 	case s.KernelPath != nil && s.FirmwarePath != nil:
 		return nil, bad("kernel_path", "exactly one of kernel_path and firmware_path is required, both are given")

@@ -48,6 +48,9 @@ type View struct {
 	GuestPanickedAt   *time.Time     `json:"guest_panicked_at,omitempty"`
 	ShuttingDown      bool           `json:"shutting_down,omitempty"`
 	Mode              Mode           `json:"mode"`
+	// Labels are the VM's labels (docs/api.md, Labels); omitted when it
+	// has none.
+	Labels map[string]string `json:"labels,omitempty"`
 	// Confinement is the VM's jail; absent while its processes run
 	// unconfined.
 	Confinement *record.Confinement `json:"confinement,omitempty"`
@@ -174,7 +177,8 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		Mode:          rec.Mode,
 		ShuttingDown:  rec.ShuttingDown,
 		BalloonMB:     rec.BalloonMB,
-		Confinement:   rec.Jail, // records are never modified
+		Labels:        sp.Labels, // records are never modified
+		Confinement:   rec.Jail,  // records are never modified
 		store:         st,
 	}
 	if rec.GuestPanickedAt != nil {

@@ -15,7 +15,7 @@ import (
 	"time"
 )
 
-// The tests below are the "checks a fake must pass" of ref/cloud-hypervisor.md, numbered
+// The tests below are the "checks a fake must pass" of docs/ref/cloud-hypervisor.md, numbered
 // as there, run against the simulator as a separate process.
 
 func TestCheck01Ping(t *testing.T) {
@@ -273,7 +273,7 @@ func TestCheck15ResizeCreated(t *testing.T) {
 
 // A balloon resized on a created VM edits the config; on a booted one,
 // vm.info's memory_actual_size drops by what the balloon holds (ref:
-// cloud-hypervisor.md §3, §5).
+// docs/ref/cloud-hypervisor.md §3, §5).
 func TestCheck15ResizeBalloon(t *testing.T) {
 	p := startSim(t)
 	cfg := strings.Replace(minimalConfig(t, p.dir), `"console":`, `"balloon":{"size":0,"deflate_on_oom":true},"console":`, 1)
@@ -401,7 +401,7 @@ func TestCheck19EventStream(t *testing.T) {
 	}
 }
 
-func vsockConfig(t *testing.T, p *simProc) (string, string) {
+func vsockConfig(t testing.TB, p *simProc) (string, string) {
 	sock := filepath.Join(p.dir, "vsock.sock")
 	cfg := minimalConfig(t, p.dir)
 	cfg = strings.TrimSuffix(cfg, "}") + fmt.Sprintf(`,"vsock":{"cid":3,"socket":%q}}`, sock)

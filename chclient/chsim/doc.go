@@ -3,7 +3,7 @@
 // client, launch and supervision, the VM lifecycle, events, the serial console socket and
 // the hybrid vsock — can be tested for real without KVM. `vmhost sim-ch` runs Main.
 //
-// It follows ref/cloud-hypervisor.md: the same paths, methods, statuses, headers and error
+// It follows docs/ref/cloud-hypervisor.md: the same paths, methods, statuses, headers and error
 // chains; a 51,200-byte body limit and no chunked bodies (micro_http); the state table;
 // vm.create stores the config and vm.info echoes it with CH's defaults and generated ids
 // (_disk0, _net1, …, one shared counter); vm.boot runs the validation CH does there and
@@ -31,6 +31,44 @@
 // `PUT /sim/v1/eject {"refuse":true}` it ignores eject requests, as a guest that holds on to
 // the device would: vm.remove-device still answers 204, but nothing is removed and no event
 // follows, for every request made until `{"refuse":false}` (a request is not remembered).
+//
+// # Snapshot and restore
+//
+// vm.snapshot and vm.restore follow CH v53 (docs/ref/cloud-hypervisor.md). vm.snapshot
+// needs a Paused VM: before a boot it is 500 "VM is not running"; on a Running VM it emits
+// vm snapshotting and fails "Trying to snapshot while VM is running". Paused, it emits vm snapshotting and vm snapshotted and writes, each file
+// created anew (an existing one fails it, with what was written before left behind),
+// into the directory of destination_url (file://, which must exist):
+//   - config.json: the config vm.info echoes (generated ids, defaults);
+//   - state.json: CH's component tree ({"snapshots":{…},"snapshot_data":{"state":"…"}}):
+//     cpu-manager with one component per vCPU; memory-manager with the RAM ranges as CH
+//     lays them out on x86_64 (below 3 GiB, the rest from 4 GiB), boot_ram and
+//     current_ram; device-manager with the device tree (PCI addresses), the generated-id
+//     counter, each device's counters and each virtio-pci transport's device_activated;
+//     and at the root, under "chsim", the simulated guest: the backend, whether its
+//     drivers are up, its vsock listeners, the eject refusal and the device order;
+//   - memory-ranges: the ranges back to back, as holes (the simulated guest has no memory).
+//
+// The VM stays Paused.
+//
+// vm.restore answers "VM is already created" once a config exists (a fresh process, or
+// one whose VM was deleted). It reads config.json and state.json (CH's chains for a
+// missing or damaged file, for a source_url without file:// or not a directory, and for
+// prefault with memory_restore_mode OnDemand), then, holding the config: binds the serial
+// socket, opens memory-ranges, reopens what a boot opens (disk images, vhost-user sockets,
+// taps by name, the vsock socket, which must not exist), opens the initramfs as v53's
+// Vm::new does, emits virtio-device activated for each device whose transport was
+// activated, then vm restoring and vm restored. A failure from the config on drops it (vm
+// deleted) and releases everything. The VM is Paused, with its ids, PCI addresses,
+// counters, id counter and guest vsock listeners; resume=true runs it (vm resuming,
+// vm resumed). A snapshot restores only under the backend that took it. prefault and
+// OnDemand are accepted and change nothing; net_fds is ignored (no net here is built
+// from fds).
+//
+// The AppVM guest agent is a host process of the simulator that took the snapshot and
+// dies with it: after a restore it starts afresh at the first resume, so its workload
+// starts again (a real guest's would go on). snapshot.go's saveGuestAgentLocked and
+// restoreGuestAgentLocked are where keeping it belongs.
 //
 // # Knobs
 //
@@ -146,6 +184,23 @@
 // chardev is removed (the backend sees the vhost-user connection close) and vm device-
 // removed {id, bdf} is emitted. A guest that never ejects keeps the disk, and no event
 // comes. A disk still in the config at the next boot is a cold one on a CH-style slot.
+//
+// Snapshots (qemu_snapshot.go): vm.snapshot has qemu write its migration stream, which
+// holds the guest's memory and device state, into <dir>/qemu-migration (the file is passed
+// to qemu's monitor with getfd, then migrate fd:, qemu's 128 MiB/s default rate limit
+// lifted), beside config.json and state.json; state.json then lists no memory range (CH's
+// rule for memory it does not copy itself) and names the stream. vm.restore starts a new
+// qemu from the config with -incoming fd:N, stopped; once qemu has loaded the stream it
+// polls the devices (activated events for those the guest's drivers had) and emits vm
+// restoring and vm restored. qemu refusing the stream (a damaged file) exits it, and the
+// restore fails with qemu's words. Refused before anything is written, with qemu's
+// reasons: a VM with vsock (qemu 7.2: "non-migratable device: …/vhost-user-vsock", and
+// "vhost-user backend lacks VHOST_USER_PROTOCOL_F_LOG_SHMFD feature" for
+// vhost-device-vsock), so no AppVM; a VM with hot-plugged disks (the restore's qemu would
+// not have them on the same root ports); and a second save of a guest that has not run
+// since the last (qemu: "Can't migrate the vm that was paused due to previous migration").
+// Disks served by qemu-storage-daemon (vhost-user-blk), path disks, taps, the serial
+// relay, rng, balloon and pvpanic all migrate.
 //
 // Not observed or not supported with qemu: vm.counters answers 500 (qemu has no counters
 // for vhost-user disks or taps; zeros would be a lie); on a booted VM, vm.add-disk of a disk

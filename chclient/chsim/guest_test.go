@@ -23,7 +23,7 @@ import (
 
 // appVMConfig is minimalConfig plus an initramfs and a vsock device: what makes chsim
 // run the guest agent.
-func appVMConfig(t *testing.T, dir string) (cfg, vsock string) {
+func appVMConfig(t testing.TB, dir string) (cfg, vsock string) {
 	t.Helper()
 	initrd := filepath.Join(dir, "initramfs")
 	if err := os.WriteFile(initrd, []byte("x"), 0o600); err != nil {
@@ -38,7 +38,7 @@ func appVMConfig(t *testing.T, dir string) (cfg, vsock string) {
 
 // guestSession accepts the agent's connection on the hybrid vsock listener and reads
 // its Hello.
-func guestSession(t *testing.T, l *net.UnixListener) (*proto.Conn, *proto.Hello) {
+func guestSession(t testing.TB, l *net.UnixListener) (*proto.Conn, *proto.Hello) {
 	t.Helper()
 	l.SetDeadline(time.Now().Add(10 * time.Second))
 	c, err := l.Accept()
@@ -61,7 +61,7 @@ func guestSession(t *testing.T, l *net.UnixListener) (*proto.Conn, *proto.Hello)
 
 // recvUntil reads messages until one of type typ arrives, returning it and what came
 // before.
-func recvUntil(t *testing.T, conn *proto.Conn, typ string) (proto.Message, []proto.Message) {
+func recvUntil(t testing.TB, conn *proto.Conn, typ string) (proto.Message, []proto.Message) {
 	t.Helper()
 	var before []proto.Message
 	for {
@@ -76,7 +76,7 @@ func recvUntil(t *testing.T, conn *proto.Conn, typ string) (proto.Message, []pro
 	}
 }
 
-func simStatus(t *testing.T, p *simProc) (pid int, state string) {
+func simStatus(t testing.TB, p *simProc) (pid int, state string) {
 	t.Helper()
 	var st struct {
 		State string `json:"state"`
@@ -243,7 +243,7 @@ func TestNoGuestAgentFlag(t *testing.T) {
 	}
 }
 
-func waitGone(t *testing.T, pid int) {
+func waitGone(t testing.TB, pid int) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {

@@ -36,7 +36,7 @@ func TestMain(m *testing.M) {
 }
 
 type simProc struct {
-	t      *testing.T
+	t      testing.TB
 	dir    string
 	sock   string
 	events string
@@ -44,10 +44,13 @@ type simProc struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
 	hc     *http.Client
+	// timeout bounds one raw request; 0 means 10 s. A real guest's snapshot or restore
+	// on a loaded machine needs longer.
+	timeout time.Duration
 }
 
 // shortDir returns a directory whose paths fit a unix socket address (108 bytes).
-func shortDir(t *testing.T) string {
+func shortDir(t testing.TB) string {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "chsim")
 	if err != nil {
@@ -57,7 +60,7 @@ func shortDir(t *testing.T) string {
 	return dir
 }
 
-func startSim(t *testing.T, extra ...string) *simProc {
+func startSim(t testing.TB, extra ...string) *simProc {
 	t.Helper()
 	p, err := startSimErr(t, extra...)
 	if err != nil {
@@ -68,7 +71,7 @@ func startSim(t *testing.T, extra ...string) *simProc {
 
 // startSimNoFatal is startSim for goroutines other than the test's; it returns nil on
 // failure after logging why.
-func startSimNoFatal(t *testing.T, extra ...string) *simProc {
+func startSimNoFatal(t testing.TB, extra ...string) *simProc {
 	p, err := startSimErr(t, extra...)
 	if err != nil {
 		t.Error(err)
@@ -77,7 +80,7 @@ func startSimNoFatal(t *testing.T, extra ...string) *simProc {
 	return p
 }
 
-func startSimErr(t *testing.T, extra ...string) (*simProc, error) {
+func startSimErr(t testing.TB, extra ...string) (*simProc, error) {
 	dir := shortDir(t)
 	p := &simProc{t: t, dir: dir, sock: filepath.Join(dir, "ch.sock"),
 		events: filepath.Join(dir, "events"), log: filepath.Join(dir, "ch.log"), done: make(chan struct{})}
@@ -127,7 +130,11 @@ func (p *simProc) raw(text string) (*http.Response, []byte) {
 		p.t.Fatal(err)
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	timeout := p.timeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	c.SetDeadline(time.Now().Add(timeout))
 	if _, err := io.WriteString(c, text); err != nil {
 		p.t.Fatal(err)
 	}
@@ -216,7 +223,7 @@ func containsSeq(evs []chclient.Event, want []string) bool {
 	return i == len(want)
 }
 
-func (p *simProc) wait(t *testing.T) *os.ProcessState {
+func (p *simProc) wait(t testing.TB) *os.ProcessState {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -227,7 +234,7 @@ func (p *simProc) wait(t *testing.T) *os.ProcessState {
 	}
 }
 
-func errorChain(t *testing.T, data []byte) []string {
+func errorChain(t testing.TB, data []byte) []string {
 	t.Helper()
 	var chain []string
 	if err := json.Unmarshal(data, &chain); err != nil {
@@ -244,7 +251,7 @@ func lastOf(chain []string) string {
 }
 
 // minimalConfig is a bootable VM: a kernel that exists and one disk that exists.
-func minimalConfig(t *testing.T, dir string) string {
+func minimalConfig(t testing.TB, dir string) string {
 	t.Helper()
 	kernel := filepath.Join(dir, "vmlinux")
 	disk := filepath.Join(dir, "root.img")

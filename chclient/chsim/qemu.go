@@ -39,12 +39,13 @@ const activationPoll = 100 * time.Millisecond
 // qemuVM is one qemu process (and its vhost-device-vsock) running the booted VM. It lives
 // from vm.boot to the VM's stop; guest reboots happen inside it.
 type qemuVM struct {
-	s      *sim
-	cmd    *exec.Cmd
-	exited chan struct{} // closed once qemu has been waited for
-	stderr *tailBuffer   // the end of qemu's output, for boot errors
-	client *qmp.Client
-	serial net.Conn // the backend's end of the serial relay; nil without a Socket serial
+	s       *sim
+	cmd     *exec.Cmd
+	exited  chan struct{} // closed once qemu has been waited for
+	stderr  *tailBuffer   // the end of qemu's output, for boot errors
+	client  *qmp.Client
+	monitor *fdConn  // the client's connection, which can pass a file to qemu
+	serial  net.Conn // the backend's end of the serial relay; nil without a Socket serial
 
 	devMu   sync.Mutex   // guards devices and seq: hot-plug changes them while the poll reads
 	devices []qemuDevice // the devices the poll watches
@@ -124,7 +125,7 @@ func (s *sim) qemuMode() bool { return s.cfg.Backend == BackendQemu }
 // addresses. It returns CH's error chain below "The VM could not boot", or nil once the
 // guest runs.
 func (s *sim) bootQemuLocked() []string {
-	q, err := s.startQemu()
+	q, err := s.startQemu(nil)
 	if err != nil {
 		s.logf(0, "Error: booting in qemu: %v", err)
 		return []string{"Error starting the VM in qemu", err.Error()}
@@ -145,8 +146,13 @@ func (s *sim) bootQemuLocked() []string {
 
 // startQemu starts vhost-device-vsock (for a vsock device) and qemu, stopped; connects to
 // qemu's monitor and serial port; checks that every watched device can be queried; and
-// lets the guest run. On failure nothing it started is left running.
-func (s *sim) startQemu() (_ *qemuVM, err error) {
+// lets the guest run. With incoming (a restore), qemu loads the guest from that migration
+// stream instead, and the guest stays stopped: the caller polls the devices and lets it
+// run. startQemu closes incoming. On failure nothing it started is left running.
+func (s *sim) startQemu(incoming *os.File) (_ *qemuVM, err error) {
+	if incoming != nil {
+		defer incoming.Close()
+	}
 	bin := s.cfg.Qemu
 	if bin == "" {
 		bin = "qemu-system-x86_64"
@@ -212,6 +218,10 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 		return nil, err
 	}
 	q.devices = devs
+	if incoming != nil {
+		args = append(args, "-incoming", fmt.Sprintf("fd:%d", 3+len(extra)))
+		extra = append(extra, incoming)
+	}
 	s.logf(1, "starting %s %s", path, strings.Join(args, " "))
 	cmd := exec.Command(path, args...)
 	cmd.ExtraFiles = extra
@@ -252,16 +262,28 @@ func (s *sim) startQemu() (_ *qemuVM, err error) {
 	if err != nil {
 		return nil, err
 	}
+	q.monitor = &fdConn{UnixConn: conn.(*net.UnixConn)}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client, err := qmp.New(ctx, conn)
+	client, err := qmp.New(ctx, q.monitor)
 	if err != nil {
 		return nil, q.failure(fmt.Errorf("connecting to qemu's monitor: %w", err))
 	}
 	q.client = client
 	go q.watchEvents()
+	if incoming != nil {
+		// The stream holds the guest's memory: as long as reading it takes.
+		lctx, lcancel := context.WithTimeout(context.Background(), migrationTimeout)
+		defer lcancel()
+		if err := q.waitMigration(lctx); err != nil {
+			return nil, q.failure(fmt.Errorf("loading the guest from its migration stream: %w", err))
+		}
+	}
 	if err := q.checkVirtioPaths(ctx); err != nil {
 		return nil, err
+	}
+	if incoming != nil {
+		return q, nil
 	}
 	if err := client.Execute(ctx, "cont", nil, nil); err != nil {
 		return nil, q.failure(err)
@@ -499,7 +521,11 @@ func (q *qemuVM) pollActivation() {
 // pollOnce asks qemu for each virtio device's status and emits activated for a
 // device whose driver has set DRIVER_OK since the last poll, reset for one whose
 // status went back. A change undone between two polls is not seen.
-func (q *qemuVM) pollOnce() {
+func (q *qemuVM) pollOnce() { q.poll(false) }
+
+// poll is pollOnce; locked says the caller holds s.mu (a restore, before the background
+// poll starts).
+func (q *qemuVM) poll(locked bool) {
 	q.pollMu.Lock()
 	defer q.pollMu.Unlock()
 	q.devMu.Lock()
@@ -534,12 +560,16 @@ func (q *qemuVM) pollOnce() {
 		if ok {
 			event = "activated"
 		}
-		q.s.mu.Lock()
+		if !locked {
+			q.s.mu.Lock()
+		}
 		// A device ejected meanwhile has had its device-removed: nothing follows it.
 		if q.s.qemu == q && q.hasDevice(d) {
 			q.s.emit("virtio-device", event, map[string]string{"id": d.chID})
 		}
-		q.s.mu.Unlock()
+		if !locked {
+			q.s.mu.Unlock()
+		}
 	}
 }
 

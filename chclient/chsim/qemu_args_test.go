@@ -49,7 +49,7 @@ const appVMConfig = `{
 
 // argvFor runs a vm.create body through what vm.boot does before qemu starts: decode,
 // validate, CH's device ids and PCI addresses, then the qemu mapping.
-func argvFor(t *testing.T, body string, l qemuLaunch) ([]string, []qemuDevice, error) {
+func argvFor(t testing.TB, body string, l qemuLaunch) ([]string, []qemuDevice, error) {
 	t.Helper()
 	var c vmConfig
 	if err := json.Unmarshal([]byte(body), &c); err != nil {

@@ -13,7 +13,7 @@ import (
 )
 
 // qcow2Image writes a qcow2 image of size bytes whose first bytes are marker.
-func qcow2Image(t *testing.T, path, marker string, size int64) {
+func qcow2Image(t testing.TB, path, marker string, size int64) {
 	t.Helper()
 	qemuImg, err := exec.LookPath("qemu-img")
 	if err != nil {
@@ -35,7 +35,7 @@ func qcow2Image(t *testing.T, path, marker string, size int64) {
 
 // pciDisks is what vm.info says of the disks: the config's ids and the device tree's
 // addresses.
-func pciDisks(t *testing.T, p *simProc) (ids []string, bdfs map[string]string) {
+func pciDisks(t testing.TB, p *simProc) (ids []string, bdfs map[string]string) {
 	t.Helper()
 	var info struct {
 		Config struct {

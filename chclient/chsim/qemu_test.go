@@ -31,12 +31,25 @@ import (
 // button or panics. It runs where qemu-system-x86_64, a static busybox and the kernel are
 // present; under TCG on 2 cores each boot takes 5-15 s.
 
-// laneKernel finds the guest kernel: $VMHOST_LANE_KERNEL, or a kernel package unpacked under
-// /var/cache/vmhost-lane (chclient/chsim/testdata/fetch-lane-kernel.sh), and the module
-// tree beside it.
-func laneKernel(t *testing.T) (kernel, modules string) {
+// laneKernel finds the guest kernel: $VMHOST_LANE_KERNEL, the cloud kernel
+// e2e/realguest/prepare.sh keeps under /var/cache/vmhost-lane/current, or a kernel package
+// unpacked under /var/cache/vmhost-lane (chclient/chsim/testdata/fetch-lane-kernel.sh),
+// and the module tree beside it.
+func laneKernel(t testing.TB) (kernel, modules string) {
 	t.Helper()
 	kernel = os.Getenv("VMHOST_LANE_KERNEL")
+	const lane = "/var/cache/vmhost-lane/current"
+	if version, err := os.ReadFile(filepath.Join(lane, "kernel-version")); kernel == "" && err == nil {
+		kernel = filepath.Join(lane, "cloud-kernel", "vmlinuz")
+		modules = os.Getenv("VMHOST_LANE_MODULES")
+		if modules == "" {
+			modules = filepath.Join(lane, "cloud-kernel", "lib", "modules", strings.TrimSpace(string(version)))
+		}
+		if _, err := os.Stat(kernel); err != nil {
+			t.Skipf("guest kernel: %v", err)
+		}
+		return kernel, modules
+	}
 	if kernel == "" {
 		found, _ := filepath.Glob("/var/cache/vmhost-lane/*/boot/vmlinuz-*")
 		if len(found) == 0 {
@@ -56,7 +69,7 @@ func laneKernel(t *testing.T) (kernel, modules string) {
 	return kernel, modules
 }
 
-func needQemu(t *testing.T) {
+func needQemu(t testing.TB) {
 	t.Helper()
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		t.Skip("qemu-system-x86_64 is not installed")
@@ -64,7 +77,7 @@ func needQemu(t *testing.T) {
 }
 
 // staticBusybox returns a busybox that runs without a dynamic loader.
-func staticBusybox(t *testing.T) string {
+func staticBusybox(t testing.TB) string {
 	t.Helper()
 	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
 		f, err := elf.Open(p)
@@ -89,7 +102,7 @@ func staticBusybox(t *testing.T) string {
 // can see.
 var (
 	busModules   = []string{"virtio", "virtio_ring", "virtio_pci_modern_dev", "virtio_pci_legacy_dev", "virtio_pci"}
-	laterModules = []string{"virtio_blk", "button", "evdev", "pvpanic", "pvpanic-pci",
+	laterModules = []string{"virtio_blk", "virtio_net", "button", "evdev", "pvpanic", "pvpanic-pci",
 		"vsock", "vmw_vsock_virtio_transport_common", "vmw_vsock_virtio_transport"}
 )
 
@@ -142,6 +155,42 @@ case "$(cat /proc/cmdline)" in
 		sleep 0.2
 	done
 	;;
+*tinyguest=counter*)
+	# A workload whose state lives only in memory: a counter, printed with the uptime and
+	# whether the host end of the network answers (eth0 gets the address the command line
+	# gives, tinyguest.ip=ADDR/LEN,PEER).
+	net=none
+	for a in $(cat /proc/cmdline); do
+		case $a in tinyguest.ip=*)
+			v=${a#tinyguest.ip=}
+			ip addr add ${v%,*} dev eth0
+			ip link set eth0 up
+			peer=${v#*,}
+			;;
+		esac
+	done
+	# tinyguest.fill=MiB: the workload also holds that much random data in memory.
+	for a in $(cat /proc/cmdline); do
+		case $a in tinyguest.fill=*)
+			mkdir -p /tmp && mount -t tmpfs -o size=4g tmpfs /tmp
+			dd if=/dev/urandom of=/tmp/fill bs=1M count=${a#tinyguest.fill=} 2>/dev/null
+			echo "tinyguest: filled $(du -m /tmp/fill | cut -f1) MiB"
+			;;
+		esac
+	done
+	i=0
+	while :; do
+		i=$((i+1))
+		if [ -n "$peer" ]; then
+			ping -c 1 -W 1 $peer >/dev/null 2>&1 && net=ok || net=down
+		fi
+		# What vda holds now, read from the device (not the guest's cache).
+		echo 3 >/proc/sys/vm/drop_caches
+		disk=$(head -c 8 /dev/vda | tr -cd A-Za-z0-9)
+		echo "tinyguest: tick $i up $(cut -d' ' -f1 /proc/uptime) net $net disk ${disk:-none}"
+		sleep 0.2
+	done
+	;;
 esac
 ev=
 for e in /sys/class/input/event*; do
@@ -156,7 +205,7 @@ poweroff -f
 `
 
 // buildInitramfs writes a gzipped newc cpio with busybox, the modules and /init.
-func buildInitramfs(t *testing.T, dir, busybox, modules string, extra map[string][]byte) string {
+func buildInitramfs(t testing.TB, dir, busybox, modules string, extra map[string][]byte) string {
 	t.Helper()
 	files := map[string][]byte{}
 	for n, data := range extra {
@@ -237,12 +286,17 @@ type serialReader struct {
 	out []byte
 }
 
-func readSerial(t *testing.T, path string) *serialReader {
+func readSerial(t testing.TB, path string) *serialReader {
 	t.Helper()
 	c, err := net.Dial("unix", path)
 	if err != nil {
 		t.Fatalf("connecting to the serial socket: %v", err)
 	}
+	return readConn(t, c)
+}
+
+// readConn collects what the guest prints on c.
+func readConn(t testing.TB, c net.Conn) *serialReader {
 	t.Cleanup(func() { c.Close() })
 	r := &serialReader{}
 	go func() {
@@ -266,13 +320,13 @@ func (r *serialReader) String() string {
 	return string(r.out)
 }
 
-func (r *serialReader) wait(t *testing.T, want string, timeout time.Duration) {
+func (r *serialReader) wait(t testing.TB, want string, timeout time.Duration) {
 	t.Helper()
 	r.waitCount(t, want, 1, timeout)
 }
 
 // waitCount waits until want has been printed n times.
-func (r *serialReader) waitCount(t *testing.T, want string, n int, timeout time.Duration) {
+func (r *serialReader) waitCount(t testing.TB, want string, n int, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for strings.Count(r.String(), want) < n {
@@ -334,6 +388,7 @@ type qemuGuest struct {
 	qemu         int         // qemu's pid
 	vsockBackend int         // vhost-device-vsock's pid, 0 when none
 	fromGuest    chan string // what the guest sent to host port 1024
+	qsd          *exec.Cmd   // the qemu-storage-daemon serving disk 0, nil when none
 }
 
 // tinyGuestOpts are what differs between the test guests.
@@ -342,9 +397,15 @@ type tinyGuestOpts struct {
 	vhostDisk0 bool              // disk 0 is a qemu-storage-daemon vhost-user-blk export
 	vsock      bool              // a hybrid vsock device (vhost-device-vsock)
 	files      map[string][]byte // extra initramfs files
+	memory     int64             // guest RAM in bytes; 0 means 256 MiB
+	tap        string            // a net device on this existing tap
+	cmdline    string            // more kernel command line
+	// start, when set, runs the function that starts the simulator (in a network
+	// namespace, for one).
+	start func(func() error) error
 }
 
-func rawImage(t *testing.T, path string, size int64) {
+func rawImage(t testing.TB, path string, size int64) {
 	t.Helper()
 	if err := os.WriteFile(path, nil, 0o600); err != nil {
 		t.Fatal(err)
@@ -355,13 +416,13 @@ func rawImage(t *testing.T, path string, size int64) {
 }
 
 // startQSD exports image as vhost-user-blk on socket, as vmhost's qemu-storage-daemon does.
-func startQSD(t *testing.T, image, socket string) {
+func startQSD(t testing.TB, image, socket string) *exec.Cmd {
 	t.Helper()
-	startQSDFormat(t, image, "raw", socket)
+	return startQSDFormat(t, image, "raw", socket)
 }
 
 // startQSDFormat is startQSD for an image of format raw or qcow2.
-func startQSDFormat(t *testing.T, image, format, socket string) {
+func startQSDFormat(t testing.TB, image, format, socket string) *exec.Cmd {
 	t.Helper()
 	bin, err := exec.LookPath("qemu-storage-daemon")
 	if err != nil {
@@ -383,7 +444,7 @@ func startQSDFormat(t *testing.T, image, format, socket string) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := os.Stat(socket); err == nil {
-			return
+			return cmd
 		}
 		if time.Now().After(deadline) {
 			t.Fatal("qemu-storage-daemon did not create its export socket")
@@ -392,43 +453,69 @@ func startQSDFormat(t *testing.T, image, format, socket string) {
 	}
 }
 
-// bootTinyGuest creates and boots the tiny guest through the API: disk 0 of 2 MiB (a raw
-// image, or a vhost-user export of 64 MiB), disk 1 a read-only raw image of 1 MiB (as a
-// classic VM's root and seed), serial on a socket, console off, pvpanic, vsock if asked.
-func bootTinyGuest(t *testing.T, o tinyGuestOpts, simArgs ...string) *qemuGuest {
-	kernel, modules := laneKernel(t)
-	needQemu(t)
-	busybox := staticBusybox(t)
-	p := startSim(t, append([]string{"--sim-backend", "qemu"}, simArgs...)...)
-	initrd := buildInitramfs(t, p.dir, busybox, modules, o.files)
-	disk0 := map[string]any{"path": filepath.Join(p.dir, "disk0.img"), "image_type": "Raw"}
+// tinyGuestConfig is the tiny guest's CH config with its files in dir: disk 0 of 2 MiB (a
+// raw image, or a vhost-user export of 64 MiB, whose qemu-storage-daemon it returns), disk 1
+// a read-only raw image of 1 MiB (as a classic VM's root and seed), serial on
+// dir/console.sock, console off, pvpanic, vsock on dir/vsock.sock if asked, a tap if asked.
+func tinyGuestConfig(t testing.TB, dir, kernel, initrd string, o tinyGuestOpts) (map[string]any, *exec.Cmd) {
+	disk0 := map[string]any{"path": filepath.Join(dir, "disk0.img"), "image_type": "Raw"}
+	var qsd *exec.Cmd
 	if o.vhostDisk0 {
-		rawImage(t, filepath.Join(p.dir, "disk0.img"), 64<<20)
-		startQSD(t, filepath.Join(p.dir, "disk0.img"), filepath.Join(p.dir, "disk0.vhost"))
-		disk0 = map[string]any{"vhost_user": true, "vhost_socket": filepath.Join(p.dir, "disk0.vhost")}
+		rawImage(t, filepath.Join(dir, "disk0.img"), 64<<20)
+		qsd = startQSD(t, filepath.Join(dir, "disk0.img"), filepath.Join(dir, "disk0.vhost"))
+		disk0 = map[string]any{"vhost_user": true, "vhost_socket": filepath.Join(dir, "disk0.vhost")}
 	} else {
-		rawImage(t, filepath.Join(p.dir, "disk0.img"), 2<<20)
+		rawImage(t, filepath.Join(dir, "disk0.img"), 2<<20)
 	}
-	rawImage(t, filepath.Join(p.dir, "disk1.img"), 1<<20)
-	serial := filepath.Join(p.dir, "console.sock")
+	rawImage(t, filepath.Join(dir, "disk1.img"), 1<<20)
+	memory := o.memory
+	if memory == 0 {
+		memory = 256 << 20
+	}
 	cfg := map[string]any{
-		"cpus":    map[string]any{"boot_vcpus": 2, "max_vcpus": 2},
-		"memory":  map[string]any{"size": 256 << 20, "shared": true},
-		"payload": map[string]any{"kernel": kernel, "initramfs": initrd, "cmdline": "console=ttyS0 quiet panic=0 tinyguest=" + o.mode},
+		"cpus":   map[string]any{"boot_vcpus": 2, "max_vcpus": 2},
+		"memory": map[string]any{"size": memory, "shared": true},
+		"payload": map[string]any{"kernel": kernel, "initramfs": initrd,
+			"cmdline": strings.TrimSpace("console=ttyS0 quiet panic=0 tinyguest=" + o.mode + " " + o.cmdline)},
 		"disks": []any{disk0,
-			map[string]any{"path": filepath.Join(p.dir, "disk1.img"), "image_type": "Raw", "readonly": true}},
-		"serial":  map[string]any{"mode": "Socket", "socket": serial},
+			map[string]any{"path": filepath.Join(dir, "disk1.img"), "image_type": "Raw", "readonly": true}},
+		"serial":  map[string]any{"mode": "Socket", "socket": filepath.Join(dir, "console.sock")},
 		"console": map[string]any{"mode": "Off"},
 		"pvpanic": true,
 	}
-	vsock := filepath.Join(p.dir, "vsock.sock")
 	if o.vsock {
-		cfg["vsock"] = map[string]any{"cid": 42, "socket": vsock}
+		cfg["vsock"] = map[string]any{"cid": 42, "socket": filepath.Join(dir, "vsock.sock")}
 	}
+	if o.tap != "" {
+		cfg["net"] = []any{map[string]any{"tap": o.tap, "mac": "02:00:00:00:00:2a"}}
+	}
+	return cfg, qsd
+}
+
+// bootTinyGuest creates the tiny guest (tinyGuestConfig) and boots it through the API.
+func bootTinyGuest(t testing.TB, o tinyGuestOpts, simArgs ...string) *qemuGuest {
+	kernel, modules := laneKernel(t)
+	needQemu(t)
+	busybox := staticBusybox(t)
+	var p *simProc
+	if o.start != nil {
+		if err := o.start(func() error {
+			p = startSimNoFatal(t, append([]string{"--sim-backend", "qemu"}, simArgs...)...)
+			return nil
+		}); err != nil || p == nil {
+			t.Fatalf("starting the simulator: %v", err)
+		}
+	} else {
+		p = startSim(t, append([]string{"--sim-backend", "qemu"}, simArgs...)...)
+	}
+	initrd := buildInitramfs(t, p.dir, busybox, modules, o.files)
+	cfg, qsd := tinyGuestConfig(t, p.dir, kernel, initrd, o)
+	serial := filepath.Join(p.dir, "console.sock")
+	vsock := filepath.Join(p.dir, "vsock.sock")
 	body, _ := json.Marshal(cfg)
 	p.wantStatus("PUT", "/api/v1/vm.create", string(body), 204)
 	// vmhost reads the console from vm.create on; the stand-in buffers until then anyway.
-	g := &qemuGuest{p: p, serial: readSerial(t, serial), fromGuest: make(chan string, 1)}
+	g := &qemuGuest{p: p, serial: readSerial(t, serial), fromGuest: make(chan string, 1), qsd: qsd}
 	if o.vsock {
 		// The host listens for the guest's port 1024 before the guest can dial it.
 		l, err := chclient.ListenVsock(vsock, 1024)
@@ -459,7 +546,7 @@ func bootTinyGuest(t *testing.T, o tinyGuestOpts, simArgs ...string) *qemuGuest 
 
 // findChildren records the pids of qemu and vhost-device-vsock, the stand-in's only
 // children.
-func (g *qemuGuest) findChildren(t *testing.T, vsock bool) {
+func (g *qemuGuest) findChildren(t testing.TB, vsock bool) {
 	t.Helper()
 	g.qemu, g.vsockBackend = 0, 0
 	for _, pid := range children(g.p.cmd.Process.Pid) {
@@ -559,7 +646,7 @@ func TestQemuBackendRealGuest(t *testing.T) {
 }
 
 // vsockBackend returns vhost-device-vsock's path, or skips.
-func vsockBackend(t *testing.T) string {
+func vsockBackend(t testing.TB) string {
 	t.Helper()
 	if p, err := exec.LookPath("vhost-device-vsock"); err == nil {
 		return p
@@ -572,7 +659,7 @@ func vsockBackend(t *testing.T) string {
 }
 
 // buildVsockGuest builds testdata/vsockguest as a static binary for the guest.
-func buildVsockGuest(t *testing.T) []byte {
+func buildVsockGuest(t testing.TB) []byte {
 	t.Helper()
 	goBin, err := exec.LookPath("go")
 	if err != nil {

@@ -295,21 +295,23 @@ type sim struct {
 	exitOnce sync.Once
 	exitCode chan int
 
-	mu         sync.Mutex
-	state      vmState
-	vm         *vmConfig
-	nextID     int               // CH's one counter for generated device ids
-	bdfs       map[string]string // device id → PCI address, for the running VM
-	order      []string          // virtio device ids in creation order
-	activated  bool
-	bootGen    int // bumps on every boot/reboot/stop so stale timers do nothing
-	serial     *serialPort
-	vsock      *vsockMux
-	agent      *guestAgent // the AppVM guest agent of this boot, nil when none
-	guestPorts map[uint32]bool
-	taps       []*os.File
-	vhost      map[string]net.Conn // disk id → vhost-user connection
-	counters   map[string]map[string]uint64
+	mu        sync.Mutex
+	state     vmState
+	vm        *vmConfig
+	nextID    int               // CH's one counter for generated device ids
+	bdfs      map[string]string // device id → PCI address, for the running VM
+	order     []string          // virtio device ids in creation order
+	activated bool
+	bootGen   int // bumps on every boot/reboot/stop so stale timers do nothing
+	serial    *serialPort
+	vsock     *vsockMux
+	agent     *guestAgent // the AppVM guest agent of this boot, nil when none
+	// agentOnResume: restored without the agent's process; the next resume starts it.
+	agentOnResume bool
+	guestPorts    map[uint32]bool
+	taps          []*os.File
+	vhost         map[string]net.Conn // disk id → vhost-user connection
+	counters      map[string]map[string]uint64
 	// refuseEject (/sim/v1/eject): the simulated guest ignores eject requests, so
 	// vm.remove-device on a booted VM removes nothing.
 	refuseEject bool

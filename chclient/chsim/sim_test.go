@@ -65,7 +65,7 @@ func TestKeepAliveSeveralRequests(t *testing.T) {
 	}
 }
 
-func bootWithSerialAndVsock(t *testing.T, p *simProc) (serial, vsock string) {
+func bootWithSerialAndVsock(t testing.TB, p *simProc) (serial, vsock string) {
 	t.Helper()
 	serial = filepath.Join(p.dir, "console.sock")
 	vsock = filepath.Join(p.dir, "vsock.sock")

@@ -7,7 +7,7 @@ import (
 	"testing"
 )
 
-// TestStateTable walks the state × action table of ref/cloud-hypervisor.md §4 (all but
+// TestStateTable walks the state × action table of docs/ref/cloud-hypervisor.md §4 (all but
 // vmm.shutdown, which ends the process and is covered by check 13).
 func TestStateTable(t *testing.T) {
 	// A guest that never comes up ignores the power button, so the process stays.
@@ -16,6 +16,19 @@ func TestStateTable(t *testing.T) {
 	disk := filepath.Join(p.dir, "extra.img")
 	os.WriteFile(disk, nil, 0o600)
 	addDisk := fmt.Sprintf(`{"path":%q}`, disk)
+	// A snapshot to restore from; every vm.snapshot row gets an empty directory of its own.
+	base := filepath.Join(p.dir, "base")
+	os.Mkdir(base, 0o700)
+	for _, step := range []string{"vm.create", "vm.boot", "vm.pause"} {
+		body := ""
+		if step == "vm.create" {
+			body = cfg
+		}
+		p.wantStatus("PUT", "/api/v1/"+step, body, 204)
+	}
+	p.wantStatus("PUT", "/api/v1/vm.snapshot", fmt.Sprintf(`{"destination_url":"file://%s"}`, base), 204)
+	restore := fmt.Sprintf(`{"source_url":"file://%s"}`, base)
+	snapshots := 0
 
 	setup := map[string][]string{
 		"None":    nil,
@@ -65,6 +78,12 @@ func TestStateTable(t *testing.T) {
 			"None": {404, "", ""}, "Created": {204, "", "Created"}, "Running": {204, "", "Running"}, "Paused": {204, "", "Paused"}}},
 		{"PUT", "vm.add-disk", addDisk, map[string]cell{
 			"None": {404, "", ""}, "Created": {204, "", "Created"}, "Running": {200, "", "Running"}, "Paused": {200, "", "Paused"}}},
+		{"PUT", "vm.snapshot", "SNAPSHOT", map[string]cell{
+			"None": {500, "VM is not running", ""}, "Created": {500, "VM is not running", "Created"},
+			"Running": {500, "Trying to snapshot while VM is running", "Running"}, "Paused": {204, "", "Paused"}}},
+		{"PUT", "vm.restore", restore, map[string]cell{
+			"None": {204, "", "Paused"}, "Created": {500, "VM is already created", "Created"},
+			"Running": {500, "VM is already created", "Running"}, "Paused": {500, "VM is already created", "Paused"}}},
 		{"PUT", "vm.remove-device", `{"id":"nope"}`, map[string]cell{
 			"None": {404, "", ""}, "Created": {500, "No device with id nope to remove", "Created"},
 			"Running": {500, "No device with id nope to remove", "Running"}, "Paused": {500, "No device with id nope to remove", "Paused"}}},
@@ -82,7 +101,14 @@ func TestStateTable(t *testing.T) {
 					}
 					p.wantStatus("PUT", "/api/v1/"+step, body, 204)
 				}
-				resp, data := p.do(row.method, "/api/v1/"+row.action, row.body)
+				body := row.body
+				if body == "SNAPSHOT" {
+					snapshots++
+					dir := filepath.Join(p.dir, fmt.Sprintf("snap%d", snapshots))
+					os.Mkdir(dir, 0o700)
+					body = fmt.Sprintf(`{"destination_url":"file://%s"}`, dir)
+				}
+				resp, data := p.do(row.method, "/api/v1/"+row.action, body)
 				if resp.StatusCode != want.status {
 					t.Fatalf("%s in %s = %d %s, want %d", row.action, state, resp.StatusCode, data, want.status)
 				}

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +16,7 @@ import (
 	"vmhost/internal/netnstest"
 )
 
-func netConfig(t *testing.T, p *simProc, tap string) string {
+func netConfig(t testing.TB, p *simProc, tap string) string {
 	cfg := minimalConfig(t, p.dir)
 	return strings.TrimSuffix(cfg, "}") + fmt.Sprintf(`,"net":[{"tap":%q,"mac":"02:00:00:00:00:01","mtu":1500}]}`, tap)
 }
@@ -181,6 +183,46 @@ func TestIntegrationTapAttach(t *testing.T) {
 
 	p.wantStatus("PUT", "/api/v1/vm.shutdown", "", 204)
 	if err := inNS(func() error { return waitRunning(tap, false, "after shutdown") }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRestoreReattachesTap: a restore in a new process opens the VM's tap by name again,
+// as a boot does; the process that took the snapshot let go of it when it ended.
+func TestRestoreReattachesTap(t *testing.T) {
+	ns := netnstest.New(t)
+	netnstest.RequireTun(t)
+	const tap = "vmhtap1"
+	if err := ns.Run(func() error { return createPersistentTap(tap) }); err != nil {
+		t.Fatal(err)
+	}
+	start := func() *simProc {
+		var p *simProc
+		if err := ns.Run(func() error { p = startSimNoFatal(t); return nil }); err != nil || p == nil {
+			t.Fatalf("starting the simulator: %v", err)
+		}
+		return p
+	}
+	p := start()
+	p.wantStatus("PUT", "/api/v1/vm.create", netConfig(t, p, tap), 204)
+	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
+	p.wantStatus("PUT", "/api/v1/vm.pause", "", 204)
+	snap := filepath.Join(p.dir, "snap")
+	os.Mkdir(snap, 0o700)
+	p.wantStatus("PUT", "/api/v1/vm.snapshot", snapshotBody(snap), 204)
+	p.wantStatus("PUT", "/api/v1/vmm.shutdown", "", 200)
+	p.wait(t)
+	if err := ns.Run(func() error { return waitRunning(tap, false, "after the suspend") }); err != nil {
+		t.Fatal(err)
+	}
+	q := start()
+	q.wantStatus("PUT", "/api/v1/vm.restore", fmt.Sprintf(`{"source_url":%q}`, "file://"+snap), 204)
+	var st struct{ Taps []string }
+	json.Unmarshal(q.wantStatus("GET", "/sim/v1/status", "", 200), &st)
+	if len(st.Taps) != 1 || st.Taps[0] != tap {
+		t.Errorf("taps after the restore = %v", st.Taps)
+	}
+	if err := ns.Run(func() error { return waitRunning(tap, true, "after the restore") }); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -36,6 +36,8 @@ var endpoints = map[string]endpoint{
 	"vm.resize":        {http.MethodPut, true, (*sim).resize},
 	"vm.add-disk":      {http.MethodPut, true, (*sim).addDisk},
 	"vm.remove-device": {http.MethodPut, true, (*sim).removeDevice},
+	"vm.snapshot":      {http.MethodPut, true, (*sim).snapshot},
+	"vm.restore":       {http.MethodPut, true, (*sim).restore},
 	"vm.nmi":           {http.MethodPut, false, unsupported},
 
 	"vm.add-device": {http.MethodPut, true, unsupported}, "vm.add-net": {http.MethodPut, true, unsupported},
@@ -43,7 +45,6 @@ var endpoints = map[string]endpoint{
 	"vm.add-pmem": {http.MethodPut, true, unsupported}, "vm.add-vdpa": {http.MethodPut, true, unsupported},
 	"vm.add-user-device": {http.MethodPut, true, unsupported}, "vm.add-generic-vhost-user": {http.MethodPut, true, unsupported},
 	"vm.resize-disk": {http.MethodPut, true, unsupported}, "vm.resize-zone": {http.MethodPut, true, unsupported},
-	"vm.snapshot": {http.MethodPut, true, unsupported}, "vm.restore": {http.MethodPut, true, unsupported},
 	"vm.send-migration": {http.MethodPut, true, unsupported}, "vm.receive-migration": {http.MethodPut, true, unsupported},
 }
 
@@ -77,7 +78,11 @@ func (s *sim) route(r *request) (response, func()) {
 		return jsonResponse(http.StatusBadRequest, []string{"Bad Request"}), nil
 	}
 	if ep.hasBody && r.body == nil {
-		return response{status: http.StatusBadRequest}, nil
+		if name == "vm.create" {
+			// vm.create's own handler answers a missing body with no error body.
+			return response{status: http.StatusBadRequest}, nil
+		}
+		return jsonResponse(http.StatusBadRequest, []string{"Bad Request"}), nil
 	}
 	s.logf(2, "API request %s %s", r.method, r.path)
 	return ep.handle(s, r)
@@ -175,25 +180,18 @@ func (s *sim) bootLocked() []string {
 	if err := validate(s.vm); err != nil {
 		return []string{"Error validating configuration", err.Error()}
 	}
-	var undo []func()
-	fail := func(chain ...string) []string {
-		for i := len(undo) - 1; i >= 0; i-- {
-			undo[i]()
-		}
-		return chain
-	}
 	for _, p := range []*string{s.vm.Payload.Kernel, s.vm.Payload.Firmware, s.vm.Payload.Initramfs} {
 		if p == nil {
 			continue
 		}
 		f, err := os.Open(*p)
 		if err != nil {
-			return fail("Cannot open the kernel image", osErrText(err))
+			return []string{"Cannot open the kernel image", osErrText(err)}
 		}
 		f.Close()
 	}
 	if err := s.openConsolesLocked(); err != nil {
-		return fail("Error creating console devices", err.Error())
+		return []string{"Error creating console devices", err.Error()}
 	}
 	if s.qemuMode() {
 		// qemu opens the disks, vhost-user sockets and taps itself; the simulator
@@ -201,16 +199,53 @@ func (s *sim) bootLocked() []string {
 		s.assignDevicesLocked()
 		return s.bootQemuLocked()
 	}
-	var taps []*os.File
-	var vhost []net.Conn
-	undo = append(undo, func() {
-		for _, f := range taps {
-			f.Close()
-		}
-		for _, c := range vhost {
-			c.Close()
-		}
-	})
+	held, chain := s.acquireDevicesLocked()
+	if chain != nil {
+		return chain
+	}
+	s.assignDevicesLocked()
+	s.holdDevicesLocked(held)
+	s.state = stateRunning
+	s.activated = false
+	s.bootGen++
+	s.serialWrite("chsim: Linux version 6.1.0-chsim booting\r\n")
+	s.scheduleActivateLocked()
+	if err := s.startGuestAgentLocked(); err != nil {
+		// A guest without its init panics; the VM itself is up.
+		s.logf(0, "Error: %v", err)
+	}
+	return nil
+}
+
+// heldDevices is what the device manager opened for a boot or a restore.
+type heldDevices struct {
+	taps  []*os.File
+	vhost []net.Conn // one per vhost-user disk, in config order
+	vsock *vsockMux
+}
+
+func (h *heldDevices) release() {
+	for _, f := range h.taps {
+		f.Close()
+	}
+	for _, c := range h.vhost {
+		c.Close()
+	}
+	if h.vsock != nil {
+		h.vsock.close()
+	}
+}
+
+// acquireDevicesLocked opens what CH's device manager opens for the config, at a boot as
+// at a restore: disk images, vhost-user sockets, taps by name, VFIO paths and the vsock
+// socket. It returns the error chain below "The VM could not boot" (or be restored), with
+// nothing left held.
+func (s *sim) acquireDevicesLocked() (*heldDevices, []string) {
+	h := &heldDevices{}
+	fail := func(chain ...string) (*heldDevices, []string) {
+		h.release()
+		return nil, chain
+	}
 	for _, d := range s.vm.Disks {
 		if d.VhostUser {
 			c, err := net.Dial("unix", deref(d.VhostSocket))
@@ -218,7 +253,7 @@ func (s *sim) bootLocked() []string {
 				return fail("Error creating device manager", "Cannot create virtio-block device",
 					"Failed to connect to vhost-user backend", osErrText(err))
 			}
-			vhost = append(vhost, c)
+			h.vhost = append(h.vhost, c)
 			continue
 		}
 		f, err := os.Open(deref(d.Path))
@@ -238,7 +273,7 @@ func (s *sim) bootLocked() []string {
 			return fail("Error creating device manager", "Cannot create virtio-net device",
 				"Open tap device failed", err.Error())
 		}
-		taps = append(taps, f)
+		h.taps = append(h.taps, f)
 	}
 	for _, d := range s.vm.Devices {
 		if _, err := os.Stat(deref(d.Path)); err != nil {
@@ -251,29 +286,25 @@ func (s *sim) bootLocked() []string {
 			return fail("Error creating device manager", "Cannot create virtio-vsock device",
 				"Failed to create vsock backend", err.Error())
 		}
-		s.vsock = mux
+		h.vsock = mux
 	}
-	s.taps = taps
-	s.assignDevicesLocked()
-	// Hold each vhost-user connection under its disk's id, so an unplug closes it.
+	return h, nil
+}
+
+// holdDevicesLocked keeps what acquireDevicesLocked opened for the running VM, each
+// vhost-user connection under its disk's id (the ids are assigned by now), so an unplug
+// closes it.
+func (s *sim) holdDevicesLocked(h *heldDevices) {
+	s.taps = h.taps
+	s.vsock = h.vsock
 	s.vhost = map[string]net.Conn{}
 	j := 0
 	for _, d := range s.vm.Disks {
 		if d.VhostUser {
-			s.vhost[*d.ID] = vhost[j]
+			s.vhost[*d.ID] = h.vhost[j]
 			j++
 		}
 	}
-	s.state = stateRunning
-	s.activated = false
-	s.bootGen++
-	s.serialWrite("chsim: Linux version 6.1.0-chsim booting\r\n")
-	s.scheduleActivateLocked()
-	if err := s.startGuestAgentLocked(); err != nil {
-		// A guest without its init panics; the VM itself is up.
-		s.logf(0, "Error: %v", err)
-	}
-	return nil
 }
 
 func osErrText(err error) string {
@@ -531,6 +562,7 @@ func (s *sim) stopLocked() {
 func (s *sim) releaseLocked() {
 	s.bootGen++
 	s.activated = false
+	s.agentOnResume = false
 	for _, f := range s.taps {
 		f.Close()
 	}
@@ -577,7 +609,7 @@ func (s *sim) info(*request) (response, func()) {
 	}
 	if s.state == stateRunning || s.state == statePaused {
 		// Once booted: less what the balloon holds, plus hotplugged memory
-		// (ref: cloud-hypervisor.md §5). The simulated guest gives the
+		// (docs/ref/cloud-hypervisor.md §5). The simulated guest gives the
 		// balloon all it asks for at once.
 		actual := s.vm.Memory.Size
 		if h := s.vm.Memory.HotpluggedSize; h != nil {
@@ -596,16 +628,35 @@ func (s *sim) info(*request) (response, func()) {
 			}
 		}
 		info["memory_actual_size"] = actual
-		tree := map[string]any{}
-		for id, bdf := range s.bdfs {
-			wrapper := "_virtio-pci-" + id
-			tree[id] = map[string]any{"id": id, "resources": []any{}, "parent": wrapper, "children": []string{}}
-			tree[wrapper] = map[string]any{"id": wrapper, "resources": []any{}, "children": []string{id}, "pci_bdf": bdf}
-		}
-		info["device_tree"] = tree
+		info["device_tree"] = s.deviceTreeLocked()
 	}
 	return jsonResponse(http.StatusOK, info), nil
 }
+
+// deviceNode is one entry of CH's device tree (vm.info, and the device manager's part of a
+// snapshot's state.json).
+type deviceNode struct {
+	ID        string   `json:"id"`
+	Resources []any    `json:"resources"`
+	Parent    string   `json:"parent,omitempty"`
+	Children  []string `json:"children"`
+	PciBdf    string   `json:"pci_bdf,omitempty"`
+}
+
+// deviceTreeLocked is the running VM's device tree: each PCI device under its virtio-pci
+// transport node, which carries the address.
+func (s *sim) deviceTreeLocked() map[string]deviceNode {
+	tree := map[string]deviceNode{}
+	for id, bdf := range s.bdfs {
+		wrapper := transportID(id)
+		tree[id] = deviceNode{ID: id, Resources: []any{}, Parent: wrapper, Children: []string{}}
+		tree[wrapper] = deviceNode{ID: wrapper, Resources: []any{}, Children: []string{id}, PciBdf: bdf}
+	}
+	return tree
+}
+
+// transportID is the id CH gives the virtio-pci transport of device id.
+func transportID(id string) string { return "_virtio-pci-" + id }
 
 func (s *sim) notRunning(op string) response {
 	return apiError(http.StatusInternalServerError, op, "VM is not running")
@@ -695,6 +746,7 @@ func (s *sim) rebootLocked() []string {
 	s.bootGen++
 	s.activated = false
 	s.stopGuestAgentLocked()
+	s.agentOnResume = false
 	if s.vsock != nil {
 		s.vsock.close()
 		mux, err := s.openVsock(s.vm.Vsock.Socket)
@@ -741,21 +793,38 @@ func (s *sim) resume(*request) (response, func()) {
 	defer s.mu.Unlock()
 	switch s.state {
 	case statePaused:
-		s.emit("vm", "resuming", nil)
-		if s.qemuMode() {
-			if err := s.qmpLocked("cont"); err != nil {
-				return apiError(http.StatusInternalServerError, "The VM could not resume", "Cannot resume VM", err.Error()), nil
-			}
+		if chain := s.resumeLocked(); chain != nil {
+			return apiError(http.StatusInternalServerError, append([]string{"The VM could not resume", "Cannot resume VM"}, chain...)...), nil
 		}
-		s.state = stateRunning
-		s.pauseGuestAgentLocked(false)
-		s.emit("vm", "resumed", nil)
 		return noContent(), nil
 	case stateRunning:
 		return apiError(http.StatusInternalServerError, "The VM could not resume", "Cannot resume VM",
 			"Failed to resume migratable component", "Invalid transition: InvalidStateTransition(Running, Running)"), nil
 	}
 	return s.notRunning("The VM could not resume"), nil
+}
+
+// resumeLocked runs the paused VM; it returns the chain below "Cannot resume VM" when qemu
+// refuses.
+func (s *sim) resumeLocked() []string {
+	s.emit("vm", "resuming", nil)
+	if s.qemuMode() {
+		if err := s.qmpLocked("cont"); err != nil {
+			return []string{err.Error()}
+		}
+	}
+	s.state = stateRunning
+	if s.agentOnResume {
+		// Restored without its agent process: the guest's init runs it again.
+		s.agentOnResume = false
+		if err := s.startGuestAgentLocked(); err != nil {
+			s.logf(0, "Error: %v", err)
+		}
+	} else {
+		s.pauseGuestAgentLocked(false)
+	}
+	s.emit("vm", "resumed", nil)
+	return nil
 }
 
 func (s *sim) delete(*request) (response, func()) {

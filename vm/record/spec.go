@@ -34,6 +34,9 @@ type Spec struct {
 	DiskBpsTotal  uint64         `json:"disk_bps_total,omitempty"`
 	DiskIopsTotal uint64         `json:"disk_iops_total,omitempty"`
 	AutoBoot      bool           `json:"auto_boot,omitempty"`
+	// Labels are the caller's tags of the VM (package labels); a labels
+	// edit (PATCH .../labels) changes them after the create.
+	Labels map[string]string `json:"labels,omitempty"`
 }
 
 // DiskSpec is the root disk of a classic create.

@@ -104,9 +104,16 @@ func WorkloadExited(c Change) bool {
 	return exited(cg) && (!exited(og) || !sameExit(og, cg))
 }
 
-// vmEvent is an event of rec with its state after the change.
+// VMEvent is an event of type t of rec, for the VM events published
+// outside the registry's changes (appvm's heartbeat_stale): every VM event
+// is made by vmEvent, so all carry the same fields.
+func VMEvent(t events.Type, rec *record.Record) events.Event { return vmEvent(t, rec) }
+
+// vmEvent is an event of rec with its id, family, state and labels as
+// they are after the change.
 func vmEvent(t events.Type, rec *record.Record) events.Event {
-	return events.Event{Type: t, VMID: rec.ID, Mode: string(rec.Mode), State: string(rec.State), DisplayState: rec.DisplayState}
+	return events.Event{Type: t, VMID: rec.ID, Mode: string(rec.Mode), State: string(rec.State), DisplayState: rec.DisplayState,
+		Labels: rec.Spec.Labels}
 }
 
 // volumeEvents are events of type t for the volumes a has attached (a hot
