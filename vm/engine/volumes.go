@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/jail"
 	"vmhost/qmp"
 	"vmhost/vm/record"
 )
@@ -43,7 +44,11 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 	// Nothing can be mounted into a running jail: a first-class volume
 	// reaches a confined storage daemon through a link in its VM directory.
 	if jv := e.vmJail(rec); jv != nil {
-		if err := e.linkVolume(rec, v, jv); err != nil {
+		err := e.linkVolume(rec, v, jv)
+		if v.VolumeID == "" { // made for the VM just now, by the agent
+			err = jail.Own(jv.UID, jv.GID, e.layout().DataVolume(rec.ID, v.ID))
+		}
+		if err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("giving volume %s to VM %s", key, rec.ID), Err: err}
 		}
 	}
