@@ -671,3 +671,49 @@ func TestRunDirLinksNotFollowed(t *testing.T) {
 		t.Errorf("lb's VMM says %d %s, want Running", st, body)
 	}
 }
+
+// TestJailVolumeGivenAndTakenBack: a first-class volume hot-attached to a
+// confined VM becomes its (through a link in its directory: nothing can
+// be mounted into its storage daemon's running jail); detached, or with
+// the VM deleted, it is root's again and the link is gone.
+func TestJailVolumeGivenAndTakenBack(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{})
+	f := newFixture(t)
+	s.create(f.body("vo", true, ""), http.StatusCreated)
+	s.waitDisplay("vo", "running", "running")
+	uid := s.jview("vo").Confinement.UID
+	if st, b := s.do("POST", "/api/volumes", `{"volume_id":"fcv","size_gib":1}`); st != http.StatusCreated {
+		t.Fatalf("POST /api/volumes = %d %s", st, b)
+	}
+	vol, link := s.stateDir+"/volumes/fcv.qcow2", s.stateDir+"/vms/vo/volumes/fcv.qcow2"
+	owner := func(p string) uint32 {
+		var st syscall.Stat_t
+		if err := syscall.Stat(p, &st); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+		return st.Uid
+	}
+	attach := func() {
+		if st, b := s.do("POST", "/api/vms/vo/volumes", `{"volume_id":"fcv"}`); st != http.StatusOK {
+			t.Fatalf("attach = %d %s", st, b)
+		}
+		if o := owner(vol); o != uid || !exists(link) {
+			t.Errorf("attached: the volume is %d's (link there: %t), want the VM's %d", o, exists(link), uid)
+		}
+	}
+	attach()
+	if st, b := s.do("DELETE", "/api/vms/vo/volumes/fcv", ""); st != http.StatusOK {
+		t.Fatalf("detach = %d %s", st, b)
+	}
+	if o := owner(vol); o != 0 || exists(link) {
+		t.Errorf("detached: the volume is %d's (link there: %t), want root's and no link", o, exists(link))
+	}
+	attach()
+	if st, b := s.do("DELETE", "/api/vms/vo?force=true", ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE = %d %s", st, b)
+	}
+	if o := owner(vol); o != 0 {
+		t.Errorf("after the VM's delete the volume is %d's, want root's", o)
+	}
+}
