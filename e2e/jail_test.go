@@ -717,3 +717,26 @@ func TestJailVolumeGivenAndTakenBack(t *testing.T) {
 		t.Errorf("after the VM's delete the volume is %d's, want root's", o)
 	}
 }
+
+// TestJailUnreadableKernel: a confined CH opens its kernel as the VM's
+// uid, so a kernel only root may read fails the boot, saying which file
+// and how to fix it; made readable, the VM boots.
+func TestJailUnreadableKernel(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{})
+	f := newFixture(t)
+	if err := os.Chmod(f.kernel, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, b := s.do("POST", "/api/vms", f.body("k6", true, ""))
+	if st < 500 || !strings.Contains(string(b), f.kernel) || !strings.Contains(string(b), "chmod a+r") {
+		t.Fatalf("create with a kernel of mode 0600 = %d %s, want a failed boot naming the kernel and the fix", st, b)
+	}
+	if err := os.Chmod(f.kernel, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.act("k6", "start"); st != http.StatusNoContent {
+		t.Fatalf("start with the kernel readable = %d", st)
+	}
+	s.waitDisplay("k6", "running", "running")
+}
