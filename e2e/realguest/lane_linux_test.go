@@ -263,6 +263,7 @@ func (l *lane) tearDown() {
 	for _, pid := range pidsMentioning(l.dir + "/") {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+	l.removeCgroups()
 	if l.t.Failed() {
 		l.t.Logf("vmhost serve output (tail):\n%s", tail(l.serveLog.Bytes(), 8000))
 		logs, _ := filepath.Glob(l.runDir + "/vms/*/*.log*")
@@ -480,6 +481,30 @@ func (l *lane) deleteVM(prefix, id string) {
 			}
 		}
 	}
+}
+
+// removeCgroups removes the cgroups of the lane's agent (VMs outlive the
+// agent, so those of VMs a failed lane did not delete are left), once
+// their processes are gone.
+func (l *lane) removeCgroups() {
+	b, err := os.ReadFile(l.stateDir + "/agent_id")
+	if err != nil {
+		return
+	}
+	agent := strings.TrimSpace(string(b))
+	j, err := jail.New(jail.DefaultConfig(), jail.Host{RunDir: l.runDir, AgentID: agent})
+	if err != nil || !j.Enabled() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, _ := j.Leftovers()
+	for _, id := range ids {
+		if err := j.Destroy(ctx, id); err != nil {
+			l.t.Logf("removing the cgroup of VM %s: %v", id, err)
+		}
+	}
+	j.Layout().Cgroup(jail.DefaultConfig().CgroupParent + "/" + agent).Remove(ctx)
 }
 
 // cgroupDir is the directory of cgroup name where its memory limit is.
