@@ -18,7 +18,7 @@ type docBlock struct {
 	file   string
 	line   int    // of the opening fence
 	lang   string // "sh", "json", "text", …
-	marker string // the doctest marker before an sh block: run, agent, appvm, skip
+	marker string // the doctest marker before an sh block: run, agent, skip
 	reason string // a skip's reason
 	body   string
 }
@@ -31,7 +31,7 @@ type docPage struct {
 }
 
 var (
-	markerLine  = regexp.MustCompile(`^<!-- doctest: (run|agent|appvm|skip)( .*)? -->$`)
+	markerLine  = regexp.MustCompile(`^<!-- doctest: (run|agent|skip)( .*)? -->$`)
 	sessionLine = regexp.MustCompile(`^<!-- doctest-session: (no-agent) -->$`)
 	// fenceLangs are the languages a fence may name; sh is the one whose
 	// blocks run.
@@ -88,7 +88,7 @@ func readDocPage(path string) (docPage, []string) {
 		case b.lang != "sh" && m != nil:
 			problems = append(problems, fmt.Sprintf("%s:%d: a doctest marker before a %s block", path, b.line, b.lang))
 		case b.lang == "sh" && m == nil:
-			problems = append(problems, fmt.Sprintf("%s:%d: an sh block without a marker (<!-- doctest: run|agent|appvm|skip REASON -->) before it", path, b.line))
+			problems = append(problems, fmt.Sprintf("%s:%d: an sh block without a marker (<!-- doctest: run|agent|skip REASON -->) before it", path, b.line))
 		case b.lang == "sh":
 			b.marker, b.reason = m[1], strings.TrimSpace(m[2])
 			if b.marker == "skip" && b.reason == "" {
@@ -123,7 +123,7 @@ func TestDocMarkers(t *testing.T) {
 		}
 		var agents int
 		for _, b := range page.blocks {
-			if b.marker == "run" || b.marker == "appvm" {
+			if b.marker == "run" {
 				run++
 			}
 			if b.marker == "agent" {
@@ -166,8 +166,6 @@ func TestReadmeQuickStartIsFirst(t *testing.T) {
 //     export lines it prints set up the shell of the blocks after it;
 //   - a guide's in a fresh directory, with this package's vmhost in PATH
 //     and, unless the page says no-agent, a dev agent of its own.
-//
-// Blocks marked appvm run only with VMHOST_TEST_DEV_APPVM=1.
 func TestDocExamples(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for the namespaces the examples run in: run go test as root")
@@ -184,14 +182,13 @@ func TestDocExamples(t *testing.T) {
 	if err := os.Symlink(binary(t), filepath.Join(bin, "vmhost")); err != nil {
 		t.Fatal(err)
 	}
-	appvm := os.Getenv("VMHOST_TEST_DEV_APPVM") == "1"
 	for _, path := range docPages(t) {
 		page, problems := readDocPage(path)
 		if len(problems) > 0 {
 			continue // TestDocMarkers reports them
 		}
 		t.Run(path, func(t *testing.T) {
-			script, ran := docScript(t, page, repo, appvm)
+			script, ran := docScript(t, page, repo)
 			if ran == 0 {
 				t.Skip("no runnable example")
 			}
@@ -226,7 +223,7 @@ func tail(s string, n int) string {
 
 // docScript writes the bash script that runs page's examples, and says how
 // many blocks it runs.
-func docScript(t *testing.T, page docPage, repo string, appvm bool) (string, int) {
+func docScript(t *testing.T, page docPage, repo string) (string, int) {
 	t.Helper()
 	var s strings.Builder
 	s.WriteString(`set -euo pipefail
@@ -239,20 +236,13 @@ mount -t sysfs sysfs /sys
 mount --rbind "$T/cgroup" /sys/fs/cgroup
 
 # agent_env waits for the agent (pid $agent) to serve and sets up the shell
-# from the export lines serve --dev prints.
+# from the export lines serve --dev prints once it serves.
 agent_env() {
 	local i
 	for i in $(seq 1 1800); do
 		if grep -q '^export VMHOST_TOKEN=' "$T/agent.out"; then
 			eval "$(grep '^export VMHOST_' "$T/agent.out")"
 			return
-		fi
-		if grep -q 'msg=serving' "$T/agent.err" && [ "$i" -gt 20 ]; then
-			# An agent without the export lines: its printed key and its
-			# serving line say the same.
-			export VMHOST_API="http://$(sed -n 's/.*msg=serving listen=\([^ ]*\).*/\1/p' "$T/agent.err" | head -1)"
-			export VMHOST_TOKEN="$(grep -o '^vmh_[A-Za-z0-9_-]*$' "$T/agent.out" | head -1)"
-			[ -n "$VMHOST_TOKEN" ] && return
 		fi
 		if ! kill -0 "$agent" 2>/dev/null; then
 			echo "the agent exited:"; cat "$T/agent.out" "$T/agent.err"; exit 1
@@ -294,7 +284,7 @@ agent_env
 	ran := 0
 	for _, b := range page.blocks {
 		switch {
-		case b.lang != "sh", b.marker == "skip", b.marker == "appvm" && !appvm:
+		case b.lang != "sh", b.marker == "skip":
 			continue
 		}
 		ran++

@@ -79,13 +79,9 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		source = path
 	}
-	jail := doctor.DefaultJail()
-	jail.Enabled = os.Geteuid() == 0 && cfg.Jail.Enabled // the jail is on whenever the agent runs as root
-	jail.IDRange, jail.CgroupParent = cfg.Jail.IDRange, cfg.Jail.CgroupParent
-	jail.Probe = func(ctx context.Context) doctor.JailProbe { return probeJail(ctx, cfg, *stateDir, *runDir) }
-	checks := doctor.Run(context.Background(), doctor.Host{
-		Config: cfg, StateDir: *stateDir, AppVMModules: appvm.AgentModules, Jail: jail, Euid: -1,
-	})
+	h := doctorHost()
+	h.Config, h.StateDir, h.RunDir = cfg, *stateDir, *runDir
+	checks := doctor.Run(context.Background(), *h)
 	if *output == "json" {
 		b, _ := json.MarshalIndent(struct {
 			Config string         `json:"config"`
@@ -112,7 +108,11 @@ func doctorCmd(args []string, stdout, stderr io.Writer) int {
 // is every live process of the running VMs the records name
 // (jail.VM.Verify). The throwaway jail's cgroup is the agent's (from
 // <state>/agent_id; "doctor" on a host without one, removed after).
-func probeJail(ctx context.Context, cfg *config.Config, stateDir, runDir string) doctor.JailProbe {
+func probeJail(ctx context.Context, h doctor.Host) doctor.JailProbe {
+	cfg, stateDir, runDir := h.Config, h.StateDir, h.RunDir
+	if runDir == "" {
+		runDir = packagedRunDir
+	}
 	agent, err := os.ReadFile(filepath.Join(stateDir, "agent_id"))
 	id := strings.TrimSpace(string(agent))
 	if err != nil || id == "" {
@@ -192,4 +192,14 @@ func readRecords(dir string) []*record.Record {
 		}
 	}
 	return recs
+}
+
+// doctorHost is what the host checks need to know of the agent beyond its
+// configuration and state directory: the modules an AppVM needs, and the
+// jail, which is on whenever the agent runs as root.
+func doctorHost() *doctor.Host {
+	jail := doctor.DefaultJail()
+	jail.Enabled = os.Geteuid() == 0
+	jail.Probe = probeJail
+	return &doctor.Host{AppVMModules: appvm.AgentModules, Jail: jail, Euid: -1}
 }

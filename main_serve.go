@@ -72,6 +72,9 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	}
 	o.Notifier = n
 	o.CheckRunDir = func(dir string) error { return vm.Layout{RunDir: dir}.CheckRunDir() }
+	// The host checks of vmhost doctor, logged once at start (the server
+	// adds the configuration and the state directory).
+	o.Doctor = doctorHost()
 	if err := apiserver.Run(o, runService); err != nil {
 		o.Log.Error("serve", "err", err)
 		return 1

@@ -73,7 +73,11 @@ func newService(env serveEnv) (*service, error) {
 		return nil, err
 	}
 	eo.Jail = j
-	if uid := os.Geteuid(); uid == 0 {
+	if err := devAppVMs(env, &eo); err != nil {
+		return nil, err
+	}
+	uid := os.Geteuid()
+	if uid == 0 {
 		eo.Taps = tap.New(nil)
 	} else {
 		eo.NoTapsReason = noTapsReason(uid)
@@ -120,7 +124,10 @@ func newService(env serveEnv) (*service, error) {
 		evs.Close()
 		return nil, err
 	}
-	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng})
+	// In dev mode an AppVM that names no network gets none: the dev
+	// bridge (as root) has no DHCP server, and without root there are no
+	// taps at all.
+	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng, Dialer: eng, NoDefaultNetwork: env.Dev})
 	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
 	apps.RecoverRestarts()
@@ -137,7 +144,16 @@ func newService(env serveEnv) (*service, error) {
 		stopRegistry()
 		return nil, errors.Join(err, eng.Close(), evs.Close())
 	}
-	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Logger: env.Log,
+	// An agent that is not root may not give an image's files their
+	// owners nor make its device nodes: it imports without them, as
+	// `vmhost image import --ignore-owners --skip-devices` does.
+	images := appvm.NewImporter(apps.Catalog(), appvm.ImportOptions{Logger: env.Log, Events: evs,
+		MaxBytes: env.Config.ImageImportMaxBytes, MaxEntries: env.Config.ImageImportMaxEntries,
+		IgnoreOwners: uid != 0, SkipDevices: uid != 0})
+	if err := images.Recover(); err != nil {
+		env.Log.Error("recovering AppVM image imports", "err", err)
+	}
+	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Images: images, Logger: env.Log,
 		Registry: reg, ImageCache: eng.ImageCache(), Events: evs, Audit: auditLog, AgentID: env.AgentID, Version: version})
 	return &service{Handler: h, CloseStreams: h.CloseStreams, Close: func() error {
 		stopRegistry()
@@ -199,8 +215,10 @@ func simCHJail(args []string) (jail.Exec, error) {
 }
 
 // noTapsReason is why a VM with an interface cannot be created by an agent
-// that is not root. An AppVM always has one, so only classic VMs are left.
+// that is not root: classic VMs without nets and cloud_init are left, and
+// in dev mode AppVMs, which have no interface unless they name a network.
 func noTapsReason(uid int) string {
 	return "creating taps needs root (CAP_NET_ADMIN) and this agent runs as uid " + strconv.Itoa(uid) +
-		": run vmhost serve as root; without root only classic VMs without nets and without cloud_init can be created (an AppVM always has an interface)"
+		": run vmhost serve as root; without root only classic VMs without nets and without cloud_init can be created, " +
+		"and AppVMs in dev mode without network_id or a static address (they get no interface)"
 }

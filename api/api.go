@@ -208,6 +208,11 @@ var routeTable = []Route{
 	{"DELETE /api/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeVM)},
 	{"POST /api/appvm/vms/{id}/volumes", true, attachVolume(vm.ModeAppVM)},
 	{"DELETE /api/appvm/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeAppVM)},
+	// Guest operations (api/guestops.go).
+	{"POST /api/appvm/vms/{id}/exec", true, (*Server).execAppVM},
+	{"GET /api/appvm/vms/{id}/files", false, (*Server).getFiles},
+	{"PUT /api/appvm/vms/{id}/files", true, (*Server).putFiles},
+	{"POST /api/appvm/vms/{id}/signal", true, (*Server).signalAppVM},
 	// Observability (api/events.go, api/metrics.go).
 	{"GET /api/events", false, (*Server).streamEvents},
 	{"GET /metrics", false, (*Server).metrics},
@@ -408,12 +413,16 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, err error) {
 		ee  *vm.ExistsError
 		ce  *vm.CapacityError
 		cfe *appvm.ConflictError
+		re  *appvm.RefusedError
 		se  *vm.StateError
 		he  *vm.HostError
 	)
 	switch {
 	case errors.As(err, &fe):
 		writeError(w, http.StatusBadRequest, CodeBadRequest, fe.Error())
+	case errors.As(err, &re):
+		// The guest agent refused an operation (or the host an archive).
+		writeError(w, http.StatusBadRequest, CodeBadRequest, re.Error())
 	case errors.As(err, &ee):
 		writeError(w, http.StatusConflict, CodeAlreadyExists, ee.Error())
 	case errors.As(err, &se):

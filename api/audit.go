@@ -18,6 +18,8 @@ type auditWriter struct {
 	// id is the VM or image a create names (noteID), for routes whose
 	// path names none.
 	id string
+	// argv is an exec's command (noteArgv).
+	argv []string
 }
 
 type auditKey struct{}
@@ -32,6 +34,22 @@ func withAudit(r *http.Request, w *auditWriter) *http.Request {
 func noteID(r *http.Request, id string) {
 	if w, ok := r.Context().Value(auditKey{}).(*auditWriter); ok {
 		w.id = id
+	}
+}
+
+// noteArgv records, for the audit entry of r, the command an exec runs
+// (redacted by the caller).
+func noteArgv(r *http.Request, argv []string) {
+	if w, ok := r.Context().Value(auditKey{}).(*auditWriter); ok {
+		w.argv = argv
+	}
+}
+
+// noteStatus records the status of an answer the handler wrote on a
+// connection it took over (101 Switching Protocols).
+func noteStatus(r *http.Request, status int) {
+	if w, ok := r.Context().Value(auditKey{}).(*auditWriter); ok && !w.written {
+		w.status, w.written = status, true
 	}
 }
 
@@ -62,6 +80,7 @@ func (s *Server) audited(rt Route, r *http.Request, key *auth.Key, w *auditWrite
 		Status:     w.status,
 		DurationMS: float64(time.Since(start).Microseconds()) / 1000,
 		Remote:     r.RemoteAddr,
+		Argv:       w.argv,
 	}
 	if key != nil {
 		e.Key = key.Name

@@ -103,6 +103,11 @@ func TestAuthMatrix(t *testing.T) {
 		"POST /api/appvm/vms/{id}/volumes":         "/api/appvm/vms/app-vol-fixture/volumes",
 		"DELETE /api/appvm/vms/{id}/volumes/{vol}": "/api/appvm/vms/app-vol-fixture/volumes/data0",
 
+		"POST /api/appvm/vms/{id}/exec":   "/api/appvm/vms/app-fixture/exec",
+		"GET /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/etc",
+		"PUT /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/tmp",
+		"POST /api/appvm/vms/{id}/signal": "/api/appvm/vms/app-fixture/signal",
+
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
 	}
@@ -229,9 +234,10 @@ func TestAuthMatrix(t *testing.T) {
 				h.apps.Wait() // a redeploy's background work, before the next case looks
 				_, mkfsErr := exec.LookPath("mkfs.ext4")
 				attach := strings.HasSuffix(rt.Pattern, "{id}/volumes") && (mkfsErr == nil || rt.Pattern == "POST /api/vms/{id}/volumes")
-				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") && !attach {
-					// Lifecycle actions: what follows auth depends on the
-					// fixture's state and the fake host (lifecycle_test.go).
+				if method == http.MethodPost && strings.Contains(rt.Pattern, "{id}/") && !attach || strings.HasSuffix(rt.Pattern, "/files") {
+					// Lifecycle actions and guest operations: what follows
+					// auth depends on the fixture's state and the fake host
+					// (lifecycle_test.go, guestops_linux_test.go).
 					if st == http.StatusUnauthorized || st == http.StatusForbidden {
 						t.Errorf("%s %s allowed = %d %s", method, path, st, b)
 					}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/appvm/guest"
 	"vmhost/audit"
 	"vmhost/auth"
 	"vmhost/disk"
@@ -67,6 +69,11 @@ func (l *lockedBuffer) String() string {
 }
 
 func TestMain(m *testing.M) {
+	// The guest operation tests run real guest agents: this binary as
+	// `guest` (process mode).
+	if len(os.Args) > 1 && os.Args[1] == "guest" {
+		os.Exit(guest.Main(os.Args[2:]))
+	}
 	flag.Parse()
 	code := m.Run()
 	seenMu.Lock()
@@ -98,6 +105,9 @@ type harness struct {
 	registry *registry.Registry
 	vms      *vm.Service
 	apps     *appvm.Service
+	guests   *appvm.Guests
+	// dialer reaches the guest agents tests start (startGuest).
+	dialer   *socketDialer
 	srv      *Server
 	events   *events.Log
 	audit    *audit.Log
@@ -158,7 +168,10 @@ func (h *harness) start(t testing.TB) {
 	}
 	h.openLogs(t)
 	h.vms = h.e.Service(t)
-	h.apps = newApps(h.e, h.vms)
+	if h.dialer == nil {
+		h.dialer = &socketDialer{prefix: map[string]string{}}
+	}
+	h.apps, h.guests = newApps(h.e, h.vms, h.dialer)
 	t.Cleanup(h.apps.Wait) // background redeploys end before the test's files go
 	if h.cache, err = disk.NewCache(filepath.Join(h.e.StateDir, "images"), disk.CacheOptions{}); err != nil {
 		t.Fatal(err)
@@ -179,11 +192,31 @@ func (h *harness) start(t testing.TB) {
 }
 
 // newApps is the AppVM service over vms and e's records, with the host
-// end of its guest agents and e's fake host for redeploys.
-func newApps(e *vmtest.Env, vms *vm.Service) *appvm.Service {
+// end of its guest agents, e's fake host for redeploys and d for the
+// guest agents' operation connections.
+func newApps(e *vmtest.Env, vms *vm.Service, d appvm.GuestDialer) (*appvm.Service, *appvm.Guests) {
 	guests := appvm.NewGuests(appvm.GuestOptions{Records: e.Records, Config: e.Config, Layout: vms.Layout(),
 		Now: func() time.Time { return e.Now }, Logger: e.Logger, Events: e.Events})
-	return appvm.New(appvm.Config{VMs: vms, Records: e.Records, Guests: guests, RootDisks: e.Host})
+	return appvm.New(appvm.Config{VMs: vms, Records: e.Records, Guests: guests, RootDisks: e.Host, Dialer: d}), guests
+}
+
+// socketDialer stands in for the engine's hybrid vsock dial: AppVM id's
+// guest port P is the unix socket <prefix[id]>_P, where a process-mode
+// guest agent (--listen unix:<prefix>) takes operation connections.
+type socketDialer struct {
+	mu     sync.Mutex
+	prefix map[string]string
+}
+
+func (d *socketDialer) DialGuest(ctx context.Context, id string, port uint32) (net.Conn, error) {
+	d.mu.Lock()
+	p, ok := d.prefix[id]
+	d.mu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("no guest agent started for %s", id)
+	}
+	var nd net.Dialer
+	return nd.DialContext(ctx, "unix", fmt.Sprintf("%s_%d", p, port))
 }
 
 // openLogs (re)opens the event log and the audit log in the state dir, as

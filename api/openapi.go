@@ -28,6 +28,11 @@ type routeDoc struct {
 	request any // the body's type, as a nil pointer; nil: no body
 	ok      []openapi.Response
 	query   []openapi.Param
+	// requestType is the media type of a body that is not JSON.
+	requestType string
+	// errs are error statuses the route answers beyond those its shape
+	// implies.
+	errs []int
 }
 
 func jsonOK(status int, v any) openapi.Response {
@@ -97,6 +102,21 @@ var routeDocs = map[string]routeDoc{
 		request: (*LabelsEdit)(nil), ok: []openapi.Response{jsonOK(200, appvm.View{})}},
 	"GET /api/host": {summary: "The host: this agent, its capacity in admission's numbers, its VMs by state, its features", tag: "host",
 		ok: []openapi.Response{jsonOK(200, HostView{})}},
+	"POST /api/appvm/vms/{id}/exec": {summary: "Run a command in an AppVM beside its workload (one-shot JSON, or interactive over an upgraded connection)", tag: "appvms",
+		request: (*appvm.ExecRequest)(nil), ok: []openapi.Response{jsonOK(200, appvm.ExecResult{}),
+			{Status: 101, Description: "Switching Protocols to " + ExecUpgrade + " (interactive or tty true, with the upgrade headers): frames both ways, " +
+				"each 1 byte type, 3 zero bytes, the payload length (4 bytes, big-endian, at most 65536), the payload. " +
+				"Types: 0 stdin, 3 resize {\"cols\",\"rows\"}, 5 stdin closed (client); 1 stdout, 2 stderr, 4 exit {\"exit_code\",\"signal\"} (the last frame)"}},
+		query: []openapi.Param{{Name: "Connection", Header: true, Description: "Upgrade, for an interactive exec"},
+			{Name: "Upgrade", Header: true, Description: ExecUpgrade + ", for an interactive exec"}}},
+	"GET /api/appvm/vms/{id}/files": {summary: "Copy a file or directory out of an AppVM (a tar archive; secret files left out)", tag: "appvms",
+		ok:    []openapi.Response{{Status: 200, ContentType: "application/x-tar", Description: "members relative to the path's parent, owners as numbers"}},
+		query: []openapi.Param{{Name: "path", Description: "absolute path in the workload's root"}}, errs: []int{409}},
+	"PUT /api/appvm/vms/{id}/files": {summary: "Copy a tar archive into a directory of an AppVM (checked whole before anything is written)", tag: "appvms",
+		requestType: "application/x-tar", ok: []openapi.Response{noContent},
+		query: []openapi.Param{{Name: "path", Description: "absolute path of an existing directory in the workload's root"}}},
+	"POST /api/appvm/vms/{id}/signal": {summary: "Send a signal to an AppVM's workload", tag: "appvms",
+		request: (*signalRequest)(nil), ok: []openapi.Response{noContent}},
 	"GET /metrics":          {summary: "Prometheus metrics (text format 0.0.4)", tag: "observability", ok: []openapi.Response{{Status: 200, ContentType: "text/plain"}}},
 	"GET /api/openapi.json": {summary: "This document", tag: "observability", ok: []openapi.Response{jsonOK(200, map[string]any{})}},
 }
@@ -140,7 +160,7 @@ func buildOpenAPI(routes []Route) ([]byte, error) {
 	for _, rt := range routes {
 		d := routeDocs[rt.Pattern]
 		op := openapi.Operation{Pattern: rt.Pattern, Summary: d.summary, Tag: d.tag, Mutates: rt.Mutates,
-			QueryParams: d.query, Responses: append([]openapi.Response(nil), d.ok...)}
+			QueryParams: d.query, Responses: append([]openapi.Response(nil), d.ok...), RequestContentType: d.requestType}
 		op.Responses = append(op.Responses, errResp(401), errResp(403), errResp(500))
 		if d.request != nil {
 			op.Request = reflect.TypeOf(d.request).Elem()
@@ -154,6 +174,9 @@ func buildOpenAPI(routes []Route) ([]byte, error) {
 		}
 		if rt.Mutates {
 			op.Responses = append(op.Responses, errResp(409))
+		}
+		for _, st := range d.errs {
+			op.Responses = append(op.Responses, errResp(st))
 		}
 		ops = append(ops, op)
 	}

@@ -58,6 +58,17 @@ type CreateRequest struct {
 	Labels        map[string]string   `json:"labels,omitempty"`
 }
 
+// Network modes of an AppVM (appvm.network_mode).
+const (
+	// NetworkDHCP: the guest asks a DHCP server of its network.
+	NetworkDHCP = "dhcp"
+	// NetworkStatic: the guest gets the create's ip, prefix and gateway.
+	NetworkStatic = "static"
+	// NetworkNone: the AppVM has no interface, only loopback (serve
+	// --dev's default; see Config.NoDefaultNetwork).
+	NetworkNone = "none"
+)
+
 // DataVolumeRequest is one requested data volume.
 type DataVolumeRequest struct {
 	SizeGiB    uint32 `json:"size_gib" decode:"required"`
@@ -96,7 +107,7 @@ type RootDisks interface {
 	DropStagedRootDisk(rec *vm.Record) error
 }
 
-// Config wires a Service; every field but Restart is required.
+// Config wires a Service; every field but Dialer and Restart is required.
 type Config struct {
 	// VMs holds the rules of both families' records: create, actions,
 	// volumes, views.
@@ -108,8 +119,16 @@ type Config struct {
 	Guests *Guests
 	// RootDisks rebuilds root disks for redeploys (the engine).
 	RootDisks RootDisks
+	// Dialer connects to the guest agents' operation port (the engine);
+	// without it exec, files and signals fail with 500.
+	Dialer GuestDialer
 	// Restart tunes the restart policy.
 	Restart RestartOptions
+	// NoDefaultNetwork gives an AppVM whose create names no network (no
+	// network_id, no static address) no interface at all (network_mode
+	// none) instead of one on the default network: serve --dev, whose
+	// bridge has no DHCP server, and which without root has no taps.
+	NoDefaultNetwork bool
 }
 
 // Service creates, views, edits, redeploys and restarts AppVMs on top of a
@@ -119,21 +138,27 @@ type Service struct {
 	recs    *records.Registry
 	guests  *Guests
 	disks   RootDisks
+	dialer  GuestDialer
 	catalog Catalog
 	// restartMu guards restart (SetRestartStablePeriod).
 	restartMu sync.Mutex
 	restart   RestartOptions
 	// bg counts the background redeploys (Wait).
 	bg sync.WaitGroup
+	// noDefaultNetwork is Config.NoDefaultNetwork.
+	noDefaultNetwork bool
 }
 
 // New returns the AppVM service of c. The catalog is
 // <StateDir>/appvm-images. It follows the records' changes: a workload's
-// end that the restart policy answers boots the AppVM again.
+// end that the restart policy answers boots the AppVM again. Archives an
+// agent killed in the middle of a files put left spooled are removed.
 func New(c Config) *Service {
 	c.Restart.defaults()
-	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, restart: c.Restart,
-		catalog: Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")}}
+	SweepSpool(c.VMs.Layout())
+	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, dialer: c.Dialer, restart: c.Restart,
+		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
+		noDefaultNetwork: c.NoDefaultNetwork}
 	s.recs.Watch(s.followRecords)
 	return s
 }
@@ -158,7 +183,6 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 		Vcpus:         req.Vcpus,
 		MemoryMB:      req.MemoryMB,
 		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: s.catalog.RootFS(img), SizeGiB: &size},
-		Nets:          []vm.NetSpec{{NetworkID: req.NetworkID}},
 		DiskBpsTotal:  req.DiskBpsTotal,
 		DiskIopsTotal: req.DiskIopsTotal,
 		AutoBoot:      booted,
@@ -167,7 +191,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	app := &vm.AppVMSpec{
 		ImageID:       img.ID,
 		Hostname:      strings.TrimSpace(req.Hostname),
-		NetworkMode:   "dhcp",
+		NetworkMode:   NetworkDHCP,
 		Keepalive:     req.Keepalive,
 		Env:           req.Env,
 		RestartPolicy: string(req.RestartPolicy),
@@ -177,8 +201,13 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	if app.RestartPolicy == "" {
 		app.RestartPolicy = "no"
 	}
+	if s.noDefaultNetwork && req.NetworkID == "" && req.IP == nil {
+		app.NetworkMode = NetworkNone
+	} else {
+		spec.Nets = []vm.NetSpec{{NetworkID: req.NetworkID}}
+	}
 	if req.IP != nil {
-		app.NetworkMode = "static"
+		app.NetworkMode = NetworkStatic
 		app.IP, app.Prefix, app.Gateway, app.DNS = *req.IP, *req.Prefix, *req.Gateway, req.DNS
 		spec.Nets[0].IPv4 = &vm.NetIPSpec{
 			Address:    fmt.Sprintf("%s/%d", *req.IP, *req.Prefix),
@@ -189,7 +218,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	for _, d := range req.DataVolumes {
 		spec.Volumes = append(spec.Volumes, vm.VolumeSpec{SizeGiB: d.SizeGiB, Mountpoint: d.Mountpoint})
 	}
-	rec, err := s.vms.NewRecord(vm.ModeAppVM, spec, 1)
+	rec, err := s.vms.NewRecord(vm.ModeAppVM, spec, len(spec.Nets))
 	if err != nil {
 		return nil, err
 	}

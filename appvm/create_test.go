@@ -268,3 +268,58 @@ func TestCreateBootsByDefault(t *testing.T) {
 		t.Errorf("derived hostname %q from MAC %s", h, rec.NICs[0].MAC)
 	}
 }
+
+// TestCreateWithoutDefaultNetwork: with NoDefaultNetwork (serve --dev) an
+// AppVM that names no network has no interface at all: no nets, no NIC, no
+// tap to make; network_mode none, in its view and in the spec its guest
+// agent gets, which waits for no lease; its hostname is its id. One that
+// names a network, or a static address, has its interface as ever.
+func TestCreateWithoutDefaultNetwork(t *testing.T) {
+	e, vms, _ := newEnv(t)
+	apps := appvm.New(appvm.Config{VMs: vms, Records: e.Records, Guests: e.guests, RootDisks: e.Host, NoDefaultNetwork: true})
+	ctx := context.Background()
+	req := baseReq()
+	req.VMID = "bare"
+	if _, err := apps.Create(ctx, &req); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := vms.Get(vm.ModeAppVM, "bare")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rec.Spec.Nets) != 0 || len(rec.NICs) != 0 || rec.AppVM.NetworkMode != appvm.NetworkNone {
+		t.Errorf("nets %v, nics %v, network_mode %q; want none of them", rec.Spec.Nets, rec.NICs, rec.AppVM.NetworkMode)
+	}
+	v := apps.View(rec, vm.ViewOptions{})
+	if v.AppVM.NetworkMode != "none" || len(v.Nets) != 0 || v.AppVM.Hostname != "bare" {
+		t.Errorf("view: network_mode %q, nets %v, hostname %q", v.AppVM.NetworkMode, v.Nets, v.AppVM.Hostname)
+	}
+	if sp := appvm.GuestSpec(rec, 0); sp.Network.Mode != "none" || sp.Hostname != "bare" {
+		t.Errorf("guest spec network %+v, hostname %q", sp.Network, sp.Hostname)
+	}
+	// The guest said hello and has no lease: it is not waiting for one.
+	if _, err := e.Records.Update("bare", func(r *vm.Record) { r.AppVM.Guest = &vm.AppVMGuest{BootID: "b1"} }); err != nil {
+		t.Fatal(err)
+	}
+	rec, _ = vms.Get(vm.ModeAppVM, "bare")
+	if v := apps.View(rec, vm.ViewOptions{}); v.AppVM.WaitingFor != "" {
+		t.Errorf("waiting_for %q on an AppVM without a network", v.AppVM.WaitingFor)
+	}
+
+	req = baseReq()
+	req.VMID, req.NetworkID = "named", "lab"
+	if _, err := apps.Create(ctx, &req); err != nil {
+		t.Fatal(err)
+	}
+	req = baseReq()
+	req.VMID, req.IP, req.Prefix, req.Gateway = "static", ptr("10.0.0.5"), ptr[uint32](24), ptr("10.0.0.1")
+	if _, err := apps.Create(ctx, &req); err != nil {
+		t.Fatal(err)
+	}
+	for id, mode := range map[string]string{"named": appvm.NetworkDHCP, "static": appvm.NetworkStatic} {
+		rec, _ := vms.Get(vm.ModeAppVM, id)
+		if len(rec.Spec.Nets) != 1 || len(rec.NICs) != 1 || rec.AppVM.NetworkMode != mode {
+			t.Errorf("%s: nets %v, nics %v, network_mode %q; want one interface, %s", id, rec.Spec.Nets, rec.NICs, rec.AppVM.NetworkMode, mode)
+		}
+	}
+}

@@ -38,7 +38,8 @@ const InterruptedReason = "import interrupted by agent restart"
 // does: owners and device nodes kept (which needs root), mkfs.ext4 from
 // PATH.
 type ImportOptions struct {
-	// Mkfs is the mkfs.ext4 program; empty means mkfs.ext4 from PATH.
+	// Mkfs is the mkfs.ext4 program; empty means mkfs.ext4 from PATH (or
+	// /usr/sbin, /sbin).
 	Mkfs string
 	// IgnoreOwners and SkipDevices let an import run without root (see
 	// ociimage.Options). They are never turned on implicitly: an image

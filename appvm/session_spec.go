@@ -37,8 +37,10 @@ func GuestSpec(rec *vm.Record, heartbeatSecs int) *proto.Spec {
 		sp.SecretEnv = append(sp.SecretEnv, proto.SecretEnv{Key: e.Key, Value: proto.NewSecret(e.Value.Reveal())})
 	}
 	switch a.NetworkMode {
-	case "static":
+	case NetworkStatic:
 		sp.Network = proto.Network{Mode: proto.NetworkStatic, IP: a.IP, Prefix: int(a.Prefix), Gateway: a.Gateway, DNS: a.DNS}
+	case NetworkNone:
+		sp.Network = proto.Network{Mode: proto.NetworkNone}
 	default:
 		sp.Network = proto.Network{Mode: proto.NetworkDHCP}
 	}

@@ -32,7 +32,7 @@ func (s *Service) guestView(rec *vm.Record, av *AppvmView) {
 	if up {
 		av.Health, av.HealthFailingStreak = g.Health, g.HealthStreak
 	}
-	if up && g.BootID != "" && rec.AppVM.NetworkMode != "static" && g.Lease == nil && g.Fatal == "" && g.ExitCode == nil && g.ExitSignal == 0 {
+	if up && g.BootID != "" && rec.AppVM.NetworkMode == NetworkDHCP && g.Lease == nil && g.Fatal == "" && g.ExitCode == nil && g.ExitSignal == 0 {
 		av.WaitingFor = WaitingForLease
 	}
 	av.LogStreamDetached = g.LogStreamDetached

@@ -124,12 +124,17 @@ type SpecView struct {
 }
 
 // Hostname is the AppVM's hostname: the configured one, or "appvm-" and
-// the last three octets of its MAC in hex (02:00:00:a1:b2:c3 → appvm-a1b2c3).
+// the last three octets of its MAC in hex (02:00:00:a1:b2:c3 → appvm-a1b2c3);
+// an AppVM without an interface is named after its id when that is a
+// hostname, else "appvm".
 func Hostname(rec *vm.Record) string {
 	if rec.AppVM != nil && rec.AppVM.Hostname != "" {
 		return rec.AppVM.Hostname
 	}
 	if len(rec.NICs) == 0 {
+		if vm.ValidHostname(rec.ID) {
+			return rec.ID
+		}
 		return "appvm"
 	}
 	m := strings.ReplaceAll(rec.NICs[0].MAC, ":", "")

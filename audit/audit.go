@@ -37,6 +37,9 @@ type Entry struct {
 	Status     int     `json:"status"`
 	DurationMS float64 `json:"duration_ms"`
 	Remote     string  `json:"remote"`
+	// Argv is the command of an exec (its secret values redacted); the
+	// exec's input and output are never logged.
+	Argv []string `json:"argv,omitempty"`
 }
 
 // Log is an audit log file. It is safe for concurrent use.

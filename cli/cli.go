@@ -228,13 +228,20 @@ func (c *Client) do(ctx context.Context, method, path string, body []byte) (int,
 	return resp.StatusCode, b, nil
 }
 
-// send sends a request and returns the response, whatever its status.
+// send sends a request with a JSON body (nil: none) and returns the
+// response, whatever its status.
 func (c *Client) send(ctx context.Context, method, path string, body []byte, hdr http.Header) (*http.Response, error) {
-	var r io.Reader
-	if body != nil {
-		r = bytes.NewReader(body)
+	if body == nil {
+		return c.sendReader(ctx, method, path, nil, "", hdr)
 	}
-	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, r)
+	return c.sendReader(ctx, method, path, bytes.NewReader(body), "application/json", hdr)
+}
+
+// sendReader sends a request whose body (nil: none) of type contentType
+// is read from body as it goes, and returns the response, whatever its
+// status.
+func (c *Client) sendReader(ctx context.Context, method, path string, body io.Reader, contentType string, hdr http.Header) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.Base+path, body)
 	if err != nil {
 		return nil, err
 	}
@@ -242,7 +249,7 @@ func (c *Client) send(ctx context.Context, method, path string, body []byte, hdr
 		req.Header[k] = v
 	}
 	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", contentType)
 	}
 	if c.token != "" {
 		req.Header.Set("Authorization", "Bearer "+c.token)
@@ -289,9 +296,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	}
 	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now(), opts: options{output: "table"}}
 	err := e.run(args)
+	var status exitStatus
 	switch {
 	case err == nil:
 		return 0
+	case errors.As(err, &status):
+		// vmhost appvm exec: the command's own status.
+		return int(status)
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"io"
@@ -33,6 +34,12 @@ func newRouteRecorder(routes []string) *routeRecorder {
 			rr.seen = append(rr.seen, r.Pattern)
 			rr.mu.Unlock()
 			switch {
+			case r.Pattern == "GET /api/appvm/vms/{id}/files":
+				w.Header().Set("Content-Type", "application/x-tar")
+				w.Write(oneFileTar("hostname", "x1\n"))
+			case r.Pattern == "POST /api/appvm/vms/{id}/exec":
+				w.Header().Set("Content-Type", "application/json")
+				io.WriteString(w, `{"exit_code":0,"stdout":"","stderr":"","truncated":false,"duration_ms":1}`)
 			case r.Pattern == "GET /api/events":
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(200)
@@ -57,6 +64,16 @@ func newRouteRecorder(routes []string) *routeRecorder {
 		io.WriteString(w, `{"code":"NOT_FOUND","message":"no such route"}`)
 	})
 	return rr
+}
+
+// oneFileTar is a tar archive of one file.
+func oneFileTar(name, content string) []byte {
+	var b bytes.Buffer
+	tw := tar.NewWriter(&b)
+	tw.WriteHeader(&tar.Header{Name: name, Mode: 0o644, Size: int64(len(content)), Typeflag: tar.TypeReg})
+	io.WriteString(tw, content)
+	tw.Close()
+	return b.Bytes()
 }
 
 func (rr *routeRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) { rr.mux.ServeHTTP(w, r) }
@@ -89,6 +106,8 @@ func TestRoutes(t *testing.T) {
 		{"appvm", "list"}, {"appvm", "get", "x1"}, {"appvm", "create", "-f", body},
 		{"appvm", "start", "x1"}, {"appvm", "stop", "x1"}, {"appvm", "shutdown", "x1"}, {"appvm", "pause", "x1"}, {"appvm", "resume", "x1"}, {"appvm", "reboot", "x1"},
 		{"appvm", "edit", "x1", "-f", body, "--restart"}, {"appvm", "redeploy", "x1"}, {"appvm", "balloon", "x1", "0"}, {"appvm", "delete", "x1"},
+		{"appvm", "exec", "x1", "--", "true"}, {"appvm", "cp", "x1:/etc/hostname", t.TempDir()}, {"appvm", "cp", body, "x1:/tmp"},
+		{"appvm", "kill", "x1", "--signal", "HUP"},
 		{"volume", "list"}, {"volume", "get", "v1"}, {"volume", "create", "--size-gib", "1"}, {"volume", "delete", "v1"},
 		{"volume", "attach", "x1", "--size-gib", "1"}, {"volume", "attach", "x1", "--appvm", "--volume", "v1", "--mountpoint", "/data"},
 		{"volume", "detach", "x1", "data0"}, {"volume", "detach", "x1", "v1", "--appvm"},

@@ -137,11 +137,18 @@ func (e *env) vmCmd(family string, args []string) error {
 	if len(args) == 0 {
 		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, label, delete"
 		if family == "appvm" {
-			verbs += ", edit, redeploy"
+			verbs += ", edit, redeploy, exec, cp, kill"
 		}
 		return usageError("%s: no subcommand (%s)", family, verbs)
 	}
 	sub := args[0]
+	switch sub {
+	case "exec", "cp", "kill":
+		if family != "appvm" {
+			return usageError("%s: %s is for AppVMs (vmhost appvm %s)", family, sub, sub)
+		}
+		return map[string]func([]string) error{"exec": e.execCmd, "cp": e.cpCmd, "kill": e.killCmd}[sub](args[1:])
+	}
 	name := family + " " + sub
 	var file string
 	var force, restart bool

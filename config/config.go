@@ -48,6 +48,8 @@ const (
 	// The AppVM image import limits (ociimage's defaults).
 	DefaultImageImportMaxBytes   = 16 << 30
 	DefaultImageImportMaxEntries = 1_000_000
+	// DefaultGuestFileMaxBytes caps an archive copied into an AppVM.
+	DefaultGuestFileMaxBytes = 1 << 30
 )
 
 // Defaults of the image download knobs.
@@ -131,6 +133,9 @@ type Config struct {
 	// ImageImportMaxEntries caps the entries (files, directories, links)
 	// of an AppVM image import's layers together.
 	ImageImportMaxEntries int64 `json:"image_import_max_entries"`
+	// GuestFileMaxBytes caps an archive copied into an AppVM (PUT
+	// /api/appvm/vms/{id}/files): its bytes, and its files' contents.
+	GuestFileMaxBytes int64 `json:"guest_file_max_bytes"`
 	// DefaultMTU is the MTU of an interface whose network and request give
 	// none; 0 means the bridge's MTU.
 	DefaultMTU int `json:"default_mtu,omitempty"`
@@ -241,6 +246,7 @@ func Default() *Config {
 
 		ImageImportMaxBytes:   DefaultImageImportMaxBytes,
 		ImageImportMaxEntries: DefaultImageImportMaxEntries,
+		GuestFileMaxBytes:     DefaultGuestFileMaxBytes,
 		HostPathRoots:         slices.Clone(DefaultHostPathRoots),
 		DownloadIdleSecs:      DefaultDownloadIdleSecs,
 		FetchDeny:             slices.Clone(DefaultFetchDeny),
@@ -439,6 +445,9 @@ func (c *Config) problems() []Problem {
 	}
 	if c.ImageImportMaxEntries < 1 {
 		bad("image_import_max_entries: %d must be positive", c.ImageImportMaxEntries)
+	}
+	if c.GuestFileMaxBytes < 1 {
+		bad("guest_file_max_bytes: %d must be positive", c.GuestFileMaxBytes)
 	}
 	if !validMTU(c.DefaultMTU) {
 		bad("default_mtu: %d is outside %d..%d, the range a tap takes with Cloud Hypervisor (0 = the bridge's MTU)", c.DefaultMTU, minMTU, maxMTU)

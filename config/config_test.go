@@ -22,7 +22,7 @@ func TestDefaultIsValid(t *testing.T) {
 	}
 	if c.Overcommit != (Overcommit{CPU: 4, Memory: 1}) || c.BootTimeoutSecs != 120 ||
 		c.SysfsRoot != "/sys" || c.ImageMaxBytes != 64<<30 || c.Nested != nil ||
-		c.ImageImportMaxBytes != 16<<30 || c.ImageImportMaxEntries != 1_000_000 {
+		c.ImageImportMaxBytes != 16<<30 || c.ImageImportMaxEntries != 1_000_000 || c.GuestFileMaxBytes != 1<<30 {
 		t.Errorf("Default() = %+v", c)
 	}
 }
@@ -58,6 +58,7 @@ func TestLoad(t *testing.T) {
 		"boot_timeout_secs": 30,
 		"image_import_max_bytes": 1073741824,
 		"image_import_max_entries": 5000,
+		"guest_file_max_bytes": 1048576,
 		"binaries": {"cloud_hypervisor": "/opt/ch/cloud-hypervisor"}
 	}`
 	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
@@ -78,6 +79,7 @@ func TestLoad(t *testing.T) {
 	want.Nested = &no
 	want.BootTimeoutSecs = 30
 	want.ImageImportMaxBytes, want.ImageImportMaxEntries = 1<<30, 5000
+	want.GuestFileMaxBytes = 1 << 20
 	want.Binaries.CloudHypervisor = "/opt/ch/cloud-hypervisor" // qsd keeps its default
 	if !reflect.DeepEqual(c, want) {
 		t.Errorf("Load = %+v\nwant %+v", c, want)
@@ -178,6 +180,7 @@ func TestParseErrors(t *testing.T) {
 		{"image cap", `{"image_max_bytes": 0}`, []string{"image_max_bytes"}},
 		{"import byte limit", `{"image_import_max_bytes": 0}`, []string{"image_import_max_bytes: 0 must be positive"}},
 		{"import entry limit", `{"image_import_max_entries": -1}`, []string{"image_import_max_entries: -1 must be positive"}},
+		{"guest file limit", `{"guest_file_max_bytes": 0}`, []string{"guest_file_max_bytes: 0 must be positive"}},
 		{"host path root relative", `{"host_path_roots": ["/boot", "images"]}`, []string{`host_path_roots[1]: "images" must be an absolute path`}},
 		{"jail id range with root", `{"jail": {"id_range": [0, 10]}}`, []string{"jail.id_range: must not include 0"}},
 		{"jail id range with nobody", `{"jail": {"id_range": [60000, 70000]}}`, []string{"jail.id_range: must not include 65534"}},

@@ -35,6 +35,7 @@ import (
 	"time"
 
 	"vmhost/config"
+	"vmhost/internal/sbin"
 	"vmhost/kmod"
 )
 
@@ -69,6 +70,9 @@ type Host struct {
 	Config *config.Config
 	// StateDir is the agent's state directory; it need not exist yet.
 	StateDir string
+	// RunDir is the agent's run directory, where the jail's probe makes
+	// its throwaway jail; it need not exist yet.
+	RunDir string
 	// SimulateCH and SimulateQSD: the simulators stand in for the programs
 	// (serve --simulate), which are then not looked for.
 	SimulateCH, SimulateQSD bool
@@ -97,10 +101,11 @@ type Jail struct {
 	IDRange [2]uint32
 	// CgroupParent is the cgroup under which each VM gets its own.
 	CgroupParent string
-	// Probe, when set, proves the jail on this host (main wires package
-	// jail's self-test and checks the running VMs' processes); the "jail"
-	// check shows what it found. Nil: the check is left out.
-	Probe func(ctx context.Context) JailProbe
+	// Probe, when set, proves the jail on this host with h's
+	// configuration and directories (main wires package jail's self-test
+	// and checks the running VMs' processes); the "jail" check shows what
+	// it found. Nil: the check is left out.
+	Probe func(ctx context.Context, h Host) JailProbe
 }
 
 // JailProbe is what proving the jail on this host found.
@@ -153,6 +158,10 @@ func Run(ctx context.Context, h Host) []Check {
 		h.Euid = os.Geteuid()
 	}
 	cfg := h.Config
+	// The configuration's jail settings: its ids, its cgroup, whether it
+	// is on at all.
+	h.Jail.IDRange, h.Jail.CgroupParent = cfg.Jail.IDRange, cfg.Jail.CgroupParent
+	h.Jail.Enabled = h.Jail.Enabled && cfg.Jail.Enabled
 	checks := []Check{
 		checkRoot(h.Euid),
 		checkKVM(h.KVMDevice),
@@ -173,7 +182,7 @@ func Run(ctx context.Context, h Host) []Check {
 		checkJailIDs(h.EtcDir, h.Jail),
 	)
 	if h.Jail.Probe != nil {
-		checks = append(checks, checkJail(h.Jail.Probe(ctx)))
+		checks = append(checks, checkJail(h.Jail.Probe(ctx, h)))
 	}
 	checks = append(checks, checkStateDir(h.StateDir))
 	return checks
@@ -267,9 +276,9 @@ func checkProgram(ctx context.Context, name, key, path string, simulated bool, f
 
 func checkMkfsExt4() Check {
 	const name = "mkfs.ext4"
-	p, err := exec.LookPath("mkfs.ext4")
-	if err != nil {
-		return Check{Name: name, Status: Warn, Detail: "mkfs.ext4 is not in PATH: AppVM image imports and ext4 volumes fail",
+	p := sbin.Path("mkfs.ext4")
+	if !filepath.IsAbs(p) {
+		return Check{Name: name, Status: Warn, Detail: "mkfs.ext4 is not in PATH, /usr/sbin or /sbin: AppVM image imports and ext4 volumes fail",
 			Fix: "apt-get install e2fsprogs (1.43 or later, for mkfs.ext4 -d)"}
 	}
 	return ok(name, "%s (AppVM images and ext4 volumes)", p)

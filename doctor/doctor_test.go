@@ -277,7 +277,10 @@ func TestJailCheck(t *testing.T) {
 	wantCheck(t, checkJail(JailProbe{Layout: "cgroup v1 memory=/sys/fs/cgroup/memory", Checked: 6}), OK, "6 processes of running VMs are confined")
 	probed := false
 	j := DefaultJail()
-	j.Probe = func(context.Context) JailProbe { probed = true; return JailProbe{Layout: "cgroup v2"} }
+	j.Probe = func(_ context.Context, h Host) JailProbe {
+		probed = h.StateDir != ""
+		return JailProbe{Layout: "cgroup v2"}
+	}
 	checks := Run(context.Background(), Host{Config: config.Default(), StateDir: t.TempDir(), Jail: j, Euid: -1})
 	if !probed || !slices.ContainsFunc(checks, func(c Check) bool { return c.Name == "jail" && c.Status == OK }) {
 		t.Errorf("with a probe: %+v, want a jail check", checks)

@@ -43,10 +43,18 @@ type appvmView struct {
 
 // startAppVMServer starts vmhost serve in its own network namespace with an
 // AppVM kernel and a catalog image per workload (name → shell command).
-func startAppVMServer(t *testing.T, workloads map[string]string) *server {
+func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 	t.Helper()
 	f := newFixture(t)
 	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) { c.AppVMKernel = f.kernel }})
+	addImages(t, s, workloads)
+	return s
+}
+
+// addImages puts a catalog image per workload (name → shell command) in
+// s's state directory, as an import would.
+func addImages(t testing.TB, s *server, workloads map[string]string) {
+	t.Helper()
 	cat := appvm.Catalog{Dir: filepath.Join(s.stateDir, "appvm-images")}
 	for id, cmd := range workloads {
 		im := &appvm.Image{ID: id, Status: appvm.StatusReady, CreatedAt: time.Now().UTC(), Workload: vm.Workload{
@@ -59,7 +67,6 @@ func startAppVMServer(t *testing.T, workloads map[string]string) *server {
 			t.Fatal(err)
 		}
 	}
-	return s
 }
 
 func (s *server) appvmGet(id string) appvmView {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"vmhost/config"
 	"vmhost/qcow2"
@@ -122,14 +123,26 @@ func TestGuestPoweroff(t *testing.T) {
 }
 
 // TestShutdownPending: the power button sets shutting_down until the
-// guest is off, and the poweroff that follows is an operator shutdown.
+// guest is off, and the poweroff that follows is an operator shutdown. A
+// guest that ignores the button (the simulator's switch) stays running
+// with shutting_down; one that honours it (the simulated guest by default,
+// as systemd) powers off.
 func TestShutdownPending(t *testing.T) {
 	s := startServer(t, serverOpts{})
 	f := newFixture(t)
 	s.create(f.body("acpi", true, ""), http.StatusCreated)
 	s.waitDisplay("acpi", "running", "running")
+	s.sim("acpi", "power-button", `{"ignore":true}`)
 	if st := s.act("acpi", "shutdown"); st != http.StatusNoContent {
 		t.Fatalf("shutdown = %d", st)
+	}
+	time.Sleep(300 * time.Millisecond) // the simulated guest acts on the button within 50 ms
+	if v, _ := s.get("acpi"); v.State != "running" || !v.ShuttingDown {
+		t.Errorf("while the guest ignores the button: state %s, shutting_down %v; want running, true", v.State, v.ShuttingDown)
+	}
+	s.sim("acpi", "power-button", `{"ignore":false}`)
+	if st := s.act("acpi", "shutdown"); st != http.StatusNoContent {
+		t.Fatalf("second shutdown = %d", st)
 	}
 	v := s.waitFor("acpi", "stopped", func(v view) bool { return v.State == "stopped" })
 	if v.ShuttingDown || v.FailureReason == nil || v.FailureReason.Cause != "operator_shutdown" {

@@ -100,6 +100,6 @@
 // a VM as it would any base image. While importing, the temp dir needs
 // room for about twice the unpacked image (staging tree, then raw ext4).
 //
-// mkfs.ext4 (e2fsprogs 1.43 or newer, for -d) must be on PATH, or named in
-// Options.Mkfs.
+// mkfs.ext4 (e2fsprogs 1.43 or newer, for -d) must be on PATH or in
+// /usr/sbin or /sbin, or named in Options.Mkfs.
 package ociimage

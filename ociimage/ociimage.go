@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"strings"
 	"time"
+	"vmhost/internal/sbin"
 
 	"vmhost/internal/atomicfile"
 	"vmhost/qcow2"
@@ -74,7 +75,8 @@ type Options struct {
 	// SkipDevices leaves out character and block devices that the importing
 	// user may not create; without it such an import fails.
 	SkipDevices bool
-	// Mkfs is the mkfs.ext4 program; empty means "mkfs.ext4" from PATH.
+	// Mkfs is the mkfs.ext4 program; empty means mkfs.ext4 from PATH, or
+	// /usr/sbin or /sbin (package sbin).
 	Mkfs string
 	// MaxBytes caps the unpacked content: the uncompressed layer streams
 	// of all layers together, and a gzip-compressed source archive once
@@ -91,7 +93,7 @@ func (o *Options) setDefaults() {
 		o.Platform = "linux/" + runtime.GOARCH
 	}
 	if o.Mkfs == "" {
-		o.Mkfs = "mkfs.ext4"
+		o.Mkfs = sbin.Path("mkfs.ext4")
 	}
 	if o.MaxBytes <= 0 {
 		o.MaxBytes = DefaultMaxBytes

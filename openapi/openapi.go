@@ -26,14 +26,17 @@ import (
 // Operation is one route of the document.
 type Operation struct {
 	// Pattern is the route as the mux spells it: "GET /api/vms/{id}".
-	Pattern     string
-	Summary     string
-	Tag         string
-	NoAuth      bool
-	Mutates     bool
-	Request     reflect.Type // the JSON body's type; nil: no body
-	Responses   []Response
-	QueryParams []Param
+	Pattern string
+	Summary string
+	Tag     string
+	NoAuth  bool
+	Mutates bool
+	Request reflect.Type // the JSON body's type; nil: no body
+	// RequestContentType is the media type of a body that is not JSON
+	// (its schema is then binary), with Request nil.
+	RequestContentType string
+	Responses          []Response
+	QueryParams        []Param
 }
 
 // Response is one status a route answers.
@@ -47,12 +50,14 @@ type Response struct {
 	ContentType string
 }
 
-// Param is a query parameter.
+// Param is a query parameter, or with Header a request header.
 type Param struct {
 	Name, Description string
 	Integer           bool
 	// Repeated: the parameter may be given several times (?a=1&a=2).
 	Repeated bool
+	// Header: a request header, not a query parameter.
+	Header bool
 }
 
 // Options are what reflection cannot see.
@@ -125,15 +130,23 @@ func (g *gen) operation(method, path string, op Operation) map[string]any {
 		if p.Repeated {
 			schema = map[string]any{"type": "array", "items": schema}
 		}
-		params = append(params, map[string]any{"name": p.Name, "in": "query", "required": false,
+		in := "query"
+		if p.Header {
+			in = "header"
+		}
+		params = append(params, map[string]any{"name": p.Name, "in": in, "required": false,
 			"description": p.Description, "schema": schema})
 	}
 	if params != nil {
 		out["parameters"] = params
 	}
-	if op.Request != nil {
+	switch {
+	case op.Request != nil:
 		out["requestBody"] = map[string]any{"required": true, "content": map[string]any{
 			"application/json": map[string]any{"schema": g.schema(op.Request)}}}
+	case op.RequestContentType != "":
+		out["requestBody"] = map[string]any{"required": true, "content": map[string]any{
+			op.RequestContentType: map[string]any{"schema": map[string]any{"type": "string", "format": "binary"}}}}
 	}
 	resps := map[string]any{}
 	for _, r := range op.Responses {
@@ -170,7 +183,10 @@ func operationID(method, path string) string {
 	return b.String()
 }
 
-var timeType = reflect.TypeFor[time.Time]()
+var (
+	timeType       = reflect.TypeFor[time.Time]()
+	rawMessageType = reflect.TypeFor[json.RawMessage]()
+)
 
 // schema is the schema of t: a $ref for named struct types (defined once
 // in components), inline otherwise.
@@ -184,6 +200,8 @@ func (g *gen) schema(t reflect.Type) map[string]any {
 	switch {
 	case t == timeType:
 		return map[string]any{"type": "string", "format": "date-time"}
+	case t == rawMessageType:
+		return map[string]any{} // any JSON value
 	case t.Kind() == reflect.Struct && t.Name() != "":
 		name, ok := g.names[t]
 		if !ok {
@@ -292,6 +310,8 @@ func statusText(code int) string {
 		return "Created"
 	case 202:
 		return "Accepted: the work goes on in the background"
+	case 101:
+		return "Switching Protocols: the connection carries the exchange the route describes"
 	case 204:
 		return "Done; no body"
 	case 400:

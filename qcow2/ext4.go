@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"vmhost/internal/atomicfile"
+	"vmhost/internal/sbin"
 )
 
 // CreateExt4 writes an ext4 file system of size bytes (labelled label) as
@@ -27,7 +28,7 @@ func CreateExt4(ctx context.Context, dst string, size uint64, label string) erro
 	}
 	// lazy_itable_init keeps the image sparse; the guest kernel zeroes the
 	// inode tables in the background on first mount.
-	cmd := exec.CommandContext(ctx, "mkfs.ext4", "-q", "-F", "-L", label,
+	cmd := exec.CommandContext(ctx, sbin.Path("mkfs.ext4"), "-q", "-F", "-L", label,
 		"-E", "lazy_itable_init=1,lazy_journal_init=1", raw.Name())
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))

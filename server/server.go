@@ -1,8 +1,9 @@
 // Package server runs `vmhost serve`: it takes the agent's directories
 // (one agent per state and run directory), reads the configuration and the
-// API keys, loads the agent id, listens (TCP with optional TLS, or a unix
-// socket, plus the local socket <run>/api.sock), holds requests at a start
-// gate while the service is built and recovers the host, tells systemd
+// API keys, loads the agent id, logs what the host checks of vmhost doctor
+// find lacking (and starts anyway), listens (TCP with optional TLS, or a
+// unix socket, plus the local socket <run>/api.sock), holds requests at a
+// start gate while the service is built and recovers the host, tells systemd
 // when it is ready, reloads keys and certificates on SIGHUP, and shuts
 // down gracefully on SIGTERM or SIGINT. Under --dev it also fills in the
 // dev defaults, makes (and at a clean exit removes) the dev bridge, makes
@@ -46,6 +47,7 @@ import (
 	"vmhost/agentid"
 	"vmhost/auth"
 	"vmhost/config"
+	"vmhost/doctor"
 	"vmhost/internal/dirlock"
 	"vmhost/sdnotify"
 	"vmhost/store"
@@ -85,6 +87,12 @@ type Options struct {
 	// VMs' sockets; --dev then moves its run directory to a short path.
 	// Nil: every run directory fits.
 	CheckRunDir func(dir string) error
+	// Doctor is what of the host checks (package doctor) only the caller
+	// knows: the modules an AppVM needs, the jail. Run fills in the
+	// configuration, the state directory and the simulated programs, runs
+	// the checks once before it listens and logs what they find lacking,
+	// then starts all the same (checkHost). Nil runs no checks.
+	Doctor *doctor.Host
 }
 
 // Env is what the service is built from.
@@ -111,6 +119,10 @@ type Env struct {
 	// agent id, before building the service; empty outside dev mode or
 	// without root.
 	DevBridge string
+	// Dev is --dev: the service lets a newcomer try AppVMs on the
+	// simulators (no network by default, no kernel needed, the image's
+	// own tree).
+	Dev bool
 }
 
 // Service is what the server runs: the API handler over the VM services.
@@ -227,7 +239,7 @@ func Run(o Options, newService NewService) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	env := Env{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log, AgentID: agent,
+	env := Env{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log, AgentID: agent, Dev: o.Dev,
 		Simulator: o.Simulator, SimCHArgs: o.SimCHArgs}
 	for _, p := range strings.Split(o.Simulate, ",") {
 		switch strings.TrimSpace(p) {
@@ -244,6 +256,11 @@ func Run(o Options, newService NewService) error {
 		if env.DevBridge, err = dev.makeBridge(cfg, agent, log); err != nil {
 			return err
 		}
+	}
+	if o.Doctor != nil {
+		h := *o.Doctor
+		h.Config, h.StateDir, h.RunDir, h.SimulateCH, h.SimulateQSD = cfg, stateDir, runDir, env.SimCH, env.SimQSD
+		checkHost(log, doctor.Run(context.Background(), h), o.Dev)
 	}
 
 	ln, err := listen(o.Listen)

@@ -356,6 +356,9 @@ func TestRunDev(t *testing.T) {
 	if st, body := get(t, ex["VMHOST_API"], "/api/vms", ex["VMHOST_TOKEN"]); st != 200 || body != "svc /api/vms" {
 		t.Errorf("the printed token = %d %q", st, body)
 	}
+	if !stub.env.Dev {
+		t.Error("the service of a dev agent was not told it is one")
+	}
 	if root {
 		if stub.env.DevBridge == "" || !bridgeThere(stub.env.DevBridge) {
 			t.Fatalf("no dev bridge %q as root", stub.env.DevBridge)

@@ -131,6 +131,30 @@ func setPVID(c *netlink.Conn, index int, vid uint16) error {
 	return nil
 }
 
+// CheckBridge reports whether name is a bridge taps can join: an error
+// satisfying errors.Is(err, fs.ErrNotExist) when there is no such
+// interface, one wrapping ErrNotBridge when it is not a bridge.
+func (h *Handle) CheckBridge(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c, err := h.dial(unix.NETLINK_ROUTE)
+	if err != nil {
+		return fmt.Errorf("reading bridge %s: dialing rtnetlink: %w", name, err)
+	}
+	defer c.Close()
+	l, err := getLink(c, name, 0)
+	switch {
+	case isNotExist(err):
+		return &notExist{msg: fmt.Sprintf("bridge %s does not exist", name)}
+	case err != nil:
+		return fmt.Errorf("reading bridge %s: %w", name, err)
+	case l.Kind != "bridge":
+		return fmt.Errorf("%w: %s is of kind %q", ErrNotBridge, name, l.Kind)
+	}
+	return nil
+}
+
 // Port reads back the bridge port state of tap. A missing tap gives an error
 // satisfying errors.Is(err, fs.ErrNotExist).
 func (h *Handle) Port(ctx context.Context, tap string) (Port, error) {

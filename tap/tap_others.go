@@ -50,6 +50,9 @@ func (h *Handle) AttachIndex(ctx context.Context, tap string, bridgeIndex int, o
 	return ErrNotSupported
 }
 
+// CheckBridge fails with ErrNotSupported.
+func (h *Handle) CheckBridge(ctx context.Context, name string) error { return ErrNotSupported }
+
 // Port fails with ErrNotSupported.
 func (h *Handle) Port(ctx context.Context, tap string) (Port, error) { return Port{}, ErrNotSupported }
 

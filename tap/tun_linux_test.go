@@ -243,6 +243,23 @@ func TestIntegrationAttachRefusals(t *testing.T) {
 	}
 }
 
+// TestIntegrationCheckBridge: what a create's preflight asks of a network's
+// bridge, answered as Attach would fail.
+func TestIntegrationCheckBridge(t *testing.T) {
+	ns := newTestNS(t)
+	ctx := t.Context()
+	if err := ns.h.CheckBridge(ctx, "nobr"); !errors.Is(err, fs.ErrNotExist) || err.Error() != "bridge nobr does not exist" {
+		t.Errorf("CheckBridge of a missing bridge = %v, want fs.ErrNotExist naming it", err)
+	}
+	if err := ns.h.CheckBridge(ctx, "lo"); !errors.Is(err, ErrNotBridge) {
+		t.Errorf("CheckBridge(lo) = %v, want ErrNotBridge", err)
+	}
+	ns.mustBridge("br0")
+	if err := ns.h.CheckBridge(ctx, "br0"); err != nil {
+		t.Errorf("CheckBridge(br0) = %v", err)
+	}
+}
+
 // TestIntegrationIsolation proves port isolation with traffic: guests on two
 // isolated ports cannot reach each other, guests on ordinary ports can.
 func TestIntegrationIsolation(t *testing.T) {

@@ -22,12 +22,14 @@
 //
 // # Create path
 //
-// Validation (*FieldError, 400) → admission under the registry lock, on
+// Validation (*FieldError, 400) → Host.Preflight, the host preconditions
+// (the AppVM kernel, the programs, taps and bridges; *FieldError, 400,
+// naming what the host lacks) → admission under the registry lock, on
 // host totals and free space read just before it (*ExistsError or
 // *CapacityError, 409; a pending create holds its id and
 // counts in later admissions, so of concurrent creates of one id exactly
 // one wins and nothing on the host changes before admission passes) →
-// Host.Preflight → the record is stored (the create's intent) →
+// the record is stored (the create's intent) →
 // Host.Provision (in the background when an image must be downloaded,
 // answered 202), which records its result, display created included →
 // Host.Boot when auto_boot is set, which records its own. With auto_boot

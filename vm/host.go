@@ -19,9 +19,9 @@ import (
 // in-memory fake that records calls.
 type Host interface {
 	// Preflight reports whether the host can carry out creating rec at
-	// all, before anything is stored. It changes nothing on the host; it
-	// may fill in what the host gives the VM (its jail, rec.Jail), which
-	// the create's record then stores.
+	// all, before admission and before anything is stored: a host
+	// precondition it lacks is a *FieldError naming it. It changes
+	// nothing.
 	Preflight(ctx context.Context, rec *Record) error
 	// Provision creates the VM's disks, taps and seed (downloading the
 	// image first when rec.Spec.Image is set). On error it leaves nothing

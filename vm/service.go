@@ -247,17 +247,18 @@ func (s *Service) macInUse(mac string) bool {
 	return used
 }
 
-// Launch admits rec (409: *ExistsError, *CapacityError), then has the host
-// create it: Preflight, store the record, Provision (in the background when
-// an image must be downloaded: async), and Boot when the spec asks for it.
-// A synchronous failure before boot rolls back everything, record
-// included, so a retry with the same id works; a boot failure keeps the VM.
+// Launch has the host check its preconditions for rec (Preflight: 400
+// *FieldError naming what the host lacks, with nothing made), admits it
+// (409: *ExistsError, *CapacityError), then has the host create it: store
+// the record, Provision (in the background when an image must be
+// downloaded: async), and Boot when the spec asks for it. A synchronous
+// failure before boot rolls back everything, record included, so a retry
+// with the same id works; a boot failure keeps the VM.
 func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async bool, err error) {
-	if err := s.recs.Reserve(rec, s.admission(rec)); err != nil {
+	if err := s.o.Host.Preflight(ctx, rec); err != nil {
 		return nil, false, err
 	}
-	if err := s.o.Host.Preflight(ctx, rec); err != nil {
-		s.recs.Release(rec.ID)
+	if err := s.recs.Reserve(rec, s.admission(rec)); err != nil {
 		return nil, false, err
 	}
 	if err := s.recs.Create(rec); err != nil {

@@ -131,6 +131,11 @@ func newDHCPClient(ifi *net.Interface, hostname string) (*dhcpClient, error) {
 func (c *dhcpClient) obtain(ctx context.Context) (*dhcpReply, error) {
 	for {
 		offer, err := c.exchange(ctx, c.message(dhcpDiscover, netip.Addr{}, netip.Addr{}, netip.Addr{}), dhcpOffer)
+		if errors.Is(err, context.DeadlineExceeded) {
+			// The workload does not start without its network: say why
+			// (a network without a DHCP server, such as dev mode's bridge).
+			return nil, fmt.Errorf("dhcp on %s: no DHCP server answered within %v: is one serving the network's bridge? (or give the AppVM a static ip)", c.ifi.Name, dhcpTimeout)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("dhcp on %s: waiting for an offer: %w", c.ifi.Name, err)
 		}

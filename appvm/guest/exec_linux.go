@@ -120,7 +120,7 @@ func (a *agent) opExec(c net.Conn, fc *proto.FrameConn, oc *opsContext, req *pro
 			closeAll([]*os.File{master, slave})
 			return fmt.Errorf("sizing the terminal: %w", err)
 		}
-		if os.Geteuid() == 0 {
+		if switchesUsers() {
 			// The terminal belongs to its user, as login programs make it.
 			slave.Chown(int(acc.uid), int(acc.gid))
 			slave.Chmod(0o620)

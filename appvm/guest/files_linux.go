@@ -331,7 +331,7 @@ func (a *agent) opPutFiles(c net.Conn, fc *proto.FrameConn, oc *opsContext, req 
 	cr := &proto.CountingReader{R: &frameReader{fc: fc}, Max: req.MaxBytes}
 	tr := tar.NewReader(cr)
 	chk := proto.NewTarChecker(req.Path, req.MaxBytes)
-	x := &extractor{staging: staging, owners: os.Geteuid() == 0}
+	x := &extractor{staging: staging, owners: switchesUsers()}
 	for {
 		h, err := tr.Next()
 		if err == io.EOF {
@@ -563,7 +563,7 @@ func copyAcross(s, d string) error {
 			return err
 		}
 	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok && os.Geteuid() == 0 {
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok && switchesUsers() {
 		os.Lchown(tmp, int(st.Uid), int(st.Gid))
 		if fi.Mode().Type() != fs.ModeSymlink {
 			unix.Chmod(tmp, st.Mode&0o7777)

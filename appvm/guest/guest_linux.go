@@ -114,6 +114,11 @@ func Main(args []string) int {
 			fmt.Fprintln(os.Stderr, "guest: process mode needs --root")
 			return 2
 		}
+		// A guest's init starts with the kernel's umask, 022; a
+		// process-mode agent would inherit its simulator's 077 (Cloud
+		// Hypervisor's), and the directories it makes in the root (the
+		// working directory, /etc) would shut out a workload user.
+		syscall.Umask(0o022)
 		ps := &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
 		ps.haltOnSignal()
 		sys = ps
@@ -563,7 +568,7 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	root := a.opts.root
 	hostname := spec.Hostname
 	var lease *proto.Lease
-	if a.opts.network && spec.Network.Mode != proto.NetworkNone {
+	if a.opts.network {
 		l, err := a.sys.configureNetwork(spec.Network, hostname, func(l *proto.Lease) { a.send(l) })
 		if err != nil {
 			return nil, fmt.Errorf("configuring the network: %w", err)
@@ -622,7 +627,7 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 		}
 	}
 	owner := -1
-	if os.Geteuid() == 0 {
+	if switchesUsers() {
 		owner = int(acc.uid)
 	}
 	if err := writeInjected(root, spec, owner, int(acc.gid)); err != nil {
@@ -720,10 +725,11 @@ func (a *agent) command(argv, env []string, workdir string, acc account) (*exec.
 		}
 		cmd.Dir = dir
 	}
-	if os.Geteuid() == 0 {
+	if switchesUsers() {
 		attr.Credential = &syscall.Credential{Uid: acc.uid, Gid: acc.gid, Groups: acc.groups}
 	} else if acc.uid != uint32(os.Geteuid()) {
-		a.log.Warn("agent is not root: running the workload as itself", "wanted_uid", acc.uid, "uid", os.Geteuid())
+		a.log.Warn("the agent cannot switch users (not root, or a user namespace of one id): running the workload as itself",
+			"wanted_uid", acc.uid, "uid", os.Geteuid())
 	}
 	return cmd, nil
 }

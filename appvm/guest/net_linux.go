@@ -14,12 +14,15 @@ import (
 	"vmhost/appvm/guest/proto"
 )
 
-// applyNetwork configures the guest interface: static over rtnetlink, or
-// through the agent's DHCP client, whose lease it returns; renewed leases go
-// to report.
+// applyNetwork brings the loopback up and configures the guest interface:
+// static over rtnetlink, or through the agent's DHCP client, whose lease it
+// returns; renewed leases go to report. Mode none has no interface.
 func applyNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
 	if err := linkUp("lo"); err != nil {
 		return nil, err
+	}
+	if n.Mode == proto.NetworkNone {
+		return nil, nil
 	}
 	ifi, err := guestInterface(n.Interface)
 	if err != nil {

@@ -50,6 +50,69 @@ func TestIntegrationStaticNetwork(t *testing.T) {
 	}
 }
 
+// TestIntegrationNoNetwork: an AppVM without a network (mode none) gets
+// its loopback up and nothing else: no interface is looked for, none is
+// touched, no lease comes back.
+func TestIntegrationNoNetwork(t *testing.T) {
+	netnstest.Enter(t)
+	run(t, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	l, err := applyNetwork(proto.Network{Mode: proto.NetworkNone}, "host1", nil)
+	if err != nil || l != nil {
+		t.Fatalf("applyNetwork(none) = %v, %v", l, err)
+	}
+	if link := run(t, "ip", "-o", "link", "show", "lo"); !strings.Contains(link, "UP") {
+		t.Errorf("lo is not up: %s", link)
+	}
+	if link := run(t, "ip", "-o", "link", "show", "d0"); strings.Contains(link, ",UP") {
+		t.Errorf("an interface was brought up: %s", link)
+	}
+	// In a guest, mode none waits for no interface to appear.
+	vs := &vmSystem{deviceWait: time.Hour}
+	if _, err := vs.configureNetwork(proto.Network{Mode: proto.NetworkNone, Interface: "eth9"}, "", nil); err != nil {
+		t.Errorf("a guest without a network = %v", err)
+	}
+}
+
+// TestIntegrationDHCPNoServer: on a network where no DHCP server answers
+// (dev mode's bridge), the client gives up when its time is up, saying so,
+// and the workload is not left waiting for ever.
+func TestIntegrationDHCPNoServer(t *testing.T) {
+	netnstest.Enter(t)
+	run(t, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
+	run(t, "ip", "link", "set", "d0", "up")
+	run(t, "ip", "link", "set", "d1", "up")
+	ifi, err := net.InterfaceByName("d0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := newDHCPClient(ifi, "h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.conn.Close()
+	c.attempt = 50 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	if _, err := c.obtain(ctx); err == nil || !strings.Contains(err.Error(), "dhcp on d0: no DHCP server answered within") {
+		t.Errorf("obtain with no server = %v", err)
+	}
+}
+
+// TestFullIDMap: the agent switches users only where every id maps to
+// itself; the simulator's rootless namespace maps one.
+func TestFullIDMap(t *testing.T) {
+	for m, want := range map[string]bool{
+		"         0          0 4294967295\n": true,
+		"0 1000 1\n":                         false,
+		"0 0 65536\n":                        false,
+		"":                                   false,
+	} {
+		if got := fullIDMap(m); got != want {
+			t.Errorf("fullIDMap(%q) = %v, want %v", m, got, want)
+		}
+	}
+}
+
 // dhcpServer puts v1, the peer of the guest's v0, into a second namespace
 // and runs dnsmasq there.
 func dhcpServer(t *testing.T) {

@@ -319,6 +319,9 @@ func joinCauses(errs ...error) error {
 func (s *vmSystem) vsockPort() uint32 { return s.port }
 
 func (s *vmSystem) configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+	if n.Mode == proto.NetworkNone {
+		return applyNetwork(n, hostname, report) // the loopback only
+	}
 	if err := waitForInterface(n.Interface, s.deviceWait); err != nil {
 		return nil, err
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"syscall"
 )
@@ -13,7 +14,12 @@ import (
 // PUT and answers 204, 400 for a bad body, 404 for an unknown path, or 409 with
 // {"error": "…"} when the VM's state does not allow it:
 //
-//	PUT /sim/v1/activate          the guest's drivers activate every device (events)
+//	PUT /sim/v1/activate          the guest's drivers take every device they have a driver
+//	                              for (the watchdog's they lack): virtio-device activated for
+//	                              each CH implements itself (none for vhost-user disks and
+//	                              nets). {"devices":[id,…]}: only those (a kernel without the
+//	                              others' drivers, or one loading them later); 409 when none
+//	                              is taken, or for an id that is not a device the guest takes
 //	PUT /sim/v1/poweroff          ACPI poweroff from the guest (exit 0 unless --no-shutdown)
 //	PUT /sim/v1/reboot            the guest resets itself (vm rebooting/rebooted, same pid)
 //	PUT /sim/v1/panic             {"event":"panic"|"crash_loaded"}: pvpanic write
@@ -39,8 +45,13 @@ import (
 //	PUT /sim/v1/hog               {"mb":N}: the process allocates and touches N MiB and keeps
 //	                              them (a runaway VMM): 204 once touched, unless a memory
 //	                              limit kills it first
+//	PUT /sim/v1/power-button      {"ignore":true|false}: while ignoring, a classic guest that
+//	                              is up does nothing on the ACPI power button (vm.power-button
+//	                              answers 204); otherwise it powers off 50 ms after the press,
+//	                              as systemd would. An AppVM's guest agent takes the button
+//	                              either way.
 //	GET /sim/v1/status            {"state","activated","hung","taps","vhost_conns","guest_ports",
-//	                              "guest_agent_pid","refuse_eject"}
+//	                              "guest_agent_pid","refuse_eject","ignore_power_button"}
 func (s *sim) control(r *request) (response, func()) {
 	name := strings.TrimPrefix(r.path, "/sim/v1/")
 	if name == "status" {
@@ -61,6 +72,9 @@ func (s *sim) control(r *request) (response, func()) {
 		Path   string  `json:"path"`
 		Write  bool    `json:"write"`
 		MB     int     `json:"mb"`
+		Ignore *bool   `json:"ignore"`
+		// Devices (activate): the ids of the devices the guest's drivers take.
+		Devices []string `json:"devices"`
 	}
 	if r.body != nil {
 		if err := json.Unmarshal(r.body, &body); err != nil {
@@ -77,7 +91,13 @@ func (s *sim) control(r *request) (response, func()) {
 	switch name {
 	case "activate":
 		s.mu.Lock()
-		ok := s.activateLocked()
+		for _, id := range body.Devices {
+			if !slices.Contains(s.order, id) || !guestDriverTakes(id) {
+				s.mu.Unlock()
+				return controlError(http.StatusConflict, "no device "+id+" the guest's drivers take"), nil
+			}
+		}
+		ok := s.activateLocked(body.Devices...)
 		s.mu.Unlock()
 		if !ok {
 			return controlError(http.StatusConflict, "the VM is not running or its devices are already active"), nil
@@ -179,6 +199,14 @@ func (s *sim) control(r *request) (response, func()) {
 		s.refuseEject = *body.Refuse
 		s.mu.Unlock()
 		return noContent(), nil
+	case "power-button":
+		if body.Ignore == nil {
+			return controlError(http.StatusBadRequest, "ignore is required"), nil
+		}
+		s.mu.Lock()
+		s.ignorePowerButton = *body.Ignore
+		s.mu.Unlock()
+		return noContent(), nil
 	case "guest-agent":
 		if body.Signal <= 0 || body.Signal >= 65 {
 			return controlError(http.StatusBadRequest, "signal must be 1…64"), nil
@@ -257,13 +285,14 @@ func (s *sim) status() response {
 		ports = append(ports, p)
 	}
 	return jsonResponse(http.StatusOK, map[string]any{
-		"state":           s.state.String(),
-		"activated":       s.activated,
-		"hung":            s.hung.Load(),
-		"taps":            taps,
-		"vhost_conns":     len(s.vhost),
-		"guest_ports":     ports,
-		"guest_agent_pid": s.agentPidLocked(),
-		"refuse_eject":    s.refuseEject,
+		"state":               s.state.String(),
+		"activated":           s.activated,
+		"hung":                s.hung.Load(),
+		"taps":                taps,
+		"vhost_conns":         len(s.vhost),
+		"guest_ports":         ports,
+		"guest_agent_pid":     s.agentPidLocked(),
+		"refuse_eject":        s.refuseEject,
+		"ignore_power_button": s.ignorePowerButton,
 	})
 }

@@ -15,16 +15,22 @@
 //
 // # The simulated guest
 //
-// After boot the guest "activates" its virtio devices after a short delay (one
-// virtio-device activated event per device, disks first), as a real guest's drivers
-// would. A guest that is up honours the ACPI power button; one that is not ignores it;
-// an AppVM's guest agent gets SIGPWR for it and stops its workload first.
+// After boot the guest's drivers take its virtio devices after a short delay, as a stock
+// Linux kernel's would (every device but the virtio-watchdog, which only CH's kernel fork
+// drives). As CH v53, a virtio-device activated event follows for each device CH
+// implements itself — disks on a file, nets on a tap, console, rng, balloon, vsock — and
+// none for a vhost-user disk or net (docs/ref/cloud-hypervisor.md §11); a guest reboot or
+// poweroff resets them all, vhost-user ones included (virtio-device reset). A guest that is
+// up powers off 50 ms after the ACPI power button, as systemd does, unless
+// /sim/v1/power-button tells it to ignore the button; one that is not up ignores it; an
+// AppVM's guest agent gets SIGPWR for it and stops its workload first.
 // Its serial port prints a boot line and echoes input. Its vsock ports are listened on by
 // an echo service unless Config.GuestVsock replaces it.
 //
 // A test-control namespace on the API socket drives what a guest would do; see control.go
 // for the list: activate, poweroff, reboot, panic, hang, crash (die by a signal), serial
-// output, vsock listen/unlisten/connect, DHCP, the guest agent, counters, eject, and status.
+// output, vsock listen/unlisten/connect, DHCP, the guest agent, counters, eject, the power
+// button, and status.
 //
 // The simulated guest acks a hot-unplug (vm.remove-device on a booted VM) 50 ms after the
 // request: the device leaves the config and vm device-removed {id, bdf} follows. After
@@ -58,8 +64,8 @@
 // socket, opens memory-ranges, reopens what a boot opens (disk images, vhost-user sockets,
 // taps by name, the vsock socket, which must not exist), opens the initramfs as v53's
 // Vm::new does, emits virtio-device activated for each device whose transport was
-// activated, then vm restoring and vm restored. A failure from the config on drops it (vm
-// deleted) and releases everything. The VM is Paused, with its ids, PCI addresses,
+// activated (CH's own devices only, as at a boot), then vm restoring and vm restored. A
+// failure from the config on drops it (vm deleted) and releases everything. The VM is Paused, with its ids, PCI addresses,
 // counters, id counter and guest vsock listeners; resume=true runs it (vm resuming,
 // vm resumed). A snapshot restores only under the backend that took it. prefault and
 // OnDemand are accepted and change nothing; net_fds is ignored (no net here is built
@@ -80,6 +86,7 @@
 //	--sim-poweroff-at-boot   the guest powers off right after vm.boot answers
 //	--sim-guest-heartbeat D  the guest agent's heartbeat interval (default 1s)
 //	--sim-no-guest-network   no network namespace and NIC for the guest agent
+//	--sim-guest-chroot       the guest agent chroots the workload into its root (below)
 //
 // # The AppVM guest agent
 //
@@ -91,7 +98,13 @@
 // 1024 would through CH's hybrid vsock. The agent's exit is the guest's poweroff; its
 // death by a signal leaves the VM running without it. Stop, delete and VMM exit kill it
 // and its workload; a reboot starts it again; pause and resume stop and continue it.
-// The workload runs on the host (process mode: no chroot or mounts). As root, when the
+// The workload runs on the host (process mode: no chroot or mounts), unless
+// --sim-guest-chroot: then the agent gets --chroot and runs it chrooted into the root,
+// which the host has filled with the VM's root file system (serve --dev unpacks the root
+// disk there before each boot), so the image's entrypoint and libraries are found;
+// without root the agent runs in a user namespace of its own mapping uid and gid 0 to the
+// simulator's (and no other id), where it may chroot, and runs the workload as that one
+// user whatever the image names. As root, when the
 // VM's first interface has a tap, the agent runs with --network in a network namespace of
 // its own holding eth0, a tap with the VM's MAC whose frames the simulator pumps to and
 // from the VM's tap (as virtio-net would): the agent's static or DHCP configuration and
@@ -114,7 +127,7 @@
 //	                             e2e/realguest/fetch-vhost-device-vsock.sh puts it)
 //
 // The simulated-guest flags (--sim-activate-delay, --sim-no-activate, --sim-guest-ports,
-// --sim-poweroff-at-boot, --sim-no-guest-agent, --sim-no-guest-network,
+// --sim-poweroff-at-boot, --sim-no-guest-agent, --sim-no-guest-network, --sim-guest-chroot,
 // --sim-guest-heartbeat) are refused with it; /sim/v1/ answers 404 and no guest agent runs
 // on the host (the real guest runs its own from its initramfs).
 //
@@ -154,7 +167,8 @@
 //
 // Events come from what qemu reports, never from a timer:
 //   - virtio-device activated/reset: x-query-virtio-status is polled every 100 ms for every
-//     virtio device; DRIVER_OK appearing is activated, disappearing is reset. -boot
+//     virtio device; DRIVER_OK appearing is activated (not for a vhost-user disk, whose
+//     activation CH does not announce), disappearing is reset. -boot
 //     strict=on keeps SeaBIOS off the virtio disks, so with a kernel payload the first
 //     DRIVER_OK is the guest kernel's, as under CH, which has no firmware in between; with a
 //     firmware payload it is the firmware's (it reads the disk to boot), as under CH too. A reset and re-activation
@@ -178,7 +192,7 @@
 // guest's kernel sees, read back from query-pci: the port's secondary bus as the guest's
 // firmware numbered it, slot 0, function 0 (e.g. 0000:01:00.0); before the firmware has run
 // it answers 500. The disk joins the config and vm.info's device tree at that address, and
-// virtio-device activated follows from the poll once the guest's driver takes it. vm.remove-
+// no virtio-device activated follows when the guest's driver takes it (vhost-user). vm.remove-
 // device of a hot-plugged disk sends device_del (an ACPI eject request) and answers 204 at
 // once; when the guest has ejected it (DEVICE_DELETED) the disk leaves the config, its
 // chardev is removed (the backend sees the vhost-user connection close) and vm device-
@@ -191,8 +205,8 @@
 // lifted), beside config.json and state.json; state.json then lists no memory range (CH's
 // rule for memory it does not copy itself) and names the stream. vm.restore starts a new
 // qemu from the config with -incoming fd:N, stopped; once qemu has loaded the stream it
-// polls the devices (activated events for those the guest's drivers had) and emits vm
-// restoring and vm restored. qemu refusing the stream (a damaged file) exits it, and the
+// polls the devices (activated events for those the guest's drivers had, vhost-user disks
+// aside) and emits vm restoring and vm restored. qemu refusing the stream (a damaged file) exits it, and the
 // restore fails with qemu's words. Refused before anything is written, with qemu's
 // reasons: a VM with vsock (qemu 7.2: "non-migratable device: …/vhost-user-vsock", and
 // "vhost-user backend lacks VHOST_USER_PROTOCOL_F_LOG_SHMFD feature" for

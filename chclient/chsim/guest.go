@@ -94,6 +94,9 @@ func (s *sim) startGuestAgentLocked() error {
 	}
 	args := []string{"guest", "--transport", fmt.Sprintf("unix:%s_%d", s.vm.Vsock.Socket, guestVsockPort),
 		"--root", root, "--heartbeat", hb.String(), "--listen", "unix:" + GuestListenPrefix(s.vm.Vsock.Socket)}
+	if s.cfg.GuestChroot {
+		args = append(args, "--chroot")
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), GuestAgentEnv+"=1")
 	// The agent's stderr is the guest's console: it goes to the serial port's log here,
@@ -106,6 +109,13 @@ func (s *sim) startGuestAgentLocked() error {
 	defer logFile.Close()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = agentProcAttr()
+	if s.cfg.GuestChroot && os.Geteuid() != 0 {
+		// Without root, chroot needs a user namespace: the agent is root in one
+		// that maps only the simulator's own ids, so it owns the tree the host
+		// unpacked (as root), and runs the workload as itself whatever user the
+		// image names.
+		rootless(cmd.SysProcAttr)
+	}
 	g := &guestAgent{cmd: cmd, done: make(chan struct{}), listen: GuestListenPrefix(s.vm.Vsock.Socket)}
 	if s.guestNetworkLocked() {
 		// As root, the guest gets a network namespace whose eth0 is wired to the VM's

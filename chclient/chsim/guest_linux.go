@@ -1,6 +1,9 @@
 package chsim
 
-import "syscall"
+import (
+	"os"
+	"syscall"
+)
 
 // agentProcAttr starts the guest agent in a process group of its own (paused and resumed
 // with the VM) with guestHaltSignal as its parent-death signal: a simulator killed outright
@@ -11,4 +14,14 @@ func agentProcAttr() *syscall.SysProcAttr {
 	attr.Setpgid = true
 	attr.Pdeathsig = guestHaltSignal
 	return attr
+}
+
+// rootless makes attr start its process as root of a new user namespace that maps uid and
+// gid 0 to the caller's own ids, and nothing else (setgroups denied, as an unprivileged
+// user namespace must).
+func rootless(attr *syscall.SysProcAttr) {
+	attr.Cloneflags |= syscall.CLONE_NEWUSER
+	attr.UidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Geteuid(), Size: 1}}
+	attr.GidMappings = []syscall.SysProcIDMap{{ContainerID: 0, HostID: os.Getegid(), Size: 1}}
+	attr.GidMappingsEnableSetgroups = false
 }

@@ -11,3 +11,6 @@ func agentProcAttr() *syscall.SysProcAttr {
 	attr.Setpgid = true
 	return attr
 }
+
+// rootless does nothing: only Linux has user namespaces (and runs the agent).
+func rootless(*syscall.SysProcAttr) {}

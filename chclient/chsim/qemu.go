@@ -519,8 +519,9 @@ func (q *qemuVM) pollActivation() {
 }
 
 // pollOnce asks qemu for each virtio device's status and emits activated for a
-// device whose driver has set DRIVER_OK since the last poll, reset for one whose
-// status went back. A change undone between two polls is not seen.
+// device whose driver has set DRIVER_OK since the last poll (except a vhost-user
+// disk, as CH), reset for one whose status went back. A change undone between two
+// polls is not seen.
 func (q *qemuVM) pollOnce() { q.poll(false) }
 
 // poll is pollOnce; locked says the caller holds s.mu (a restore, before the background
@@ -559,6 +560,10 @@ func (q *qemuVM) poll(locked bool) {
 		event := "reset"
 		if ok {
 			event = "activated"
+		}
+		if ok && d.vhostUser {
+			// CH v53's vhost-user-blk announces no activation (its reset it does).
+			continue
 		}
 		if !locked {
 			q.s.mu.Lock()

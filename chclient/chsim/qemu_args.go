@@ -23,8 +23,11 @@ type qemuDevice struct {
 	chID   string
 	qemuID string
 	virtio bool // polled for activation (x-query-virtio-status)
-	hot    bool // hot-plugged (on a root port)
-	seq    int  // 0 for a device of the command line; numbers hot-plugged ones
+	// vhostUser: a vhost-user-blk disk, whose activation CH does not announce (its reset
+	// it does; docs/ref/cloud-hypervisor.md §11).
+	vhostUser bool
+	hot       bool // hot-plugged (on a root port)
+	seq       int  // 0 for a device of the command line; numbers hot-plugged ones
 }
 
 // qemuPath is the QOM path of a virtio-*-pci device's virtio backend, as x-query-virtio
@@ -187,7 +190,8 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 		if err != nil {
 			return err
 		}
-		d := qemuDevice{chID: chID, qemuID: qemuID(chID), virtio: strings.HasPrefix(driver, "v")}
+		d := qemuDevice{chID: chID, qemuID: qemuID(chID), virtio: strings.HasPrefix(driver, "v"),
+			vhostUser: driver == "vhost-user-blk-pci"}
 		if d.virtio {
 			props = append(props, "disable-legacy=on")
 		}

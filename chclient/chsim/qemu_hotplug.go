@@ -106,14 +106,14 @@ func (s *sim) hotAddDiskQemuLocked(d diskConfig) response {
 		s.nextID++
 	}
 	q.hot[id] = h
-	q.addDevice(qemuDevice{chID: id, qemuID: h.qemuID, virtio: true, hot: true})
+	q.addDevice(qemuDevice{chID: id, qemuID: h.qemuID, virtio: true, vhostUser: true, hot: true})
 	s.bdfs[id] = bdf
 	s.order = append(s.order, id)
 	s.counters[id] = blockCounters()
 	s.vm.Disks = append(s.vm.Disks, d)
 	s.logf(1, "hot-plugged %s (%s) on %s at %s", id, h.qemuID, rootPortID(port), bdf)
-	// virtio-device activated follows from the activation poll once the guest's driver
-	// takes the disk.
+	// The activation poll watches it, but a vhost-user disk's activation is not announced
+	// (its reset is).
 	return jsonResponse(http.StatusOK, map[string]string{"id": id, "bdf": bdf})
 }
 

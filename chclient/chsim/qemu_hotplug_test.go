@@ -103,8 +103,7 @@ func TestQemuBackendHotplug(t *testing.T) {
 		}
 		// The guest sees it where the answer says: 16 MiB, the image's first bytes.
 		g.serial.wait(t, fmt.Sprintf(guestSees, dev.Bdf), 30*time.Second)
-		p.waitEventsFor(30*time.Second, "virtio-device/activated map[id:"+wantID+"]")
-		t.Logf("%s at %s seen by the guest and activated after %v", wantID, dev.Bdf, time.Since(plugged))
+		t.Logf("%s at %s seen by the guest after %v", wantID, dev.Bdf, time.Since(plugged))
 		return dev.Bdf
 	}
 	unplug := func(bdfs map[string]string) {
@@ -163,6 +162,13 @@ func TestQemuBackendHotplug(t *testing.T) {
 	}
 	if !gone["_disk2"] || !gone["_disk3"] || len(gone) != 2 {
 		t.Errorf("device-removed for %v, want _disk2 and _disk3: %v", gone, evs)
+	}
+	// The guest's driver took each hot-plugged disk (it read them), but CH announces no
+	// vhost-user activation.
+	for _, id := range []string{"_disk2", "_disk3", "_disk4"} {
+		if hasEvent(evs, "virtio-device/activated", id) {
+			t.Errorf("activation of the hot-plugged vhost-user disk %s announced: %v", id, evs)
+		}
 	}
 
 	// _disk4 stays in the config: the next boot has it on the root bus, after the others.

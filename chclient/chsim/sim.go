@@ -50,6 +50,12 @@ type Config struct {
 	// network namespace without --network. Otherwise, as root, it runs in a namespace of
 	// its own whose eth0 (the VM's MAC) is wired to the VM's first tap.
 	NoGuestNetwork bool
+	// GuestChroot (--sim-guest-chroot) runs the workload chrooted into GuestRoot, which
+	// the host has filled with the VM's root file system (serve --dev does): the image's
+	// own tree, so its entrypoint and libraries are found. As root the agent gets
+	// --chroot; otherwise it runs in a user namespace of its own that maps root to the
+	// simulator's user (and nothing else), where it may chroot (see guest.go).
+	GuestChroot bool
 	// GuestAgentBinary is the vmhost binary to run; default os.Executable().
 	GuestAgentBinary string
 	// GuestHeartbeat (--sim-guest-heartbeat) is the agent's heartbeat interval;
@@ -74,7 +80,7 @@ const DefaultActivateDelay = 200 * time.Millisecond
 
 const usage = `usage: sim-ch --api-socket path=<p>|fd=<n> [--event-monitor path=<p>|fd=<n>] [--log-file <p>] [-v]...
        [--no-shutdown] [--sim-activate-delay <duration>] [--sim-no-activate] [--sim-guest-ports <p,p,…>]
-       [--sim-no-guest-agent] [--sim-no-guest-network] [--sim-guest-heartbeat <duration>]
+       [--sim-no-guest-agent] [--sim-no-guest-network] [--sim-guest-chroot] [--sim-guest-heartbeat <duration>]
        [--sim-poweroff-at-boot]
        [--sim-backend sim|qemu] [--sim-qemu <path>] [--sim-accel auto|kvm|tcg] [--sim-vsock-backend <path>]
 `
@@ -149,6 +155,9 @@ func parseArgs(args []string) (Config, error) {
 		case name == "--sim-no-guest-network":
 			simOnly = append(simOnly, name)
 			cfg.NoGuestNetwork = true
+		case name == "--sim-guest-chroot":
+			simOnly = append(simOnly, name)
+			cfg.GuestChroot = true
 		case name == "--sim-guest-heartbeat":
 			simOnly = append(simOnly, name)
 			v, err := next()
@@ -301,8 +310,9 @@ type sim struct {
 	nextID    int               // CH's one counter for generated device ids
 	bdfs      map[string]string // device id → PCI address, for the running VM
 	order     []string          // virtio device ids in creation order
-	activated bool
-	bootGen   int // bumps on every boot/reboot/stop so stale timers do nothing
+	activated bool              // the guest's OS is up: its drivers have taken devices
+	taken     map[string]bool   // the devices the guest's drivers have (the transport is active)
+	bootGen   int               // bumps on every boot/reboot/stop so stale timers do nothing
 	serial    *serialPort
 	vsock     *vsockMux
 	agent     *guestAgent // the AppVM guest agent of this boot, nil when none
@@ -317,6 +327,9 @@ type sim struct {
 	refuseEject bool
 	// hogged is memory /sim/v1/hog allocated, kept so it stays charged.
 	hogged [][]byte
+	// ignorePowerButton (/sim/v1/power-button): the simulated classic guest's OS ignores
+	// the ACPI power button, as one without acpid or systemd-logind would.
+	ignorePowerButton bool
 
 	// The qemu backend (Config.Backend == BackendQemu).
 	accel   string   // "kvm" or "tcg", resolved at start

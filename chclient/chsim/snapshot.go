@@ -130,6 +130,8 @@ type simGuestState struct {
 	// GuestAgent is the AppVM guest agent's state across a snapshot: the hook for
 	// keeping the agent (see saveGuestAgentLocked); nothing is kept yet.
 	GuestAgent json.RawMessage `json:"guest_agent,omitempty"`
+	// IgnorePowerButton: the guest ignores the ACPI power button (/sim/v1/power-button).
+	IgnorePowerButton bool `json:"ignore_power_button,omitempty"`
 }
 
 type memoryRange struct {
@@ -243,7 +245,7 @@ func (s *sim) snapshot(r *request) (response, func()) {
 // component per device and per virtio-pci transport.
 func (s *sim) snapshotTreeLocked() *snapshotTree {
 	guest := &simGuestState{Backend: s.backendName(), Activated: s.activated, RefuseEject: s.refuseEject,
-		DeviceOrder: slices.Clone(s.order), GuestAgent: s.saveGuestAgentLocked()}
+		DeviceOrder: slices.Clone(s.order), GuestAgent: s.saveGuestAgentLocked(), IgnorePowerButton: s.ignorePowerButton}
 	for p := range s.guestPorts {
 		guest.GuestPorts = append(guest.GuestPorts, p)
 	}
@@ -265,7 +267,7 @@ func (s *sim) snapshotTreeLocked() *snapshotTree {
 	dev := newSnapshot(deviceManagerState{DeviceTree: s.deviceTreeLocked(), DeviceIDCnt: s.nextID})
 	for id := range s.bdfs {
 		dev.Snapshots[id] = newSnapshot(deviceState{Counters: s.counters[id]})
-		dev.Snapshots[transportID(id)] = newSnapshot(transportState{DeviceActivated: s.activated && slices.Contains(s.order, id)})
+		dev.Snapshots[transportID(id)] = newSnapshot(transportState{DeviceActivated: s.taken[id]})
 	}
 	root.Snapshots[deviceManagerID] = dev
 	return root
@@ -457,16 +459,17 @@ func (s *sim) restore(r *request) (response, func()) {
 		s.guestPorts[p] = true
 	}
 	s.refuseEject = guest.RefuseEject
+	s.ignorePowerButton = guest.IgnorePowerButton
 	s.activated = guest.Activated
 	s.state = statePaused
 	s.bootGen++
 	if !s.qemuMode() {
-		// The devices the guest's drivers had are activated again as they are created.
+		// The devices the guest's drivers had are activated again as they are created;
+		// CH announces those it implements itself (a vhost-user disk's activate is silent).
 		for _, id := range s.order {
 			var ts transportState
-			if c := tree.child(deviceManagerID).child(transportID(id)); c != nil && c.decode(&ts) == nil &&
-				ts.DeviceActivated && !strings.HasPrefix(id, "__") {
-				s.emit("virtio-device", "activated", map[string]string{"id": id})
+			if c := tree.child(deviceManagerID).child(transportID(id)); c != nil && c.decode(&ts) == nil && ts.DeviceActivated {
+				s.takeLocked(id)
 			}
 		}
 		if !s.activated {

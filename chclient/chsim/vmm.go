@@ -206,7 +206,7 @@ func (s *sim) bootLocked() []string {
 	s.assignDevicesLocked()
 	s.holdDevicesLocked(held)
 	s.state = stateRunning
-	s.activated = false
+	s.guestDownLocked()
 	s.bootGen++
 	s.serialWrite("chsim: Linux version 6.1.0-chsim booting\r\n")
 	s.scheduleActivateLocked()
@@ -473,7 +473,7 @@ func (s *sim) assignDevicesLocked() {
 		add(gen(&s.vm.Vsock.ID, "vsock"), true)
 	}
 	if s.vm.Watchdog {
-		add("__watchdog", true)
+		add(watchdogID, true)
 	}
 	if s.vm.Pvpanic {
 		add("__pvpanic", false)
@@ -521,35 +521,84 @@ func (s *sim) scheduleActivateLocked() {
 	})
 }
 
-// activateLocked is the guest's drivers coming up: one "virtio-device activated" per
-// virtio device, disks first.
-func (s *sim) activateLocked() bool {
-	if s.state != stateRunning && s.state != statePaused || s.activated {
+// activateLocked is the guest's drivers coming up: they take the virtio devices they have
+// a driver for (of ids only, when given: a guest whose kernel lacks the others' drivers,
+// or loads them later), in the order the devices were created, and CH announces each one
+// it implements itself with "virtio-device activated". It reports whether a device was
+// taken.
+func (s *sim) activateLocked(ids ...string) bool {
+	if s.state != stateRunning && s.state != statePaused {
 		return false
 	}
-	s.activated = true
+	took := false
 	for _, id := range s.order {
-		if strings.HasPrefix(id, "__") {
+		if s.taken[id] || !guestDriverTakes(id) || len(ids) > 0 && !slices.Contains(ids, id) {
 			continue
 		}
-		s.emit("virtio-device", "activated", map[string]string{"id": id})
+		s.takeLocked(id)
+		took = true
 	}
-	s.serialWrite("chsim login: ")
-	return true
+	if took && !s.activated {
+		s.activated = true
+		s.serialWrite("chsim login: ")
+	}
+	return took
 }
 
-// resetDevicesLocked is the guest's drivers going down before a guest reboot or poweroff.
+// takeLocked is the guest's driver taking device id: CH announces it unless it is
+// vhost-user.
+func (s *sim) takeLocked(id string) {
+	if s.taken == nil {
+		s.taken = map[string]bool{}
+	}
+	s.taken[id] = true
+	if s.announcesActivationLocked(id) {
+		s.emit("virtio-device", "activated", map[string]string{"id": id})
+	}
+}
+
+// resetDevicesLocked is the guest's drivers going down before a guest reboot or poweroff:
+// CH reports the reset of every device the guest had taken, vhost-user ones included
+// (their common reset path emits it, although their activation emitted nothing).
 func (s *sim) resetDevicesLocked() {
-	if !s.activated {
-		return
-	}
 	for _, id := range s.order {
-		if strings.HasPrefix(id, "__") {
-			continue
+		if s.taken[id] {
+			s.emit("virtio-device", "reset", map[string]string{"id": id})
 		}
-		s.emit("virtio-device", "reset", map[string]string{"id": id})
 	}
+	s.guestDownLocked()
+}
+
+// guestDownLocked forgets the guest's drivers: its OS is not up and has no device.
+func (s *sim) guestDownLocked() {
 	s.activated = false
+	s.taken = nil
+}
+
+// watchdogID is the id CH gives its virtio-watchdog device.
+const watchdogID = "__watchdog"
+
+// guestDriverTakes reports whether the simulated guest, a stock Linux kernel, has a
+// driver for virtio device id: every one CH offers but the virtio-watchdog, whose driver
+// only CH's kernel fork carries.
+func guestDriverTakes(id string) bool { return id != watchdogID }
+
+// announcesActivationLocked reports whether CH v53 emits "virtio-device activated" when a
+// guest's driver takes device id: it does for the devices it implements itself (block on
+// a file, net on a tap, console, rng, balloon, vsock, …), not for vhost-user-blk and
+// vhost-user-net, whose activate has no event (docs/ref/cloud-hypervisor.md §11).
+func (s *sim) announcesActivationLocked(id string) bool {
+	for _, d := range s.vm.Disks {
+		if deref(d.ID) == id {
+			return !d.VhostUser
+		}
+	}
+	for _, n := range s.vm.Net {
+		if deref(n.ID) == id {
+			return !n.VhostUser
+		}
+	}
+	return true
 }
 
 // stopLocked stops a running or paused VM: the config stays and the state is Created.
@@ -561,7 +610,7 @@ func (s *sim) stopLocked() {
 
 func (s *sim) releaseLocked() {
 	s.bootGen++
-	s.activated = false
+	s.guestDownLocked()
 	s.agentOnResume = false
 	for _, f := range s.taps {
 		f.Close()
@@ -672,9 +721,10 @@ func (s *sim) shutdown(*request) (response, func()) {
 	return noContent(), nil
 }
 
-// powerButton presses the ACPI button; a guest whose OS is up (devices activated) powers
-// off shortly after, one that has not booted yet ignores it. An AppVM's guest agent gets
-// SIGPWR and does what it does with the button.
+// powerButton presses the ACPI button. A classic guest whose OS is up (devices activated)
+// powers off shortly after, as systemd does on the button, unless /sim/v1/power-button
+// made it ignore the button; one that has not booted yet ignores it. An AppVM's guest
+// agent gets SIGPWR and does what it does with the button.
 func (s *sim) powerButton(*request) (response, func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -700,11 +750,19 @@ func (s *sim) powerButton(*request) (response, func()) {
 		s.logf(1, "power button pressed; the guest is not up and ignores it")
 		return noContent(), nil
 	}
+	if s.ignorePowerButton {
+		s.logf(1, "power button pressed; the guest ignores it (/sim/v1/power-button)")
+		return noContent(), nil
+	}
 	gen := s.bootGen
 	return noContent(), func() {
-		time.AfterFunc(50*time.Millisecond, func() { s.guestPoweroff(gen) })
+		time.AfterFunc(powerButtonDelay, func() { s.guestPoweroff(gen) })
 	}
 }
+
+// powerButtonDelay is how long the simulated classic guest takes from the ACPI power
+// button to its poweroff (its init stopping its services).
+const powerButtonDelay = 50 * time.Millisecond
 
 // guestPoweroff is an ACPI S5 from the guest (gen 0 means whatever is running now).
 func (s *sim) guestPoweroff(gen int) bool {
@@ -744,7 +802,7 @@ func (s *sim) rebootLocked() []string {
 	}
 	s.emit("vm", "rebooting", nil)
 	s.bootGen++
-	s.activated = false
+	s.guestDownLocked()
 	s.stopGuestAgentLocked()
 	s.agentOnResume = false
 	if s.vsock != nil {
@@ -969,8 +1027,9 @@ func (s *sim) addDisk(r *request) (response, func()) {
 	s.counters[*d.ID] = blockCounters()
 	s.vm.Disks = append(s.vm.Disks, d)
 	if s.activated {
+		// The guest's driver takes the new disk (after the answer, as CH's event follows it).
 		id := *d.ID
-		defer s.emit("virtio-device", "activated", map[string]string{"id": id})
+		defer s.takeLocked(id)
 	}
 	return jsonResponse(http.StatusOK, map[string]string{"id": *d.ID, "bdf": bdf}), nil
 }
@@ -1031,6 +1090,7 @@ func (s *sim) dropDeviceLocked(id string) string {
 	s.removeFromConfigLocked(id, true)
 	delete(s.bdfs, id)
 	delete(s.counters, id)
+	delete(s.taken, id)
 	s.order = slices.DeleteFunc(s.order, func(x string) bool { return x == id })
 	return bdf
 }

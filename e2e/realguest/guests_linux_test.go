@@ -72,7 +72,7 @@ func importImage(l *lane) {
 		ocitest.File("bin/busybox", string(busybox), 0o755, 0, 0),
 		ocitest.File("workload.sh", workload, 0o755, 0, 0),
 	}
-	for _, applet := range []string{"sh", "cat", "echo", "sync", "sleep", "stat", "grep", "pwd"} {
+	for _, applet := range []string{"sh", "cat", "echo", "sync", "sleep", "stat", "grep", "pwd", "uname", "sha256sum", "head", "true", "env", "stty"} {
 		entries = append(entries, ocitest.Symlink("bin/"+applet, "busybox"))
 	}
 	img := ocitest.Image{
@@ -128,6 +128,7 @@ func classicStatic(l *lane, a artifacts) {
 	l.waitSSH("lane", staticIP, bootTimeout)
 	l.checkConfined("/api/vms", id)
 	phase(t, "classic static: ssh answers", start)
+	l.checkActivations(id)
 
 	// The key got us in as the user; the rest is read in the guest.
 	check := func(what, command, want string) {
@@ -173,6 +174,39 @@ func classicStatic(l *lane, a artifacts) {
 	phase(t, "classic static: balloon inflated", start)
 	l.deleteVM("/api/vms", id)
 	phase(t, "classic static: total with delete", start)
+}
+
+// checkActivations checks the events of classic VM id, whose guest is up:
+// as Cloud Hypervisor v53, the qemu backend announced the activation of
+// the devices CH implements itself that the guest took (the seed _disk1,
+// the balloon, the NIC), which is what turned the VM running, and not that
+// of the vhost-user root disk _disk0.
+func (l *lane) checkActivations(id string) {
+	t := l.t
+	t.Helper()
+	f, err := os.Open(l.runDir + "/vms/" + id + "/events")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	seen := map[string]bool{}
+	r := chclient.NewEventReader(f)
+	for {
+		ev, err := r.Next()
+		if err != nil {
+			break
+		}
+		if ev.Source == "virtio-device" && ev.Event == "activated" {
+			seen[ev.Properties["id"]] = true
+		}
+	}
+	nic := false
+	for id := range seen {
+		nic = nic || strings.HasPrefix(id, "_net")
+	}
+	if !seen["_disk1"] || !seen["__balloon"] || !nic || seen["_disk0"] {
+		t.Errorf("activations announced for %v; want the seed _disk1, __balloon and the NIC, not the vhost-user root _disk0", seen)
+	}
 }
 
 // classicDHCP: a Debian guest without network config takes a lease from

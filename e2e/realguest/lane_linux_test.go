@@ -124,13 +124,14 @@ func TestRealGuests(t *testing.T) {
 	importImage(l)
 	phase(t, "image import", start)
 
-	// The three guests boot concurrently (run.sh passes -parallel 4; the
+	// The four guests boot concurrently (run.sh passes -parallel 4; the
 	// default is GOMAXPROCS): each waits mostly on its own guest (TCG), so
 	// together they take little more than the slowest.
 	t.Run("guests", func(t *testing.T) {
 		t.Run("classic-static", func(t *testing.T) { t.Parallel(); classicStatic(l.with(t), a) })
 		t.Run("classic-dhcp", func(t *testing.T) { t.Parallel(); classicDHCP(l.with(t), a) })
 		t.Run("appvm", func(t *testing.T) { t.Parallel(); appVM(l.with(t), a) })
+		t.Run("appvm-ops", func(t *testing.T) { t.Parallel(); appVMOps(l.with(t), a) })
 	})
 	phase(t, "lane test total", total)
 }

@@ -10,4 +10,7 @@ start=$(date +%s)
 e2e/realguest/prepare.sh
 echo "lane phase prepare (total)        $(($(date +%s) - start)) s" >&2
 VMHOST_REAL_GUESTS=1 go test -count=1 -v -parallel 4 -timeout 15m -run '^TestRealGuests$' "$@" ./e2e/realguest/
+# The guest agent's own real-kernel test: exec on a pseudo-terminal, files,
+# signals over AF_VSOCK in a real guest.
+VMHOST_REAL_GUESTS=1 go test -count=1 -v -timeout 10m -run '^TestQemuOperations$' ./appvm/guest/
 echo "lane total (prepare + test)       $(($(date +%s) - start)) s" >&2

@@ -117,6 +117,8 @@ func (s *testService) act(ctx context.Context, id, a string) (*record.Record, er
 		err = s.Pause(ctx, rec)
 	case "resume":
 		err = s.Resume(ctx, rec)
+	case "reboot":
+		err = s.Reboot(ctx, rec)
 	default:
 		return nil, fmt.Errorf("unknown action %q", a)
 	}

@@ -44,8 +44,10 @@ const netRefillMillis = 100
 //     pci_devices is set, since passthrough pins guest memory.
 //   - disks in guest order: root (vhost-user, root.vhost), the seed (raw,
 //     read-only) when cloud_init is set, data volumes (vhost-user,
-//     data<N>.vhost). No ids are sent: CH names them _disk0, _disk1, …,
-//     and _disk0's activation is the classic VM's sign of life.
+//     data<N>.vhost). No ids are sent: CH names them _disk0, _disk1, ….
+//     The classic VM's sign of life is the first `virtio-device activated`
+//     of any device: CH v53 announces none for vhost-user disks, but does
+//     for the seed, the NICs and the balloon every VM has.
 //   - net: the recorded tap and MAC (the tap carries the resolved MTU), and for
 //     rate_limit_mbps a bandwidth bucket refilled every 100 ms holding
 //     mbps × 125 × 100 bytes (mbps × 10^6 / 8 bytes per second).

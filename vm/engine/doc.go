@@ -30,8 +30,8 @@
 //
 // With Options.Jail enabled (an agent running as root), every VM's
 // qemu-storage-daemon and Cloud Hypervisor run confined (package jail): a
-// uid and gid of the VM's own, given with the create's record (Preflight)
-// so the record is the intent of every cgroup and uid on the host; no
+// uid and gid of the VM's own, recorded first thing in its provision so
+// the records are the intent of every cgroup and uid on the host; no
 // capabilities; a private root of only their files; one cgroup with the
 // VM's limits, killed at a stop and removed at a delete. jail.go says what
 // each process gets and what the VM owns.
@@ -40,7 +40,7 @@
 //
 // Every running or paused VM has one monitor: the CH child's exit (or, for
 // a process adopted after an agent restart, its pidfd), the event stream
-// (root disk activated, guest panic, shutdown), the API socket's presence
+// (a device activated, guest panic, shutdown), the API socket's presence
 // and answers, pings, the root disk file, and QSD's death; each ends the
 // VM with the failure_reason docs/design.md §5 maps it to. At Recover, live
 // processes whose pid and start time match are adopted, dead ones end

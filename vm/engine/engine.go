@@ -68,6 +68,12 @@ type Options struct {
 	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
 	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int
+	// SimGuestRoot, when set, is where the CH simulator runs an AppVM's
+	// workload, given the VM's vsock socket (chsim.GuestRoot): before
+	// each boot the engine unpacks the VM's root disk there (simroot.go),
+	// so that the simulated guest runs the image's own tree. serve --dev
+	// sets it; nil leaves the simulator's directory alone.
+	SimGuestRoot func(vsockSocket string) string
 	// StopGrace is how long a VMM gets to exit after vmm.shutdown (and
 	// again after SIGTERM); 0 means 5 seconds.
 	StopGrace time.Duration
@@ -116,8 +122,10 @@ type Engine struct {
 	cidMu     sync.Mutex
 	cidsGiven map[string]uint32
 
-	// jailMu serializes the allocation of jail ids (jail.go).
-	jailMu sync.Mutex
+	// jailMu guards jailGiven: the jail ids allocated whose records are
+	// not stored yet (jail.go).
+	jailMu    sync.Mutex
+	jailGiven map[uint32]bool
 
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
@@ -169,7 +177,7 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, recs: o.Records, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, recs: o.Records, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}, jailGiven: map[uint32]bool{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	if e.fw, err = newFileWatch(); err != nil {
 		e.log.Warn("inotify is unavailable; running VMs' files are polled", "err", err)
@@ -237,21 +245,6 @@ func addSteps(r *record.Record, names ...string) {
 			r.Runtime.Steps = append(r.Runtime.Steps, n)
 		}
 	}
-}
-
-// Preflight checks what the engine can tell before anything is stored:
-// the VM's socket paths fit a unix socket address, and the host can create
-// taps if the VM has interfaces. When VMs are confined it gives rec its
-// jail (rec.Jail), which the create's record then stores.
-func (e *Engine) Preflight(_ context.Context, rec *record.Record) error {
-	if err := e.layout().CheckSocketPaths(rec.ID); err != nil {
-		return &record.FieldError{Field: "vm_id", Msg: err.Error()}
-	}
-	if len(rec.NICs) > 0 && e.o.Taps == nil {
-		return &record.HostError{Kind: record.HostNetwork, Op: "creating taps of VM " + rec.ID, Err: errors.New(e.o.NoTapsReason)}
-	}
-	// The create's record, stored next, is the intent of the jail too.
-	return e.assignJail(rec)
 }
 
 // Provision carries out the provisioning steps not yet recorded as done:
@@ -787,7 +780,7 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 			errs = append(errs, err)
 		}
 	}
-	if err := os.RemoveAll(l.RunVMDir(id)); err != nil {
+	if err := removeTree(l.RunVMDir(id)); err != nil {
 		errs = append(errs, err)
 	}
 	if all {

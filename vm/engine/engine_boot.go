@@ -65,6 +65,11 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	if err != nil {
 		return &record.HostError{Kind: record.HostInternal, Op: "booting VM " + id, Err: err}
 	}
+	if e.o.SimGuestRoot != nil && rec.Mode == record.ModeAppVM {
+		if err := e.unpackSimRoot(ctx, rec); err != nil {
+			return &record.HostError{Kind: record.HostStorage, Op: "unpacking the root file system of AppVM " + id + " for the simulator", Err: err}
+		}
+	}
 	if g := e.guest(rec); g != nil {
 		if err := e.bootGuest(ctx, g, rec, cfg); err != nil {
 			return &record.HostError{Kind: record.HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
@@ -197,7 +202,7 @@ func lifeSign(m record.Mode) string {
 	if m == record.ModeAppVM {
 		return "guest agent heartbeat"
 	}
-	return "root disk activation"
+	return "virtio device activation"
 }
 
 // bootDeadline runs at the boot timeout of CH process p: if the VM still

@@ -179,8 +179,8 @@ func (e *Engine) Counters(ctx context.Context, rec *record.Record) (map[string]m
 	return out, nil
 }
 
-// Reboot resets the guest: display booting until the root disk is
-// activated again (the monitor follows the events).
+// Reboot resets the guest: display booting until a device is activated
+// again after CH's vm rebooting (the monitor follows the events).
 func (e *Engine) Reboot(ctx context.Context, rec *record.Record) error {
 	return e.chAction(ctx, rec, "vm.reboot", (*chclient.Client).RebootVM, func(r *record.Record) {
 		r.DisplayState = record.DisplayBooting

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -50,7 +51,9 @@ func gatedService(t *testing.T) (*testService, *sync.Mutex) {
 // rollback leaves nothing of the VM, while a neighbour's directory and the
 // base image are untouched.
 func TestEngineFailedCreateRollsBack(t *testing.T) {
-	s := simService(t, func(o *Options) { o.QSD = Program{Binary: "/nonexistent/qemu-storage-daemon"} })
+	// A storage daemon that exits at once: preflight finds the program,
+	// the provision's launch fails.
+	s := simService(t, func(o *Options) { o.QSD = Program{Binary: falseProgram(t)} })
 	l := s.lay
 	neighbour := l.VMDir("other") + "/keep.qcow2"
 	if err := os.MkdirAll(filepath.Dir(neighbour), 0o700); err != nil {
@@ -165,7 +168,7 @@ func TestEngineCreateRecordsResultOnce(t *testing.T) {
 // provision's result (steps, CID, storage daemon), which the boot was to
 // store: an agent started again finds it provisioned.
 func TestEngineCreateWhoseBootFailsStoresTheResult(t *testing.T) {
-	s := simService(t, func(o *Options) { o.CH.Binary = "/nonexistent/cloud-hypervisor" })
+	s := simService(t, func(o *Options) { o.CH = Program{Binary: falseProgram(t)} })
 	sp := baseSpec(t, s.root, "nobooted")
 	sp.AutoBoot = true
 	if _, err := s.create(context.Background(), sp); err == nil {
@@ -288,17 +291,27 @@ func TestEngineCreateBootDelete(t *testing.T) {
 	}
 }
 
+// falseProgram is a program that exists and exits 1 at once.
+func falseProgram(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("false")
+	if err != nil {
+		t.Skip("no false(1) in PATH")
+	}
+	return p
+}
+
 // TestEngineWithoutTaps: an engine that cannot create taps (an agent
 // without root) refuses a VM with interfaces in Preflight, before
-// anything is stored, naming the reason.
+// anything is stored, naming the reason (400: a host precondition).
 func TestEngineWithoutTaps(t *testing.T) {
 	s := simService(t, func(o *Options) { o.NoTapsReason = "creating taps needs root" })
 	sp := baseSpec(t, s.root, "nic")
 	sp.Nets = []record.NetSpec{{}}
 	_, err := s.create(context.Background(), sp)
-	var he *record.HostError
-	if !errors.As(err, &he) || he.Kind != record.HostNetwork || !strings.Contains(err.Error(), "creating taps needs root") {
-		t.Fatalf("create with a NIC = %v, want a network HostError with the reason", err)
+	var fe *record.FieldError
+	if !errors.As(err, &fe) || fe.Field != "nets[0]" || !strings.Contains(err.Error(), "creating taps needs root") {
+		t.Fatalf("create with a NIC = %v, want a FieldError on nets[0] with the reason", err)
 	}
 	if _, err := os.Stat(s.lay.VMDir("nic")); err == nil {
 		t.Error("files were made before the refusal")

@@ -135,3 +135,16 @@ func (e *Engine) adoptGuest(id string) {
 		}
 	}()
 }
+
+// DialGuest connects to vsock port of AppVM id's guest through its hybrid
+// vsock socket (appvm.GuestDialer): the operation connections of exec,
+// files and signals. A guest that does not listen on the port gives an
+// error matching chclient.ErrVsockRefused.
+func (e *Engine) DialGuest(ctx context.Context, id string, port uint32) (net.Conn, error) {
+	c, err := chclient.DialVsock(ctx, e.lay.VsockSocket(id), port)
+	if err != nil {
+		return nil, err
+	}
+	// The bare unix connection: frames go out in one writev each.
+	return c.Conn, nil
+}

@@ -20,9 +20,9 @@ import (
 
 // Confinement of a VM's processes (docs/operating.md, Confinement): with
 // Options.Jail enabled, every VM gets a uid and gid of its own and a cgroup
-// (record.Confinement), given with the create's record, before any host
-// work: so the record names every id and cgroup the host holds, and no two
-// records ever hold one id. Its qemu-storage-daemon and Cloud Hypervisor
+// (record.Confinement), recorded first thing in its provision, before any
+// host work: so the records name every id and cgroup the host holds, and
+// no two records ever hold one id. Its qemu-storage-daemon and Cloud Hypervisor
 // then run as that uid, without capabilities, in a root of their own that
 // holds only their files, in the VM's cgroup (package jail).
 //
@@ -67,56 +67,43 @@ func (e *Engine) vmJail(rec *record.Record) *jail.VM {
 	return v
 }
 
-// assignJail gives rec, a create's record that is not stored yet, its jail
-// (Preflight): the create's own write then records it before any host
-// work. The ids of every record, stored or being created, are looked at
-// under jailMu, so two creates never get one id.
-func (e *Engine) assignJail(rec *record.Record) error {
+// recordJail gives rec a jail when it has none and records it: the
+// intent, before the host work that depends on it (the provision of a
+// create, which calls it first; the boot of a VM created while VMs ran
+// unconfined). Its id is one no record holds and no allocation in flight
+// has given out: allocations are serialized by jailMu, and an id given
+// stays in jailGiven until its record is stored, so the write itself (an
+// fsync) runs outside the lock.
+func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
 	j := e.jailer()
 	if j == nil || rec.Jail != nil {
-		return nil
-	}
-	e.jailMu.Lock()
-	defer e.jailMu.Unlock()
-	c, err := e.newConfinement(rec.ID)
-	if err != nil {
-		return err
-	}
-	rec.Jail = c
-	return nil
-}
-
-// newConfinement allocates an id no other record holds; jailMu is held.
-func (e *Engine) newConfinement(id string) (*record.Confinement, error) {
-	j := e.jailer()
-	inUse := map[uint32]bool{}
-	e.recs.Each(func(r *record.Record) {
-		if r.ID != id && r.Jail != nil {
-			inUse[r.Jail.UID] = true
-		}
-	})
-	uid, err := j.AllocateID(inUse)
-	if err != nil {
-		return nil, &record.HostError{Kind: record.HostInternal, Op: "confining VM " + id, Err: err}
-	}
-	return &record.Confinement{UID: uid, GID: uid, Cgroup: j.CgroupName(id)}, nil
-}
-
-// recordJail records a jail for rec when it has none (a VM created while
-// VMs ran unconfined, booted now): the intent, before any host change.
-func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
-	if e.jailer() == nil || rec.Jail != nil {
 		return rec, nil
 	}
+	recs := e.recs.All() // before jailMu: a record writer may hold the registry
 	e.jailMu.Lock()
-	defer e.jailMu.Unlock()
-	if cur := e.recs.Get(rec.ID); cur != nil && cur.Jail != nil {
-		return cur, nil
+	inUse := map[uint32]bool{}
+	for _, r := range recs {
+		if r.ID != rec.ID && r.Jail != nil {
+			inUse[r.Jail.UID] = true
+		}
 	}
-	c, err := e.newConfinement(rec.ID)
+	for uid := range e.jailGiven {
+		inUse[uid] = true
+	}
+	uid, err := j.AllocateID(inUse)
+	if err == nil {
+		e.jailGiven[uid] = true
+	}
+	e.jailMu.Unlock()
 	if err != nil {
-		return nil, err
+		return nil, &record.HostError{Kind: record.HostInternal, Op: "confining VM " + rec.ID, Err: err}
 	}
+	defer func() {
+		e.jailMu.Lock()
+		delete(e.jailGiven, uid) // its record holds it now, or it was not given
+		e.jailMu.Unlock()
+	}()
+	c := &record.Confinement{UID: uid, GID: uid, Cgroup: j.CgroupName(rec.ID)}
 	r, err := e.update(rec.ID, func(r *record.Record) {
 		if r.Jail == nil {
 			r.Jail = c
@@ -125,7 +112,9 @@ func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	e.log.Info("VM confined from this boot on", "id", rec.ID, "uid", c.UID, "cgroup", c.Cgroup)
+	if rec.Runtime.Done(record.StepRootDisk) { // not a new VM's provision
+		e.log.Info("VM confined from this boot on", "id", rec.ID, "uid", c.UID, "cgroup", c.Cgroup)
+	}
 	return r, nil
 }
 

@@ -47,9 +47,12 @@ import (
 //   - qemu-storage-daemon exiting (failed, missing_pid, since qmp does not
 //     expose QSD's exit status; cause unknown; the summary names
 //     qemu-storage-daemon and the lost disks);
-//   - events: the root disk's first `virtio-device activated` turns display
-//     booting into running; `guest panic` sets guest_panicked_at (the state
-//     stays running).
+//   - events: a classic VM's first `virtio-device activated`, of any device,
+//     since its last `vm booting` or `vm rebooting` turns display booting
+//     into running (Cloud Hypervisor announces the devices it implements
+//     itself: the balloon every VM has, the seed disk, the NICs; not the
+//     vhost-user root disk); `guest panic` sets guest_panicked_at (the
+//     state stays running).
 //
 // A failed or stopped VM runs nothing: after recording the verdict the
 // monitor stops whatever is left (CH by SIGTERM then SIGKILL, QSD by QMP
@@ -114,6 +117,12 @@ type monitor struct {
 	evFile   *os.File
 	evReader *chclient.EventReader
 	evWarned bool
+	// alive: the stream shows a device activated since the guest's last
+	// (re)boot. It is judged at the end of each read that holds an
+	// activation, so a replay of the whole stream after an agent restart,
+	// or a read that holds an activation and a reboot after it, follows
+	// the latest boot only.
+	alive bool
 	// checks counts the loop's file checks (tests: an idle VM has none).
 	checks atomic.Int64
 }
@@ -729,8 +738,8 @@ func (e *Engine) pingTimeoutSecs() int {
 
 // readEvents reads what CH appended to its event file since the last read
 // (from its start the first time: replaying it after an agent restart is
-// harmless, every effect is idempotent) and records the root disk's
-// activation and guest panics.
+// harmless, every effect is idempotent) and records the guest's sign of
+// life and its panics.
 func (m *monitor) readEvents() {
 	if m.evFile == nil {
 		f, err := nofollow.Open(m.events)
@@ -743,9 +752,11 @@ func (m *monitor) readEvents() {
 		}
 		m.evFile, m.evReader = f, chclient.NewEventReader(f)
 	}
+	activations := false // in this read
 	for {
 		ev, err := m.evReader.Next()
 		if err == nil {
+			activations = activations || ev.Source == "virtio-device" && ev.Event == "activated"
 			m.onEvent(ev)
 			continue
 		}
@@ -756,23 +767,33 @@ func (m *monitor) readEvents() {
 		if !errors.Is(err, io.EOF) {
 			m.e.log.Warn("reading the CH event stream", "id", m.id, "err", err)
 		}
+		if activations && m.alive {
+			m.showedLife()
+		}
 		return // the end of what CH wrote so far
 	}
 }
 
+// showedLife turns a booting classic VM's display running. An AppVM's sign
+// of life is its guest agent's first heartbeat (docs/design.md §5), which
+// package appvm records; its devices activating only means its kernel
+// found them.
+func (m *monitor) showedLife() {
+	m.update(func(r *record.Record) bool {
+		if r.Mode == record.ModeAppVM || r.State != record.StateRunning || r.DisplayState != record.DisplayBooting {
+			return false
+		}
+		r.DisplayState = string(record.StateRunning)
+		return true
+	})
+}
+
 func (m *monitor) onEvent(ev chclient.Event) {
 	switch {
-	case ev.Source == "virtio-device" && ev.Event == "activated" && ev.Properties["id"] == "_disk0":
-		m.update(func(r *record.Record) bool {
-			// An AppVM's sign of life is its guest agent's first
-			// heartbeat (docs/design.md §5), which package appvm records; its
-			// root disk activating only means the kernel found it.
-			if r.Mode == record.ModeAppVM || r.State != record.StateRunning || r.DisplayState != record.DisplayBooting {
-				return false
-			}
-			r.DisplayState = string(record.StateRunning)
-			return true
-		})
+	case ev.Source == "vm" && (ev.Event == "booting" || ev.Event == "rebooting"):
+		m.alive = false
+	case ev.Source == "virtio-device" && ev.Event == "activated":
+		m.alive = true
 	case ev.Source == "vm" && ev.Event == "device-removed":
 		m.e.deviceRemoved(m.id, ev.Properties["id"])
 	case ev.Source == "guest" && ev.Event == "panic":

@@ -160,7 +160,7 @@ type FailureDetail struct {
 type AppVMSpec struct {
 	ImageID       string   `json:"image_id"`
 	Hostname      string   `json:"hostname,omitempty"` // explicit; empty = derived from the MAC
-	NetworkMode   string   `json:"network_mode"`       // static or dhcp
+	NetworkMode   string   `json:"network_mode"`       // static, dhcp or none (no interface)
 	IP            string   `json:"ip,omitempty"`
 	Prefix        uint32   `json:"prefix,omitempty"`
 	Gateway       string   `json:"gateway,omitempty"`

@@ -263,7 +263,8 @@ type SecretEnv struct {
 const (
 	NetworkStatic = "static"
 	NetworkDHCP   = "dhcp"
-	// NetworkNone leaves the network alone (the simulator's process mode).
+	// NetworkNone: the guest has no interface to configure; the agent
+	// brings up the loopback only (an AppVM without a network).
 	NetworkNone = "none"
 )
 
