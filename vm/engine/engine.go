@@ -39,6 +39,10 @@ type Program struct {
 	// devices; the program's own files are found by jail.ExecFiles): a
 	// simulator's guest side, say.
 	Jail jail.Exec
+	// ExecRunDir mounts the VM's run directory executable in the
+	// program's jail (noexec otherwise): the simulator in dev mode runs
+	// the workload from the image tree the engine unpacks there.
+	ExecRunDir bool
 }
 
 // Options configure an Engine. Config, Records, StateDir and RunDir are

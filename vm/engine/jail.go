@@ -335,7 +335,7 @@ func (e *Engine) confineCH(rec *record.Record, v *jail.VM, files []string) proc.
 	x := jail.Exec{
 		Binds: []jail.Bind{
 			{Path: l.VMDir(id)},
-			{Path: l.RunVMDir(id), Writable: true},
+			{Path: l.RunVMDir(id), Writable: true, Exec: e.o.CH.ExecRunDir},
 		},
 		Devices: []string{"/dev/kvm", "/dev/urandom", "/dev/null"},
 		Proc:    true,
