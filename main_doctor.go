@@ -163,9 +163,10 @@ func probeJail(ctx context.Context, h doctor.Host) doctor.JailProbe {
 			p.Unconfined = append(p.Unconfined, r.ID)
 			continue
 		}
-		v, err := j.VM(r.ID, r.Jail.UID)
+		v, verr := j.VM(r.ID, r.Jail.UID)
 		for _, x := range ps {
 			p.Checked++
+			err := verr
 			if err == nil {
 				err = v.Verify(x.pid)
 			}

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path"
 	"path/filepath"
 	"slices"
@@ -505,7 +506,9 @@ func (s *server) setJail(t *testing.T, on bool) {
 // older vmhost; here an agent with jail.enabled false) is adopted by an
 // agent that confines VMs and keeps running as it was, unconfined, with
 // no confinement in its view; its next boot confines it, storage daemon
-// included.
+// included. vmhost doctor, as an operator runs it, says so at each point:
+// the unconfined VM named, then every process confined, then a process
+// taken out of its cgroup named as a failure.
 func TestJailOlderVMKeepsRunningUnconfined(t *testing.T) {
 	netnstest.RequireRoot(t)
 	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.Jail.Enabled = false }})
@@ -532,6 +535,10 @@ func TestJailOlderVMKeepsRunningUnconfined(t *testing.T) {
 	if !strings.Contains(s.stderr.String(), "VM runs unconfined (booted before VMs were confined)") {
 		t.Errorf("the agent did not say the adopted VM runs unconfined:\n%s", s.stderr)
 	}
+	// The operator's view: doctor names the VM that runs unconfined.
+	if c := s.doctorJail(t); c.Status != "warn" || !strings.Contains(c.Detail, "running unconfined: old") {
+		t.Errorf("doctor's jail check with an unconfined VM running: %+v", c)
+	}
 	if st := s.act("old", "stop"); st != http.StatusNoContent {
 		t.Fatalf("stop = %d", st)
 	}
@@ -545,6 +552,53 @@ func TestJailOlderVMKeepsRunningUnconfined(t *testing.T) {
 	}
 	checkConfined(t, "CH after the next boot", now.PID, now)
 	checkConfined(t, "QSD after the next boot", now.Disk.QSDPid, now)
+	if c := s.doctorJail(t); c.Status != "ok" || !strings.Contains(c.Detail, "2 processes of running VMs are confined") {
+		t.Errorf("doctor's jail check with the VM confined: %+v", c)
+	}
+	// A process taken out of its VM's cgroup is no longer fenced by its
+	// limits: doctor fails, naming the VM.
+	l, err := jail.DetectLayout()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hier := l.V1["pids"]
+	if l.UnifiedLimits {
+		hier = l.Unified
+	}
+	move := func(cgroup string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(hier, cgroup, "cgroup.procs"), []byte(strconv.Itoa(now.PID)), 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	move("")
+	c := s.doctorJail(t)
+	move(now.Confinement.Cgroup)
+	if c.Status != "FAIL" || !strings.Contains(c.Detail, "1 of 2 processes") || !strings.Contains(c.Detail, "VM old") {
+		t.Errorf("doctor's jail check with CH out of its cgroup: %+v", c)
+	}
+}
+
+// doctorJail runs vmhost doctor on the server's configuration and
+// directories, as an operator would on the host, and returns its "jail"
+// check (the other checks judge this test machine, not the agent).
+func (s *server) doctorJail(t *testing.T) (c struct{ Status, Detail string }) {
+	t.Helper()
+	out, err := exec.Command(vmhostBin, "doctor", "--config", s.dir+"/config.json", "--state-dir", s.stateDir, "--run-dir", s.runDir, "-o", "json").Output()
+	var r struct {
+		Checks []struct{ Name, Status, Detail string }
+	}
+	if jerr := json.Unmarshal(out, &r); jerr != nil {
+		t.Fatalf("vmhost doctor: %v %v\n%s", err, jerr, out)
+	}
+	for _, x := range r.Checks {
+		if x.Name == "jail" {
+			c.Status, c.Detail = x.Status, x.Detail
+			return c
+		}
+	}
+	t.Fatalf("vmhost doctor has no jail check:\n%s", out)
+	return c
 }
 
 // TestJailConcurrentCreatesGetTheirOwnIDs: creates at once never give two

@@ -456,6 +456,47 @@ func (c *Cgroup) Contains(pid int) (bool, error) {
 	return cgroupListed(b, c.name), nil
 }
 
+// notIn lists the hierarchies of the cgroup's layout in which a
+// /proc/PID/cgroup text does not place the process in the cgroup: the
+// unified one ("cgroup2") and, where the limits are v1's, each v1
+// controller's. A process moved out of one hierarchy (say, out of its
+// memory cgroup) escapes that limit while its other lines still name
+// the VM's cgroup.
+func (c *Cgroup) notIn(procCgroup []byte) []string {
+	want := "/" + c.name
+	var missing []string
+	if c.layout.Unified != "" {
+		found := false
+		for _, line := range strings.Split(string(procCgroup), "\n") {
+			if p, ok := strings.CutPrefix(line, "0::"); ok && p == want {
+				found = true
+			}
+		}
+		if !found {
+			missing = append(missing, "cgroup2")
+		}
+	}
+	if c.layout.UnifiedLimits {
+		return missing
+	}
+	for _, ctrl := range v1Controllers {
+		if c.layout.V1[ctrl] == "" {
+			continue
+		}
+		found := false
+		for _, line := range strings.Split(string(procCgroup), "\n") {
+			parts := strings.SplitN(line, ":", 3)
+			if len(parts) == 3 && parts[2] == want && slices.Contains(strings.Split(parts[1], ","), ctrl) {
+				found = true
+			}
+		}
+		if !found {
+			missing = append(missing, ctrl)
+		}
+	}
+	return missing
+}
+
 // cgroupListed reports whether a /proc/PID/cgroup text ("N:ctrls:/path"
 // lines) places the process in cgroup name, in any hierarchy.
 func cgroupListed(procCgroup []byte, name string) bool {
