@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -793,4 +794,47 @@ func TestJailUnreadableKernel(t *testing.T) {
 		t.Fatalf("start with the kernel readable = %d", st)
 	}
 	s.waitDisplay("k6", "running", "running")
+}
+
+// TestJailNeedsCgroupsAsRoot: an agent that runs as root confines its
+// VMs or does not start: where no cgroup hierarchy is mounted (here, a
+// mount namespace with /sys/fs/cgroup unmounted, as `ip netns exec`
+// leaves an agent), serve stops at once, saying what is missing and the
+// way out, jail.enabled false, with which it starts and says, once, that
+// VMs run unconfined.
+func TestJailNeedsCgroupsAsRoot(t *testing.T) {
+	netnstest.RequireRoot(t)
+	unshare, err := exec.LookPath("unshare")
+	if err != nil {
+		t.Skip("unshare (util-linux) is not installed")
+	}
+	dir := t.TempDir()
+	serve := func(jailOn bool, ready time.Duration) (string, error) {
+		cfg := config.Default()
+		cfg.Jail.Enabled = jailOn
+		data, err := cfg.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(dir+"/config.json", data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), ready)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, unshare, "-m", "--propagation", "private", "sh", "-c", `umount -R /sys/fs/cgroup && exec "$0" "$@"`,
+			vmhostBin, "serve", "--listen", "unix:"+dir+"/api.sock", "--state-dir", dir+"/state", "--run-dir", dir+"/run",
+			"--config", dir+"/config.json", "--simulate", "ch,qsd", "--simulator", simBin)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := serve(true, 30*time.Second)
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() <= 0 || !strings.Contains(out, "cgroup") || !strings.Contains(out, "set jail.enabled to false") {
+		t.Errorf("serve as root without cgroups: %v, want it to stop naming the cgroups and jail.enabled:\n%s", err, out)
+	}
+	// With the jail off it serves until killed (the context's end).
+	out, err = serve(false, 3*time.Second)
+	if !errors.As(err, &exit) || exit.ExitCode() != -1 || strings.Count(out, `msg="VMs run unconfined"`) != 1 || !strings.Contains(out, "jail.enabled is false") {
+		t.Errorf("serve with jail.enabled false: %v, want it serving and saying once that VMs run unconfined:\n%s", err, out)
+	}
 }
