@@ -95,20 +95,31 @@ func TestConsoleCommand(t *testing.T) {
 	}
 	s2 := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0", "--run-dir", runDir)
 	t.Cleanup(func() { s2.deleteVM(t, token, "c1"); s2.deleteVM(t, token, "c2") })
+	// The new agent keeps c1's console once it adopted c1: when its
+	// start is over, not when it logs that it serves.
+	s2.waitReady(t)
 	cmd2 := exec.Command(binary(t), "console", "c1", "--run-dir", runDir)
 	stdin2, _ := cmd2.StdinPipe()
 	out2 := &lockedBuffer{}
-	cmd2.Stdout = out2
+	var errb2 bytes.Buffer
+	cmd2.Stdout, cmd2.Stderr = out2, &errb2
 	if err := cmd2.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done2 := make(chan error, 1)
+	go func() { done2 <- cmd2.Wait() }()
 	waitFor(t, func() bool {
+		select {
+		case err := <-done2:
+			t.Fatalf("vmhost console after the agent restarted ended before the echo: %v; stderr:\n%s", err, errb2.String())
+		default:
+		}
 		io.WriteString(stdin2, "after-restart\r")
 		return strings.Contains(out2.String(), "after-restart")
 	}, "the echo through the adopting agent")
 	io.WriteString(stdin2, "\x1dq")
-	if err := cmd2.Wait(); err != nil {
-		t.Errorf("vmhost console after the agent restarted = %v", err)
+	if err := <-done2; err != nil {
+		t.Errorf("vmhost console after the agent restarted = %v; stderr:\n%s", err, errb2.String())
 	}
 }
 

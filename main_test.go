@@ -290,6 +290,18 @@ func (s *server) stop(t *testing.T, sig os.Signal) int {
 	}
 }
 
+// waitReady waits until the agent has started: GET /healthz answers 200
+// once the records are loaded and every VM reconciled (running VMs
+// adopted, their consoles kept). "serving", which startServer waits for,
+// is logged before that.
+func (s *server) waitReady(t *testing.T) {
+	t.Helper()
+	waitFor(t, func() bool {
+		code, _ := s.get(t, "/healthz", "")
+		return code == http.StatusOK
+	}, "the agent's start (GET /healthz 200)")
+}
+
 func (s *server) client() (*http.Client, string) {
 	path, ok := strings.CutPrefix(s.addr, "unix:")
 	if !ok {

@@ -111,39 +111,32 @@ func (s *Service) workloadEnded(rec *vm.Record, failed bool) {
 	go s.restartWhenStopped(ss, up)
 }
 
-// restartWhenStopped waits for the VM of session ss to be recorded
-// stopped, then for the backoff, and boots it again. An operator's stop,
-// a VM that failed instead, a delete or a start in the meantime (which
-// closes ss) cancel the restart.
+// restartWhenStopped waits for the boot of session ss to be recorded
+// ended, stopped, then for the backoff, and boots the VM again. The
+// workload may have ended before its boot was even recorded (a guest
+// quicker than the engine's write of state running): the wait is for the
+// end of that boot (session.bootEnd), whatever the record showed at the
+// exit. An operator's stop, a VM that failed instead, a delete or a start
+// in the meantime (which closes ss) cancel the restart.
 func (s *Service) restartWhenStopped(ss *session, upSince time.Time) {
 	s.restartMu.Lock()
 	o := s.restart
 	s.restartMu.Unlock()
 	log := s.guests.log.With("id", ss.id)
-	deadline := time.Now().Add(o.StopWait)
-	var rec *vm.Record
-	for {
-		r, err := s.Get(ss.id)
-		if err != nil {
-			return
-		}
-		if r.State == vm.StateStopped {
-			rec = r
-			break
-		}
-		if r.State != vm.StateRunning && r.State != vm.StatePaused {
-			log.Info("not restarting: the AppVM did not stop by a guest poweroff", "state", r.State)
-			return
-		}
-		if time.Now().After(deadline) {
-			log.Warn("not restarting: the AppVM was not recorded stopped after its workload ended", "waited", o.StopWait)
-			return
-		}
-		select {
-		case <-ss.done:
-			return
-		case <-time.After(20 * time.Millisecond):
-		}
+	wait := time.NewTimer(o.StopWait)
+	defer wait.Stop()
+	select {
+	case <-ss.bootEnd:
+	case <-ss.done:
+		return
+	case <-wait.C:
+		log.Warn("not restarting: the AppVM was not recorded stopped after its workload ended", "waited", o.StopWait)
+		return
+	}
+	rec := ss.bootEnded()
+	if rec.State != vm.StateStopped {
+		log.Info("not restarting: the AppVM did not stop by a guest poweroff", "state", rec.State)
+		return
 	}
 	if fr := rec.FailureReason; fr != nil && fr.Cause == "operator_shutdown" {
 		return

@@ -125,8 +125,17 @@ type session struct {
 	// stopRequested is set by Shutdown: the workload's end is the
 	// operator's doing, never a reason to restart.
 	stopRequested bool
-	closed        bool
-	logs          *workloadLog
+	// booted: the boot this session serves is recorded (state running or
+	// paused). The guest agent may be quicker than that record write:
+	// its workload can end while the record still shows the state before
+	// the boot (created, stopped, failed). bootEnd is closed, with
+	// endRec, when the record then leaves running and paused: that boot
+	// ended (the restart policy waits for it).
+	booted  bool
+	bootEnd chan struct{}
+	endRec  *vm.Record
+	closed  bool
+	logs    *workloadLog
 	// stale fires when no heartbeat came for the stale limit: one
 	// heartbeat_stale event per silence, re-armed by each heartbeat.
 	stale *time.Timer
@@ -146,7 +155,43 @@ func NewGuests(o GuestOptions) *Guests {
 	if o.Binary != "" {
 		g.binary = func() (string, error) { return o.Binary, nil }
 	}
+	g.recs.Watch(g.followBoots)
 	return g
+}
+
+// followBoots follows the records' changes (records.Registry.Watch): the
+// session of an AppVM learns when its boot is recorded and when it ended.
+// Every change is told in order, so a boot that ends at once is not missed.
+func (g *Guests) followBoots(c records.Change) {
+	if c.New == nil || c.New.Mode != vm.ModeAppVM {
+		return
+	}
+	if ss := g.get(c.New.ID); ss != nil {
+		ss.followBoot(c.New)
+	}
+}
+
+// followBoot notes rec, a new version of the session's record: running or
+// paused, its boot is recorded; any other state after that ends the boot.
+func (ss *session) followBoot(rec *vm.Record) {
+	alive := rec.State == vm.StateRunning || rec.State == vm.StatePaused
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	switch {
+	case alive:
+		ss.booted = true
+	case ss.booted && ss.endRec == nil:
+		ss.endRec = rec
+		close(ss.bootEnd)
+	}
+}
+
+// bootEnded returns the record of the end of the session's boot, once
+// it ended (bootEnd is closed).
+func (ss *session) bootEnded() *vm.Record {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.endRec
 }
 
 func (g *Guests) get(id string) *session {
@@ -158,13 +203,20 @@ func (g *Guests) get(id string) *session {
 // serve starts the host end for VM id on l, the listener of the guest
 // agent's vsock port (made before CH boots, as the guest dials at once),
 // replacing a previous one, and accepts guest agent connections until
-// forgotten.
-func (g *Guests) serve(id string, l net.Listener) *session {
+// forgotten. booted says the boot it serves is recorded already (an
+// adopted AppVM); a new boot's is recorded after serve.
+func (g *Guests) serve(id string, l net.Listener, booted bool) *session {
 	g.forget(id)
-	ss := &session{g: g, id: id, l: l, done: make(chan struct{})}
+	ss := &session{g: g, id: id, l: l, done: make(chan struct{}), booted: booted, bootEnd: make(chan struct{})}
 	g.mu.Lock()
 	g.byID[id] = ss
 	g.mu.Unlock()
+	if booted {
+		// An end recorded before ss was registered was told to no one.
+		if rec := g.recs.Get(id); rec != nil {
+			ss.followBoot(rec)
+		}
+	}
 	go ss.accept()
 	return ss
 }
@@ -365,7 +417,11 @@ func (ss *session) handle(m proto.Message) {
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			gst.ExitCode, gst.ExitSignal, gst.Fatal = m.Code, m.Signal, ""
 		})
-		ss.g.log.Info("workload exited", "id", ss.id, "code", m.Code, "signal", m.Signal)
+		if m.Code != nil {
+			ss.g.log.Info("workload exited", "id", ss.id, "code", *m.Code)
+		} else {
+			ss.g.log.Info("workload exited", "id", ss.id, "signal", m.Signal)
+		}
 		ss.ackEnd()
 	case *proto.Fatal:
 		ss.flushLogs()
@@ -546,7 +602,7 @@ func (g *Guests) Boot(_ context.Context, rec *vm.Record, kernel string, l net.Li
 		l.Close()
 		return "", &vm.HostError{Kind: vm.HostInternal, Op: "booting AppVM " + rec.ID, Err: err}
 	}
-	g.serve(rec.ID, l)
+	g.serve(rec.ID, l, false)
 	// A new boot: the live facts of the previous one, and its workload's
 	// end, no longer hold.
 	_, err = g.recs.Update(rec.ID, func(r *vm.Record) {
@@ -621,7 +677,7 @@ func (g *Guests) Adopt(_ context.Context, rec *vm.Record, l net.Listener) error 
 		l.Close()
 		return nil
 	}
-	ss := g.serve(rec.ID, l)
+	ss := g.serve(rec.ID, l, true)
 	// A guest that never comes back goes stale counting from the last
 	// heartbeat the record has.
 	if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {

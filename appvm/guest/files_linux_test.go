@@ -124,7 +124,12 @@ func tree(t *testing.T, dir string) string {
 			// Something removed while the walk ran.
 			return nil
 		}
-		fi, _ := os.Lstat(p)
+		fi, err := os.Lstat(p)
+		if err != nil {
+			// Listed, then removed before this look (a staging
+			// directory the agent is removing): it is gone.
+			return nil
+		}
 		line := fmt.Sprintf("%s %v", strings.TrimPrefix(p, dir), fi.Mode())
 		if fi.Mode().IsRegular() {
 			b, _ := os.ReadFile(p)
