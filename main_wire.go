@@ -78,7 +78,7 @@ func newService(env serveEnv) (*service, error) {
 	}
 	uid := os.Geteuid()
 	if uid == 0 {
-		eo.Taps = tap.New(nil)
+		eo.Taps = tap.New(&tap.Config{AgentID: env.AgentID})
 	} else {
 		eo.NoTapsReason = noTapsReason(uid)
 	}
@@ -119,6 +119,7 @@ func newService(env serveEnv) (*service, error) {
 		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
+		AgentID:  env.AgentID,
 	})
 	if err != nil {
 		evs.Close()
@@ -130,6 +131,7 @@ func newService(env serveEnv) (*service, error) {
 	apps := appvm.New(appvm.Config{VMs: vms, Records: recs, Guests: guests, RootDisks: eng, Dialer: eng, NoDefaultNetwork: env.Dev})
 	eng.Recover()
 	apps.RecoverRedeploys(context.Background())
+	apps.FinishRestarts(context.Background())
 	apps.RecoverRestarts()
 	vms.RecoverVolumes(context.Background())
 	// Registry indexes are read in the background, at once and every

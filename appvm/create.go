@@ -151,11 +151,9 @@ type Service struct {
 
 // New returns the AppVM service of c. The catalog is
 // <StateDir>/appvm-images. It follows the records' changes: a workload's
-// end that the restart policy answers boots the AppVM again. Archives an
-// agent killed in the middle of a files put left spooled are removed.
+// end that the restart policy answers boots the AppVM again.
 func New(c Config) *Service {
 	c.Restart.defaults()
-	SweepSpool(c.VMs.Layout())
 	s := &Service{vms: c.VMs, recs: c.Records, guests: c.Guests, disks: c.RootDisks, dialer: c.Dialer, restart: c.Restart,
 		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
 		noDefaultNetwork: c.NoDefaultNetwork}
@@ -263,8 +261,8 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 	if r.Vcpus < 1 || r.Vcpus > vm.MaxVcpus {
 		return nil, bad("vcpus", "must be 1..%d, got %d", vm.MaxVcpus, r.Vcpus)
 	}
-	if r.MemoryMB < vm.MinMemoryMB {
-		return nil, bad("memory_mb", "must be at least %d, got %d", vm.MinMemoryMB, r.MemoryMB)
+	if err := vm.CheckMemory(r.MemoryMB); err != nil {
+		return nil, err
 	}
 	if r.DiskGiB < 1 || r.DiskGiB > vm.MaxSizeGiB {
 		return nil, bad("disk_gib", "must be 1..%d, got %d", vm.MaxSizeGiB, r.DiskGiB)
@@ -312,6 +310,9 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 			return nil, bad(f("mountpoint"), "%s is also the mountpoint of data_volumes[%d]", d.Mountpoint, j)
 		}
 		seen[d.Mountpoint] = i
+	}
+	if err := vm.CheckIOLimits(r.DiskBpsTotal, r.DiskIopsTotal); err != nil {
+		return nil, err
 	}
 	if err := r.workload().validate(); err != nil {
 		return nil, err

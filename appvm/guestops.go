@@ -8,7 +8,6 @@ import (
 	"io/fs"
 	"net"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -494,27 +493,6 @@ func (s *Service) GetFiles(ctx context.Context, id, path string, w io.Writer) er
 	return nil
 }
 
-// SpoolDir is where PutFiles spools archives: <state>/spool. A spooled
-// file is unlinked as soon as it is made; SweepSpool removes what an
-// agent killed in between left.
-func SpoolDir(l vm.Layout) string { return filepath.Join(l.StateDir, "spool") }
-
-// SweepSpool removes leftover spooled archives (at agent start).
-func SweepSpool(l vm.Layout) error {
-	ents, err := os.ReadDir(SpoolDir(l))
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range ents {
-		errs = append(errs, os.Remove(filepath.Join(SpoolDir(l), e.Name())))
-	}
-	return errors.Join(errs...)
-}
-
 // PutFiles extracts the tar archive read from body into the directory dir
 // of AppVM id's workload root. The whole archive is first read into an
 // unlinked spool file and checked (proto.CheckTar: no absolute names, no
@@ -566,13 +544,16 @@ func (s *Service) PutFiles(ctx context.Context, id, dir string, body io.Reader) 
 	return nil
 }
 
-// spool returns a new unlinked read-write file in SpoolDir.
+// spool returns a new unlinked read-write file in the layout's SpoolDir.
+// It is named as a temp file (atomicfile.IsTemp) for the moment it has a
+// name: what an agent killed in that moment leaves, the startup sweep
+// removes.
 func (s *Service) spool() (*os.File, error) {
-	dir := SpoolDir(s.vms.Layout())
+	dir := s.vms.Layout().SpoolDir()
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	f, err := os.CreateTemp(dir, "put-*.tar")
+	f, err := os.CreateTemp(dir, ".put.tar.tmp-*")
 	if err != nil {
 		return nil, err
 	}

@@ -13,7 +13,8 @@ import (
 // each recorded before the next so that an agent killed at any point
 // recovers to one consistent root disk (RecoverRedeploys):
 //
-//  1. record the build to install (Redeploy.To), redeploying shows;
+//  1. record the build to install (Redeploy.To), redeploying shows, and,
+//     if the AppVM runs, that it is to run again (AppVMSpec.Restart);
 //  2. stop the AppVM gracefully if it runs;
 //  3. stage the new root disk beside the old one (RootDiskNext);
 //  4. record it staged;
@@ -22,7 +23,9 @@ import (
 //  7. boot.
 //
 // A failure before 5 drops the staged disk and boots the old one if the
-// AppVM ran; redeploy_error says why.
+// AppVM ran; redeploy_error says why. An agent killed in between finishes
+// it at its next start: RecoverRedeploys rolls the disk forward or back,
+// then FinishRestarts boots an AppVM that ran.
 
 // ErrRedeploying is a redeploy asked for while one runs (409 INVALID_STATE).
 var errRedeploying = errors.New("a redeploy of this AppVM is in progress")
@@ -42,6 +45,7 @@ func (s *Service) Redeploy(ctx context.Context, id string) (*vm.Record, error) {
 	go func() {
 		defer s.bg.Done()
 		s.redeploy(context.Background(), out, wasUp)
+		s.endRestart(id)
 	}()
 	return out, nil
 }
@@ -78,6 +82,9 @@ func (s *Service) startRedeploy(id string) (before, after *vm.Record, err error)
 	out, err := s.recs.Update(id, func(r *vm.Record) {
 		r.AppVM.Redeploy = &vm.Redeploy{To: img.Workload}
 		r.AppVM.RedeployError = ""
+		if r.State == vm.StateRunning || r.State == vm.StatePaused {
+			r.AppVM.Restart = restartOf(r) // it ends running, on one disk or the other
+		}
 	})
 	if err != nil {
 		return nil, nil, &vm.HostError{Kind: vm.HostStorage, Op: "recording the redeploy of AppVM " + id, Err: err}

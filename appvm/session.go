@@ -347,14 +347,13 @@ func (ss *session) serve(c net.Conn) {
 	} else {
 		spec := GuestSpec(rec, ss.g.o.HeartbeatSecs)
 		spec.V = hello.V // the same Spec in every version so far
-		if err := conn.Send(spec); err != nil {
-			log.Warn("sending the spec to the guest agent", "err", err)
-			return
-		}
-		log.Info("guest agent says hello; spec sent", "boot_id", hello.BootID, "agent_version", hello.AgentVersion)
 		ss.mu.Lock()
 		ss.upSince = time.Time{}
 		ss.mu.Unlock()
+		// Recorded before it is sent: an agent that dies in between leaves
+		// a guest still waiting for its Spec, which dials again and gets
+		// it from the next start (never a guest running a spec the record
+		// says is pending).
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
 			if r.AppVM.SpecGen == rec.AppVM.SpecGen {
 				r.AppVM.SpecPending = false // this boot runs the stored spec
@@ -364,6 +363,11 @@ func (ss *session) serve(c net.Conn) {
 			gst.Health, gst.HealthStreak, gst.Lease = "", 0, nil
 			gst.LogStreamDetached = false
 		})
+		if err := conn.Send(spec); err != nil {
+			log.Warn("sending the spec to the guest agent", "err", err)
+			return
+		}
+		log.Info("guest agent says hello; spec sent", "boot_id", hello.BootID, "agent_version", hello.AgentVersion)
 	}
 	for {
 		m, err := conn.Recv()

@@ -310,6 +310,14 @@ func TestIntegrationWorkloadExits(t *testing.T) {
 			if tt.code == nil && strings.Contains(string(v.raw), "workload_exit_code") {
 				t.Errorf("workload_exit_code present for a signal death: %s", v.raw)
 			}
+			// The log says the code (or the signal), not where it is kept.
+			want := fmt.Sprintf(`msg="workload exited" component=appvm-session id=%s signal=%d`+"\n", id, tt.signal)
+			if tt.code != nil {
+				want = fmt.Sprintf(`msg="workload exited" component=appvm-session id=%s code=%d`+"\n", id, *tt.code)
+			}
+			if logs := h.logs.String(); !strings.Contains(logs, want) {
+				t.Errorf("agent log lacks %q:\n%s", want, logs)
+			}
 			if a.LastHeartbeatAt == nil || a.RestartPolicy != "no" || a.RestartCount != 0 || a.LastRestartAt != nil {
 				t.Errorf("heartbeat %v policy %q restarts %d/%v", a.LastHeartbeatAt, a.RestartPolicy, a.RestartCount, a.LastRestartAt)
 			}

@@ -55,8 +55,12 @@ const restartWait = 30 * time.Second
 // its next boot, unless restart is set: then it stops gracefully (the
 // workload gets its stop grace) and boots on the new spec before EditSpec
 // returns. Secret values go to the record's secrets only.
+//
+// The restart is recorded with the spec (AppVMSpec.Restart), before the
+// stop, so that an agent killed before the AppVM runs on its new spec
+// finishes the restart when it starts again (FinishRestarts).
 func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart bool) (*vm.Record, error) {
-	out, up, err := s.storeSpec(id, p)
+	out, up, err := s.storeSpec(id, p, restart)
 	if err != nil {
 		return nil, err
 	}
@@ -64,12 +68,15 @@ func (s *Service) EditSpec(ctx context.Context, id string, p SpecPatch, restart 
 	if !restart || !up {
 		return out, nil
 	}
-	return s.restartNow(ctx, out)
+	out, err = s.restartNow(ctx, out)
+	s.endRestart(id)
+	return out, err
 }
 
 // storeSpec stores p applied to AppVM id's spec under its action lock; up
-// says the AppVM runs on its old spec meanwhile.
-func (s *Service) storeSpec(id string, p SpecPatch) (out *vm.Record, up bool, err error) {
+// says the AppVM runs on its old spec meanwhile. With restart, a running
+// AppVM's restart is recorded in the same write.
+func (s *Service) storeSpec(id string, p SpecPatch, restart bool) (out *vm.Record, up bool, err error) {
 	unlock := s.recs.Lock(id)
 	defer unlock()
 	rec, err := s.Get(id)
@@ -87,6 +94,9 @@ func (s *Service) storeSpec(id string, p SpecPatch) (out *vm.Record, up bool, er
 		r.AppVM = a
 		r.AppVM.SpecGen = gen + 1
 		r.AppVM.SpecPending = up
+		if up && restart {
+			r.AppVM.Restart = restartOf(r)
+		}
 		r.Secrets.SecretEnv, r.Secrets.Files = secrets.SecretEnv, secrets.Files
 	})
 	if err != nil {
@@ -104,15 +114,15 @@ func (s *Service) restartNow(ctx context.Context, rec *vm.Record) (*vm.Record, e
 }
 
 // restartStop stops rec (running: a graceful shutdown with its stop grace;
-// paused: at once) and waits, bounded, until it is stopped or failed.
+// paused: at once) and waits, bounded, until it is stopped or failed. A
+// stop whose request failed but which stopped the VM all the same (CH
+// exits while answering the power button) counts as done.
 func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, error) {
 	action := vm.ActionShutdown
 	if rec.State == vm.StatePaused {
 		action = vm.ActionStop
 	}
-	if _, err := s.vms.Act(ctx, vm.ModeAppVM, rec.ID, action); err != nil {
-		return nil, err
-	}
+	_, actErr := s.vms.Act(ctx, vm.ModeAppVM, rec.ID, action)
 	grace := time.Duration(rec.AppVM.StopGraceSecs) * time.Second
 	if grace == 0 {
 		grace = 10 * time.Second
@@ -126,7 +136,13 @@ func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, 
 		if cur.State == vm.StateStopped || cur.State == vm.StateFailed {
 			return cur, nil
 		}
+		if actErr != nil && cur.State != vm.StateRunning && cur.State != vm.StatePaused {
+			return nil, actErr // neither stopped nor running: nothing to wait for
+		}
 		if time.Now().After(deadline) {
+			if actErr != nil {
+				return nil, actErr
+			}
 			return nil, &vm.StateError{ID: rec.ID, Action: "restart", State: cur.DisplayState + " (it did not stop within " + (grace + restartWait).String() + ")"}
 		}
 		select {

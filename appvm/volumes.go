@@ -51,23 +51,44 @@ func (g *Guests) Unmount(ctx context.Context, rec *vm.Record, v vm.VolumeSpec) e
 	return nil
 }
 
+// guestConnectWait bounds how long a Mount or Unmount waits for the guest
+// agent of a running AppVM to be connected.
+const guestConnectWait = 15 * time.Second
+
 // volumeRequest sends the Mount or Unmount that build makes (given its
 // Seq) to the guest agent of AppVM id and waits for its MountResult. A
 // guest that is not connected, or whose protocol predates the two
 // messages, is a *vm.StateError: nothing was asked of it.
 func (g *Guests) volumeRequest(ctx context.Context, id, what string, build func(seq uint64) proto.Message) (*proto.MountResult, error) {
-	ss := g.get(id)
 	var (
+		ss      *session
 		nc      net.Conn
 		served  chan struct{}
 		version int
 	)
-	if ss != nil {
-		ss.mu.Lock()
-		nc, served, version = ss.nc, ss.served, ss.version
-		ss.mu.Unlock()
+	// A guest agent between two connections (reconnecting after an agent
+	// restart, which is when recovery finishes an interrupted change) is
+	// waited for, a while.
+	wait := time.NewTimer(guestConnectWait)
+	defer wait.Stop()
+	for {
+		if ss = g.get(id); ss != nil {
+			ss.mu.Lock()
+			nc, served, version = ss.nc, ss.served, ss.version
+			ss.mu.Unlock()
+			if nc != nil && version != 0 {
+				break
+			}
+		}
+		select {
+		case <-time.After(20 * time.Millisecond):
+			continue
+		case <-wait.C:
+		case <-ctx.Done():
+		}
+		break
 	}
-	if nc == nil {
+	if nc == nil || version == 0 {
 		return nil, &vm.StateError{Msg: fmt.Sprintf("the guest agent of AppVM %q is not connected, so it cannot %s; retry once its heartbeat is back, or stop the AppVM and change its volumes then", id, what)}
 	}
 	if version < proto.Version2 {

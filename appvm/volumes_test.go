@@ -15,8 +15,9 @@ import (
 )
 
 // TestSessionVolumeMounts plays the guest agent's side of Mount and
-// Unmount against the host end (appvm.Guests): no guest connected and a version 1
-// guest are refused (409) with nothing sent; a version 2 guest gets the
+// Unmount against the host end (appvm.Guests): no guest connected (once
+// the request stops waiting for one) and a version 1 guest are refused
+// (409) with nothing sent; a version 2 guest gets the
 // volume's mountpoint, PCI address and read-only flag, and its answers
 // become success, a busy 409 naming the mountpoint, or a storage error;
 // a connection that ends mid-request fails the request.
@@ -41,7 +42,15 @@ func TestSessionVolumeMounts(t *testing.T) {
 			}
 		}
 	}
-	wantState(guests.Mount(ctx, rec, key, "0000:00:06.0"), "not connected")
+	// Without a guest connected, the request waits for one (recovery runs
+	// while agents reconnect), until its context ends.
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	start := time.Now()
+	wantState(guests.Mount(short, rec, key, "0000:00:06.0"), "not connected")
+	cancel()
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Errorf("a Mount without a guest connected gave up after %v, before its context ended", waited)
+	}
 
 	sock := chclient.VsockListenPath(vms.Layout().VsockSocket("m1"), proto.Port)
 	connect := func(v int) (net.Conn, *proto.Conn) {

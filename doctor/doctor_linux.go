@@ -118,7 +118,7 @@ func statFS(dir string) (string, uint64, error) {
 // canReflink writes a small file in dir and asks the kernel to clone it
 // (FICLONE), as a root disk copy does first; both files are removed.
 func canReflink(dir string) (bool, error) {
-	src, err := os.CreateTemp(dir, ".vmhost-doctor-*")
+	src, err := os.CreateTemp(dir, ".vmhost-doctor.tmp-*") // a name the startup sweep knows
 	if err != nil {
 		return false, err
 	}
@@ -130,7 +130,7 @@ func canReflink(dir string) (bool, error) {
 	if err := src.Sync(); err != nil {
 		return false, err
 	}
-	dst, err := os.CreateTemp(dir, ".vmhost-doctor-*")
+	dst, err := os.CreateTemp(dir, ".vmhost-doctor.tmp-*")
 	if err != nil {
 		return false, err
 	}

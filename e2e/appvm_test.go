@@ -45,8 +45,23 @@ type appvmView struct {
 // AppVM kernel and a catalog image per workload (name → shell command).
 func startAppVMServer(t testing.TB, workloads map[string]string) *server {
 	t.Helper()
+	return startAppVMServerWith(t, serverOpts{}, workloads)
+}
+
+// startAppVMServerWith is startAppVMServer with the options of o (its
+// edit runs after the AppVM kernel is set).
+func startAppVMServerWith(t testing.TB, o serverOpts, workloads map[string]string) *server {
+	t.Helper()
 	f := newFixture(t)
-	s := startServer(t, serverOpts{netns: true, edit: func(c *config.Config) { c.AppVMKernel = f.kernel }})
+	edit := o.edit
+	o.netns = true
+	o.edit = func(c *config.Config) {
+		c.AppVMKernel = f.kernel
+		if edit != nil {
+			edit(c)
+		}
+	}
+	s := startServer(t, o)
 	addImages(t, s, workloads)
 	return s
 }

@@ -23,10 +23,10 @@ import (
 // TestCrashDuringVolumeChange kills the agent with SIGKILL at every step
 // of a hot attach and of a hot detach (the engine blocks there through the
 // VMHOST_TEST_STOP_AT_STEP hook), restarts it, and checks that the VM's
-// record, its CH's disks and its storage daemon's exports agree: the step
-// is finished or rolled back, never half done, and the volume is attached
-// to at most one VM. Run with the simulated and with the real
-// qemu-storage-daemon.
+// record, its CH's disks and its storage daemon's exports agree: the
+// change is finished, as the request meant, never half done, and the
+// volume is attached to at most one VM. Run with the simulated and with
+// the real qemu-storage-daemon.
 func TestCrashDuringVolumeChange(t *testing.T) {
 	daemons := map[string]serverOpts{"qsdsim": {}}
 	if qsd, err := exec.LookPath("qemu-storage-daemon"); err == nil {
@@ -38,10 +38,11 @@ func TestCrashDuringVolumeChange(t *testing.T) {
 		step string
 		want []string // the VM's volumes after recovery
 	}{
-		{"attach:start", []string{"data0"}},
-		{"attach:exported", []string{"data0"}},
+		{"attach:start", []string{"data0", "data1"}},
+		{"attach:exported", []string{"data0", "data1"}},
 		{"attach:added", []string{"data0", "data1"}},
-		{"detach:start", []string{"data0", "data1"}},
+		{"detach:start", []string{"data0"}},
+		{"detach:unmounted", []string{"data0"}},
 		{"detach:removed", []string{"data0"}},
 		{"detach:unexported", []string{"data0"}},
 	}
@@ -79,7 +80,7 @@ func TestCrashDuringVolumeChange(t *testing.T) {
 				s.kill()
 				<-done
 				s.restart()
-				got := checkVolumesAgree(t, s, "vc")
+				got := waitVolumesAgree(t, s, "vc")
 				if !slices.Equal(got, tc.want) {
 					t.Errorf("after a crash at %s the VM has volumes %v, want %v", tc.step, got, tc.want)
 				}
@@ -101,18 +102,68 @@ func TestCrashDuringVolumeChange(t *testing.T) {
 				} else if st, b := s.do("POST", "/api/vms/vc/volumes", `{"volume_id":"fc"}`); st != http.StatusOK {
 					t.Fatalf("attach after recovery = %d %s", st, b)
 				}
-				checkVolumesAgree(t, s, "vc")
+				waitVolumesAgree(t, s, "vc")
 			})
 		}
 	}
 }
 
-// checkVolumesAgree asserts that VM id's view, its CH's disks and its
-// storage daemon's exports (the vhost-user sockets it serves) name the
-// same volumes, in the same order, and returns them.
-func checkVolumesAgree(t *testing.T, s *server, id string) []string {
+// waitVolumesAgree waits (recovery finishes an interrupted change in the
+// background) until VM id's view, its CH's disks and its storage daemon's
+// exports (the vhost-user sockets it serves) name the same volumes, in the
+// same order, the VM runs and its record holds no change in progress; it
+// fails the test if they do not within
+// 20 s, and returns them.
+func waitVolumesAgree(t *testing.T, s *server, id string) []string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		view, ch, qsd, state := volumesNow(t, s, id)
+		sorted := slices.Sorted(slices.Values(view))
+		if !volumeChangePending(t, s, id) && state == "running" && slices.Equal(ch, view) && slices.Equal(qsd, sorted) {
+			return view
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("VM %s (%s): view %v, CH %v, exports %v", id, state, view, ch, qsd)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// volumeChangePending reports whether VM id's record (its file) holds a
+// volume change not finished yet.
+func volumeChangePending(t *testing.T, s *server, id string) bool {
+	t.Helper()
+	b, err := os.ReadFile(s.stateDir + "/vms/" + id + ".json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var r struct {
+		Spec struct {
+			Volumes []struct {
+				Pending string `json:"pending"`
+			} `json:"volumes"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatalf("record of %s: %v", id, err)
+	}
+	return slices.ContainsFunc(r.Spec.Volumes, func(v struct {
+		Pending string `json:"pending"`
+	}) bool {
+		return v.Pending != ""
+	})
+}
+
+// volumesNow reads VM id's volumes as its view, its CH (vm.info) and its
+// storage daemon's sockets name them, and its state; the view's devices
+// must follow its order.
+func volumesNow(t *testing.T, s *server, id string) (view, ch, qsd []string, state string) {
 	t.Helper()
 	st, b := s.do("GET", "/api/vms/"+id, "")
+	if st == http.StatusNotFound { // an AppVM
+		st, b = s.do("GET", "/api/appvm/vms/"+id, "")
+	}
 	var v struct {
 		State   string `json:"state"`
 		Volumes []struct {
@@ -123,7 +174,6 @@ func checkVolumesAgree(t *testing.T, s *server, id string) []string {
 	if st != http.StatusOK || json.Unmarshal(b, &v) != nil {
 		t.Fatalf("GET /api/vms/%s = %d %s", id, st, b)
 	}
-	var view []string
 	for i, vol := range v.Volumes {
 		view = append(view, vol.ID)
 		if want := fmt.Sprintf("/dev/vd%c", 'b'+i); vol.Device != want {
@@ -139,20 +189,14 @@ func checkVolumesAgree(t *testing.T, s *server, id string) []string {
 	if err != nil {
 		t.Fatalf("vm.info: %v", err)
 	}
-	var ch []string
 	for _, d := range info.Config.Disks {
 		if d.ID != "" && !strings.HasPrefix(d.ID, "_") {
 			ch = append(ch, d.ID)
 		}
 	}
 	socks, _ := filepath.Glob(l.RunVMDir(id) + "/data*.vhost")
-	var qsd []string
 	for _, p := range socks {
 		qsd = append(qsd, strings.TrimSuffix(filepath.Base(p), ".vhost"))
 	}
-	sorted := slices.Sorted(slices.Values(view))
-	if v.State != "running" || !slices.Equal(ch, view) || !slices.Equal(qsd, sorted) {
-		t.Errorf("VM %s (%s): view %v, CH %v, exports %v", id, v.State, view, ch, qsd)
-	}
-	return view
+	return view, ch, qsd, v.State
 }

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"vmhost/agentid"
 	"vmhost/api"
 	"vmhost/auth"
 	"vmhost/config"
@@ -91,6 +92,9 @@ type serverOpts struct {
 	netns bool
 	// noBridge leaves the default network's bridge out (netns only).
 	noBridge bool
+	// shareNetNS runs the server in that server's network namespace
+	// (which has the bridge): two agents on one host.
+	shareNetNS *server
 	// simulate is --simulate; empty means "ch,qsd".
 	simulate string
 	// simCHArgs is --sim-ch-args: more flags for the CH simulator.
@@ -114,8 +118,9 @@ type server struct {
 	stderr   *syncBuffer // the agent's output; read while it runs
 	hc       *http.Client
 	nsFD     int         // the server's network namespace, when netns
-	taps     *tap.Handle // works in the server's namespace
+	taps     *tap.Handle // works in the server's namespace, as the agent (its agent id)
 	bridge   string
+	agentID  string // <state>/agent_id
 }
 
 // shortTemp is where servers and benchmarks make their directories:
@@ -133,7 +138,7 @@ func shortTemp() string {
 // and waits until it answers.
 func startServer(t testing.TB, o serverOpts) *server {
 	t.Helper()
-	if o.netns {
+	if o.netns || o.shareNetNS != nil {
 		netnstest.RequireRoot(t)
 	}
 	dir, err := os.MkdirTemp(shortTemp(), "vhe")
@@ -188,7 +193,16 @@ func startServer(t testing.TB, o serverOpts) *server {
 		}
 		s.cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.uid)}
 	}
-	if err := s.cmd.Start(); err != nil {
+	if peer := o.shareNetNS; peer != nil {
+		// A process starts in the namespace of the thread that forks it.
+		if s.nsFD, err = syscall.Dup(peer.nsFD); err == nil {
+			syscall.CloseOnExec(s.nsFD)
+			err = netnstest.RunIn(s.nsFD, s.cmd.Start)
+		}
+	} else {
+		err = s.cmd.Start()
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.stop)
@@ -198,9 +212,8 @@ func startServer(t testing.TB, o serverOpts) *server {
 			t.Fatal(err)
 		}
 		s.nsFD = fd
-		s.taps = tap.New(&tap.Config{NetNS: fd})
 		if !o.noBridge {
-			if err := s.taps.CreateBridge(context.Background(), s.bridge); err != nil {
+			if err := tap.New(&tap.Config{NetNS: fd}).CreateBridge(context.Background(), s.bridge); err != nil {
 				t.Fatalf("creating bridge in the server's namespace: %v", err)
 			}
 		}
@@ -212,13 +225,20 @@ func startServer(t testing.TB, o serverOpts) *server {
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		if st, _ := s.do("GET", "/api/vms", ""); st == http.StatusOK {
-			return s
+			break
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("vmhost serve did not answer within 20s; output:\n%s", s.stderr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+	if s.agentID, err = agentid.Load(s.stateDir); err != nil {
+		t.Fatalf("the agent's id: %v", err)
+	}
+	if s.nsFD > 0 {
+		s.taps = tap.New(&tap.Config{NetNS: s.nsFD, AgentID: s.agentID})
+	}
+	return s
 }
 
 // stop ends the server (SIGTERM), then every process it left (VMs outlive

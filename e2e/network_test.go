@@ -11,7 +11,8 @@ import (
 	"vmhost/tap"
 )
 
-// ownedTaps lists the vmhost taps in the server's namespace.
+// ownedTaps lists the taps in the server's namespace that carry its
+// agent's id.
 func (s *server) ownedTaps(t *testing.T) []tap.Owned {
 	t.Helper()
 	owned, err := s.taps.ListOwned(context.Background())

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -60,7 +62,7 @@ func (s *server) restart(env ...string) time.Duration {
 			return time.Since(start)
 		}
 		if time.Since(start) > 20*time.Second {
-			s.t.Fatalf("vmhost serve did not answer within 20s of a restart; output:\n%s", s.stderr)
+			s.t.Fatalf("vmhost serve did not answer within 20s of a restart; output:\n%s%s", s.stderr, lockHolder(s.stderr.String()))
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -206,4 +208,29 @@ func TestRestartEndsWhatDiedWhileDown(t *testing.T) {
 			t.Errorf("%s: failure_reason kept after a successful boot: %+v", id, v.FailureReason)
 		}
 	}
+}
+
+var heldBy = regexp.MustCompile(`in use by another vmhost \(pid (\d+)\)`)
+
+// lockHolder describes the process a refused start names as the holder
+// of its directory lock, if any.
+func lockHolder(out string) string {
+	m := heldBy.FindStringSubmatch(out)
+	if m == nil {
+		return ""
+	}
+	cmd, _ := os.ReadFile("/proc/" + m[1] + "/cmdline")
+	st, _ := os.ReadFile("/proc/" + m[1] + "/status")
+	var holders []string
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		fds, _ := filepath.Glob("/proc/" + e.Name() + "/fd/*")
+		for _, fd := range fds {
+			if t, err := os.Readlink(fd); err == nil && strings.HasSuffix(t, "/vmhost.lock") {
+				c, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+				holders = append(holders, e.Name()+" "+strings.ReplaceAll(string(c), "\x00", " ")+" -> "+t)
+			}
+		}
+	}
+	return fmt.Sprintf("\nthe named holder %s: %q\n%s\nprocesses with a vmhost.lock open:\n%s", m[1], cmd, st, strings.Join(holders, "\n"))
 }

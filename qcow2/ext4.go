@@ -2,22 +2,25 @@ package qcow2
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 
-	"vmhost/internal/atomicfile"
 	"vmhost/internal/sbin"
 )
 
 // CreateExt4 writes an ext4 file system of size bytes (labelled label) as
-// the qcow2 image dst, replacing dst: mkfs.ext4 on a sparse raw temp file beside it,
-// then ConvertRaw, then a rename.
+// the qcow2 image dst, replacing dst: mkfs.ext4 on a sparse raw temp file
+// beside it, then ConvertRaw into dst (through its own temp file). Both
+// temp files carry names atomicfile.IsTemp knows ("."+<dst's name>+
+// ".tmp-..."), so what a crash leaves is swept at the agent's next start.
 func CreateExt4(ctx context.Context, dst string, size uint64, label string) error {
 	dir := filepath.Dir(dst)
-	raw, err := os.CreateTemp(dir, ".format-*.raw")
+	raw, err := os.CreateTemp(dir, "."+filepath.Base(dst)+".tmp-raw-*")
 	if err != nil {
 		return err
 	}
@@ -33,18 +36,13 @@ func CreateExt4(ctx context.Context, dst string, size uint64, label string) erro
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("mkfs.ext4: %w: %s", err, strings.TrimSpace(string(out)))
 	}
-	tmp := filepath.Join(dir, "."+filepath.Base(dst)+".new")
-	os.Remove(tmp)
-	if err := ConvertRaw(tmp, raw); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, dst); err != nil {
-		os.Remove(tmp)
+	if err := os.Remove(dst); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("placing data volume: %w", err)
 	}
-	// The caller records the volume formatted next: the rename must be
-	// durable first, or a crash could leave that record over a blank disk.
-	if err := atomicfile.SyncDir(dir); err != nil {
+	// ConvertRaw publishes dst complete, durably (the caller records the
+	// volume formatted next: a crash must not leave that record over a
+	// blank disk), or not at all.
+	if err := ConvertRaw(dst, raw); err != nil {
 		return fmt.Errorf("placing data volume: %w", err)
 	}
 	return nil

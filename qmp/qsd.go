@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -395,18 +396,34 @@ func (q *QSD) AddDataExport(ctx context.Context, d DataDisk) error {
 	return nil
 }
 
-// RemoveDataExport deletes the export id (dropping a connected front-end)
-// and closes its nodes, which releases the image.
+// RemoveDataExport deletes what QSD holds of data export id, whatever
+// part of it is there: the export (dropping a connected front-end), its
+// qcow2 node and its file node, which releases the image. So it also
+// clears what an AddDataExport cut short left (a file node without the
+// rest, which would make the next AddDataExport of id fail with
+// "Duplicate nodes"); with nothing of id there it does nothing.
 func (q *QSD) RemoveDataExport(ctx context.Context, id string) error {
 	c := q.client
-	if err := c.BlockExportDel(ctx, id); err != nil {
+	exports, err := c.QueryBlockExports(ctx)
+	if err != nil {
 		return fmt.Errorf("removing data export %s: %w", id, err)
 	}
-	if err := c.BlockdevDel(ctx, id); err != nil {
+	if slices.ContainsFunc(exports, func(x BlockExport) bool { return x.ID == id }) {
+		if err := c.BlockExportDel(ctx, id); err != nil {
+			return fmt.Errorf("removing data export %s: %w", id, err)
+		}
+	}
+	nodes, err := c.QueryNamedBlockNodes(ctx)
+	if err != nil {
 		return fmt.Errorf("removing data export %s: %w", id, err)
 	}
-	if err := c.BlockdevDel(ctx, DataDisk{ID: id}.fileNode()); err != nil {
-		return fmt.Errorf("removing data export %s: %w", id, err)
+	for _, n := range []string{id, DataDisk{ID: id}.fileNode()} { // top first: the qcow2 node uses the file node
+		if !slices.ContainsFunc(nodes, func(b BlockNode) bool { return b.NodeName == n }) {
+			continue
+		}
+		if err := c.BlockdevDel(ctx, n); err != nil {
+			return fmt.Errorf("removing data export %s: %w", id, err)
+		}
 	}
 	return nil
 }

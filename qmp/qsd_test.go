@@ -292,7 +292,24 @@ func testQSD(t *testing.T, b backend) {
 	if isSocket(data1.Socket) {
 		t.Errorf("%s still exists after RemoveDataExport", data1.Socket)
 	}
-	wantQMPError(t, q.RemoveDataExport(ctx, "data1"), "GenericError", "Export 'data1' is not found")
+	if err := q.RemoveDataExport(ctx, "data1"); err != nil {
+		t.Errorf("RemoveDataExport of an export already gone = %v, want nothing done", err)
+	}
+	// What an AddDataExport cut short leaves (the file node alone) makes
+	// the next add fail; RemoveDataExport clears it.
+	if err := c.BlockdevAdd(ctx, qmp.FileNode("data1-file", data1.Path)); err != nil {
+		t.Fatal(err)
+	}
+	wantQMPError(t, q.AddDataExport(ctx, data1), "GenericError", "Duplicate nodes")
+	if err := q.RemoveDataExport(ctx, "data1"); err != nil {
+		t.Fatalf("RemoveDataExport of a file node alone: %v", err)
+	}
+	if err := q.AddDataExport(ctx, data1); err != nil {
+		t.Fatalf("AddDataExport after clearing a half-made export: %v", err)
+	}
+	if err := q.RemoveDataExport(ctx, "data1"); err != nil {
+		t.Fatal(err)
+	}
 	wantQMPError(t, c.BlockdevAdd(ctx, qmp.FileNode("m", filepath.Join(dir, "missing.qcow2"))), "GenericError", "Could not open")
 
 	// Clean quit: process exits 0, sockets and pidfile gone, image clean.

@@ -54,17 +54,15 @@ type Host interface {
 	// HotAttach plugs volume key of rec, a running or paused VM (recorded
 	// with Pending attach), into it: the storage daemon exports the image,
 	// CH adds the disk, and a running AppVM's guest mounts it. On failure
-	// whatever it did is undone.
+	// whatever it did is undone. It can run again over what a run cut
+	// short left (recovery finishes an interrupted attach with it).
 	HotAttach(ctx context.Context, rec *Record, key string) error
 	// HotDetach unplugs volume key from rec, a running VM: a running
 	// AppVM's guest unmounts it (busy: *StateError), CH removes the disk
 	// and the guest releases it within DetachTimeout (else *StateError,
-	// the disk stays), then the export goes.
+	// the disk stays), then the export goes. It can run again over what a
+	// run cut short left.
 	HotDetach(ctx context.Context, rec *Record, key string) error
-	// HasDisk reports whether rec's hypervisor presents volume key now, for
-	// recovery of a hot attach or detach cut short; when it does not, any
-	// export of key left in the storage daemon is removed.
-	HasDisk(ctx context.Context, rec *Record, key string) (bool, error)
 	// Delete removes everything the VM owns on the host (processes, taps,
 	// run directory, its own files) and nothing else; the Service then
 	// removes the record.
@@ -136,9 +134,6 @@ func (NoHost) HotAttach(_ context.Context, rec *Record, _ string) error {
 func (NoHost) HotDetach(_ context.Context, rec *Record, _ string) error {
 	return RunsNoVMs("hot-unplug a volume from", rec)
 }
-
-// HasDisk reports false: no VM runs here.
-func (NoHost) HasDisk(context.Context, *Record, string) (bool, error) { return false, nil }
 
 // RunsNoVMs is the error of a lifecycle action on a host that runs no VMs
 // (a test host).

@@ -27,6 +27,7 @@ type (
 	TmpfsMount    = record.TmpfsMount
 	SecretFile    = record.SecretFile
 	Redeploy      = record.Redeploy
+	Restart       = record.Restart
 	Mount         = record.Mount
 	Layout        = record.Layout
 	Runtime       = record.Runtime

@@ -49,6 +49,10 @@ type Options struct {
 	DiskFree func() (uint64, error)
 	// Meminfo is the path of /proc/meminfo; tests point it elsewhere.
 	Meminfo string
+	// AgentID is this agent's id (package agentid): the tap names of new
+	// VMs derive from it, so that two agents in one network namespace
+	// never pick the same name for a VM id both use (record.AgentTapName).
+	AgentID string
 }
 
 // Service holds the rules of the records of both VM families: one id
@@ -213,7 +217,7 @@ func (s *Service) NewRecord(mode Mode, spec *Spec, nics int) (*Record, error) {
 				return nil, err
 			}
 		}
-		rec.NICs = append(rec.NICs, NIC{MAC: mac, Tap: record.TapName(rec.ID, i)})
+		rec.NICs = append(rec.NICs, NIC{MAC: mac, Tap: record.AgentTapName(s.o.AgentID, rec.ID, i)})
 	}
 	return rec, nil
 }

@@ -147,6 +147,12 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (
 	if err := checkNets(s.Nets, s.CloudInit, cfg, facts); err != nil {
 		return nil, err
 	}
+	if err := checkPCISlots(s, "nets"); err != nil {
+		return nil, err
+	}
+	if err := CheckIOLimits(s.DiskBpsTotal, s.DiskIopsTotal); err != nil {
+		return nil, err
+	}
 	if s.Platform != nil {
 		sn := s.Platform.SerialNumber
 		if len(sn) > MaxSerialBytes {
@@ -173,6 +179,9 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (
 		if t.Sockets < 1 || t.Cores < 1 || t.Threads < 1 {
 			return nil, bad("cpu_topology", "sockets, cores and threads must each be at least 1")
 		}
+		if t.Threads > MaxThreadsPerCore {
+			return nil, bad("cpu_topology", "threads must be 1..%d (Cloud Hypervisor's x86_64 limit), got %d", MaxThreadsPerCore, t.Threads)
+		}
 		if uint64(t.Sockets)*uint64(t.Cores)*uint64(t.Threads) != uint64(s.Vcpus) {
 			return nil, bad("cpu_topology", "sockets x cores x threads = %d x %d x %d must equal vcpus (%d)", t.Sockets, t.Cores, t.Threads, s.Vcpus)
 		}
@@ -187,10 +196,7 @@ func checkCPUMemory(vcpus uint32, memoryMB uint64) error {
 	if vcpus < 1 || vcpus > MaxVcpus {
 		return bad("vcpus", "must be 1..%d, got %d", MaxVcpus, vcpus)
 	}
-	if memoryMB < MinMemoryMB {
-		return bad("memory_mb", "must be at least %d, got %d", MinMemoryMB, memoryMB)
-	}
-	return nil
+	return CheckMemory(memoryMB)
 }
 
 func hasControl(s string) bool {

@@ -69,6 +69,26 @@ func TestValidateRules(t *testing.T) {
 		{"vcpus minimum", "vcpus", func(s *vm.Spec) { s.Vcpus = 0 }, func(s *vm.Spec) { s.Vcpus = 1 }, nil},
 		{"vcpus maximum", "vcpus", func(s *vm.Spec) { s.Vcpus = 255 }, func(s *vm.Spec) { s.Vcpus = 254 }, nil},
 		{"memory minimum", "memory_mb", func(s *vm.Spec) { s.MemoryMB = 63 }, func(s *vm.Spec) { s.MemoryMB = 64 }, nil},
+		// The accepted maximum then meets admission (409), not validation.
+		{"memory maximum", "memory_mb", func(s *vm.Spec) { s.MemoryMB = vm.MaxMemoryMB + 1 }, func(s *vm.Spec) { s.MemoryMB = 64 }, nil},
+		{"memory wrapping in bytes", "memory_mb", func(s *vm.Spec) { s.MemoryMB = 1 << 44 }, func(s *vm.Spec) { s.MemoryMB = 64 }, nil},
+		{"disk_bps_total maximum", "disk_bps_total", func(s *vm.Spec) { s.DiskBpsTotal = vm.MaxIOLimit + 1 }, func(s *vm.Spec) { s.DiskBpsTotal = vm.MaxIOLimit }, nil},
+		{"disk_bps_total 2^64-1", "disk_bps_total", func(s *vm.Spec) { s.DiskBpsTotal = ^uint64(0) }, func(s *vm.Spec) { s.DiskBpsTotal = 1 }, nil},
+		{"disk_iops_total maximum", "disk_iops_total", func(s *vm.Spec) { s.DiskIopsTotal = vm.MaxIOLimit + 1 }, func(s *vm.Spec) { s.DiskIopsTotal = vm.MaxIOLimit }, nil},
+		{"cpu_topology threads", "cpu_topology", func(s *vm.Spec) { s.Vcpus = 4; s.CPUTopology = &vm.CPUTopology{Sockets: 1, Cores: 1, Threads: 4} }, func(s *vm.Spec) { s.Vcpus = 4; s.CPUTopology = &vm.CPUTopology{Sockets: 1, Cores: 2, Threads: 2} }, nil},
+		{"PCI device slots", "nets", func(s *vm.Spec) {
+			s.Volumes = make([]vm.VolumeSpec, vm.MaxVolumes)
+			for i := range s.Volumes {
+				s.Volumes[i].SizeGiB = 1
+			}
+			s.Nets = make([]vm.NetSpec, vm.PCISlots-vm.FixedDevices-vm.MaxVolumes+1)
+		}, func(s *vm.Spec) {
+			s.Volumes = make([]vm.VolumeSpec, vm.MaxVolumes)
+			for i := range s.Volumes {
+				s.Volumes[i].SizeGiB = 1
+			}
+			s.Nets = make([]vm.NetSpec, vm.PCISlots-vm.FixedDevices-vm.MaxVolumes)
+		}, nil},
 		{"both boot methods", "kernel_path", func(s *vm.Spec) { s.FirmwarePath = ptr(firmware) }, func(s *vm.Spec) {}, nil},
 		{"no boot method", "kernel_path", func(s *vm.Spec) { s.KernelPath = nil }, func(s *vm.Spec) { s.KernelPath, s.FirmwarePath = nil, ptr(firmware) }, nil},
 		{"kernel_path absolute", "kernel_path", func(s *vm.Spec) { s.KernelPath = ptr("boot/vmlinux") }, func(s *vm.Spec) {}, nil},

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -221,9 +223,10 @@ func VolumeDevice(rec *Record, i int) string { return record.VolumeDevice(rec, i
 // (req.SizeGiB). An AppVM's volume has a mountpoint, so it holds ext4 (a
 // new one is made so; a first-class one must be). A VM that is not
 // running only changes its record; a running or paused one gets the disk
-// hot-plugged (Host.HotAttach), and a running AppVM's guest mounts it. The
-// attach is recorded as pending before the host changes anything, so that
-// recovery finishes or rolls back an interrupted one. It returns the
+// hot-plugged (Host.HotAttach), and a running AppVM's guest mounts it. An
+// attach that changes the host (a new volume's file, a hot-plug) is
+// recorded as pending before it changes anything, so that recovery
+// finishes (or, failing, rolls back) an interrupted one. It returns the
 // record after.
 func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req AttachRequest) (*Record, error) {
 	unlock := s.lockVM(id)
@@ -240,9 +243,6 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 		return nil, &StateError{ID: id, Action: "attach a volume to", State: rec.DisplayState, Hint: "resume it first: its guest agent mounts the volume"}
 	}
 	spec := VolumeSpec{ID: rec.Spec.FreeVolumeID(), Readonly: req.Readonly, Mountpoint: req.Mountpoint}
-	if hot {
-		spec.Pending = record.PendingAttach
-	}
 	if req.VolumeID != "" {
 		v, err := s.getVolume(req.VolumeID)
 		if err != nil {
@@ -257,37 +257,69 @@ func (s *Service) AttachVolume(ctx context.Context, mode Mode, id string, req At
 		if err := s.admitVolume(spec.SizeGiB); err != nil {
 			return nil, err
 		}
-		if err := s.makeOwnedVolume(ctx, rec, spec); err != nil {
-			return nil, err
-		}
+		os.Remove(s.layout.DataVolume(id, spec.ID)) // a leftover no record names
 	}
-	rec, err = s.reserveVolume(rec, spec)
-	if err != nil {
-		if spec.VolumeID == "" {
-			os.Remove(s.layout.DataVolume(id, spec.ID))
-		}
+	if hot || spec.VolumeID == "" {
+		spec.Pending = record.PendingAttach
+	}
+	if rec, err = s.reserveVolume(rec, spec); err != nil {
 		return nil, err
 	}
-	if hot {
-		if err := s.o.Host.HotAttach(ctx, rec, spec.ID); err != nil {
-			if _, uerr := s.recs.Update(id, func(r *Record) { dropVolume(r, spec.ID) }); uerr != nil {
-				s.log.Error("rolling back a failed attach", "id", id, "volume", spec.ID, "err", uerr)
-			} else if spec.VolumeID == "" {
-				os.Remove(s.layout.DataVolume(id, spec.ID))
-			}
+	if spec.Pending != "" {
+		if rec, err = s.attachPending(ctx, id, spec.ID); err != nil {
 			return nil, err
-		}
-		if rec, err = s.recs.Update(id, func(r *Record) {
-			if i := r.Spec.VolumeIndex(spec.ID); i >= 0 {
-				r.Spec.Volumes[i].Pending = ""
-			}
-		}); err != nil {
-			return nil, &HostError{Kind: HostStorage, Op: "recording the attach of " + spec.ID + " to VM " + id, Err: err}
 		}
 	}
 	i := rec.Spec.VolumeIndex(spec.ID)
 	s.log.Info("volume attached", "id", id, "volume", spec.ID, "volume_id", spec.VolumeID, "device", VolumeDevice(rec, i), "hot", hot)
 	return rec, nil
+}
+
+// attachPending carries out the recorded attach of volume key of VM id
+// (its record says Pending attach; the VM's lock is held): a VM-owned
+// volume's file is made unless it is there, a running or paused VM gets
+// the disk (Host.HotAttach, which resumes what an interrupted run did),
+// then the attach is recorded done. On failure the attach is rolled back:
+// the volume leaves the record and a VM-owned volume's file goes. It
+// returns the record after.
+func (s *Service) attachPending(ctx context.Context, id, key string) (*Record, error) {
+	rec := s.recs.Get(id)
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 {
+		return nil, &HostError{Kind: HostInternal, Op: "attaching volume " + key + " to VM " + id, Err: errors.New("not in the VM's record")}
+	}
+	v := rec.Spec.Volumes[i]
+	owned := v.VolumeID == ""
+	err := func() error {
+		if owned {
+			if _, err := os.Stat(s.layout.DataVolume(id, v.ID)); err != nil {
+				if err := s.makeOwnedVolume(ctx, rec, v); err != nil {
+					return err
+				}
+			}
+		}
+		if rec.State == StateRunning || rec.State == StatePaused {
+			return s.o.Host.HotAttach(ctx, rec, key)
+		}
+		return nil
+	}()
+	if err != nil {
+		if _, uerr := s.recs.Update(id, func(r *Record) { dropVolume(r, key) }); uerr != nil {
+			s.log.Error("rolling back a failed attach", "id", id, "volume", key, "err", uerr)
+		} else if owned {
+			os.Remove(s.layout.DataVolume(id, key))
+		}
+		return nil, err
+	}
+	out, err := s.recs.Update(id, func(r *Record) {
+		if i := r.Spec.VolumeIndex(key); i >= 0 {
+			r.Spec.Volumes[i].Pending = ""
+		}
+	})
+	if err != nil {
+		return nil, &HostError{Kind: HostStorage, Op: "recording the attach of " + key + " to VM " + id, Err: err}
+	}
+	return out, nil
 }
 
 // checkAttach applies the request rules that need only the record. An
@@ -320,6 +352,9 @@ func checkAttach(rec *Record, req AttachRequest) error {
 	if len(rec.Spec.Volumes) >= max {
 		return bad("volumes", "VM %q has %d volumes, the most it may have", rec.ID, max)
 	}
+	if n := pciDevices(&rec.Spec); n >= PCISlots {
+		return bad("volumes", "VM %q has %d PCI devices, all that Cloud Hypervisor's PCI segment holds (%d); detach a volume first", rec.ID, n, PCISlots)
+	}
 	switch {
 	case rec.Deleting:
 		return &StateError{ID: rec.ID, Action: "attach a volume to", State: "being deleted"}
@@ -332,11 +367,10 @@ func checkAttach(rec *Record, req AttachRequest) error {
 }
 
 // makeOwnedVolume writes the image of a new VM-owned volume (an ext4 file
-// system for one its guest mounts). A leftover at its name (an attach cut
-// short before its record was stored) is replaced.
+// system for one its guest mounts), atomically: the file appears complete
+// or not at all (its temp files carry names the startup sweep removes).
 func (s *Service) makeOwnedVolume(ctx context.Context, rec *Record, v VolumeSpec) error {
 	path := s.layout.DataVolume(rec.ID, v.ID)
-	os.Remove(path)
 	var err error
 	if v.Mounted() {
 		err = qcow2.CreateExt4(ctx, path, uint64(v.SizeGiB)<<30, v.ID)
@@ -516,70 +550,122 @@ func sameFile(a, b string) bool {
 	return err == nil && os.SameFile(fa, fb)
 }
 
-// RecoverVolumes settles the hot attaches and detaches an agent stop cut
+// RecoverVolumes finishes the attaches and detaches an agent stop cut
 // short (a record with a Pending volume), once the host has adopted the
-// running VMs: on a VM that runs, what CH presents decides (an attach it
-// has is kept, one it lacks is rolled back; a detach it still has is
-// called off, one it lacks is finished); on a VM that does not run the
-// step completes in the record alone, as a cold attach or detach would.
+// running VMs, in the background (Wait waits for it): each is carried out
+// again from where it stopped, as the operation meant, the host's steps
+// resuming over what the cut-short run did (an attach: the volume's file
+// made unless there, then Host.HotAttach on a VM that runs; a detach:
+// Host.HotDetach on a VM that runs, then the record). One that fails now
+// ends as the same failure would have: an attach rolled back, a detach
+// called off (the volume stays attached). Each VM's run holds its lock,
+// so a request meanwhile waits, then finds the change done.
 func (s *Service) RecoverVolumes(ctx context.Context) {
+	s.removeKeptLinks()
 	for _, rec := range s.recs.All() {
+		var keys []string
 		for _, v := range rec.Spec.Volumes {
 			if v.Pending != "" {
-				s.recoverVolume(ctx, rec.ID, v)
+				keys = append(keys, v.ID)
 			}
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		s.bg.Add(1)
+		go func() {
+			defer s.bg.Done()
+			for _, key := range keys {
+				s.recoverVolume(ctx, rec.ID, key)
+			}
+		}()
+	}
+}
+
+// removeKeptLinks removes, from each VM's directory, the volume files its
+// record no longer names that are a first-class volume's file under its
+// old name: what a detach that kept a VM-owned volume (finishDetach) left
+// when the agent died before its last step. Any other such file is left
+// and logged.
+func (s *Service) removeKeptLinks() {
+	vols, err := s.vols.List()
+	if err != nil {
+		s.log.Error("listing volumes; old names of kept volumes are not removed", "err", err)
+		return
+	}
+	for _, rec := range s.recs.All() {
+		dir := s.layout.VMDir(rec.ID)
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			continue
+		}
+		for _, ent := range ents {
+			key, ok := strings.CutSuffix(ent.Name(), ".qcow2")
+			if !ok || !ent.Type().IsRegular() || key == "root" {
+				continue
+			}
+			if i := rec.Spec.VolumeIndex(key); i >= 0 && rec.Spec.Volumes[i].VolumeID == "" {
+				continue // the VM's own volume
+			}
+			p := filepath.Join(dir, ent.Name())
+			if !slices.ContainsFunc(vols, func(v volume.Volume) bool { return sameFile(p, s.vols.Path(v.ID)) }) {
+				s.log.Warn("a volume file in a VM's directory that its record does not name; left in place", "id", rec.ID, "file", p)
+				continue
+			}
+			if err := os.Remove(p); err != nil {
+				s.log.Error("removing the old name of a kept volume", "id", rec.ID, "file", p, "err", err)
+				continue
+			}
+			s.log.Info("removed the old name of a kept volume, left by a detach the agent did not finish", "id", rec.ID, "file", p)
 		}
 	}
 }
 
-func (s *Service) recoverVolume(ctx context.Context, id string, v VolumeSpec) {
+// recoverTimeout bounds the recovery of one volume change: the wait for a
+// running AppVM's guest agent to reconnect, and for the guest to release a
+// detached disk.
+const recoverTimeout = time.Minute
+
+func (s *Service) recoverVolume(ctx context.Context, id, key string) {
+	ctx, cancel := context.WithTimeout(ctx, recoverTimeout)
+	defer cancel()
 	unlock := s.lockVM(id)
 	defer unlock()
 	rec := s.recs.Get(id)
 	if rec == nil {
 		return
 	}
-	present := false
+	i := rec.Spec.VolumeIndex(key)
+	if i < 0 || rec.Spec.Volumes[i].Pending == "" {
+		return
+	}
+	v := rec.Spec.Volumes[i]
+	log := s.log.With("id", id, "volume", key)
+	if v.Pending == PendingAttach {
+		if _, err := s.attachPending(ctx, id, key); err != nil {
+			log.Error("an attach interrupted by an agent restart failed when finished; rolled back", "err", err)
+			return
+		}
+		log.Info("finished an attach interrupted by an agent restart")
+		return
+	}
 	if rec.State == StateRunning || rec.State == StatePaused {
-		var err error
-		if present, err = s.o.Host.HasDisk(ctx, rec, v.ID); err != nil {
-			s.log.Error("cannot tell whether an interrupted volume change happened; left pending", "id", id, "volume", v.ID, "err", err)
-			return
-		}
-	} else {
-		present = v.Pending == PendingAttach // not running: the record decides
-	}
-	clear := func() {
-		if _, err := s.recs.Update(id, func(r *Record) {
-			if i := r.Spec.VolumeIndex(v.ID); i >= 0 {
-				r.Spec.Volumes[i].Pending = ""
+		if err := s.o.Host.HotDetach(ctx, rec, key); err != nil {
+			if _, uerr := s.recs.Update(id, func(r *Record) {
+				if j := r.Spec.VolumeIndex(key); j >= 0 {
+					r.Spec.Volumes[j].Pending = ""
+				}
+			}); uerr != nil {
+				log.Error("recording a detach called off", "err", uerr)
 			}
-		}); err != nil {
-			s.log.Error("recording a recovered volume change", "id", id, "volume", v.ID, "err", err)
-		}
-	}
-	switch {
-	case v.Pending == PendingAttach && present:
-		clear()
-		s.log.Info("interrupted volume attach completed", "id", id, "volume", v.ID)
-	case v.Pending == PendingAttach:
-		if _, err := s.recs.Update(id, func(r *Record) { dropVolume(r, v.ID) }); err != nil {
-			s.log.Error("rolling back an interrupted volume attach", "id", id, "volume", v.ID, "err", err)
+			log.Error("a detach interrupted by an agent restart failed when finished; called off, the volume stays attached", "err", err)
 			return
 		}
-		if v.VolumeID == "" {
-			os.Remove(s.layout.DataVolume(id, v.ID))
-		}
-		s.log.Info("interrupted volume attach rolled back", "id", id, "volume", v.ID)
-	case present:
-		clear()
-		s.log.Info("interrupted volume detach called off: the VM still has the disk", "id", id, "volume", v.ID)
-	default:
-		_, kept, err := s.finishDetach(rec, v)
-		if err != nil {
-			s.log.Error("finishing an interrupted volume detach", "id", id, "volume", v.ID, "err", err)
-			return
-		}
-		s.log.Info("interrupted volume detach completed", "id", id, "volume", v.ID, "volume_id", kept)
 	}
+	_, kept, err := s.finishDetach(rec, v)
+	if err != nil {
+		log.Error("finishing a detach interrupted by an agent restart", "err", err)
+		return
+	}
+	log.Info("finished a detach interrupted by an agent restart", "volume_id", kept)
 }

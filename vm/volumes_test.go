@@ -46,6 +46,7 @@ func TestRecoverVolumesNotRunning(t *testing.T) {
 	}
 	s2 := env.Service(t)
 	s2.RecoverVolumes(ctx)
+	s2.Wait() // recovery runs in the background
 	rec, err := s2.Get(vm.ModeVM, "r")
 	if err != nil {
 		t.Fatal(err)

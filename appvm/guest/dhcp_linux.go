@@ -74,14 +74,17 @@ type dhcpReply struct {
 
 // dhcpLease obtains a lease on ifi, configures the address and default
 // route, and, for a finite lease, keeps renewing it in the background,
-// calling report with each renewed lease.
-func dhcpLease(ifi *net.Interface, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+// calling report with each renewed lease. The wait for the lease ends
+// after dhcpTimeout, or at once when ctx ends (a Stop).
+func dhcpLease(ctx context.Context, ifi *net.Interface, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
 	c, err := newDHCPClient(ifi, hostname)
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), dhcpTimeout)
+	ctx, cancel := context.WithTimeout(ctx, dhcpTimeout)
 	defer cancel()
+	// A read waiting for an answer returns when ctx ends.
+	defer context.AfterFunc(ctx, func() { c.conn.SetReadDeadline(time.Now()) })()
 	r, err := c.obtain(ctx)
 	if err != nil {
 		c.conn.Close()
@@ -164,6 +167,9 @@ func (c *dhcpClient) exchange(ctx context.Context, msg []byte, want byte) (*dhcp
 			deadline = d
 		}
 		c.conn.SetReadDeadline(deadline)
+		if err := ctx.Err(); err != nil { // ended before the deadline was set
+			return nil, err
+		}
 		for {
 			n, _, err := c.conn.ReadFrom(buf)
 			if err != nil {

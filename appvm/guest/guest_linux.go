@@ -175,6 +175,10 @@ type agent struct {
 	// done ends reconnect attempts when the agent finishes.
 	done  chan struct{}
 	stops chan *proto.Stop
+	// stopped is closed by the first Stop (requestStop): what the guest
+	// waits for before the workload starts (a DHCP lease) gives up then.
+	stopped  chan struct{}
+	stopOnce sync.Once
 	// mmu serializes mounts and unmounts of data volumes; mounts maps
 	// each data volume's guest mountpoint to its device (the Spec's and
 	// the hot-mounted ones).
@@ -366,6 +370,7 @@ func (a *agent) run() error {
 	a.done = make(chan struct{})
 	defer close(a.done)
 	a.stops = make(chan *proto.Stop, 1)
+	a.stopped = make(chan struct{})
 	a.acked = make(chan struct{})
 	go a.watchPowerButton()
 
@@ -401,21 +406,13 @@ func (a *agent) run() error {
 	id := make([]byte, 16)
 	rand.Read(id)
 	a.bootID = hex.EncodeToString(id)
-	if err := a.conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID}); err != nil {
-		return err
-	}
 	hbCtx, stopHB := context.WithCancel(context.Background())
 	defer stopHB()
 	hbInterval := make(chan time.Duration, 1)
-	go a.heartbeats(hbCtx, a.opts.heartbeat, hbInterval)
-
-	m, err := a.conn.Recv()
+	heartbeats := sync.OnceFunc(func() { go a.heartbeats(hbCtx, a.opts.heartbeat, hbInterval) })
+	spec, err := a.awaitSpec(heartbeats)
 	if err != nil {
-		return fmt.Errorf("waiting for the spec: %w", err)
-	}
-	spec, ok := m.(*proto.Spec)
-	if !ok {
-		return fmt.Errorf("waiting for the spec: got %s", m.Type())
+		return err
 	}
 	if spec.HeartbeatSecs > 0 {
 		hbInterval <- time.Duration(spec.HeartbeatSecs) * time.Second
@@ -442,6 +439,40 @@ func (a *agent) run() error {
 		return a.idle(spec, sigs, a.stops, false)
 	}
 	return a.supervise(spec, w, sigs, a.stops)
+}
+
+// awaitSpec says Hello and waits for the host's Spec; started runs once
+// the first Hello is out. A connection lost before the Spec came (the host
+// agent restarted just then) is dialed again, with a new Hello of the same
+// boot, rather than ending the guest: the host's next start sends the Spec.
+func (a *agent) awaitSpec(started func()) (*proto.Spec, error) {
+	for {
+		a.cmu.Lock()
+		conn := a.conn
+		a.cmu.Unlock()
+		err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID})
+		var m proto.Message
+		if err == nil {
+			started()
+			m, err = conn.Recv()
+		}
+		if err == nil {
+			spec, ok := m.(*proto.Spec)
+			if !ok {
+				return nil, fmt.Errorf("waiting for the spec: got %s", m.Type())
+			}
+			return spec, nil
+		}
+		a.log.Error("host connection lost before the spec came; dialing again", "err", err)
+		nc, derr := a.dial()
+		if derr != nil {
+			return nil, fmt.Errorf("waiting for the spec: %w; then %w", err, derr)
+		}
+		a.cmu.Lock()
+		a.nc.Close()
+		a.nc, a.conn, a.lost = nc, proto.NewConn(nc), false
+		a.cmu.Unlock()
+	}
 }
 
 // dial connects to the host, retrying until opts.dialWait passes. An error
@@ -511,10 +542,7 @@ func (a *agent) receive(conn *proto.Conn) {
 		}
 		switch m := m.(type) {
 		case *proto.Stop:
-			select {
-			case a.stops <- m:
-			default:
-			}
+			a.requestStop(m)
 		case *proto.ExitAck:
 			a.ackOnce.Do(func() { close(a.acked) })
 		case *proto.LogAck:
@@ -527,6 +555,16 @@ func (a *agent) receive(conn *proto.Conn) {
 			a.log.Warn("ignoring unexpected message from the host", "type", m.Type())
 		}
 	}
+}
+
+// requestStop hands a Stop (the host's, or the power button's) to the
+// supervisor, and ends any wait before the workload starts.
+func (a *agent) requestStop(m *proto.Stop) {
+	select {
+	case a.stops <- m:
+	default:
+	}
+	a.stopOnce.Do(func() { close(a.stopped) })
 }
 
 func (a *agent) heartbeats(ctx context.Context, interval time.Duration, change <-chan time.Duration) {
@@ -569,7 +607,22 @@ func (a *agent) setupAndStart(spec *proto.Spec) (*workload, error) {
 	hostname := spec.Hostname
 	var lease *proto.Lease
 	if a.opts.network {
-		l, err := a.sys.configureNetwork(spec.Network, hostname, func(l *proto.Lease) { a.send(l) })
+		// A Stop during the wait for a lease ends it: the guest powers
+		// off with its workload never started.
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() {
+			select {
+			case <-a.stopped:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+		l, err := a.sys.configureNetwork(ctx, spec.Network, hostname, func(l *proto.Lease) { a.send(l) })
+		stopped := ctx.Err() != nil
+		cancel()
+		if err != nil && stopped {
+			return nil, errStopped
+		}
 		if err != nil {
 			return nil, fmt.Errorf("configuring the network: %w", err)
 		}

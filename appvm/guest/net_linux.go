@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -17,7 +18,7 @@ import (
 // applyNetwork brings the loopback up and configures the guest interface:
 // static over rtnetlink, or through the agent's DHCP client, whose lease it
 // returns; renewed leases go to report. Mode none has no interface.
-func applyNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+func applyNetwork(ctx context.Context, n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
 	if err := linkUp("lo"); err != nil {
 		return nil, err
 	}
@@ -45,7 +46,7 @@ func applyNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (
 		}
 		return nil, addAddrAndRoute(ifi.Index, netip.PrefixFrom(ip, n.Prefix), gw)
 	case proto.NetworkDHCP:
-		return dhcpLease(ifi, hostname, report)
+		return dhcpLease(ctx, ifi, hostname, report)
 	}
 	return nil, nil
 }

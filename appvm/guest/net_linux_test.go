@@ -35,7 +35,7 @@ func TestIntegrationStaticNetwork(t *testing.T) {
 	run(t, "ip", "link", "set", "d1", "up")
 	n := proto.Network{Mode: proto.NetworkStatic, Interface: "d0", IP: "10.1.2.3", Prefix: 24, Gateway: "10.1.2.1"}
 	for i := 0; i < 2; i++ { // the second run finds everything in place
-		if l, err := applyNetwork(n, "", nil); err != nil || l != nil {
+		if l, err := applyNetwork(context.Background(), n, "", nil); err != nil || l != nil {
 			t.Fatalf("applyNetwork #%d = %v, %v", i, l, err)
 		}
 	}
@@ -56,7 +56,7 @@ func TestIntegrationStaticNetwork(t *testing.T) {
 func TestIntegrationNoNetwork(t *testing.T) {
 	netnstest.Enter(t)
 	run(t, "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1")
-	l, err := applyNetwork(proto.Network{Mode: proto.NetworkNone}, "host1", nil)
+	l, err := applyNetwork(context.Background(), proto.Network{Mode: proto.NetworkNone}, "host1", nil)
 	if err != nil || l != nil {
 		t.Fatalf("applyNetwork(none) = %v, %v", l, err)
 	}
@@ -68,7 +68,7 @@ func TestIntegrationNoNetwork(t *testing.T) {
 	}
 	// In a guest, mode none waits for no interface to appear.
 	vs := &vmSystem{deviceWait: time.Hour}
-	if _, err := vs.configureNetwork(proto.Network{Mode: proto.NetworkNone, Interface: "eth9"}, "", nil); err != nil {
+	if _, err := vs.configureNetwork(context.Background(), proto.Network{Mode: proto.NetworkNone, Interface: "eth9"}, "", nil); err != nil {
 		t.Errorf("a guest without a network = %v", err)
 	}
 }
@@ -165,7 +165,7 @@ func TestIntegrationDHCP(t *testing.T) {
 	netnstest.Enter(t)
 	dhcpServer(t)
 	// No report func: no background renewal, the test renews by hand below.
-	lease, err := applyNetwork(proto.Network{Mode: proto.NetworkDHCP, Interface: "v0"}, "vm-1", nil)
+	lease, err := applyNetwork(context.Background(), proto.Network{Mode: proto.NetworkDHCP, Interface: "v0"}, "vm-1", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,5 +258,40 @@ func TestParseDHCPRejects(t *testing.T) {
 	}
 	if _, err := parseDHCP(reply[:250], 7, mac); err == nil {
 		t.Error("parseDHCP accepted a truncated option")
+	}
+}
+
+// TestIntegrationAgentStopDuringDHCP: a Stop while the guest waits for a
+// DHCP lease (no server answers) ends the wait: the agent powers off at
+// once, well before the lease wait's own timeout, and the workload never
+// starts.
+func TestIntegrationAgentStopDuringDHCP(t *testing.T) {
+	netnstest.Enter(t)
+	run(t, "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1")
+	run(t, "ip", "link", "set", "v1", "up")
+	marker := filepath.Join(t.TempDir(), "started")
+	h := startAgent(t, &proto.Spec{Command: sh("touch " + marker), Network: proto.Network{Mode: proto.NetworkDHCP, Interface: "v0"}},
+		agentOpts{args: []string{"--network"}})
+	time.Sleep(1500 * time.Millisecond) // a DISCOVER or two go unanswered
+	start := time.Now()
+	if err := h.conn.Send(&proto.Stop{}); err != nil {
+		t.Fatal(err)
+	}
+	if code := h.waitAgent(); code != ExitPoweroff {
+		t.Errorf("agent exit status = %d, want %d", code, ExitPoweroff)
+	}
+	took := time.Since(start)
+	t.Logf("stopped %v after the Stop", took)
+	if took > dhcpTimeout/2 {
+		t.Errorf("the agent ended %v after the Stop: the lease wait did not honour it", took)
+	}
+	for _, m := range h.messages() {
+		switch m.(type) {
+		case *proto.Started, *proto.Lease, *proto.Fatal:
+			t.Errorf("message %#v after a Stop during the lease wait", m)
+		}
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the workload ran")
 	}
 }

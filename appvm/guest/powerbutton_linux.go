@@ -32,10 +32,7 @@ const powerButtonName = "Power Button"
 func (a *agent) watchPowerButton() {
 	press := func() {
 		a.log.Info("power button pressed: stopping the workload")
-		select {
-		case a.stops <- &proto.Stop{}:
-		default:
-		}
+		a.requestStop(&proto.Stop{})
 	}
 	if n := a.sys.watchPowerButton(press); n == 0 {
 		a.log.Warn("no power button to watch (the kernel needs the ACPI button driver and evdev, built in or listed in appvm_modules)")

@@ -1,6 +1,7 @@
 package guest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -32,8 +33,8 @@ type system interface {
 	// vsockPort is the host port to dial over vsock.
 	vsockPort() uint32
 	// configureNetwork applies n; in DHCP mode it returns the lease, and
-	// renewals go to report.
-	configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error)
+	// renewals go to report. The wait for a lease ends with ctx.
+	configureNetwork(ctx context.Context, n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error)
 	setHostname(name string) error
 	mountTmpfs(target string, t proto.TmpfsMount) error
 	mountData(device, target string, readOnly bool) error
@@ -122,8 +123,8 @@ func (s *processSystem) prepare() error {
 
 func (s *processSystem) vsockPort() uint32 { return proto.Port }
 
-func (s *processSystem) configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
-	return applyNetwork(n, hostname, report)
+func (s *processSystem) configureNetwork(ctx context.Context, n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+	return applyNetwork(ctx, n, hostname, report)
 }
 
 // setHostname leaves the host's hostname alone; /etc/hostname in the root
@@ -318,14 +319,14 @@ func joinCauses(errs ...error) error {
 
 func (s *vmSystem) vsockPort() uint32 { return s.port }
 
-func (s *vmSystem) configureNetwork(n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
+func (s *vmSystem) configureNetwork(ctx context.Context, n proto.Network, hostname string, report func(*proto.Lease)) (*proto.Lease, error) {
 	if n.Mode == proto.NetworkNone {
-		return applyNetwork(n, hostname, report) // the loopback only
+		return applyNetwork(ctx, n, hostname, report) // the loopback only
 	}
 	if err := waitForInterface(n.Interface, s.deviceWait); err != nil {
 		return nil, err
 	}
-	return applyNetwork(n, hostname, report)
+	return applyNetwork(ctx, n, hostname, report)
 }
 
 func (s *vmSystem) setHostname(name string) error { return unix.Sethostname([]byte(name)) }

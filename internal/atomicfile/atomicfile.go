@@ -235,9 +235,41 @@ func dirSyncResult(err error) error {
 }
 
 // IsTemp reports whether name (a base name) is a temporary file left by an
-// interrupted write, so that startup cleanups can remove it.
+// interrupted write, so that startup cleanups can remove it. It is the one
+// rule for the agent's temp files: every step that writes a file through a
+// temporary one names it "." + <final name> + ".tmp-" + <anything> (this
+// package's writers, and those that make their own: qcow2.CreateExt4's
+// raw image), and RemoveTemps sweeps them.
 func IsTemp(name string) bool {
 	return strings.HasPrefix(name, ".") && strings.Contains(name, ".tmp-")
+}
+
+// RemoveTemps removes the entries of dir whose names IsTemp accepts (temp
+// directories with what they hold) and returns their paths. Call it only
+// while no write in dir is in flight, such as when the agent starts with
+// its state directory locked. A missing dir is nothing to do.
+func RemoveTemps(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var removed []string
+	var errs []error
+	for _, e := range ents {
+		if !IsTemp(e.Name()) {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		if err := os.RemoveAll(p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, p)
+	}
+	return removed, errors.Join(errs...)
 }
 
 // linkNoReplace publishes tmp as name with a hard link, which fails rather

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -108,6 +109,37 @@ func TestIsTemp(t *testing.T) {
 		if IsTemp(name) != want {
 			t.Errorf("IsTemp(%q) = %v, want %v", name, !want, want)
 		}
+	}
+}
+
+// TestRemoveTemps removes the temp files (and a temp directory) of a
+// directory, and nothing else.
+func TestRemoveTemps(t *testing.T) {
+	dir := t.TempDir()
+	keep := []string{"root.qcow2", ".hidden", "x.tmp-1"}
+	temps := []string{".root.qcow2.tmp-0123", ".data0.qcow2.tmp-raw-99"}
+	for _, n := range append(keep, temps...) {
+		if err := os.WriteFile(filepath.Join(dir, n), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, ".tree.tmp-7", "sub"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	removed, err := RemoveTemps(dir)
+	if err != nil || len(removed) != 3 {
+		t.Fatalf("RemoveTemps = %v, %v; want the 3 temps", removed, err)
+	}
+	ents, _ := os.ReadDir(dir)
+	var left []string
+	for _, e := range ents {
+		left = append(left, e.Name())
+	}
+	if !slices.Equal(left, []string{".hidden", "root.qcow2", "x.tmp-1"}) {
+		t.Errorf("left %v", left)
+	}
+	if removed, err := RemoveTemps(filepath.Join(dir, "missing")); err != nil || removed != nil {
+		t.Errorf("RemoveTemps of a missing dir = %v, %v", removed, err)
 	}
 }
 

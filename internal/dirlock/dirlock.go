@@ -6,7 +6,8 @@
 // ends with Close or with the process, however it dies (kill -9 included);
 // a stale lock file never blocks a restart. The descriptor is close-on-exec:
 // children such as Cloud Hypervisor, which may outlive the agent, do not
-// inherit it.
+// keep it. (A child forked just before the agent died holds it until its
+// exec; Acquire waits for that when the pid in the file is dead.)
 package dirlock
 
 import (
@@ -59,7 +60,7 @@ func Acquire(dir, what string) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("locking %s %s: %w", what, dir, err)
 	}
-	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+	if err := lockOrWait(f); err != nil {
 		defer f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, &HeldError{What: what, Dir: dir, PID: holderPID(f)}
@@ -79,6 +80,35 @@ func Acquire(dir, what string) (*Lock, error) {
 		return nil, fmt.Errorf("locking %s %s: writing pid: %w", what, dir, err)
 	}
 	return &Lock{f: f}, nil
+}
+
+// orphanWait bounds how long Acquire waits for a lock whose recorded
+// holder is dead.
+const orphanWait = 5 * time.Second
+
+// lockOrWait takes the flock of f. Held by a live holder, it fails at
+// once (EWOULDBLOCK). Held while the pid in the file is dead, it waits a
+// while: a child the dead holder forked keeps a duplicate of the
+// descriptor until it execs (close-on-exec closes it only then), and on a
+// loaded machine that can take a moment after the holder died, so an
+// agent restarted at once would otherwise be refused by a lock nobody
+// holds a moment later.
+func lockOrWait(f *os.File) error {
+	deadline := time.Now().Add(orphanWait)
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			return err
+		}
+		pid := holderPID(f)
+		if pid <= 0 {
+			return err // no holder recorded: refused
+		}
+		if alive := unix.Kill(pid, 0); alive == nil || errors.Is(alive, unix.EPERM) {
+			return err // the holder lives (or cannot be told): refused
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // holderPID reads the pid the holder wrote. The holder writes it just after

@@ -37,6 +37,22 @@ func TestMain(m *testing.M) {
 		time.Sleep(time.Minute)
 		l.Close()
 		os.Exit(0)
+	case "orphan":
+		// Dies at once, leaving the lock's descriptor with a child, as a
+		// child forked just before a kill -9 holds it until its exec.
+		l, err := Acquire(os.Getenv("DIRLOCK_DIR"), "state directory")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		child := exec.Command("sleep", "1")
+		child.ExtraFiles = []*os.File{l.f}
+		if err := child.Start(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		fmt.Printf("locked %d\n", child.Process.Pid)
+		os.Exit(0)
 	case "try":
 		l, err := Acquire(os.Getenv("DIRLOCK_DIR"), "state directory")
 		if err != nil {
@@ -112,6 +128,34 @@ func TestAcquireAcrossProcesses(t *testing.T) {
 	if err != nil || string(data) != strconv.Itoa(os.Getpid())+"\n" {
 		t.Errorf("lock file holds %q (%v), want this process's pid", data, err)
 	}
+}
+
+// TestAcquireAfterAnOrphanedDescriptor: a holder that died while a child
+// of its still held the lock's descriptor (forked, not yet exec'd) does
+// not refuse the next Acquire: it waits until the descriptor is gone,
+// then takes the lock.
+func TestAcquireAfterAnOrphanedDescriptor(t *testing.T) {
+	dir := t.TempDir()
+	holder := helper("orphan", dir)
+	out, err := holder.Output()
+	if err != nil {
+		t.Fatalf("holder: %v", err)
+	}
+	child, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(string(out), "locked ")))
+	if err != nil {
+		t.Fatalf("holder said %q", out)
+	}
+	defer syscall.Kill(child, syscall.SIGKILL)
+	if err := syscall.Kill(child, 0); err != nil {
+		t.Fatalf("the child holding the descriptor is gone already: %v", err)
+	}
+	start := time.Now()
+	l, err := Acquire(dir, "state directory")
+	if err != nil {
+		t.Fatalf("Acquire after the holder died: %v", err)
+	}
+	defer l.Close()
+	t.Logf("took the lock %v after the dead holder's child let go", time.Since(start))
 }
 
 // TestAcquireCloseAndMode: Close frees the lock; the lock file is 0600 even

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +19,7 @@ import (
 	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/store"
+	"vmhost/tap"
 	"vmhost/vm/record"
 )
 
@@ -58,10 +60,13 @@ import (
 //   - What no record owns is reaped and logged: Cloud Hypervisor and
 //     qemu-storage-daemon processes whose command line names an API or QMP
 //     socket in <run>/vms/ and that are not a recorded, adopted process;
-//     taps whose ifalias names a VM (or an interface index) no record has;
+//     taps marked with this agent's id whose ifalias names a VM (or an
+//     interface index) no record has (another agent's taps and unmarked
+//     ones are never touched; an unmarked tap a record names is adopted);
 //     directories in <run>/vms/ and <state>/vms/ without a record (a
 //     directory whose record file exists in any form, damaged included, is
-//     kept); temp files of interrupted writes at the top of <run>.
+//     kept); first of all, the temp files of interrupted writes
+//     (sweepTemps).
 //     Processes are only ever matched by those socket paths, so no
 //     unrelated process is touched, and they are signalled through a pidfd
 //     opened after checking their start time.
@@ -80,7 +85,7 @@ type RecoveryReport struct {
 	Taps     []string // taps no record owned, deleted
 	Cgroups  []string // VM cgroups of this agent no record named, removed with what ran in them
 	Dirs     []string // directories no record owned, removed
-	Temps    []string // temp files of interrupted writes in the run directory, removed
+	Temps    []string // temp files of interrupted writes (sweepTemps), removed
 	Duration time.Duration
 }
 
@@ -105,6 +110,9 @@ func (e *Engine) recoverHost() {
 		rep  RecoveryReport
 		keep = map[int]bool{}
 	)
+	// First, before recovery writes anything: temp files of writes the
+	// agent's death interrupted.
+	rep.Temps = e.sweepTemps()
 	recs := e.recs.All()
 	sem := make(chan struct{}, recoverParallel)
 	var wg sync.WaitGroup
@@ -143,7 +151,6 @@ func (e *Engine) recoverHost() {
 	}
 	rep.Taps = e.reapTaps()
 	rep.Dirs = e.reapDirs()
-	rep.Temps = e.reapRunTemps() // before resumed provisions may write there
 	for _, rec := range resume {
 		if e.resumeProvision(rec) {
 			rep.Resumed = append(rep.Resumed, rec.ID)
@@ -156,7 +163,7 @@ func (e *Engine) recoverHost() {
 	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Cgroups)+len(rep.Dirs)+len(rep.Temps) > 0 {
 		e.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
 			"ended", len(rep.Ended), "deleted", len(rep.Deleted), "no_disk", len(rep.NoDisk), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
-			"taps_reaped", len(rep.Taps), "cgroups_reaped", len(rep.Cgroups), "dirs_reaped", len(rep.Dirs), "took", rep.Duration)
+			"taps_reaped", len(rep.Taps), "cgroups_reaped", len(rep.Cgroups), "dirs_reaped", len(rep.Dirs), "temps_removed", len(rep.Temps), "took", rep.Duration)
 	}
 }
 
@@ -593,8 +600,8 @@ func steps(rt *record.Runtime) []string {
 
 // removeUnrecordedFiles removes, from the VM directory of an interrupted
 // provision, the targets of steps not recorded as done (a copy or a
-// volume may be partial, and their writers refuse to overwrite) and the
-// temp files of interrupted atomic writes (names starting with '.').
+// volume may be partial, and their writers refuse to overwrite); the temp
+// files of interrupted writes went with the startup sweep (sweepTemps).
 func (e *Engine) removeUnrecordedFiles(rec *record.Record) {
 	l, id, rt := e.layout(), rec.ID, rec.Runtime
 	var targets []string
@@ -608,13 +615,6 @@ func (e *Engine) removeUnrecordedFiles(rec *record.Record) {
 	}
 	if !rt.Done(record.StepSeed) {
 		targets = append(targets, l.Seed(id))
-	}
-	if ents, err := os.ReadDir(l.VMDir(id)); err == nil {
-		for _, ent := range ents {
-			if strings.HasPrefix(ent.Name(), ".") && ent.Type().IsRegular() {
-				targets = append(targets, filepath.Join(l.VMDir(id), ent.Name()))
-			}
-		}
 	}
 	for _, p := range targets {
 		err := os.Remove(p)
@@ -687,8 +687,13 @@ func vmProcessOf(cmdline, prefix []byte) (string, bool) {
 	return "", false
 }
 
-// reapTaps deletes taps whose ifalias names a VM or interface no record
-// has.
+// reapTaps reconciles the vmhost taps of the namespace with the records
+// (docs/design.md §2, several agents on one host): a tap marked with this
+// agent's id that no record names (a VM or interface index no record has)
+// is deleted; an unmarked tap one of the records names (made before the
+// agent had an id) is adopted, marked as this agent's, and guarded again,
+// which moves its anti-spoof chain into this agent's table; every other tap
+// (another agent's, an unmarked stranger) is left alone.
 func (e *Engine) reapTaps() []string {
 	h := e.o.Taps
 	if h == nil {
@@ -696,24 +701,52 @@ func (e *Engine) reapTaps() []string {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	owned, err := h.ListOwned(ctx)
+	marked, err := h.ListMarked(ctx)
 	if err != nil {
 		e.log.Warn("cannot list taps; orphan taps are not reaped", "err", err)
 		return nil
 	}
 	var reaped []string
-	for _, t := range owned {
-		if r := e.recs.Get(t.VMID); r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name {
-			continue
+	for _, t := range marked {
+		r := e.recs.Get(t.VMID)
+		named := r != nil && t.Index < len(r.NICs) && r.NICs[t.Index].Tap == t.Name
+		switch {
+		case t.Whose == tap.Mine && !named:
+			if err := h.Delete(ctx, t.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				e.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
+				continue
+			}
+			e.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
+			reaped = append(reaped, t.Name)
+		case t.Whose == tap.Unmarked && named:
+			e.adoptTap(ctx, r, t)
 		}
-		if err := h.Delete(ctx, t.Name); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			e.log.Error("deleting an orphan tap", "tap", t.Name, "vm", t.VMID, "err", err)
-			continue
-		}
-		e.log.Warn("deleted a tap no record owns", "tap", t.Name, "vm", t.VMID, "index", t.Index)
-		reaped = append(reaped, t.Name)
 	}
 	return reaped
+}
+
+// adoptTap marks the unmarked tap t, which interface t.Index of rec
+// names, as this agent's, and guards it again (with the address DHCP
+// snooping learned, if any) when its network guards it: the new chain
+// goes to this agent's table and the unmarked table's goes.
+func (e *Engine) adoptTap(ctx context.Context, rec *record.Record, t tap.Owned) {
+	h := e.o.Taps
+	if err := h.Adopt(ctx, t.Name, t.VMID, t.Index); err != nil {
+		e.log.Error("adopting an unmarked tap of this agent's VM", "tap", t.Name, "vm", t.VMID, "err", err)
+		return
+	}
+	if g := e.dhcpGuard(rec, t.Index); g != nil {
+		if snooped := rec.NICs[t.Index].DHCPSnoopedIPv4; !g.IPv4.IsValid() && snooped != "" {
+			if a, err := netip.ParseAddr(snooped); err == nil {
+				g.IPv4 = a
+			}
+		}
+		if err := h.Guard(ctx, *g); err != nil {
+			e.log.Error("guarding an adopted tap", "tap", t.Name, "vm", t.VMID, "err", err)
+			return
+		}
+	}
+	e.log.Info("adopted an unmarked tap of this agent's VM", "tap", t.Name, "vm", t.VMID, "index", t.Index)
 }
 
 // reapDirs removes run directories and VM directories without a record.
@@ -742,29 +775,37 @@ func (e *Engine) reapDirs() []string {
 	return reaped
 }
 
-// reapRunTemps removes the temp files interrupted atomic writes left at
-// the top of the run directory (an AppVM initramfs being written when the
-// agent was killed): with the run directory locked by this agent, no write
-// is in flight yet.
-func (e *Engine) reapRunTemps() []string {
-	ents, err := os.ReadDir(e.layout().RunDir)
-	if err != nil {
-		return nil
-	}
-	var reaped []string
-	for _, ent := range ents {
-		if !ent.Type().IsRegular() || !atomicfile.IsTemp(ent.Name()) {
-			continue
+// sweepTemps removes the temp files (atomicfile.IsTemp) that writes the
+// agent's death interrupted, from every directory the VMs' steps write in:
+// the records' (<state>/vms), each VM's (disk copies, overlays, data
+// volumes, seeds, a redeploy's staged disk), the first-class volumes', the
+// spool of AppVM files puts, the run directory (an AppVM initramfs) and
+// each VM's run directory. It runs
+// first at Recover, with the state directory locked by this agent, so no
+// write is in flight.
+func (e *Engine) sweepTemps() []string {
+	l := e.layout()
+	dirs := []string{l.StateDir + "/vms", l.VolumesDir(), l.SpoolDir(), l.RunDir}
+	for _, base := range []string{l.StateDir + "/vms", l.RunDir + "/vms"} {
+		ents, _ := os.ReadDir(base)
+		for _, ent := range ents {
+			if ent.IsDir() && !atomicfile.IsTemp(ent.Name()) {
+				dirs = append(dirs, filepath.Join(base, ent.Name()))
+			}
 		}
-		p := filepath.Join(e.layout().RunDir, ent.Name())
-		if err := os.Remove(p); err != nil {
-			e.log.Error("removing a temp file of an interrupted write", "file", p, "err", err)
-			continue
-		}
-		e.log.Warn("removed a temp file of an interrupted write", "file", p)
-		reaped = append(reaped, p)
 	}
-	return reaped
+	var swept []string
+	for _, dir := range dirs {
+		removed, err := atomicfile.RemoveTemps(dir)
+		if err != nil {
+			e.log.Error("removing temp files of interrupted writes", "dir", dir, "err", err)
+		}
+		for _, p := range removed {
+			e.log.Warn("removed a temp file of an interrupted write", "file", p)
+		}
+		swept = append(swept, removed...)
+	}
+	return swept
 }
 
 // hasRecordFile reports whether the store directory holds a record file of

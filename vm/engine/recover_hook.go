@@ -29,8 +29,10 @@ const (
 	// Hot attach and detach of a volume (the record says Pending).
 	HookAttachStart      = "attach:start"      // nothing done yet
 	HookAttachExported   = "attach:exported"   // the storage daemon exports it
+	HookAttachDiskAdded  = "attach:disk"       // CH has the disk; an AppVM's guest has not mounted it
 	HookAttachAdded      = "attach:added"      // CH has the disk (and the guest mounted it)
 	HookDetachStart      = "detach:start"      // nothing done yet
+	HookDetachUnmounted  = "detach:unmounted"  // an AppVM's guest unmounted it; CH still has it
 	HookDetachRemoved    = "detach:removed"    // CH removed the disk; still exported
 	HookDetachUnexported = "detach:unexported" // the export is gone too
 )

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -231,7 +232,8 @@ func TestRecoverReapsOrphans(t *testing.T) {
 		t.Fatal(err)
 	}
 	os.MkdirAll(l.VMDir("prov"), 0o700)
-	for _, f := range []string{l.RootDisk("prov"), l.VMDir("prov") + "/.root.qcow2.123"} {
+	copyTemp := l.VMDir("prov") + "/.root.qcow2.tmp-0123"
+	for _, f := range []string{l.RootDisk("prov"), copyTemp} {
 		if err := os.WriteFile(f, []byte("partial"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -242,7 +244,10 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	// such a write publishes, which stays.
 	initrdTemp := filepath.Join(l.RunDir, ".appvm-initramfs-0123.cpio.tmp-89ab")
 	initrd := filepath.Join(l.RunDir, "appvm-initramfs-0123.cpio")
-	for _, f := range []string{initrdTemp, initrd} {
+	// And an AppVM files put's archive, spooled when the agent was killed.
+	spoolTemp := filepath.Join(l.SpoolDir(), ".put.tar.tmp-4567")
+	os.MkdirAll(l.SpoolDir(), 0o700)
+	for _, f := range []string{initrdTemp, initrd, spoolTemp} {
 		if err := os.WriteFile(f, []byte("cpio"), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -251,7 +256,10 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	b := newTestService(t, a.state, a.run)
 	b.Wait() // the interrupted synchronous create is rolled back and failed
 	rep := b.Recovery()
-	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, []string{initrdTemp}) {
+	slices.Sort(rep.Temps)
+	want := []string{initrdTemp, spoolTemp, copyTemp}
+	slices.Sort(want)
+	if _, err := os.Stat(initrdTemp); !errors.Is(err, fs.ErrNotExist) || !slices.Equal(rep.Temps, want) {
 		t.Errorf("temp %s of an interrupted write: %v; reaped temps %v", initrdTemp, err, rep.Temps)
 	}
 	if _, err := os.Stat(initrd); err != nil {
@@ -286,7 +294,7 @@ func TestRecoverReapsOrphans(t *testing.T) {
 			t.Errorf("%s was removed: %v", d, err)
 		}
 	}
-	for _, f := range []string{l.RootDisk("prov"), l.VMDir("prov") + "/.root.qcow2.123"} {
+	for _, f := range []string{l.RootDisk("prov"), copyTemp} {
 		if _, err := os.Stat(f); !errors.Is(err, fs.ErrNotExist) {
 			t.Errorf("file of an unfinished step %s survived: %v", f, err)
 		}
@@ -296,48 +304,89 @@ func TestRecoverReapsOrphans(t *testing.T) {
 	}
 }
 
-// TestIntegrationRecoverReapsTaps deletes, at agent start, the taps whose
-// ifalias names a VM or an interface no record has, and keeps the others.
+// TestIntegrationRecoverReapsTaps: at agent start, of the vmhost taps in
+// the namespace, the agent deletes those marked with its own id that no
+// record names (a VM or an interface index no record has, or not the
+// recorded name), adopts the unmarked ones its records name (re-marked,
+// and guarded again: the anti-spoof chain moves from the unmarked table to
+// the agent's), and leaves alone another agent's and unmarked strangers.
 func TestIntegrationRecoverReapsTaps(t *testing.T) {
-	fd, _ := testNetNS(t)
-	h := tap.New(&tap.Config{NetNS: fd})
+	fd, inNS := testNetNS(t)
+	const me, other = "aaaa0000aaaa0000", "bbbb0000bbbb0000"
+	h := tap.New(&tap.Config{NetNS: fd, AgentID: me})
+	theirs := tap.New(&tap.Config{NetNS: fd, AgentID: other})
+	unmarked := tap.New(&tap.Config{NetNS: fd})
 	ctx := context.Background()
 	a := newTestService(t)
-	rec := &record.Record{ID: "vm1", Mode: record.ModeVM, State: record.StateStopped, DisplayState: "stopped",
-		Spec: record.Spec{VMID: "vm1", Vcpus: 1, MemoryMB: 256}, NICs: []record.NIC{{MAC: "02:00:00:00:00:01", Tap: record.TapName("vm1", 0)}}}
-	if err := a.recs.Create(rec); err != nil {
-		t.Fatal(err)
-	}
-	taps := []tap.TapConfig{
-		{Name: record.TapName("vm1", 0), VMID: "vm1", Index: 0},   // owned
-		{Name: record.TapName("vm1", 1), VMID: "vm1", Index: 1},   // index beyond the record's NICs
-		{Name: record.TapName("gone", 0), VMID: "gone", Index: 0}, // no record
-		{Name: "vmhother0", VMID: "vm1", Index: 0},                // not the recorded tap name
-	}
-	for _, c := range taps {
-		if err := h.Create(ctx, c); err != nil {
+	a.o.Config.Networks[0].SpoofGuard = true
+	mine, old := record.AgentTapName(me, "vm1", 0), record.TapName("vm2", 0)
+	for _, r := range []struct{ id, tap string }{{"vm1", mine}, {"vm2", old}} {
+		rec := &record.Record{ID: r.id, Mode: record.ModeVM, State: record.StateStopped, DisplayState: "stopped",
+			Spec: record.Spec{VMID: r.id, Vcpus: 1, MemoryMB: 256}, NICs: []record.NIC{{MAC: "02:00:00:00:00:01", Tap: r.tap, DHCPSnoopedIPv4: "192.0.2.7"}}}
+		if err := a.recs.Create(rec); err != nil {
 			t.Fatal(err)
 		}
 	}
+	taps := []struct {
+		h *tap.Handle
+		c tap.TapConfig
+	}{
+		{h, tap.TapConfig{Name: mine, VMID: "vm1", Index: 0}},                                        // named: kept
+		{h, tap.TapConfig{Name: record.AgentTapName(me, "vm1", 1), VMID: "vm1", Index: 1}},           // index beyond the record's NICs
+		{h, tap.TapConfig{Name: record.AgentTapName(me, "gone", 0), VMID: "gone", Index: 0}},         // no record
+		{h, tap.TapConfig{Name: "vmhother0", VMID: "vm1", Index: 0}},                                 // not the recorded name
+		{unmarked, tap.TapConfig{Name: old, VMID: "vm2", Index: 0}},                                  // named, unmarked: adopted
+		{unmarked, tap.TapConfig{Name: record.TapName("gone", 0), VMID: "gone", Index: 0}},           // unmarked stranger
+		{theirs, tap.TapConfig{Name: record.AgentTapName(other, "gone", 0), VMID: "gone", Index: 0}}, // another agent's
+		{theirs, tap.TapConfig{Name: record.AgentTapName(other, "vm1", 0), VMID: "vm1", Index: 0}},   // another agent's, same VM id
+	}
+	for _, c := range taps {
+		if err := c.h.Create(ctx, c.c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mac, _ := net.ParseMAC("02:00:00:00:00:01")
+	if err := unmarked.Guard(ctx, tap.GuardRule{Tap: old, MAC: mac}); err != nil {
+		t.Fatal(err)
+	}
 	a.Close()
-	b := newTestServiceWith(t, testOpts{edit: func(o *Options) { o.Taps = h }}, a.state, a.run)
-	owned, err := h.ListOwned(ctx)
+	b := newTestServiceWith(t, testOpts{edit: func(o *Options) { o.Taps = h; o.Config.Networks[0].SpoofGuard = true }}, a.state, a.run)
+	marked, err := h.ListMarked(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	for _, o := range owned {
-		names = append(names, o.Name)
+	var got []string
+	for _, o := range marked {
+		got = append(got, o.Name+" "+o.Whose.String())
 	}
-	if !slices.Equal(names, []string{record.TapName("vm1", 0)}) {
-		t.Errorf("taps after recovery = %v, want only %s", names, record.TapName("vm1", 0))
+	slices.Sort(got)
+	want := []string{
+		mine + " mine", old + " mine",
+		record.TapName("gone", 0) + " unmarked",
+		record.AgentTapName(other, "gone", 0) + " other agent's", record.AgentTapName(other, "vm1", 0) + " other agent's",
+	}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Errorf("taps after recovery:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
 	}
 	rep := b.Recovery()
 	slices.Sort(rep.Taps)
-	want := []string{record.TapName("gone", 0), record.TapName("vm1", 1), "vmhother0"}
-	slices.Sort(want)
-	if !slices.Equal(rep.Taps, want) {
-		t.Errorf("reaped taps %v, want %v", rep.Taps, want)
+	reaped := []string{record.AgentTapName(me, "gone", 0), record.AgentTapName(me, "vm1", 1), "vmhother0"}
+	slices.Sort(reaped)
+	if !slices.Equal(rep.Taps, reaped) {
+		t.Errorf("reaped taps %v, want %v", rep.Taps, reaped)
+	}
+	// The adopted tap's chain moved, keeping the snooped address pinned.
+	nft := func(table string) string {
+		var out []byte
+		inNS(func() error {
+			out, _ = exec.Command("nft", "list", "table", "bridge", table).CombinedOutput()
+			return nil
+		})
+		return string(out)
+	}
+	if mt, ut := nft(tap.GuardTableOf(me)), nft(tap.GuardTable); !strings.Contains(mt, "guard-"+old) || !strings.Contains(mt, "192.0.2.7") || strings.Contains(ut, "guard-"+old) {
+		t.Errorf("after adoption, table %s:\n%s\ntable %s:\n%s\nwant the chain guard-%s (pinning 192.0.2.7) only in the agent's", tap.GuardTableOf(me), mt, tap.GuardTable, ut, old)
 	}
 }
 

@@ -33,7 +33,9 @@ import (
 // from (a redeploy swapped it), which a stamp beside it tells: the disk's
 // device and inode. It is made under a temporary name and renamed into
 // place, the stamp written last, so a kill at any step leaves either the
-// old tree or one the next boot unpacks again.
+// old tree or one the next boot unpacks again. The temporary names (the
+// tree and the raw image it is read from) are temp names
+// (atomicfile.IsTemp): the startup sweep removes what a kill left.
 func (e *Engine) unpackSimRoot(ctx context.Context, rec *record.Record) error {
 	l := e.layout()
 	disk := l.RootDisk(rec.ID)
@@ -53,7 +55,8 @@ func (e *Engine) unpackSimRoot(ctx context.Context, rec *record.Record) error {
 			return nil
 		}
 	}
-	next, raw := root+".new", root+".raw"
+	dir, base := filepath.Split(root)
+	next, raw := dir+"."+base+".tmp-new", dir+"."+base+".tmp-raw"
 	defer os.Remove(raw)
 	for _, p := range []string{stampPath, next, raw} {
 		if err := removeTree(p); err != nil {

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
+	"vmhost/internal/atomicfile"
 	"vmhost/internal/sbin"
 	"vmhost/qcow2"
 	"vmhost/vm/record"
@@ -124,12 +125,17 @@ func TestEngineSimGuestRoot(t *testing.T) {
 		t.Errorf("what the workload wrote is gone after a reboot: %q", read("written"))
 	}
 	// An agent killed while it unpacked: a half-made tree and raw file
-	// left, the stamp not written yet. The next boot unpacks afresh and
-	// leaves neither.
-	if err := os.MkdirAll(root+".new/half", 0o755); err != nil {
+	// left (temp names, which the startup sweep knows too), the stamp not
+	// written yet. The next boot unpacks afresh and leaves neither.
+	dir, base := filepath.Split(root)
+	tempTree, tempRaw := dir+"."+base+".tmp-new", dir+"."+base+".tmp-raw"
+	if !atomicfile.IsTemp(filepath.Base(tempTree)) || !atomicfile.IsTemp(filepath.Base(tempRaw)) {
+		t.Fatalf("%s, %s: not names the startup sweep knows", tempTree, tempRaw)
+	}
+	if err := os.MkdirAll(tempTree+"/half", 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(root+".raw", []byte("partial"), 0o600); err != nil {
+	if err := os.WriteFile(tempRaw, []byte("partial"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Remove(root + ".disk"); err != nil {
@@ -139,7 +145,7 @@ func TestEngineSimGuestRoot(t *testing.T) {
 	if read("hello") != "v1" || read("written") == "w" {
 		t.Errorf("after an interrupted unpack: hello %q, written %q; want a fresh tree", read("hello"), read("written"))
 	}
-	for _, p := range []string{root + ".new", root + ".raw"} {
+	for _, p := range []string{tempTree, tempRaw} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s left after an interrupted unpack", p)
 		}
@@ -157,7 +163,7 @@ func TestEngineSimGuestRoot(t *testing.T) {
 	if read("hello") != "v2" || read("written") == "w" || read("etc/os-release") == "ID=test\n" {
 		t.Errorf("after the disk changed: hello %q, written %q, os-release %q; want only the new disk's tree", read("hello"), read("written"), read("etc/os-release"))
 	}
-	for _, p := range []string{root + ".new", root + ".raw"} {
+	for _, p := range []string{tempTree, tempRaw} {
 		if _, err := os.Lstat(p); err == nil {
 			t.Errorf("%s left behind", p)
 		}

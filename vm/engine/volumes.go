@@ -22,6 +22,12 @@ import (
 // unmounts, CH is asked to remove the device and the guest acks the eject
 // (CH's device-removed event), then the export and nodes go. Each step
 // that fails undoes the ones before it.
+//
+// The caller records the change (VolumeSpec.Pending) before either runs,
+// and both can run again over what a run cut short left: each step looks
+// at what CH (vm.info) and the storage daemon (query-block-exports,
+// query-named-block-nodes) have of the volume and does only what is
+// missing. Recovery finishes an interrupted change so (vm.RecoverVolumes).
 
 // DetachTimeout bounds the wait for a guest to release a hot-detached
 // disk. A variable so tests can shorten it.
@@ -29,7 +35,9 @@ var DetachTimeout = 10 * time.Second
 
 // HotAttach plugs volume key of rec into the running or paused VM
 // (vm.Host); rec is the record as the caller, holding the VM's lock, has
-// just stored it.
+// just stored it. What an earlier attach of key did is kept: a disk CH
+// presents is only mounted (a running AppVM); otherwise what the storage
+// daemon has of key is cleared and the volume exported and added anew.
 func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) error {
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 {
@@ -40,9 +48,15 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 	if err != nil {
 		return err
 	}
+	c, err := e.client(rec)
+	if err != nil {
+		return err
+	}
+	defer c.Close()
 	testStopAt(HookAttachStart)
 	// Nothing can be mounted into a running jail: a first-class volume
-	// reaches a confined storage daemon through a link in its VM directory.
+	// reaches a confined storage daemon through a link in its VM directory
+	// (made again, as the volume given again, by an attach run anew).
 	if jv := e.vmJail(rec); jv != nil {
 		err := e.linkVolume(rec, v, jv)
 		if v.VolumeID == "" { // made for the VM just now, by the agent
@@ -53,11 +67,6 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 		}
 	}
 	d := e.dataDisk(rec, v)
-	if err := q.AddDataExport(ctx, d); err != nil {
-		e.unlinkHotVolume(rec, v)
-		return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("exporting volume %s of VM %s", key, rec.ID), Err: err}
-	}
-	testStopAt(HookAttachExported)
 	undoExport := func() {
 		if err := q.RemoveDataExport(context.WithoutCancel(ctx), key); err != nil {
 			e.log.Error("removing the export of a failed hot-plug", "id", rec.ID, "volume", key, "err", err)
@@ -65,22 +74,33 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 		}
 		e.unlinkHotVolume(rec, v)
 	}
-	c, err := e.client(rec)
+	have, bdf, err := diskOf(ctx, c, rec.ID, key)
 	if err != nil {
-		undoExport()
 		return err
 	}
-	defer c.Close()
-	info, err := c.AddDisk(ctx, &chclient.DiskConfig{ID: key, VhostUser: true, VhostSocket: d.Socket, Readonly: v.Readonly})
-	if err != nil {
-		undoExport()
-		return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("vm.add-disk of volume %s to VM %s", key, rec.ID), Err: err}
+	if have != nil && (!have.VhostUser || have.VhostSocket != d.Socket) {
+		return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("hot-plugging volume %s into VM %s", key, rec.ID), Err: errors.New("the VM has another device of that id")}
 	}
-	if g := e.guest(rec); g != nil && rec.State == record.StateRunning {
-		bdf := ""
+	if have == nil {
+		if err := q.RemoveDataExport(ctx, key); err != nil { // what a cut-short attach left
+			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("clearing the storage daemon's leftovers of volume %s of VM %s", key, rec.ID), Err: err}
+		}
+		if err := q.AddDataExport(ctx, d); err != nil {
+			e.unlinkHotVolume(rec, v)
+			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("exporting volume %s of VM %s", key, rec.ID), Err: err}
+		}
+		testStopAt(HookAttachExported)
+		info, err := c.AddDisk(ctx, &chclient.DiskConfig{ID: key, VhostUser: true, VhostSocket: d.Socket, Readonly: v.Readonly})
+		if err != nil {
+			undoExport()
+			return &record.HostError{Kind: record.HostHypervisor, Op: fmt.Sprintf("vm.add-disk of volume %s to VM %s", key, rec.ID), Err: err}
+		}
 		if info != nil {
 			bdf = info.Bdf
 		}
+	}
+	if g := e.guest(rec); g != nil && rec.State == record.StateRunning {
+		testStopAt(HookAttachDiskAdded)
 		if err := g.Mount(ctx, rec, v, bdf); err != nil {
 			if rerr := e.removeDisk(context.WithoutCancel(ctx), c, rec.ID, key); rerr != nil {
 				e.log.Error("unplugging a volume its guest did not mount", "id", rec.ID, "volume", key, "err", rerr)
@@ -97,7 +117,11 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 }
 
 // HotDetach unplugs volume key from the running VM (vm.Host); rec is the
-// record as the caller, holding the VM's lock, has just stored it.
+// record as the caller, holding the VM's lock, has just stored it. What
+// an earlier detach of key did is kept: the guest's unmount is asked
+// again (a volume not mounted is success), the disk is removed only if CH
+// still presents it, and whatever the storage daemon still has of key
+// goes.
 func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) error {
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 {
@@ -120,15 +144,22 @@ func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) 
 			return err
 		}
 	}
-	if err := e.removeDisk(ctx, c, rec.ID, key); err != nil {
-		if g != nil {
-			if bdf, ok := diskBDF(ctx, c, key); ok {
-				if merr := g.Mount(context.WithoutCancel(ctx), rec, v, bdf); merr != nil {
-					e.log.Error("mounting a volume again after a failed detach", "id", rec.ID, "volume", key, "err", merr)
+	testStopAt(HookDetachUnmounted)
+	have, _, err := diskOf(ctx, c, rec.ID, key)
+	if err != nil {
+		return err
+	}
+	if have != nil {
+		if err := e.removeDisk(ctx, c, rec.ID, key); err != nil {
+			if g != nil {
+				if bdf, ok := diskBDF(ctx, c, key); ok {
+					if merr := g.Mount(context.WithoutCancel(ctx), rec, v, bdf); merr != nil {
+						e.log.Error("mounting a volume again after a failed detach", "id", rec.ID, "volume", key, "err", merr)
+					}
 				}
 			}
+			return err
 		}
-		return err
 	}
 	testStopAt(HookDetachRemoved)
 	if err := q.RemoveDataExport(ctx, key); err != nil {
@@ -143,29 +174,29 @@ func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) 
 	return nil
 }
 
-// HasDisk reports whether CH presents volume key of rec now; when it does
-// not, an export of key left in the storage daemon is removed (vm.Host).
-func (e *Engine) HasDisk(ctx context.Context, rec *record.Record, key string) (bool, error) {
-	c, err := e.client(rec)
-	if err != nil {
-		return false, err
-	}
-	defer c.Close()
+// diskOf returns the disk key of VM id as CH presents it now (nil when it
+// does not), and its PCI address.
+func diskOf(ctx context.Context, c *chclient.Client, id, key string) (*chclient.DiskConfig, string, error) {
 	info, err := c.VMInfo(ctx)
 	if err != nil {
-		return false, &record.HostError{Kind: record.HostHypervisor, Op: "vm.info of VM " + rec.ID, Err: err}
+		return nil, "", &record.HostError{Kind: record.HostHypervisor, Op: "vm.info of VM " + id, Err: err}
 	}
-	if hasDisk(info, key) {
-		return true, nil
+	i := slices.IndexFunc(info.Config.Disks, func(d chclient.DiskConfig) bool { return d.ID == key })
+	if i < 0 {
+		return nil, "", nil
 	}
-	if q, err := e.heldQSD(rec); err == nil {
-		if exports, err := q.Client().QueryBlockExports(ctx); err == nil && slices.ContainsFunc(exports, func(x qmp.BlockExport) bool { return x.ID == key }) {
-			if err := q.RemoveDataExport(ctx, key); err != nil {
-				return false, &record.HostError{Kind: record.HostStorage, Op: "removing the export of volume " + key, Err: err}
-			}
-		}
+	return &info.Config.Disks[i], deviceBDF(info, key), nil
+}
+
+// deviceBDF is the PCI address of device id in CH's device tree: on the
+// device's node, or (CH's shape for virtio devices) on its parent, the
+// "_virtio-pci-<id>" node.
+func deviceBDF(info *chclient.VmInfo, id string) string {
+	n := info.DeviceTree[id]
+	if n.PciBdf == "" && n.Parent != "" {
+		return info.DeviceTree[n.Parent].PciBdf
 	}
-	return false, nil
+	return n.PciBdf
 }
 
 // removeDisk asks CH to remove device key and waits, at most
@@ -208,8 +239,8 @@ func diskBDF(ctx context.Context, c *chclient.Client, key string) (string, bool)
 	if err != nil {
 		return "", false
 	}
-	n, ok := info.DeviceTree[key]
-	return n.PciBdf, ok && n.PciBdf != ""
+	bdf := deviceBDF(info, key)
+	return bdf, bdf != ""
 }
 
 // heldQSD is rec's storage daemon as its monitor holds it.

@@ -6,11 +6,13 @@ import (
 	"os"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"vmhost/chclient"
 	"vmhost/qcow2"
+	"vmhost/qmp"
 	"vmhost/vm/record"
 )
 
@@ -261,5 +263,77 @@ func TestEngineHotDetachRefused(t *testing.T) {
 	if len(rec.Spec.Volumes) != 0 || len(ch) != 0 || len(qsd) != 0 || len(rec.Runtime.QSD.DataSockets) != 0 {
 		t.Fatalf("after the retried detach: record %v sockets %v, CH %v, QSD %v; want none",
 			volumeIDs(rec), rec.Runtime.QSD.DataSockets, ch, qsd)
+	}
+}
+
+// TestEngineHotPlugResumes: HotAttach and HotDetach run again over what a
+// run cut short left, as recovery runs them: an attach over a storage
+// daemon holding the volume's file node alone (the first blockdev-add
+// done, which made every later attach fail with "Duplicate nodes"), an
+// attach over one already complete, a detach over one already complete;
+// each ends with CH and the daemon agreeing, and no node of the volume
+// left after the detach.
+func TestEngineHotPlugResumes(t *testing.T) {
+	s := simService(t, nil)
+	ctx := context.Background()
+	sp := baseSpec(t, s.root, "rs")
+	sp.AutoBoot = true
+	s.mustCreate(t, sp)
+	firstClass(t, s, "v")
+	rec := s.recs.Get("rs")
+	q, err := s.heldQSD(rec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := q.Client().BlockdevAdd(ctx, qmp.FileNode("data1-file", s.lay.Volume("v"))); err != nil {
+		t.Fatal(err)
+	}
+	rec, err = s.recs.Update("rs", func(r *record.Record) {
+		r.Spec.Volumes = append(r.Spec.Volumes, record.VolumeSpec{ID: "data1", VolumeID: "v", SizeGiB: 1, Pending: record.PendingAttach})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if err := s.HotAttach(ctx, rec, "data1"); err != nil {
+			t.Fatalf("HotAttach #%d: %v", i+1, err)
+		}
+		if ch, qsd := hostVolumes(t, s, "rs"); !slices.Equal(ch, []string{"data0", "data1"}) || !slices.Equal(qsd, []string{"data0", "data1"}) {
+			t.Fatalf("after HotAttach #%d: CH %v, QSD %v", i+1, ch, qsd)
+		}
+	}
+	for i := range 2 {
+		if err := s.HotDetach(ctx, rec, "data1"); err != nil {
+			t.Fatalf("HotDetach #%d: %v", i+1, err)
+		}
+		if ch, qsd := hostVolumes(t, s, "rs"); !slices.Equal(ch, []string{"data0"}) || !slices.Equal(qsd, []string{"data0"}) {
+			t.Fatalf("after HotDetach #%d: CH %v, QSD %v", i+1, ch, qsd)
+		}
+	}
+	nodes, err := q.Client().QueryNamedBlockNodes(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if strings.HasPrefix(n.NodeName, "data1") {
+			t.Errorf("node %s left after the detach", n.NodeName)
+		}
+	}
+}
+
+// TestDeviceBDF reads a device's PCI address where CH's vm.info puts it:
+// on the "_virtio-pci-<id>" parent of a virtio device's node, or on the
+// node itself.
+func TestDeviceBDF(t *testing.T) {
+	info := &chclient.VmInfo{DeviceTree: map[string]chclient.DeviceNode{
+		"data1":              {ID: "data1", Parent: "_virtio-pci-data1"},
+		"_virtio-pci-data1":  {ID: "_virtio-pci-data1", Children: []string{"data1"}, PciBdf: "0000:00:07.0"},
+		"__pvpanic":          {ID: "__pvpanic", PciBdf: "0000:00:03.0"},
+		"_virtio-pci-orphan": {ID: "_virtio-pci-orphan"},
+	}}
+	for id, want := range map[string]string{"data1": "0000:00:07.0", "__pvpanic": "0000:00:03.0", "gone": ""} {
+		if got := deviceBDF(info, id); got != want {
+			t.Errorf("deviceBDF(%s) = %q, want %q", id, got, want)
+		}
 	}
 }

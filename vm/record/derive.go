@@ -225,8 +225,19 @@ func VolumeID(i int) string {
 // TapName is the host tap of interface index of a VM: "vmh", 8 hex digits
 // of a hash of id and index, then the index: at most 15 bytes (IFNAMSIZ)
 // for the MaxNets interfaces a VM may have.
-func TapName(id string, index int) string {
-	h := sha256.Sum256([]byte(fmt.Sprintf("%s/%d", id, index)))
+func TapName(id string, index int) string { return AgentTapName("", id, index) }
+
+// AgentTapName is the host tap of interface index of a VM of agent (an
+// agentid): TapName with the agent id hashed in, so that agents sharing a
+// network namespace name the taps of VMs with the same id apart. An empty
+// agent gives TapName, the name of VMs created before agents had ids.
+// Taps are named once, at create, and the name is recorded (NIC.Tap).
+func AgentTapName(agent, id string, index int) string {
+	key := fmt.Sprintf("%s/%d", id, index)
+	if agent != "" {
+		key = agent + "/" + key
+	}
+	h := sha256.Sum256([]byte(key))
 	return "vmh" + hex.EncodeToString(h[:4]) + strconv.Itoa(index)
 }
 

@@ -192,10 +192,15 @@ type AppVMSpec struct {
 	// installs and whether its root disk is staged (RootDiskNext complete),
 	// so that recovery rolls it back or forward. RedeployError is the last
 	// failure.
-	Redeploy      *Redeploy   `json:"redeploy,omitempty"`
-	RedeployError string      `json:"redeploy_error,omitempty"`
-	Image         Workload    `json:"image"`
-	Guest         *AppVMGuest `json:"guest,omitempty"` // what its guest agent reported (package appvm)
+	Redeploy      *Redeploy `json:"redeploy,omitempty"`
+	RedeployError string    `json:"redeploy_error,omitempty"`
+	// Restart is an operation in progress whose outcome is this AppVM
+	// running (a spec edit with restart, a redeploy of a running AppVM),
+	// recorded before it stops anything, so that recovery finishes it if
+	// the agent dies first (appvm.FinishRestarts).
+	Restart *Restart    `json:"restart,omitempty"`
+	Image   Workload    `json:"image"`
+	Guest   *AppVMGuest `json:"guest,omitempty"` // what its guest agent reported (package appvm)
 
 	// v1Mounts are the mountpoints a record written before volumes held
 	// them kept in appvm.data_volumes, parallel to Spec.Volumes; Decode
@@ -221,6 +226,14 @@ func (a *AppVMSpec) UnmarshalJSON(b []byte) error {
 		a.v1Mounts = append(a.v1Mounts, d.Mountpoint)
 	}
 	return nil
+}
+
+// Restart is an operation in progress that stops an AppVM to boot it
+// again. Of is the start time (field 22 of /proc/PID/stat) of the Cloud
+// Hypervisor of the boot it replaces: while that boot still runs, the
+// operation has not stopped it yet.
+type Restart struct {
+	Of uint64 `json:"of,omitempty"`
 }
 
 // Redeploy is an AppVM redeploy in progress.
@@ -401,6 +414,10 @@ func (l Layout) DataVolume(id, key string) string {
 
 // VolumesDir holds the first-class volumes (package volume).
 func (l Layout) VolumesDir() string { return l.StateDir + "/volumes" }
+
+// SpoolDir is <state>/spool, where an AppVM files put spools the archive
+// it checks before sending it (named as a temp file, and unlinked at once).
+func (l Layout) SpoolDir() string { return l.StateDir + "/spool" }
 
 // Volume is the file of first-class volume volID.
 func (l Layout) Volume(volID string) string { return l.StateDir + "/volumes/" + volID + ".qcow2" }
