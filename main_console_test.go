@@ -15,10 +15,14 @@ import (
 	"vmhost/console"
 )
 
-// TestConsoleAttachName: the client dials the socket the keeper listens on.
+// TestConsoleAttachName: the client dials the socket the agent listens
+// on, and reads its answers.
 func TestConsoleAttachName(t *testing.T) {
 	if cli.ConsoleAttachName != console.AttachName {
-		t.Errorf("cli dials %q, the console keeper listens on %q", cli.ConsoleAttachName, console.AttachName)
+		t.Errorf("cli dials %q, the agent listens on %q", cli.ConsoleAttachName, console.AttachName)
+	}
+	if cli.ConsoleAttachOK != console.AttachOK || cli.ConsoleAttachError != console.AttachError {
+		t.Errorf("cli reads answers %q and %q, the agent sends %q and %q", cli.ConsoleAttachOK, cli.ConsoleAttachError, console.AttachOK, console.AttachError)
 	}
 }
 

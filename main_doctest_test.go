@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"vmhost/disk"
 )
 
 // A docBlock is one fenced code block of a markdown page.
@@ -193,6 +195,7 @@ func TestDocExamples(t *testing.T) {
 				t.Skip("no runnable example")
 			}
 			dir := t.TempDir()
+			t.Cleanup(func() { disk.RemoveAll(dir) }) // AppVM builds are sealed (immutable, as root)
 			scriptPath := filepath.Join(dir, "examples.sh")
 			os.WriteFile(scriptPath, []byte(script), 0o700)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)

@@ -16,14 +16,24 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/disk"
 	"vmhost/ociimage/ocitest"
 )
+
+// buildsTempDir is a temp dir that may come to hold a catalog: the builds
+// an import commits are sealed (immutable, as root), which TempDir's own
+// cleanup cannot remove.
+func buildsTempDir(t *testing.T) string {
+	dir := t.TempDir()
+	t.Cleanup(func() { disk.RemoveAll(dir) })
+	return dir
+}
 
 func TestImageImportCommand(t *testing.T) {
 	if _, err := exec.LookPath("mkfs.ext4"); err != nil {
 		t.Skip("mkfs.ext4 not installed (apt-get install e2fsprogs)")
 	}
-	dir := t.TempDir()
+	dir := buildsTempDir(t)
 	state := filepath.Join(dir, "state")
 	src := filepath.Join(dir, "app.tar")
 	digest := ocitest.Image{

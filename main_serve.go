@@ -20,18 +20,25 @@ const devStateDir = apiserver.DevStateDir
 // serveEnv is what newService (main_wire.go) builds the service from.
 type serveEnv = apiserver.Env
 
-// runService is newService as package server runs it.
+// runService is newService as package server runs it; it ends the start
+// profile (main_profile.go) once the service is built.
 func runService(env apiserver.Env) (*apiserver.Service, error) {
 	s, err := newService(env)
+	stopStartProfile()
 	if err != nil {
 		return nil, err
 	}
 	return &apiserver.Service{Handler: s.Handler, Close: s.Close, CloseStreams: s.CloseStreams}, nil
 }
 
+// stopStartProfile ends the start profile serve began.
+var stopStartProfile = func() {}
+
 // serve parses serve's flags and runs the server (package server, imported as apiserver: the tests have a type server) with the
 // service newService wires.
 func serve(args []string, stdout, stderr io.Writer) int {
+	stopStartProfile = startProfile(stderr)
+	defer stopStartProfile()
 	o := apiserver.Options{Stdout: stdout}
 	fl := flag.NewFlagSet("vmhost serve", flag.ContinueOnError)
 	fl.SetOutput(stderr)

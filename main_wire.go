@@ -119,6 +119,7 @@ func newService(env serveEnv) (*service, error) {
 		Records:  recs,
 		Host:     eng,
 		Logger:   env.Log,
+		Events:   evs,
 		AgentID:  env.AgentID,
 	})
 	if err != nil {
@@ -148,11 +149,13 @@ func newService(env serveEnv) (*service, error) {
 	}
 	// An agent that is not root may not give an image's files their
 	// owners nor make its device nodes: it imports without them, as
-	// `vmhost image import --ignore-owners --skip-devices` does.
-	images := appvm.NewImporter(apps.Catalog(), appvm.ImportOptions{Logger: env.Log, Events: evs,
+	// `vmhost image import --ignore-owners --skip-devices` does. The
+	// service's importer finishes what imports cut short and removes the
+	// builds nothing uses, now and after each commit.
+	images, err := apps.NewImporter(appvm.ImportOptions{Logger: env.Log, Events: evs,
 		MaxBytes: env.Config.ImageImportMaxBytes, MaxEntries: env.Config.ImageImportMaxEntries,
 		IgnoreOwners: uid != 0, SkipDevices: uid != 0})
-	if err := images.Recover(); err != nil {
+	if err != nil {
 		env.Log.Error("recovering AppVM image imports", "err", err)
 	}
 	h := api.New(api.Config{Keys: env.Keys, VMs: vms, AppVMs: apps, Images: images, Logger: env.Log,

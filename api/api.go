@@ -172,14 +172,14 @@ var routeTable = []Route{
 	{"PATCH /api/appvm/vms/{id}/labels", true, editLabels(vm.ModeAppVM)},
 	{"GET /api/host", false, (*Server).getHost},
 	// Lifecycle (api/lifecycle.go).
-	{"POST /api/vms/{id}/start", true, actVM(vm.ModeVM, vm.ActionStart)},
+	{"POST /api/vms/{id}/start", true, startVM(vm.ModeVM)},
 	{"POST /api/vms/{id}/shutdown", true, actVM(vm.ModeVM, vm.ActionShutdown)},
 	{"POST /api/vms/{id}/stop", true, actVM(vm.ModeVM, vm.ActionStop)},
 	{"POST /api/vms/{id}/pause", true, actVM(vm.ModeVM, vm.ActionPause)},
 	{"POST /api/vms/{id}/resume", true, actVM(vm.ModeVM, vm.ActionResume)},
 	{"POST /api/vms/{id}/reboot", true, actVM(vm.ModeVM, vm.ActionReboot)},
 	{"DELETE /api/vms/{id}", true, deleteVM(vm.ModeVM)},
-	{"POST /api/appvm/vms/{id}/start", true, actVM(vm.ModeAppVM, vm.ActionStart)},
+	{"POST /api/appvm/vms/{id}/start", true, startVM(vm.ModeAppVM)},
 	{"POST /api/appvm/vms/{id}/shutdown", true, actVM(vm.ModeAppVM, vm.ActionShutdown)},
 	{"POST /api/appvm/vms/{id}/stop", true, actVM(vm.ModeAppVM, vm.ActionStop)},
 	{"POST /api/appvm/vms/{id}/pause", true, actVM(vm.ModeAppVM, vm.ActionPause)},
@@ -208,6 +208,16 @@ var routeTable = []Route{
 	{"DELETE /api/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeVM)},
 	{"POST /api/appvm/vms/{id}/volumes", true, attachVolume(vm.ModeAppVM)},
 	{"DELETE /api/appvm/vms/{id}/volumes/{vol}", true, detachVolume(vm.ModeAppVM)},
+	// Suspend and snapshots (api/snapshots.go).
+	{"POST /api/vms/{id}/suspend", true, suspendVM(vm.ModeVM)},
+	{"POST /api/appvm/vms/{id}/suspend", true, suspendVM(vm.ModeAppVM)},
+	{"POST /api/vms/{id}/snapshots", true, createSnapshot(vm.ModeVM)},
+	{"POST /api/appvm/vms/{id}/snapshots", true, createSnapshot(vm.ModeAppVM)},
+	{"POST /api/vms/{id}/restore", true, restoreVM(vm.ModeVM)},
+	{"POST /api/appvm/vms/{id}/restore", true, restoreVM(vm.ModeAppVM)},
+	{"GET /api/snapshots", false, (*Server).listSnapshots},
+	{"GET /api/snapshots/{id}", false, (*Server).getSnapshot},
+	{"DELETE /api/snapshots/{id}", true, (*Server).deleteSnapshot},
 	// Guest operations (api/guestops.go).
 	{"POST /api/appvm/vms/{id}/exec", true, (*Server).execAppVM},
 	{"GET /api/appvm/vms/{id}/files", false, (*Server).getFiles},
@@ -233,8 +243,8 @@ func New(c Config) *Server {
 		if c.Events != nil {
 			io.Events = c.Events
 		}
-		c.Images = appvm.NewImporter(c.AppVMs.Catalog(), io)
-		if err := c.Images.Recover(); err != nil {
+		var err error
+		if c.Images, err = c.AppVMs.NewImporter(io); err != nil {
 			c.Logger.Error("recovering AppVM image imports", "err", err)
 		}
 	}

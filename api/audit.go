@@ -93,9 +93,9 @@ func (s *Server) audited(rt Route, r *http.Request, key *auth.Key, w *auditWrite
 		id = w.id
 	}
 	switch {
-	case strings.Contains(rt.Pattern, " /api/volumes"):
-		// A volume's id is neither a VM's nor an image's (audit.Entry has
-		// no field for it): Path names it.
+	case strings.Contains(rt.Pattern, " /api/volumes"), strings.Contains(rt.Pattern, " /api/snapshots"):
+		// A volume's or snapshot's id is neither a VM's nor an image's
+		// (audit.Entry has no field for it): Path names it.
 	case strings.Contains(rt.Pattern, "/images"):
 		e.ImageID = id
 	default:

@@ -47,6 +47,9 @@ func TestAuthMatrix(t *testing.T) {
 		{"/api/appvm/vms", `{"vm_id":"app-vol-fixture","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1,"auto_boot":false,"data_volumes":[{"size_gib":1,"mountpoint":"/d"}]}`},
 		{"/api/volumes", `{"volume_id":"vol-a","size_gib":1}`},
 		{"/api/volumes", `{"volume_id":"vol-spare","size_gib":1}`},
+		// The snapshot routes': one to read and one to delete.
+		{"/api/vms/vol-fixture/snapshots", `{"snapshot_id":"snap-fixture"}`},
+		{"/api/vms/vol-fixture/snapshots", `{"snapshot_id":"snap-spare"}`},
 	} {
 		if st, _, b := h.do(t, "POST", c[0], h.rw, c[1]); st != 201 {
 			t.Fatalf("fixture %s: %d %s", c[0], st, b)
@@ -103,6 +106,9 @@ func TestAuthMatrix(t *testing.T) {
 		"POST /api/appvm/vms/{id}/volumes":         "/api/appvm/vms/app-vol-fixture/volumes",
 		"DELETE /api/appvm/vms/{id}/volumes/{vol}": "/api/appvm/vms/app-vol-fixture/volumes/data0",
 
+		"GET /api/snapshots":              "/api/snapshots",
+		"GET /api/snapshots/{id}":         "/api/snapshots/snap-fixture",
+		"DELETE /api/snapshots/{id}":      "/api/snapshots/snap-spare",
 		"POST /api/appvm/vms/{id}/exec":   "/api/appvm/vms/app-fixture/exec",
 		"GET /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/etc",
 		"PUT /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/tmp",
@@ -111,7 +117,7 @@ func TestAuthMatrix(t *testing.T) {
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",
 	}
-	for _, a := range append(slices.Clone(vm.Actions), "balloon") {
+	for _, a := range append(slices.Clone(vm.Actions), "balloon", "suspend", "snapshots", "restore") {
 		paths["POST /api/vms/{id}/"+string(a)] = "/api/vms/fixture/" + string(a)
 		paths["POST /api/appvm/vms/{id}/"+string(a)] = "/api/appvm/vms/app-fixture/" + string(a)
 	}

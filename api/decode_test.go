@@ -55,7 +55,8 @@ func TestDecodeStrictRejects(t *testing.T) {
 		{"label key quoted", `{"vcpus":1,"memory_mb":64,"labels":{"a\nb":{}}}`, `labels["a\nb"]: expected string, got object`, false},
 		{"appvm label value", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":1,"labels":{"a":true}}`, `labels["a"]: expected string, got boolean`, true},
 
-		{"appvm image missing", `{"vcpus":1,"memory_mb":64,"disk_gib":1}`, "image_id: required field missing", true},
+		{"appvm image_id type", `{"image_id":7,"vcpus":1,"memory_mb":64,"disk_gib":1}`, "image_id: expected string, got number", true},
+		{"appvm from_snapshot type", `{"from_snapshot":[],"vcpus":1,"memory_mb":64,"disk_gib":1}`, "from_snapshot: expected string, got array", true},
 		{"appvm disk_gib null", `{"image_id":"i","vcpus":1,"memory_mb":64,"disk_gib":null}`, "disk_gib: required field is null", true},
 		{"appvm vcpus missing", `{"image_id":"i","memory_mb":64,"disk_gib":1}`, "vcpus: required field missing", true},
 		{"appvm memory missing", `{"image_id":"i","vcpus":1,"disk_gib":1}`, "memory_mb: required field missing", true},

@@ -26,6 +26,7 @@ import (
 	"vmhost/disk"
 	"vmhost/events"
 	"vmhost/openapi"
+	"vmhost/qcow2"
 	"vmhost/registry"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
@@ -153,6 +154,11 @@ func newHarness(t testing.TB) *harness {
 	} {
 		if err := h.apps.Catalog().Put(im); err != nil {
 			t.Fatal(err)
+		}
+		if im.Status == appvm.StatusReady {
+			if err := qcow2.Create(h.apps.Catalog().RootFS(im), im.SizeBytes); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	return h

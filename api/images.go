@@ -6,7 +6,6 @@ import (
 	"net/http"
 
 	"vmhost/appvm"
-	"vmhost/vm"
 )
 
 // imageList is the body of GET /api/appvm/images (docs/design.md §5).
@@ -58,15 +57,7 @@ func (s *Server) importImage(w http.ResponseWriter, r *http.Request) {
 
 // deleteImage removes an image that no AppVM uses and no import holds.
 func (s *Server) deleteImage(w http.ResponseWriter, r *http.Request) {
-	err := s.images.Delete(r.PathValue("id"), func(id string) []string {
-		var users []string
-		for _, rec := range s.vms.List(vm.ModeAppVM) {
-			if rec.AppVM != nil && rec.AppVM.ImageID == id {
-				users = append(users, rec.ID)
-			}
-		}
-		return users
-	})
+	err := s.apps.DeleteImage(s.images, r.PathValue("id"))
 	if errors.Is(err, fs.ErrNotExist) {
 		writeError(w, http.StatusNotFound, CodeNotFound, "no AppVM image has this id")
 		return

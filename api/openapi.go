@@ -123,8 +123,15 @@ var routeDocs = map[string]routeDoc{
 
 func init() {
 	for _, a := range vm.Actions {
-		routeDocs["POST /api/vms/{id}/"+string(a)] = routeDoc{summary: string(a) + " a classic VM", tag: "vms", ok: []openapi.Response{noContent}}
-		routeDocs["POST /api/appvm/vms/{id}/"+string(a)] = routeDoc{summary: string(a) + " an AppVM", tag: "appvms", ok: []openapi.Response{noContent}}
+		var q []openapi.Param
+		if a == vm.ActionStart {
+			q = []openapi.Param{{Name: "cold", Description: "true: discard a saved state (a suspend's) and boot"}}
+		}
+		routeDocs["POST /api/vms/{id}/"+string(a)] = routeDoc{summary: string(a) + " a classic VM", tag: "vms", ok: []openapi.Response{noContent}, query: q}
+		routeDocs["POST /api/appvm/vms/{id}/"+string(a)] = routeDoc{summary: string(a) + " an AppVM", tag: "appvms", ok: []openapi.Response{noContent}, query: q}
+	}
+	for pattern, d := range snapshotDocs {
+		routeDocs[pattern] = d
 	}
 }
 

@@ -20,11 +20,12 @@
 //
 // Each imported AppVM image is a directory <state>/appvm-images/<id>/ with
 // an image.json (see Image for its fields) and, once ready, the root file
-// system that AppVM root disks copy: one file per build,
-// rootfs-<build digest>.qcow2 (images imported before builds were named so
-// have rootfs.qcow2). The id follows the VM id
-// pattern. Only images whose status is ready can be used: an unknown or
-// failed image is a 400, an image still importing a 409 CONFLICT.
+// system that AppVM root disks are overlays (or copies) of: one file per
+// build, rootfs-<build digest>.qcow2 (images imported before builds were
+// named so have rootfs.qcow2), sealed read-only once imported. The id
+// follows the VM id pattern. Only images whose status is ready can be
+// used: an unknown or failed image is a 400, an image still importing a
+// 409 CONFLICT.
 //
 // # Imports
 //
@@ -35,13 +36,12 @@
 // time across processes. A first import shows status importing, then ready
 // or failed with the reason. A re-import of a ready image keeps serving the
 // current build as ready (AppVMs may still be created from it) and reports
-// its progress in reimport; on success the new build replaces the old one in
-// one step, on failure the old build stays and reimport says why. The
-// build before the current one is kept until the next re-import, so a
-// create that read image.json just before a commit still copies the build
-// it recorded. AppVM root disks are copies, so a re-import never touches
-// existing AppVMs; their view shows update_available once the catalog's
-// build differs from theirs.
+// its progress in reimport; on success the new build becomes the current
+// one in one step, on failure the old build stays and reimport says why. A
+// re-import adds a build and never touches existing AppVMs: a build stays
+// while any AppVM's root disk reads through to it (builds.go), and their
+// view shows update_available once the catalog's build differs from
+// theirs (a redeploy moves them to it).
 package appvm
 
 import (

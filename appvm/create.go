@@ -2,6 +2,7 @@ package appvm
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,8 +12,10 @@ import (
 	"sync"
 
 	"vmhost/appvm/guest/proto"
+	"vmhost/config"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/record"
 	"vmhost/vm/records"
 )
 
@@ -26,7 +29,7 @@ func (RestartPolicy) EnumValues() []string { return []string{"no", "on-failure",
 // as in vm.Spec.
 type CreateRequest struct {
 	VMID          string              `json:"vm_id,omitempty"`
-	ImageID       string              `json:"image_id" decode:"required"`
+	ImageID       string              `json:"image_id,omitempty"`
 	Vcpus         uint32              `json:"vcpus" decode:"required"`
 	MemoryMB      uint64              `json:"memory_mb" decode:"required"`
 	DiskGiB       uint32              `json:"disk_gib" decode:"required"`
@@ -56,6 +59,10 @@ type CreateRequest struct {
 	TmpfsMounts   []vm.TmpfsMount     `json:"tmpfs_mounts,omitempty"`
 	StopGraceSecs *uint32             `json:"stop_grace_secs,omitempty"`
 	Labels        map[string]string   `json:"labels,omitempty"`
+	// FromSnapshot names a snapshot of an AppVM whose disks the new one
+	// gets copies of, in the place of image_id (docs/api.md, Suspend and
+	// snapshots).
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 }
 
 // Network modes of an AppVM (appvm.network_mode).
@@ -147,6 +154,8 @@ type Service struct {
 	bg sync.WaitGroup
 	// noDefaultNetwork is Config.NoDefaultNetwork.
 	noDefaultNetwork bool
+	// builds keeps the builds AppVMs use (builds.go).
+	builds buildKeeper
 }
 
 // New returns the AppVM service of c. The catalog is
@@ -158,6 +167,7 @@ func New(c Config) *Service {
 		catalog:          Catalog{Dir: filepath.Join(c.VMs.Layout().StateDir, "appvm-images")},
 		noDefaultNetwork: c.NoDefaultNetwork}
 	s.recs.Watch(s.followRecords)
+	s.recs.Watch(s.followBuilds)
 	return s
 }
 
@@ -166,8 +176,17 @@ func (s *Service) Catalog() Catalog { return s.catalog }
 
 // Create validates req (400 *vm.FieldError), checks the image is ready (409
 // *ConflictError), admits and creates the AppVM through the vm machinery.
+//
+// The root disk is made from the image's current build as
+// appvm_root_disk says: an overlay of it, or a copy. The build is pinned
+// (builds.go) until the record, which names it, is stored.
 func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateResponse, error) {
-	img, err := s.validate(req)
+	src, err := s.source(req)
+	if err != nil {
+		return nil, err
+	}
+	defer src.release()
+	img, err := s.validate(req, src)
 	if err != nil {
 		return nil, err
 	}
@@ -176,11 +195,17 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	}
 	booted := req.AutoBoot == nil || *req.AutoBoot
 	size := uint32(req.DiskGiB)
+	mode := record.DiskCopy
+	if s.vms.Config().AppVMRootDisk == config.AppVMRootOverlay {
+		mode = record.DiskOverlay
+	}
 	spec := &vm.Spec{
 		VMID:          req.VMID,
 		Vcpus:         req.Vcpus,
 		MemoryMB:      req.MemoryMB,
-		Disk:          &vm.DiskSpec{Mode: "copy", BasePath: s.catalog.RootFS(img), SizeGiB: &size},
+		Disk:          &vm.DiskSpec{Mode: src.mode(mode), BasePath: src.base.Path, SizeGiB: &size},
+		FromSnapshot:  req.FromSnapshot,
+		Volumes:       src.volumes,
 		DiskBpsTotal:  req.DiskBpsTotal,
 		DiskIopsTotal: req.DiskIopsTotal,
 		AutoBoot:      booted,
@@ -227,7 +252,7 @@ func (s *Service) Create(ctx context.Context, req *CreateRequest) (*CreateRespon
 	}
 	req.workload().apply(app, &rec.Secrets)
 	rec.AppVM = app
-	rec.Base = &vm.BaseImage{Path: s.catalog.RootFS(img), VirtualSizeBytes: img.SizeBytes}
+	rec.Base = &src.base
 	rec, _, err = s.vms.Launch(ctx, rec)
 	if err != nil && rec == nil {
 		return nil, err
@@ -240,21 +265,78 @@ func bad(field, format string, args ...any) error {
 	return &vm.FieldError{Field: field, Msg: fmt.Sprintf(format, args...)}
 }
 
-// validate checks every rule of docs/api.md (POST /api/appvm/vms) that goes beyond types and
-// returns the image. The image's import status is left to Create (409).
-func (s *Service) validate(r *CreateRequest) (*Image, error) {
+// createSource is where a new AppVM's disks come from: its image's build,
+// or a snapshot's copies (pinned until release).
+type createSource struct {
+	img     *Image
+	base    vm.BaseImage
+	volumes []vm.VolumeSpec // a snapshot's own volumes, as they were
+	release func()
+	// fromSnapshot: the disks are a snapshot's copies.
+	fromSnapshot bool
+}
+
+// source resolves the image_id or from_snapshot of r (exactly one of them;
+// *vm.FieldError otherwise).
+func (s *Service) source(r *CreateRequest) (*createSource, error) {
 	if r.VMID != "" && !store.ValidID(r.VMID) {
 		return nil, bad("vm_id", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 	}
-	img, err := s.catalog.Get(r.ImageID)
+	switch {
+	case r.FromSnapshot != "" && r.ImageID != "":
+		return nil, bad("image_id", "not with from_snapshot: the AppVM's disks and workload are the snapshot's")
+	case r.FromSnapshot != "" && len(r.DataVolumes) > 0:
+		return nil, bad("data_volumes", "not with from_snapshot: the AppVM gets copies of the snapshot's volumes (attach more later)")
+	case r.FromSnapshot != "":
+		sn, vols, release, err := s.vms.FromSnapshot(r.FromSnapshot, vm.ModeAppVM)
+		if err != nil {
+			return nil, err
+		}
+		img := &Image{ID: sn.Source.ImageID, Status: StatusReady}
+		if len(sn.Source.Workload) > 0 {
+			if err := json.Unmarshal(sn.Source.Workload, &img.Workload); err != nil {
+				release()
+				return nil, &vm.HostError{Kind: vm.HostStorage, Op: "reading snapshot " + sn.ID, Err: err}
+			}
+		}
+		return &createSource{img: img, base: vm.BaseImage{Path: sn.Disks[0].Path, VirtualSizeBytes: sn.Disks[0].VirtualSizeBytes},
+			volumes: vols, release: release, fromSnapshot: true}, nil
+	case r.ImageID == "":
+		return nil, bad("image_id", "required unless from_snapshot is given")
+	}
+	// The build is pinned (builds.go) until the record, which names it,
+	// is stored.
+	img, unpin, err := s.pinBuild(r.ImageID)
+	if err != nil && unpin == nil {
+		return nil, err // the build of a ready image is missing
+	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
+		unpin()
 		return nil, bad("image_id", "unknown AppVM image %q", r.ImageID)
 	case err != nil:
+		unpin()
 		return nil, bad("image_id", "%v", err)
 	case img.Status == StatusFailed:
+		unpin()
 		return nil, bad("image_id", "AppVM image %q failed to import", r.ImageID)
 	}
+	return &createSource{img: img, base: vm.BaseImage{Path: s.catalog.RootFS(img), VirtualSizeBytes: img.SizeBytes}, release: unpin}, nil
+}
+
+// mode is the root disk's kind: configured, for an image's build; a
+// copy of the snapshot's disk as it is, for a snapshot.
+func (c *createSource) mode(configured string) string {
+	if c.volumes != nil || c.fromSnapshot {
+		return record.DiskCopy
+	}
+	return configured
+}
+
+// validate checks every rule of docs/api.md (POST /api/appvm/vms) that goes beyond types and
+// returns the image. The image's import status is left to Create (409).
+func (s *Service) validate(r *CreateRequest, src *createSource) (*Image, error) {
+	img := src.img
 	if err := vm.CheckLabels(r.Labels); err != nil {
 		return nil, err
 	}
@@ -267,8 +349,12 @@ func (s *Service) validate(r *CreateRequest) (*Image, error) {
 	if r.DiskGiB < 1 || r.DiskGiB > vm.MaxSizeGiB {
 		return nil, bad("disk_gib", "must be 1..%d, got %d", vm.MaxSizeGiB, r.DiskGiB)
 	}
-	if uint64(r.DiskGiB)<<30 < img.SizeBytes {
-		return nil, bad("disk_gib", "%d GiB is below the image's size of %d bytes", r.DiskGiB, img.SizeBytes)
+	if uint64(r.DiskGiB)<<30 < src.base.VirtualSizeBytes {
+		what := "the image's size"
+		if r.FromSnapshot != "" {
+			what = "the size of the snapshot's root disk"
+		}
+		return nil, bad("disk_gib", "%d GiB is below %s of %d bytes", r.DiskGiB, what, src.base.VirtualSizeBytes)
 	}
 	if r.NetworkID != "" {
 		if _, ok := s.vms.Config().Network(r.NetworkID); !ok {

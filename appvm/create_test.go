@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/qcow2"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
 )
@@ -58,6 +59,9 @@ func newEnv(t *testing.T) (*appEnv, *vm.Service, *appvm.Service) {
 		if err := apps.Catalog().Put(im); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := qcow2.Create(apps.Catalog().BuildFile("web", "sha256:1a2b3c4d"), 1<<30); err != nil {
+		t.Fatal(err)
 	}
 	return e, vms, apps
 }

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"vmhost/disk"
 	"vmhost/events"
 	"vmhost/internal/atomicfile"
 	"vmhost/ociimage"
@@ -58,6 +59,11 @@ type ImportOptions struct {
 	// Events gets image_ready and image_failed for each import that ends
 	// (or that Recover finishes or fails); nil publishes none.
 	Events events.Publisher
+	// Committed, when set, is told the image id after an import committed
+	// a new build, once the image's lock is released: the agent then
+	// removes the builds nothing uses (Service.NewImporter). Without it
+	// (`vmhost image import`) builds are only ever added.
+	Committed func(id string)
 }
 
 // Importer imports images into a Catalog. Imports of one id are serialized
@@ -116,8 +122,8 @@ func (im *Importer) Start(req *ImportRequest) (*Image, error) {
 	im.wg.Add(1)
 	go func() {
 		defer im.wg.Done()
-		defer lock.Close()
 		final, err := im.run(im.ctx, req, cur)
+		lock.Close()
 		if err != nil {
 			im.o.Logger.Error("AppVM image import failed", "image", req.ID, "source", req.Path, "err", err)
 			im.publish(events.ImageFailed, req.ID, err.Error())
@@ -125,8 +131,15 @@ func (im *Importer) Start(req *ImportRequest) (*Image, error) {
 		}
 		im.o.Logger.Info("AppVM image imported", "image", req.ID, "source", req.Path, "build_digest", final.BuildDigest)
 		im.publish(events.ImageReady, req.ID, "")
+		im.committed(req.ID)
 	}()
 	return cur, nil
+}
+
+func (im *Importer) committed(id string) {
+	if im.o.Committed != nil {
+		im.o.Committed(id)
+	}
 }
 
 func (im *Importer) publish(t events.Type, id, msg string) {
@@ -144,8 +157,12 @@ func (im *Importer) Import(ctx context.Context, req *ImportRequest) (*Image, err
 	if err != nil {
 		return nil, err
 	}
-	defer lock.Close()
-	return im.run(ctx, req, cur)
+	final, err := im.run(ctx, req, cur)
+	lock.Close()
+	if err == nil {
+		im.committed(req.ID)
+	}
+	return final, err
 }
 
 // begin validates req, takes the image's lock and records the import's
@@ -220,7 +237,7 @@ func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*I
 		}
 		err = writeImageJSON(staged, next)
 		if err == nil {
-			err = commit(dir)
+			err = im.commit(dir)
 		}
 		if err == nil {
 			return next, nil
@@ -249,17 +266,18 @@ func (im *Importer) run(ctx context.Context, req *ImportRequest, cur *Image) (*I
 }
 
 // commit installs a finished staged import: the new build's root file
-// system under its own name (rootfs-<digest>.qcow2) first, then its
+// system under its own name (rootfs-<digest>.qcow2), sealed (read-only
+// and, where possible, immutable: overlays read through to it), then its
 // image.json, then the staging dir goes. Because the staged image.json is
 // written only after the staged rootfs is complete, Recover can finish a
 // commit that a crash interrupted: a staged image.json means "roll
 // forward".
 //
-// An AppVM's root disk is copied when it is provisioned, after its create
-// read image.json: each build having a file of its own, the copy is always
-// of the build the create recorded. The build that was current until now
-// is kept (a create may have just read it); older ones are removed.
-func commit(dir string) error {
+// A build already there under the same digest (a re-import of the same
+// image) is kept and the staged one dropped: AppVM overlays may read
+// through to it, and a file made again is never byte-identical. No build
+// is removed here: the agent removes those nothing uses (builds.go).
+func (im *Importer) commit(dir string) error {
 	staged := filepath.Join(dir, nextDir)
 	data, err := os.ReadFile(filepath.Join(staged, "image.json"))
 	if err != nil {
@@ -269,20 +287,19 @@ func commit(dir string) error {
 	if err := json.Unmarshal(data, &next); err != nil {
 		return fmt.Errorf("installing the imported image: %w", err)
 	}
-	keep := map[string]bool{buildName(next.BuildDigest): true}
-	if data, err := os.ReadFile(filepath.Join(dir, "image.json")); err == nil {
-		var cur Image
-		if json.Unmarshal(data, &cur) == nil && cur.Status == StatusReady {
-			name := buildName(cur.BuildDigest)
-			if !exists(filepath.Join(dir, name)) {
-				name = legacyRootFS // imported before builds had names
-			}
-			keep[name] = true
+	build := filepath.Join(dir, buildName(next.BuildDigest))
+	if _, err := os.Lstat(build); errors.Is(err, fs.ErrNotExist) {
+		err = os.Rename(filepath.Join(staged, ociimage.RootfsName), build)
+		if err != nil && !errors.Is(err, fs.ErrNotExist) { // gone: renamed before a crash
+			return fmt.Errorf("installing the imported root file system: %w", err)
 		}
 	}
-	err = os.Rename(filepath.Join(staged, ociimage.RootfsName), filepath.Join(dir, buildName(next.BuildDigest)))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) { // gone: renamed before a crash
+	seal, err := disk.SealBuild(build)
+	if err != nil {
 		return fmt.Errorf("installing the imported root file system: %w", err)
+	}
+	if seal.NotImmutable != nil {
+		im.o.Logger.Info("AppVM image build sealed read-only, not immutable", "image", next.ID, "build", build, "why", seal.NotImmutable)
 	}
 	if err := os.Rename(filepath.Join(staged, "image.json"), filepath.Join(dir, "image.json")); err != nil {
 		return fmt.Errorf("installing the imported image.json: %w", err)
@@ -290,14 +307,25 @@ func commit(dir string) error {
 	if err := atomicfile.SyncDir(dir); err != nil {
 		return fmt.Errorf("installing the imported image: %w", err)
 	}
-	if ents, err := os.ReadDir(dir); err == nil {
-		for _, e := range ents {
-			if isBuildName(e.Name()) && !keep[e.Name()] {
-				os.Remove(filepath.Join(dir, e.Name()))
+	return os.RemoveAll(staged)
+}
+
+// sealBuilds seals every build of the image in dir, as commit does: the
+// builds of images imported before builds were sealed (at agent start).
+func (im *Importer) sealBuilds(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range ents {
+		if e.Type().IsRegular() && isBuildName(e.Name()) {
+			if _, err := disk.SealBuild(filepath.Join(dir, e.Name())); err != nil {
+				errs = append(errs, err)
 			}
 		}
 	}
-	return os.RemoveAll(staged)
+	return errors.Join(errs...)
 }
 
 // workload converts ociimage's result to the catalog's fields.
@@ -340,7 +368,7 @@ func (im *Importer) Recover() error {
 	var errs []error
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), deletedPrefix) {
-			if err := os.RemoveAll(filepath.Join(im.cat.Dir, e.Name())); err != nil {
+			if err := removeImageDir(filepath.Join(im.cat.Dir, e.Name())); err != nil {
 				errs = append(errs, fmt.Errorf("removing a deleted AppVM image: %w", err))
 			}
 			continue
@@ -365,7 +393,7 @@ func (im *Importer) recoverOne(id string) error {
 	staged := filepath.Join(dir, nextDir)
 	if _, err := os.Stat(filepath.Join(staged, "image.json")); err == nil {
 		im.o.Logger.Info("finishing an interrupted AppVM image commit", "image", id)
-		if err := commit(dir); err != nil {
+		if err := im.commit(dir); err != nil {
 			return fmt.Errorf("recovering AppVM image %q: %w", id, err)
 		}
 		im.publish(events.ImageReady, id, "")
@@ -376,6 +404,9 @@ func (im *Importer) recoverOne(id string) error {
 	}
 	if err := ociimage.RemoveStale(dir); err != nil {
 		return fmt.Errorf("recovering AppVM image %q: %w", id, err)
+	}
+	if err := im.sealBuilds(dir); err != nil {
+		return fmt.Errorf("recovering AppVM image %q: sealing its builds: %w", id, err)
 	}
 	cur, err := im.cat.Get(id)
 	if err != nil {
@@ -436,9 +467,10 @@ func (im *Importer) Delete(id string, users func(id string) []string) error {
 		os.Remove(gone)
 		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
 	}
+	testStopAt(HookImageDeleteRenamed)
 	// The lock file goes while it is held; lock() notices a removed file.
 	os.Remove(lockPath(im.cat.Dir, id))
-	if err := os.RemoveAll(gone); err != nil {
+	if err := removeImageDir(gone); err != nil {
 		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
 	}
 	return nil
@@ -446,14 +478,16 @@ func (im *Importer) Delete(id string, users func(id string) []string) error {
 
 func lockPath(dir, id string) string { return filepath.Join(dir, id+".lock") }
 
+func (im *Importer) lock(id string) (*os.File, error) { return im.cat.lock(id) }
+
 // lock takes the image's lock file without waiting; an import holding it
 // (in this process or another) is a *ConflictError. The lock is released
 // by closing the file.
-func (im *Importer) lock(id string) (*os.File, error) {
-	if err := os.MkdirAll(im.cat.Dir, 0o700); err != nil {
+func (c Catalog) lock(id string) (*os.File, error) {
+	if err := os.MkdirAll(c.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating AppVM image catalog: %w", err)
 	}
-	p := lockPath(im.cat.Dir, id)
+	p := lockPath(c.Dir, id)
 	for {
 		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o600)
 		if err != nil {

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/disk"
 	"vmhost/events"
 	"vmhost/ociimage/ocitest"
 	"vmhost/qcow2"
@@ -87,8 +88,20 @@ func dirNames(t *testing.T, dir string) []string {
 	return names
 }
 
-func TestImportFirstAndReady(t *testing.T) {
+// buildsDir is a temp dir for a catalog: builds committed there are
+// sealed (immutable, as root), which TempDir's cleanup cannot remove.
+func buildsDir(t testing.TB) string {
 	dir := t.TempDir()
+	t.Cleanup(func() {
+		if err := disk.RemoveAll(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	return dir
+}
+
+func TestImportFirstAndReady(t *testing.T) {
+	dir := buildsDir(t)
 	src := filepath.Join(dir, "app.tar")
 	digest := testImage(t, "v1").WriteTar(t, src)
 	cat := appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}
@@ -182,7 +195,7 @@ func (p *published) String() string {
 }
 
 func TestImportBadArchiveFails(t *testing.T) {
-	dir := t.TempDir()
+	dir := buildsDir(t)
 	cat := appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}
 	o := importOptions(t)
 	evs := &published{}
@@ -237,7 +250,7 @@ func TestImportBadArchiveFails(t *testing.T) {
 }
 
 func TestImportRefusesBadRequests(t *testing.T) {
-	dir := t.TempDir()
+	dir := buildsDir(t)
 	imp := appvm.NewImporter(appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}, importOptions(t))
 	defer imp.Close()
 	fifo := filepath.Join(dir, "fifo")
@@ -265,7 +278,7 @@ func TestImportRefusesBadRequests(t *testing.T) {
 }
 
 func TestReimportKeepsServingOldBuild(t *testing.T) {
-	dir := t.TempDir()
+	dir := buildsDir(t)
 	cat := appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}
 	v1, v2 := filepath.Join(dir, "v1"), filepath.Join(dir, "v2.tar")
 	d1 := testImage(t, "v1").WriteDir(t, v1)
@@ -343,13 +356,29 @@ func TestReimportKeepsServingOldBuild(t *testing.T) {
 	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, slices.Sorted(slices.Values([]string{"image.json", filepath.Base(oldFile), filepath.Base(newFile)}))) {
 		t.Errorf("image dir holds %q, want only image.json and the two builds", names)
 	}
-	// A third build: the first one goes, the second stays beside it.
+	// The first image again: its build (the same digest) is current again,
+	// and the file already there is kept as it was (overlays may read
+	// through to it), not replaced by the new import's. An Importer
+	// without the agent's sweeps removes no build.
 	if _, err := imp.Import(context.Background(), &appvm.ImportRequest{ID: "app", Path: v1}); err != nil {
 		t.Fatal(err)
 	}
 	third := cat.RootFS(must(cat.Get("app")))
-	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, slices.Sorted(slices.Values([]string{"image.json", filepath.Base(newFile), filepath.Base(third)}))) {
+	if third != oldFile {
+		t.Errorf("the first image imported again is at %s, want its build %s", third, oldFile)
+	}
+	if kept, err := os.ReadFile(third); err != nil || string(kept) != string(oldRoot) {
+		t.Errorf("the build of the same digest was replaced by a new file: %v", err)
+	}
+	if names := dirNames(t, filepath.Join(cat.Dir, "app")); !slices.Equal(names, slices.Sorted(slices.Values([]string{"image.json", filepath.Base(oldFile), filepath.Base(newFile)}))) {
 		t.Errorf("after a third import the image dir holds %q", names)
+	}
+	for _, b := range []string{oldFile, newFile} {
+		if st, err := os.Stat(b); err != nil {
+			t.Error(err)
+		} else if st.Mode().Perm() != 0o444 {
+			t.Errorf("build %s has mode %v, want it sealed read-only (0444)", b, st.Mode().Perm())
+		}
 	}
 }
 
@@ -361,7 +390,7 @@ func must[T any](v T, err error) T {
 }
 
 func TestRecoverInterruptedImports(t *testing.T) {
-	dir := t.TempDir()
+	dir := buildsDir(t)
 	cat := appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	mkdir := func(p string) {
@@ -452,7 +481,7 @@ func TestRecoverInterruptedImports(t *testing.T) {
 }
 
 func TestDeleteImage(t *testing.T) {
-	dir := t.TempDir()
+	dir := buildsDir(t)
 	cat := appvm.Catalog{Dir: filepath.Join(dir, "appvm-images")}
 	src := filepath.Join(dir, "img")
 	testImage(t, "v1").WriteDir(t, src)

@@ -16,10 +16,12 @@ import (
 //  1. record the build to install (Redeploy.To), redeploying shows, and,
 //     if the AppVM runs, that it is to run again (AppVMSpec.Restart);
 //  2. stop the AppVM gracefully if it runs;
-//  3. stage the new root disk beside the old one (RootDiskNext);
+//  3. stage the new root disk beside the old one (RootDiskNext): an
+//     overlay of the new build, or a copy of it, as the old one was;
 //  4. record it staged;
 //  5. rename it over the old one (the commit point);
-//  6. record the new build as the AppVM's image, redeploy done;
+//  6. record the new build as the AppVM's image and its root disk's
+//     base, redeploy done (the old build is then unused, builds.go);
 //  7. boot.
 //
 // A failure before 5 drops the staged disk and boots the old one if the
@@ -69,8 +71,14 @@ func (s *Service) startRedeploy(id string) (before, after *vm.Record, err error)
 		return nil, nil, state("being deleted")
 	case rec.Provisioning():
 		return nil, nil, state(rec.DisplayState)
+	case rec.Suspended != nil:
+		// Its saved state holds the old root disk's file system in memory.
+		return nil, nil, state("suspended; start it (it resumes) and redeploy then, or start it with ?cold=true first")
 	}
-	img, err := s.catalog.Get(rec.AppVM.ImageID)
+	img, unpin, err := s.pinBuild(rec.AppVM.ImageID) // until the record names it
+	if unpin != nil {
+		defer unpin()
+	}
 	switch {
 	case err != nil:
 		return nil, nil, &ConflictError{Msg: fmt.Sprintf("AppVM image %q cannot be read: %v", rec.AppVM.ImageID, err)}
@@ -157,6 +165,7 @@ func (s *Service) installRootDisk(ctx context.Context, id string) (*vm.Record, s
 	if err != nil {
 		return nil, "staging the new root disk", err
 	}
+	testStopAt(HookRedeployStaged)
 	if cur, err = s.finishRedeploy(ctx, cur); err != nil {
 		return nil, "installing the new root disk", err
 	}
@@ -169,8 +178,16 @@ func (s *Service) finishRedeploy(ctx context.Context, rec *vm.Record) (*vm.Recor
 	if err := s.disks.SwapRootDisk(ctx, rec); err != nil {
 		return nil, err
 	}
+	testStopAt(HookRedeploySwapped)
+	build := s.catalog.BuildFile(rec.AppVM.ImageID, rec.AppVM.Redeploy.To.BuildDigest)
 	return s.recs.Update(rec.ID, func(r *vm.Record) {
 		r.AppVM.Image = r.AppVM.Redeploy.To
+		// The root disk is now made from (an overlay reads through to)
+		// the new build; the old one is no longer this AppVM's.
+		r.Base = &vm.BaseImage{Path: build, VirtualSizeBytes: r.AppVM.Image.SizeBytes}
+		if r.Spec.Disk != nil {
+			r.Spec.Disk.BasePath = build
+		}
 		r.AppVM.Redeploy = nil
 		r.AppVM.RedeployError = ""
 		r.AppVM.SpecPending = false

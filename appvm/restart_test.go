@@ -15,6 +15,7 @@ import (
 	"vmhost/appvm"
 	"vmhost/appvm/guest/proto"
 	"vmhost/chclient"
+	"vmhost/qcow2"
 	"vmhost/vm"
 	"vmhost/vm/vmtest"
 )
@@ -92,6 +93,9 @@ func TestRestartWhenWorkloadExitsBeforeBootRecorded(t *testing.T) {
 	if err := apps.Catalog().Put(&appvm.Image{ID: "web", Status: appvm.StatusReady, CreatedAt: e.Now,
 		Workload: vm.Workload{BuildDigest: "sha256:1a2b3c4d", SizeBytes: 1 << 30, Cmd: []string{"false"}}}); err != nil {
 		t.Fatal(err)
+	}
+	if err := qcow2.Create(apps.Catalog().BuildFile("web", "sha256:1a2b3c4d"), 1<<30); err != nil {
+		t.Fatal(err) // the build the root disk is an overlay of
 	}
 	req := baseReq()
 	req.VMID = "early"

@@ -122,6 +122,10 @@ type session struct {
 	// upSince is the first heartbeat of the current boot (restart policy:
 	// a stable period resets the restart count).
 	upSince time.Time
+	// resumedMono is when a start from a saved state began this session
+	// (Resume): until the restored guest's first heartbeat, staleness
+	// counts from there, not from the heartbeat before the suspend.
+	resumedMono time.Time
 	// stopRequested is set by Shutdown: the workload's end is the
 	// operator's doing, never a reason to restart.
 	stopRequested bool
@@ -573,10 +577,17 @@ func (g *Guests) liveHeartbeat(rec *vm.Record) (at time.Time, stale bool) {
 	limit := g.staleLimit(rec)
 	if ss := g.get(rec.ID); ss != nil {
 		ss.mu.Lock()
-		at, mono := ss.lastHB, ss.lastHBMono
+		at, mono, resumed := ss.lastHB, ss.lastHBMono, ss.resumedMono
 		ss.mu.Unlock()
 		if !at.IsZero() {
 			return at, time.Since(mono) > limit
+		}
+		if !resumed.IsZero() {
+			var last time.Time
+			if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {
+				last = *gst.LastHeartbeatAt
+			}
+			return last, time.Since(resumed) > limit
 		}
 	}
 	if gst := rec.AppVM.Guest; gst != nil && gst.LastHeartbeatAt != nil {
@@ -691,4 +702,20 @@ func (g *Guests) Adopt(_ context.Context, rec *vm.Record, l net.Listener) error 
 	}
 	_, err := ss.update(func(r *vm.Record, gst *vm.AppVMGuest) { gst.LogStreamDetached = true })
 	return err
+}
+
+// Resume serves the guest agent of rec, an AppVM whose saved state a
+// start restores, on l (engine.Guest), keeping the facts of its boot: the
+// restored guest's agent finds its connection reset and redials with
+// resume. The time it was suspended does not count against it: staleness
+// counts from now until its first heartbeat.
+func (g *Guests) Resume(_ context.Context, rec *vm.Record, l net.Listener) error {
+	// The run it serves is recorded after (the engine records the VM
+	// running once CH has restored it), as a new boot's.
+	ss := g.serve(rec.ID, l, false)
+	ss.mu.Lock()
+	ss.resumedMono = time.Now()
+	ss.armStale(g.staleLimit(rec))
+	ss.mu.Unlock()
+	return nil
 }

@@ -60,6 +60,13 @@ type EventReader struct {
 	r   io.Reader
 	buf []byte
 	off int64 // stream offset of buf[0]
+	// Skip, when set, is asked about each whole event in its raw bytes
+	// before it is decoded, and an event it reports true for is passed
+	// over: a reader that wants a few kinds of event replays a long stream
+	// without decoding the rest. It is a hint: only events read up to the
+	// blank line that ends them are asked about, and one decoded before
+	// its blank line arrived (or in compact form) is returned anyway.
+	Skip func(raw []byte) bool
 }
 
 // readChunk is how much a read asks for at a time. The buffer exists only
@@ -106,17 +113,26 @@ func (er *EventReader) Next() (Event, error) {
 
 // parse takes one event off the buffer if a whole one is there.
 func (er *EventReader) parse() (Event, bool, error) {
-	trimmed := bytes.TrimLeft(er.buf, " \t\r\n")
-	er.off += int64(len(er.buf) - len(trimmed))
-	er.buf = trimmed
-	if len(er.buf) == 0 {
-		return Event{}, false, nil
+	var i int
+	for {
+		trimmed := bytes.TrimLeft(er.buf, " \t\r\n")
+		er.off += int64(len(er.buf) - len(trimmed))
+		er.buf = trimmed
+		if len(er.buf) == 0 {
+			return Event{}, false, nil
+		}
+		// CH ends every event with a blank line, and a blank line cannot
+		// occur inside one (serde escapes newlines in strings).
+		i = bytes.Index(er.buf, []byte("\n\n"))
+		if i < 0 || er.Skip == nil || !er.Skip(er.buf[:i]) {
+			break
+		}
+		er.consume(i + 2)
 	}
 	start := er.off
 	var raw rawEvent
-	// Fast path: CH ends every event with a blank line, and a blank line cannot occur
-	// inside one (serde escapes newlines in strings).
-	if i := bytes.Index(er.buf, []byte("\n\n")); i >= 0 && json.Unmarshal(er.buf[:i], &raw) == nil {
+	// Fast path: a whole event up to its blank line.
+	if i >= 0 && json.Unmarshal(er.buf[:i], &raw) == nil {
 		er.consume(i + 2)
 		return raw.event(start)
 	}

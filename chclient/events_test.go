@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -77,6 +78,46 @@ func TestEventReaderSplitEverywhere(t *testing.T) {
 		}
 		if r.Offset() != int64(len(data)) {
 			t.Fatalf("cut at %d: offset = %d, want %d", cut, r.Offset(), len(data))
+		}
+	}
+}
+
+// TestEventReaderSkip: events Skip reports true for are passed over
+// (undecoded) and the others come out in order, with the offset still the
+// whole stream's, whatever the cut; an event read whole, up to its blank
+// line, is skipped for sure (one that had to be decoded before its blank
+// line arrived may come out anyway).
+func TestEventReaderSkip(t *testing.T) {
+	data := recordedStream(t)
+	var want []chclient.Event
+	for _, ev := range recordedEvents {
+		if ev.Source == "vm" {
+			want = append(want, ev)
+		}
+	}
+	if len(want) == 0 || len(want) == len(recordedEvents) {
+		t.Fatalf("the recorded stream has %d vm events of %d: the test shows nothing", len(want), len(recordedEvents))
+	}
+	for cut := 0; cut <= len(data); cut++ {
+		g := &growingReader{}
+		r := chclient.NewEventReader(g)
+		asked := 0
+		r.Skip = func(raw []byte) bool {
+			asked++
+			return !bytes.Contains(raw, []byte(`"source": "vm"`)) && !bytes.Contains(raw, []byte(`"source":"vm"`))
+		}
+		g.buf.Write(data[:cut])
+		first := drain(t, r)
+		g.buf.Write(data[cut:])
+		all := append(first, drain(t, r)...)
+		if cut == len(data) && !reflect.DeepEqual(all, want) {
+			t.Fatalf("whole stream: events = %v\nwant %v", all, want)
+		}
+		if vm := slices.DeleteFunc(all, func(ev chclient.Event) bool { return ev.Source != "vm" }); !reflect.DeepEqual(vm, want) {
+			t.Fatalf("cut at %d: events = %v\nwant %v", cut, all, want)
+		}
+		if r.Offset() != int64(len(data)) || asked < len(want) {
+			t.Fatalf("cut at %d: offset %d (want %d), Skip asked %d times", cut, r.Offset(), len(data), asked)
 		}
 	}
 }

@@ -359,6 +359,8 @@ func (e *env) run(args []string) error {
 		return e.vmCmd("appvm", rest)
 	case "volume":
 		return e.volumeCmd(rest)
+	case "snapshot":
+		return e.snapshotCmd(rest)
 	case "image":
 		return e.imageCmd(rest)
 	case "registry":

@@ -11,14 +11,23 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
-// ConsoleAttachName is the socket in <run>/vms/<id>/ where the agent's
-// console keeper lets an operator attach (the console package's
-// AttachName; main's tests check they agree).
+// ConsoleAttachName is the agent's attach socket in its run directory,
+// where `vmhost console` names the VM (the console package's AttachName;
+// main's tests check they agree, and the handshake's answers).
 const ConsoleAttachName = "console.attach"
+
+// The attach handshake (the console package's): the client sends the VM's
+// id and a newline; the agent answers ConsoleAttachOK, or ConsoleAttachError and why.
+const (
+	ConsoleAttachOK    = "ok"
+	ConsoleAttachError = "error: "
+)
 
 // The escape: Ctrl-] then q detaches; Ctrl-] twice sends one Ctrl-].
 const (
@@ -73,32 +82,62 @@ func (e *env) consoleCmd(args []string) error {
 	return nil
 }
 
-// dialConsole connects to the attach socket of VM id, turning the usual
-// failures into what the operator should know.
+// dialConsole connects to the agent's attach socket and names VM id,
+// turning the usual failures into what the operator should know.
 func dialConsole(runDir, id string) (net.Conn, error) {
+	path := filepath.Join(runDir, ConsoleAttachName)
 	vmDir := filepath.Join(runDir, "vms", id)
-	path := filepath.Join(vmDir, ConsoleAttachName)
 	conn, err := net.Dial("unix", path)
-	if err == nil {
-		return conn, nil
-	}
-	switch {
-	case errors.Is(err, fs.ErrPermission):
-		return nil, fmt.Errorf("console of %s: permission denied on %s: run vmhost console as root (or as the agent's user)", id, path)
-	case errors.Is(err, fs.ErrNotExist):
-		if _, serr := os.Stat(vmDir); errors.Is(serr, fs.ErrNotExist) {
+	if err != nil {
+		switch {
+		case errors.Is(err, fs.ErrPermission):
+			return nil, fmt.Errorf("console of %s: permission denied on %s: run vmhost console as root (or as the agent's user)", id, path)
+		case errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED):
 			if _, rerr := os.Stat(filepath.Join(runDir, "vms")); rerr != nil {
 				return nil, fmt.Errorf("console of %s: no agent run directory at %s (give the agent's --run-dir, or set VMHOST_RUN_DIR); vmhost console works on the agent's host only", id, runDir)
 			}
-			return nil, fmt.Errorf("console of %s: no VM %q on this host (nothing in %s)", id, id, vmDir)
-		} else if errors.Is(serr, fs.ErrPermission) {
-			return nil, fmt.Errorf("console of %s: permission denied on %s: run vmhost console as root (or as the agent's user)", id, vmDir)
+			if _, serr := os.Stat(vmDir); errors.Is(serr, fs.ErrNotExist) {
+				return nil, fmt.Errorf("console of %s: no VM %q on this host (nothing in %s)", id, id, vmDir)
+			}
+			return nil, fmt.Errorf("console of %s: %s (nobody answers on %s)", id, notAttachable(vmDir), path)
 		}
-		return nil, fmt.Errorf("console of %s: %s (no console socket %s)", id, notAttachable(vmDir), path)
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return nil, fmt.Errorf("console of %s: %s (nobody answers on %s)", id, notAttachable(vmDir), path)
+		return nil, fmt.Errorf("console of %s: %w", id, err)
 	}
-	return nil, fmt.Errorf("console of %s: %w", id, err)
+	answer, err := consoleHello(conn, id)
+	switch {
+	case err != nil:
+		conn.Close()
+		return nil, fmt.Errorf("console of %s: the agent did not answer on %s: %w", id, path, err)
+	case answer == ConsoleAttachOK:
+		return conn, nil
+	}
+	conn.Close()
+	if why, ok := strings.CutPrefix(answer, ConsoleAttachError); ok {
+		return nil, fmt.Errorf("console of %s: %s", id, why)
+	}
+	return nil, fmt.Errorf("console of %s: unexpected answer %q on %s", id, answer, path)
+}
+
+// consoleHello names VM id on conn and returns the agent's answer line;
+// it reads byte by byte, so the console's output after it stays unread.
+func consoleHello(conn net.Conn, id string) (string, error) {
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	defer conn.SetDeadline(time.Time{})
+	if _, err := io.WriteString(conn, id+"\n"); err != nil {
+		return "", err
+	}
+	var line []byte
+	b := make([]byte, 1)
+	for len(line) < 4096 {
+		if _, err := conn.Read(b); err != nil {
+			return "", err
+		}
+		if b[0] == '\n' {
+			return string(line), nil
+		}
+		line = append(line, b[0])
+	}
+	return "", errors.New("answer line too long")
 }
 
 // attach copies the console to out and in to the console, watching in

@@ -45,7 +45,8 @@ func newRouteRecorder(routes []string) *routeRecorder {
 				w.WriteHeader(200)
 				rr.cancel()
 			case r.Method == "GET" || r.Method == "PATCH" || strings.HasSuffix(r.Pattern, "/volumes") ||
-				strings.Contains(r.Pattern, "/volumes/{vol}") || strings.HasSuffix(r.Pattern, "/redeploy") || r.Pattern == "POST /api/volumes" || r.Pattern == "POST /api/appvm/images":
+				strings.Contains(r.Pattern, "/volumes/{vol}") || strings.HasSuffix(r.Pattern, "/redeploy") || r.Pattern == "POST /api/volumes" || r.Pattern == "POST /api/appvm/images" ||
+				strings.HasSuffix(r.Pattern, "/snapshots") || strings.HasSuffix(r.Pattern, "/restore"):
 				w.Header().Set("Content-Type", "application/json")
 				io.WriteString(w, `{"id":"x1"}`)
 			case r.Pattern == "POST /api/vms" || r.Pattern == "POST /api/appvm/vms":
@@ -106,6 +107,10 @@ func TestRoutes(t *testing.T) {
 		{"appvm", "list"}, {"appvm", "get", "x1"}, {"appvm", "create", "-f", body},
 		{"appvm", "start", "x1"}, {"appvm", "stop", "x1"}, {"appvm", "shutdown", "x1"}, {"appvm", "pause", "x1"}, {"appvm", "resume", "x1"}, {"appvm", "reboot", "x1"},
 		{"appvm", "edit", "x1", "-f", body, "--restart"}, {"appvm", "redeploy", "x1"}, {"appvm", "balloon", "x1", "0"}, {"appvm", "delete", "x1"},
+		{"vm", "create", "-f", body, "--from-snapshot", "s1"}, {"vm", "start", "x1", "--cold"},
+		{"vm", "suspend", "x1"}, {"vm", "snapshot", "x1", "--id", "s1", "--memory"}, {"vm", "restore", "x1", "s1"},
+		{"appvm", "suspend", "x1"}, {"appvm", "snapshot", "x1"}, {"appvm", "restore", "x1", "s1"}, {"appvm", "start", "x1", "--cold"},
+		{"snapshot", "list"}, {"snapshot", "list", "--vm", "x1"}, {"snapshot", "get", "s1"}, {"snapshot", "delete", "s1"},
 		{"appvm", "exec", "x1", "--", "true"}, {"appvm", "cp", "x1:/etc/hostname", t.TempDir()}, {"appvm", "cp", body, "x1:/tmp"},
 		{"appvm", "kill", "x1", "--signal", "HUP"},
 		{"volume", "list"}, {"volume", "get", "v1"}, {"volume", "create", "--size-gib", "1"}, {"volume", "delete", "v1"},
@@ -293,8 +298,10 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vmhost", ""}, strings.Join(Commands, " ")},
 		{[]string{"vmhost", "vo"}, "volume"},
-		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon label delete"},
-		{[]string{"vmhost", "--api", "unix:/x", "appvm", "re"}, "resume reboot redeploy"},
+		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon label delete suspend snapshot restore"},
+		{[]string{"vmhost", "--api", "unix:/x", "appvm", "re"}, "resume reboot redeploy restore"},
+		{[]string{"vmhost", "snapshot", ""}, "list get delete"},
+		{[]string{"vmhost", "vm", "start", "web", "--c"}, "--cold --cacert --cert"},
 		{[]string{"vmhost", "vm", "delete", "--f"}, "--force"},
 		{[]string{"vmhost", "volume", "attach", "web", "--m"}, "--mountpoint"},
 		{[]string{"vmhost", "-o", "json", "host", ""}, "pci"},

@@ -135,7 +135,7 @@ func (e *env) vmCmd(family string, args []string) error {
 		prefix = "/api/appvm/vms"
 	}
 	if len(args) == 0 {
-		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, label, delete"
+		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, label, delete, suspend, snapshot, restore"
 		if family == "appvm" {
 			verbs += ", edit, redeploy, exec, cp, kill"
 		}
@@ -150,8 +150,8 @@ func (e *env) vmCmd(family string, args []string) error {
 		return map[string]func([]string) error{"exec": e.execCmd, "cp": e.cpCmd, "kill": e.killCmd}[sub](args[1:])
 	}
 	name := family + " " + sub
-	var file string
-	var force, restart bool
+	var file, fromSnapshot, snapshotID string
+	var force, restart, cold, memory bool
 	var filters labelFilters
 	pos, err := e.parse(name, args[1:], func(fs *flag.FlagSet) {
 		switch sub {
@@ -159,6 +159,12 @@ func (e *env) vmCmd(family string, args []string) error {
 			fs.Var(&filters, "label", "only VMs with this label: KEY=VALUE, or KEY for any value (repeatable: all must match)")
 		case "create":
 			fs.StringVar(&file, "f", "", "JSON create body (docs/api.md); - for stdin")
+			fs.StringVar(&fromSnapshot, "from-snapshot", "", "the VM's disks are copies of this snapshot's (sets from_snapshot in the body)")
+		case "start":
+			fs.BoolVar(&cold, "cold", false, "discard a saved state (a suspend's) and boot")
+		case "snapshot":
+			fs.StringVar(&snapshotID, "id", "", "the snapshot's id (default: a generated UUID)")
+			fs.BoolVar(&memory, "memory", false, "also save its memory and device state when it runs (or is suspended)")
 		case "edit":
 			fs.StringVar(&file, "f", "", "JSON object of the spec fields to change (docs/api.md, PATCH /api/appvm/vms/{id}/spec); - for stdin")
 			fs.BoolVar(&restart, "restart", false, "restart the AppVM now on the new spec (else a running one keeps the old until its next boot)")
@@ -173,11 +179,11 @@ func (e *env) vmCmd(family string, args []string) error {
 	switch sub {
 	case "list", "create":
 		want = 0
-	case "balloon":
+	case "balloon", "restore":
 		want = 2
 	case "label":
 		want = -1 // the VM id and at least one edit: labelEdit checks
-	case "get", "start", "stop", "shutdown", "pause", "resume", "reboot", "delete":
+	case "get", "start", "stop", "shutdown", "pause", "resume", "reboot", "delete", "suspend", "snapshot":
 	case "edit", "redeploy":
 		if family != "appvm" {
 			return usageError("%s: %s is for AppVMs (vmhost appvm %s)", family, sub, sub)
@@ -193,6 +199,9 @@ func (e *env) vmCmd(family string, args []string) error {
 		case 0:
 			return usageError("%s: unexpected argument %q", name, pos[0])
 		case 2:
+			if sub == "restore" {
+				return usageError("%s: want a VM id and a snapshot id", name)
+			}
 			return usageError("%s: want a VM id and the MiB to reclaim", name)
 		}
 		return usageError("%s: want one VM id", name)
@@ -239,6 +248,11 @@ func (e *env) vmCmd(family string, args []string) error {
 		body, err := e.readFile(file)
 		if err != nil {
 			return err
+		}
+		if fromSnapshot != "" {
+			if body, err = setField(body, "from_snapshot", fromSnapshot); err != nil {
+				return usageError("%s: %s: %v", name, file, err)
+			}
 		}
 		_, b, err := e.client.do(e.ctx, "POST", prefix, body)
 		if err != nil {
@@ -295,6 +309,36 @@ func (e *env) vmCmd(family string, args []string) error {
 			return err
 		}
 		e.done(fmt.Sprintf("%s: balloon set to %d MiB", pos[0], balloon))
+		return nil
+	case "suspend":
+		if _, _, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/suspend", nil); err != nil {
+			return err
+		}
+		e.done(pos[0] + ": suspended (a start resumes it)")
+		return nil
+	case "snapshot":
+		body, _ := json.Marshal(vmSnapshotRequest{ID: snapshotID, Memory: memory})
+		_, b, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/snapshots", body)
+		if err != nil {
+			return err
+		}
+		return e.printSnapshots(b, false)
+	case "restore":
+		body, _ := json.Marshal(map[string]string{"snapshot_id": pos[1]})
+		_, b, err := e.client.do(e.ctx, "POST", prefix+"/"+url.PathEscape(pos[0])+"/restore", body)
+		if err != nil {
+			return err
+		}
+		return e.printVM(b)
+	case "start":
+		path := prefix + "/" + url.PathEscape(pos[0]) + "/start"
+		if cold {
+			path += "?cold=true"
+		}
+		if _, _, err := e.client.do(e.ctx, "POST", path, nil); err != nil {
+			return err
+		}
+		e.done(pos[0] + ": start accepted")
 		return nil
 	case "delete":
 		path := prefix + "/" + url.PathEscape(pos[0])

@@ -66,6 +66,12 @@ const (
 	DefaultEventsKeep       = 10_000
 )
 
+// The values of appvm_root_disk.
+const (
+	AppVMRootOverlay = "overlay"
+	AppVMRootCopy    = "copy"
+)
+
 // DefaultRegistryRefreshSecs is how often registry indexes are read again.
 const DefaultRegistryRefreshSecs = 3600
 
@@ -100,6 +106,12 @@ type Config struct {
 	// the modules the guest agent needs (virtio, ext4, vsock) that the
 	// kernel does not build in. Empty: the kernel must build them in.
 	AppVMModules string `json:"appvm_modules,omitempty"`
+	// AppVMRootDisk is how a new AppVM's root disk is made from its
+	// image's build: AppVMRootOverlay (a qcow2 overlay whose backing file
+	// is the build: made in constant time, sharing the build's blocks) or
+	// AppVMRootCopy (a full copy, independent of the build). AppVMs keep
+	// the kind they were made with.
+	AppVMRootDisk string `json:"appvm_root_disk"`
 	// Nested, when set, overrides what
 	// /sys/module/kvm_{intel,amd}/parameters/nested says about nested
 	// virtualization support.
@@ -236,6 +248,7 @@ func Default() *Config {
 		DefaultNetwork:   DefaultNetworkID,
 		DefaultCmdline:   DefaultKernelCmdline,
 		AppVMCmdline:     DefaultAppVMCmdline,
+		AppVMRootDisk:    AppVMRootOverlay,
 		Overcommit:       Overcommit{CPU: DefaultCPURatio, Memory: DefaultMemoryRatio},
 		BootTimeoutSecs:  DefaultBootTimeout,
 		PingIntervalSecs: DefaultPingInterval,
@@ -403,6 +416,9 @@ func (c *Config) problems() []Problem {
 	}
 	if c.AppVMModules != "" && c.AppVMKernel == "" {
 		bad("appvm_modules: set without appvm_kernel, the kernel the modules are for")
+	}
+	if c.AppVMRootDisk != AppVMRootOverlay && c.AppVMRootDisk != AppVMRootCopy {
+		bad("appvm_root_disk: %q must be %q or %q", c.AppVMRootDisk, AppVMRootOverlay, AppVMRootCopy)
 	}
 	if !(c.Overcommit.CPU > 0) || math.IsInf(c.Overcommit.CPU, 0) {
 		bad("overcommit.cpu: %v must be a positive number", c.Overcommit.CPU)

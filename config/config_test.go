@@ -22,7 +22,8 @@ func TestDefaultIsValid(t *testing.T) {
 	}
 	if c.Overcommit != (Overcommit{CPU: 4, Memory: 1}) || c.BootTimeoutSecs != 120 ||
 		c.SysfsRoot != "/sys" || c.ImageMaxBytes != 64<<30 || c.Nested != nil ||
-		c.ImageImportMaxBytes != 16<<30 || c.ImageImportMaxEntries != 1_000_000 || c.GuestFileMaxBytes != 1<<30 {
+		c.ImageImportMaxBytes != 16<<30 || c.ImageImportMaxEntries != 1_000_000 || c.AppVMRootDisk != "overlay" ||
+		c.GuestFileMaxBytes != 1<<30 {
 		t.Errorf("Default() = %+v", c)
 	}
 }
@@ -173,6 +174,8 @@ func TestParseErrors(t *testing.T) {
 		{"appvm kernel relative", `{"appvm_kernel": "vmlinux"}`, []string{"appvm_kernel"}},
 		{"appvm modules relative", `{"appvm_kernel": "/boot/vmlinuz", "appvm_modules": "lib/modules/6.1.0"}`, []string{"appvm_modules: \"lib/modules/6.1.0\" must be an absolute path"}},
 		{"appvm modules without kernel", `{"appvm_modules": "/lib/modules/6.1.0"}`, []string{"appvm_modules: set without appvm_kernel"}},
+		{"appvm root disk", `{"appvm_root_disk": "clone"}`, []string{`appvm_root_disk: "clone" must be "overlay" or "copy"`}},
+		{"appvm root disk empty", `{"appvm_root_disk": ""}`, []string{"appvm_root_disk"}},
 		{"cmdline newline", `{"default_cmdline": "a\nb"}`, []string{"default_cmdline"}},
 		{"appvm cmdline NUL", `{"appvm_cmdline": "a\u0000"}`, []string{"appvm_cmdline"}},
 		{"binary relative path", `{"binaries": {"cloud_hypervisor": "bin/ch"}}`, []string{"binaries.cloud_hypervisor"}},

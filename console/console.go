@@ -17,12 +17,12 @@
 //
 // # Attaching
 //
-// With Config.Attach set, the keeper also listens there (AttachName in the
-// VM's run directory, mode 0600): each client that connects gets the
-// output from then on, and what it writes is sent to the guest's serial
-// port, while the log keeps being written. A client that falls behind is
-// disconnected rather than slowing the log. `vmhost console ID` is that
-// client.
+// An agent has one attach socket for all its VMs (ServeAttach; AttachName
+// in its run directory, mode 0600), so keeping a console costs no socket
+// of its own: a client names the VM, and from then on gets its output,
+// and what it writes is sent to the guest's serial port, while the log
+// keeps being written. A client that falls behind is disconnected rather
+// than slowing the log. `vmhost console ID` is that client.
 //
 // # The log
 //
@@ -76,23 +76,16 @@ type Config struct {
 	Path string
 	// MaxSize is the rotation size in bytes; 0 means DefaultMaxSize.
 	MaxSize int64
-	// Attach, when set, is the unix socket where operators attach to the
-	// console (see the package doc); it is removed when the keeper stops.
-	Attach string
 }
 
-// Keeper copies one VM's serial output to its log until stopped.
+// Keeper copies one VM's serial output to its log until stopped, and to
+// the operators attached to it (ServeAttach).
 type Keeper struct {
-	cancel    context.CancelFunc
-	done      chan struct{}
-	log       *consoleLog
-	attach    *attachments // nil without Config.Attach, or when it failed
-	attachErr error
+	cancel      context.CancelFunc
+	done        chan struct{}
+	log         *consoleLog
+	attachments attachments
 }
-
-// AttachErr is why the attach socket could not be opened (nil when it was,
-// or none was asked for); the keeper keeps the log either way.
-func (k *Keeper) AttachErr() error { return k.attachErr }
 
 // Start opens the log, writes the Marker line and starts copying the
 // console socket's output into it in the background until ctx ends or Stop
@@ -109,15 +102,8 @@ func Start(ctx context.Context, c Config) (*Keeper, error) {
 		log.Close()
 		return nil, err
 	}
-	// The log matters more than attaching: without the attach socket the
-	// keeper still runs, and AttachErr says why.
-	var attach *attachments
-	var attachErr error
-	if c.Attach != "" {
-		attach, attachErr = listenAttach(c.Attach)
-	}
 	ctx, cancel := context.WithCancel(ctx)
-	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log, attach: attach, attachErr: attachErr}
+	k := &Keeper{cancel: cancel, done: make(chan struct{}), log: log}
 	go k.run(ctx, c.Socket)
 	return k, nil
 }
@@ -149,7 +135,7 @@ func (k *Keeper) Err() error {
 func (k *Keeper) run(ctx context.Context, socket string) {
 	defer close(k.done)
 	defer k.log.Close()
-	defer k.attach.close()
+	defer k.attachments.close()
 	delay := firstRetry
 	for ctx.Err() == nil {
 		// The socket is in a directory a confined VM owns: no link is
@@ -169,11 +155,11 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 		stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Now().Add(drainTimeout)) })
 		// Copy until the connection drops (VM stopped or rebooting, another
 		// client took the socket, or Stop), then connect again.
-		k.attach.setSerial(conn)
+		k.attachments.setSerial(conn)
 		// A small buffer: a serial line is slow, and every running VM
 		// has one of these (io.Copy's own would be 32 KiB each).
-		io.CopyBuffer(sink{k.log, k.attach}, conn, make([]byte, 2048))
-		k.attach.setSerial(nil)
+		io.CopyBuffer(sink{k.log, &k.attachments}, conn, make([]byte, 2048))
+		k.attachments.setSerial(nil)
 		stop()
 		conn.Close()
 		if k.log.err != nil {
@@ -197,15 +183,13 @@ func openConsoleLog(path string, max int64) (*consoleLog, error) {
 		return nil, fmt.Errorf("opening console log: %w", err)
 	}
 	r := &consoleLog{f: f, last: '\n'}
-	if f.Size() > 0 {
-		b, err := readEnd(path, 1)
-		if err != nil {
-			f.Close()
-			return nil, err
-		}
-		if len(b) == 1 {
-			r.last = b[0]
-		}
+	b, ok, err := f.LastByte()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("reading console log: %w", err)
+	}
+	if ok {
+		r.last = b
 	}
 	return r, nil
 }

@@ -231,3 +231,53 @@ func BenchmarkCopy(b *testing.B) {
 		})
 	}
 }
+
+// TestCopyImage: a VM disk's copy is byte for byte the image, an overlay
+// staying an overlay of the same build (where Copy refuses it); nothing is
+// left at the destination of a refused copy, and an existing destination
+// is never replaced.
+func TestCopyImage(t *testing.T) {
+	dir := t.TempDir()
+	build := filepath.Join(dir, "build.qcow2")
+	if err := qcow2.Create(build, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(dir, "root.qcow2")
+	if err := qcow2.CreateOverlay(overlay, build, 2<<30); err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := Copy(ctx, overlay, filepath.Join(dir, "refused.qcow2")); err == nil {
+		t.Fatal("Copy took an overlay as a base image")
+	}
+	dst := filepath.Join(dir, "copy.qcow2")
+	if err := CopyImage(ctx, overlay, dst); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := os.ReadFile(overlay)
+	b, _ := os.ReadFile(dst)
+	if string(a) != string(b) {
+		t.Error("the copy differs from the image")
+	}
+	if h, err := qcow2.ReadHeaderFile(dst); err != nil || h.BackingFile != build {
+		t.Errorf("copy's header: %+v %v, want an overlay of %s", h, err, build)
+	}
+	if err := CopyImage(ctx, overlay, dst); !errors.Is(err, fs.ErrExist) {
+		t.Errorf("copy over an existing file: %v, want fs.ErrExist", err)
+	}
+	corrupt := filepath.Join(dir, "corrupt.qcow2")
+	data := append([]byte(nil), a...)
+	data[79] |= 2 // incompatible_features: corrupt
+	if err := os.WriteFile(corrupt, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := CopyImage(ctx, corrupt, filepath.Join(dir, "c2.qcow2")); err == nil || !strings.Contains(err.Error(), "corrupt") {
+		t.Errorf("copy of a corrupt image: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "c2.qcow2")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a refused copy left %v", err)
+	}
+	if err := CopyImage(ctx, filepath.Join(dir, "missing"), filepath.Join(dir, "c3.qcow2")); err == nil {
+		t.Error("copy of a missing image succeeded")
+	}
+}

@@ -1,6 +1,11 @@
 package disk
 
-import "errors"
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+)
 
 // A build (an AppVM image's root file system, rootfs-<digest>.qcow2) is
 // the backing file of every overlay made on it, so once imported it must
@@ -31,3 +36,23 @@ const (
 	sealedMode   = 0o444
 	unsealedMode = 0o600
 )
+
+// RemoveAll removes path and everything under it, as os.RemoveAll does,
+// after unsealing (UnsealBuild) every regular file under it: an immutable
+// build, and so every directory above it, cannot be removed otherwise.
+// Symlinks are not followed.
+func RemoveAll(path string) error {
+	var unsealErrs []error
+	filepath.WalkDir(path, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if err := UnsealBuild(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				unsealErrs = append(unsealErrs, err)
+			}
+		}
+		return nil
+	})
+	if err := os.RemoveAll(path); err != nil {
+		return errors.Join(append(unsealErrs, err)...)
+	}
+	return nil
+}

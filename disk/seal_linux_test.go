@@ -199,6 +199,47 @@ func TestSealBuild(t *testing.T) {
 	}
 }
 
+// TestRemoveAllSealed: RemoveAll removes a tree holding sealed builds
+// (immutable where this host allows), which os.RemoveAll cannot, and
+// leaves a symlink's target alone.
+func TestRemoveAllSealed(t *testing.T) {
+	dir := t.TempDir()
+	tree := filepath.Join(dir, "images", ".deleted-app-1", "app")
+	if err := os.MkdirAll(tree, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	outside := filepath.Join(dir, "outside.qcow2")
+	for _, p := range []string{filepath.Join(tree, "rootfs-sha256-1.qcow2"), filepath.Join(tree, "rootfs-sha256-2.qcow2"), outside} {
+		if err := qcow2.Create(p, 1<<20); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := SealBuild(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { UnsealBuild(outside) })
+	if err := os.Symlink(outside, filepath.Join(tree, "link.qcow2")); err != nil {
+		t.Fatal(err)
+	}
+	if hasImmutableCap(t) && flagFileSystems[fsName(dir)] {
+		if err := os.RemoveAll(filepath.Join(dir, "images")); err == nil {
+			t.Fatal("os.RemoveAll removed immutable builds: the test shows nothing")
+		}
+	}
+	if err := RemoveAll(filepath.Join(dir, "images")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "images")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the tree is still there: %v", err)
+	}
+	if m := mode(t, outside); m != 0o444 {
+		t.Errorf("the symlink's target was unsealed: mode %v", m)
+	}
+	if err := RemoveAll(filepath.Join(dir, "nothing")); err != nil {
+		t.Errorf("RemoveAll of a missing path = %v, want nil", err)
+	}
+}
+
 // TestSealBuildWithoutCapability drops CAP_LINUX_IMMUTABLE from the
 // effective set of one OS thread (capabilities are per thread) and seals
 // from it: the mode is set, the flag is not, and NotImmutable says why;

@@ -100,8 +100,9 @@ func TestTwoAgentsOneNamespace(t *testing.T) {
 func (s *server) term() {
 	s.t.Helper()
 	s.cmd.Process.Signal(syscall.SIGTERM)
-	if err := s.cmd.Wait(); err != nil {
-		s.t.Fatalf("vmhost serve after SIGTERM: %v\n%s", err, s.stderr)
+	<-s.exited // the harness waits for it (waitExit)
+	if st := s.cmd.ProcessState; !st.Success() {
+		s.t.Fatalf("vmhost serve after SIGTERM: %v\n%s", st, s.stderr)
 	}
 }
 

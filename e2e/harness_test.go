@@ -23,6 +23,7 @@ import (
 	"vmhost/api"
 	"vmhost/auth"
 	"vmhost/config"
+	"vmhost/disk"
 	"vmhost/internal/netnstest"
 	"vmhost/openapi"
 	"vmhost/qcow2"
@@ -115,7 +116,8 @@ type server struct {
 	sock     string
 	token    string
 	cmd      *exec.Cmd
-	stderr   *syncBuffer // the agent's output; read while it runs
+	exited   chan struct{} // closed once cmd has been waited for
+	stderr   *syncBuffer   // the agent's output; read while it runs
 	hc       *http.Client
 	nsFD     int         // the server's network namespace, when netns
 	taps     *tap.Handle // works in the server's namespace, as the agent (its agent id)
@@ -205,6 +207,7 @@ func startServer(t testing.TB, o serverOpts) *server {
 	if err != nil {
 		t.Fatal(err)
 	}
+	s.waitExit()
 	t.Cleanup(s.stop)
 	if o.netns {
 		fd, err := syscall.Open(fmt.Sprintf("/proc/%d/ns/net", s.cmd.Process.Pid), syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
@@ -243,16 +246,22 @@ func startServer(t testing.TB, o serverOpts) *server {
 
 // stop ends the server (SIGTERM), then every process it left (VMs outlive
 // the agent by design), and removes the temp dir.
+// waitExit waits for s.cmd, just started, in the background: s.exited
+// closes when it has ended.
+func (s *server) waitExit() {
+	cmd, exited := s.cmd, make(chan struct{})
+	s.exited = exited
+	go func() { cmd.Wait(); close(exited) }()
+}
+
 func (s *server) stop() {
 	if s.cmd.Process != nil {
 		s.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { s.cmd.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-s.exited:
 		case <-time.After(10 * time.Second):
 			s.cmd.Process.Kill()
-			<-done
+			<-s.exited
 		}
 	}
 	for _, pid := range s.children() {
@@ -274,7 +283,7 @@ func (s *server) stop() {
 			}
 		}
 	}
-	os.RemoveAll(s.dir)
+	disk.RemoveAll(s.dir) // the catalog's builds are sealed (immutable, as root)
 }
 
 // children lists the pids of processes whose command line names this

@@ -58,6 +58,12 @@ const (
 	Deleted             Type = "deleted"
 	ImageReady          Type = "image_ready"
 	ImageFailed         Type = "image_failed"
+	// A VM's memory and device state saved and its processes gone; a
+	// snapshot taken, deleted, or restored onto its VM (snapshot_id).
+	Suspended        Type = "suspended"
+	SnapshotCreated  Type = "snapshot_created"
+	SnapshotDeleted  Type = "snapshot_deleted"
+	SnapshotRestored Type = "snapshot_restored"
 	// Reset is never stored: the stream sends it to a client whose resume
 	// point is no longer kept (or that fell behind), telling it to re-list.
 	Reset Type = "reset"
@@ -96,6 +102,8 @@ type Event struct {
 	Device   string `json:"device,omitempty"`
 	// ImageID is the image of image_ready and image_failed.
 	ImageID string `json:"image_id,omitempty"`
+	// SnapshotID is the snapshot of the snapshot_* events.
+	SnapshotID string `json:"snapshot_id,omitempty"`
 	// Message says why, for image_failed and reset.
 	Message string `json:"message,omitempty"`
 }

@@ -47,7 +47,8 @@ func StartTime(pid int) (uint64, error) {
 
 // readStat returns the start time and the state letter (R, S, Z, ...) of pid.
 func readStat(pid int) (uint64, byte, error) {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	var buf [1024]byte
+	b, err := readProcFile("/proc/"+strconv.Itoa(pid)+"/stat", buf[:])
 	if err != nil {
 		return 0, 0, err
 	}
@@ -61,6 +62,39 @@ func readStat(pid int) (uint64, byte, error) {
 		state = b[i+2]
 	}
 	return st, state, nil
+}
+
+// readProcFile reads a small /proc file into buf with plain system calls
+// (an agent adopting many processes reads one per process: os.ReadFile's
+// stat, poller registration and growing buffer cost more than the read).
+// A file larger than buf is an error; a missing one satisfies
+// errors.Is(err, fs.ErrNotExist).
+func readProcFile(path string, buf []byte) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &os.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd)
+	n := 0
+	for {
+		if n == len(buf) {
+			return nil, fmt.Errorf("%s is larger than %d bytes", path, len(buf))
+		}
+		m, err := syscall.Read(fd, buf[n:])
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			if err == syscall.ESRCH { // the process exited after the open
+				err = syscall.ENOENT
+			}
+			return nil, &os.PathError{Op: "read", Path: path, Err: err}
+		}
+		if m == 0 {
+			return buf[:n], nil
+		}
+		n += m
+	}
 }
 
 // parseStartTime reads field 22 from a /proc/PID/stat line. The command

@@ -89,7 +89,10 @@ func TestQSDOverlayChain(t *testing.T) {
 					syscallKill(q.Pid)
 				}
 			}()
-			c := q.Client()
+			c, err := q.Client(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
 			nodes := nodeMap(t, ctx, c)
 			for name, want := range map[string]struct {
 				drv  string
@@ -304,7 +307,10 @@ func TestQSDImplicitBacking(t *testing.T) {
 				t.Fatalf("%v\nlog:\n%s", err, proc.LogTail(cfg.LogFile, 20))
 			}
 			defer q.Quit(ctx)
-			c := q.Client()
+			c, err := q.Client(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
 			base := len(nodeMap(t, ctx, c))
 			if err := c.BlockdevAdd(ctx, qmp.FileNode("f", overlay)); err != nil {
 				t.Fatal(err)

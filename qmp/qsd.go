@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -206,12 +207,15 @@ type process struct {
 }
 
 // QSD is a running qemu-storage-daemon and the one QMP connection to it.
-// Its methods are safe for concurrent use.
+// Its methods are safe for concurrent use. One adopted after an agent
+// restart (AdoptQSD) dials its monitor on the first command.
 type QSD struct {
 	Pid       int
 	StartTime uint64 // field 22 of /proc/PID/stat
 
-	client *Client
+	socket string // the QMP socket, for a connection dialled late
+	mu     sync.Mutex
+	client *Client // nil until dialled
 	proc   process
 }
 
@@ -243,7 +247,7 @@ func LaunchQSD(ctx context.Context, cfg QSDConfig) (_ *QSD, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("launching qemu-storage-daemon: %w", err)
 	}
-	q := &QSD{Pid: child.Pid, StartTime: child.StartTime, proc: process{
+	q := &QSD{Pid: child.Pid, StartTime: child.StartTime, socket: cfg.QMPSocket, proc: process{
 		done:    child.Done(),
 		signal:  func(s syscall.Signal) error { return child.Signal(s) },
 		release: func() {},
@@ -314,43 +318,75 @@ func (q *QSD) growRoot(ctx context.Context, size uint64) error {
 	case size < cur:
 		return fmt.Errorf("refusing to shrink root disk from %d to %d bytes", cur, size)
 	case size > cur:
-		if err := q.client.BlockResize(ctx, RootNode, size); err != nil {
+		c, err := q.Client(ctx)
+		if err != nil {
+			return err
+		}
+		if err := c.BlockResize(ctx, RootNode, size); err != nil {
 			return fmt.Errorf("growing root disk from %d to %d bytes: %w", cur, size, err)
 		}
 	}
 	return nil
 }
 
-// AttachQSD re-attaches to a QSD started before an agent restart: it
-// checks that pid still has startTime (fs.ErrNotExist when gone,
-// proc.ErrIdentityMismatch when the pid was reused) and connects to its
-// monitor. Close the result to detach without stopping QSD.
-func AttachQSD(ctx context.Context, qmpSocket string, pid int, startTime uint64) (*QSD, error) {
+// AdoptQSD takes over a QSD started before an agent restart: it checks
+// that pid still has startTime (fs.ErrNotExist when gone,
+// proc.ErrIdentityMismatch when the pid was reused) and watches it from
+// then on (Done). Its monitor on qmpSocket is dialled on the first command
+// only: a monitor serves one client at a time, and most adopted daemons
+// are never asked anything. Close the result to detach without stopping
+// QSD.
+func AdoptQSD(qmpSocket string, pid int, startTime uint64) (*QSD, error) {
 	a, err := proc.Adopt(pid, startTime)
 	if err != nil {
 		return nil, fmt.Errorf("attaching to qemu-storage-daemon: %w", err)
 	}
-	c, err := Dial(ctx, qmpSocket)
-	if err != nil {
-		a.Close()
-		return nil, fmt.Errorf("attaching to qemu-storage-daemon pid %d: %w", pid, err)
-	}
-	return &QSD{Pid: pid, StartTime: startTime, client: c, proc: process{
+	return &QSD{Pid: pid, StartTime: startTime, socket: qmpSocket, proc: process{
 		done:    a.Done(),
 		signal:  a.Signal,
 		release: func() { a.Close() },
 	}}, nil
 }
 
-// Client returns the QMP connection; it stays owned by q.
-func (q *QSD) Client() *Client { return q.client }
+// AttachQSD is AdoptQSD that connects to the monitor at once, for a caller
+// about to use it.
+func AttachQSD(ctx context.Context, qmpSocket string, pid int, startTime uint64) (*QSD, error) {
+	q, err := AdoptQSD(qmpSocket, pid, startTime)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := q.Client(ctx); err != nil {
+		q.Close()
+		return nil, err
+	}
+	return q, nil
+}
+
+// Client returns the QMP connection, dialling it on first use; it stays
+// owned by q.
+func (q *QSD) Client(ctx context.Context) (*Client, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.client == nil {
+		c, err := Dial(ctx, q.socket)
+		if err != nil {
+			return nil, fmt.Errorf("attaching to qemu-storage-daemon pid %d: %w", q.Pid, err)
+		}
+		q.client = c
+	}
+	return q.client, nil
+}
 
 // Done is closed when the process has exited.
 func (q *QSD) Done() <-chan struct{} { return q.proc.done }
 
 // NodeSize returns the virtual size of a block node.
 func (q *QSD) NodeSize(ctx context.Context, node string) (uint64, error) {
-	nodes, err := q.client.QueryNamedBlockNodes(ctx)
+	c, err := q.Client(ctx)
+	if err != nil {
+		return 0, err
+	}
+	nodes, err := c.QueryNamedBlockNodes(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -365,7 +401,11 @@ func (q *QSD) NodeSize(ctx context.Context, node string) (uint64, error) {
 // SetRootLimits changes the root disk's bytes/s and IOPS limits at run
 // time; 0 means unlimited.
 func (q *QSD) SetRootLimits(ctx context.Context, l ThrottleLimits) error {
-	if err := q.client.SetThrottleLimits(ctx, RootThrottleGroup, l); err != nil {
+	c, err := q.Client(ctx)
+	if err == nil {
+		err = c.SetThrottleLimits(ctx, RootThrottleGroup, l)
+	}
+	if err != nil {
 		return fmt.Errorf("setting root disk limits: %w", err)
 	}
 	return nil
@@ -373,7 +413,11 @@ func (q *QSD) SetRootLimits(ctx context.Context, l ThrottleLimits) error {
 
 // RootLimits reads the root disk's limits back.
 func (q *QSD) RootLimits(ctx context.Context) (ThrottleLimits, error) {
-	return q.client.ThrottleLimits(ctx, RootThrottleGroup)
+	c, err := q.Client(ctx)
+	if err != nil {
+		return ThrottleLimits{}, err
+	}
+	return c.ThrottleLimits(ctx, RootThrottleGroup)
 }
 
 // AddDataExport opens a data volume and exports it. If a step fails, the
@@ -382,7 +426,10 @@ func (q *QSD) AddDataExport(ctx context.Context, d DataDisk) error {
 	if len(d.Socket) > maxSocketPath {
 		return fmt.Errorf("adding data export %s: socket path %s is longer than %d bytes", d.ID, d.Socket, maxSocketPath)
 	}
-	c := q.client
+	c, err := q.Client(ctx)
+	if err != nil {
+		return fmt.Errorf("adding data export %s: %w", d.ID, err)
+	}
 	if err := c.BlockdevAdd(ctx, FileNode(d.fileNode(), d.Path)); err != nil {
 		return fmt.Errorf("adding data export %s: %w", d.ID, err)
 	}
@@ -396,6 +443,15 @@ func (q *QSD) AddDataExport(ctx context.Context, d DataDisk) error {
 	return nil
 }
 
+// DataExports lists the daemon's exports (the root's among them).
+func (q *QSD) DataExports(ctx context.Context) ([]BlockExport, error) {
+	c, err := q.Client(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return c.QueryBlockExports(ctx)
+}
+
 // RemoveDataExport deletes what QSD holds of data export id, whatever
 // part of it is there: the export (dropping a connected front-end), its
 // qcow2 node and its file node, which releases the image. So it also
@@ -403,7 +459,10 @@ func (q *QSD) AddDataExport(ctx context.Context, d DataDisk) error {
 // rest, which would make the next AddDataExport of id fail with
 // "Duplicate nodes"); with nothing of id there it does nothing.
 func (q *QSD) RemoveDataExport(ctx context.Context, id string) error {
-	c := q.client
+	c, err := q.Client(ctx)
+	if err != nil {
+		return fmt.Errorf("removing data export %s: %w", id, err)
+	}
 	exports, err := c.QueryBlockExports(ctx)
 	if err != nil {
 		return fmt.Errorf("removing data export %s: %w", id, err)
@@ -428,22 +487,58 @@ func (q *QSD) RemoveDataExport(ctx context.Context, id string) error {
 	return nil
 }
 
+// Flush writes what QSD holds in memory for the VM's disks (qcow2's L2
+// and refcount caches, above all) to their image files, so that a copy of
+// the files taken now has every write QSD has completed: one
+// blockdev-reopen of the top node of every export with the options it
+// already has, which QEMU (6.1 on) begins by flushing each node and its
+// children (docs/ref/qsd-qmp-qcow2.md, Flushing). Nothing else changes.
+// The caller keeps the guest from writing meanwhile (a paused VM).
+func (q *QSD) Flush(ctx context.Context) error {
+	c, err := q.Client(ctx)
+	if err != nil {
+		return err
+	}
+	exports, err := c.QueryBlockExports(ctx)
+	if err != nil {
+		return fmt.Errorf("flushing the disks of qemu-storage-daemon pid %d: %w", q.Pid, err)
+	}
+	var options []map[string]any
+	for _, e := range exports {
+		if e.NodeName == RootNode {
+			options = append(options, ThrottleNode(RootNode, RootThrottleGroup, RootQcow2Node))
+			continue
+		}
+		options = append(options, Qcow2Node(e.NodeName, DataDisk{ID: e.NodeName}.fileNode()))
+	}
+	if len(options) == 0 {
+		return nil
+	}
+	if err := c.Execute(ctx, "blockdev-reopen", map[string]any{"options": options}, nil); err != nil {
+		return fmt.Errorf("flushing the disks of qemu-storage-daemon pid %d: %w", q.Pid, err)
+	}
+	return nil
+}
+
 // Quit asks QSD to exit over QMP and waits for the process to end. QSD
 // removes its sockets and pidfile. If ctx ends first, or QMP fails, QSD is
 // sent SIGTERM (which QSD handles like quit), then SIGKILL after a second.
 func (q *QSD) Quit(ctx context.Context) error {
-	qerr := q.client.Quit(ctx)
+	c, qerr := q.Client(ctx)
+	if qerr == nil {
+		qerr = c.Quit(ctx)
+	}
 	if qerr == nil {
 		select {
 		case <-q.proc.done:
-			q.client.Close()
+			q.closeClient()
 			q.proc.release()
 			return nil
 		case <-ctx.Done():
 			qerr = ctx.Err()
 		}
 	}
-	q.client.Close()
+	q.closeClient()
 	q.proc.signal(syscall.SIGTERM)
 	select {
 	case <-q.proc.done:
@@ -457,16 +552,24 @@ func (q *QSD) Quit(ctx context.Context) error {
 
 // Close detaches from QSD without stopping it.
 func (q *QSD) Close() error {
-	err := q.client.Close()
+	err := q.closeClient()
 	q.proc.release()
 	return err
 }
 
+// closeClient closes the QMP connection, if one was dialled.
+func (q *QSD) closeClient() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.client == nil {
+		return nil
+	}
+	return q.client.Close()
+}
+
 // kill ends a QSD that failed to launch.
 func (q *QSD) kill() {
-	if q.client != nil {
-		q.client.Close()
-	}
+	q.closeClient()
 	q.proc.signal(syscall.SIGKILL)
 	<-q.proc.done
 }

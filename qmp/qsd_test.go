@@ -148,7 +148,10 @@ func testQSD(t *testing.T, b backend) {
 	}()
 
 	// Ready: greeting, sockets, pidfile, recorded identity.
-	c := q.Client()
+	c, err := q.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if g := c.Greeting(); g.Version.QEMU.Major != 7 || len(g.Capabilities) == 0 || g.Capabilities[0] != "oob" {
 		t.Errorf("greeting = %+v, want QEMU 7 with oob", g)
 	}
@@ -483,7 +486,11 @@ func TestQSDDottedArgs(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if exports, err := q.Client().QueryBlockExports(ctx); err != nil || len(exports) != 2 || exports[0].ID != "data0" {
+			c, err := q.Client(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if exports, err := c.QueryBlockExports(ctx); err != nil || len(exports) != 2 || exports[0].ID != "data0" {
 				t.Errorf("exports = %+v (%v), want data0 then root (newest first)", exports, err)
 			}
 			if _, err := qmp.AttachQSD(ctx, qmpSock, child.Pid, child.StartTime+1); !errors.Is(err, proc.ErrIdentityMismatch) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"vmhost/snapshot"
 	"vmhost/vm/record"
 )
 
@@ -67,6 +68,22 @@ type Host interface {
 	// run directory, its own files) and nothing else; the Service then
 	// removes the record.
 	Delete(ctx context.Context, rec *Record) error
+
+	// Suspend saves the memory and device state of rec, a running or
+	// paused VM, and stops its processes; the host records it stopped
+	// with Suspended. Boot of a VM with Suspended resumes from the saved
+	// state (failing, it keeps it); DiscardSaved drops it (a start cold).
+	Suspend(ctx context.Context, rec *Record) error
+	DiscardSaved(ctx context.Context, rec *Record) error
+	// Snapshot writes snapshot sid of rec into dir (the snapshot store's
+	// staging directory): copies of the disks rec owns, and its saved
+	// state when memory is asked for and rec runs, is paused or is
+	// suspended. It returns the copies and whether the state was saved.
+	Snapshot(ctx context.Context, rec *Record, sid, dir string, memory bool) ([]snapshot.Disk, bool, error)
+	// RestoreSnapshot makes the disks rec owns (rec does not run) copies
+	// of sn's and its saved state sn's, or none; apply's changes to the
+	// record are recorded with the restore's commit.
+	RestoreSnapshot(ctx context.Context, rec *Record, sn *snapshot.Snapshot, apply func(*Record)) error
 }
 
 // ErrNoHost is wrapped by the errors of NoHost.
@@ -139,4 +156,20 @@ func (NoHost) HotDetach(_ context.Context, rec *Record, _ string) error {
 // (a test host).
 func RunsNoVMs(action string, rec *Record) error {
 	return &HostError{Kind: HostInternal, Op: action + " VM " + rec.ID, Err: errors.New("this host runs no VMs")}
+}
+
+// Suspend refuses: no VM runs here.
+func (NoHost) Suspend(_ context.Context, rec *Record) error { return RunsNoVMs("suspend", rec) }
+
+// DiscardSaved has nothing to drop.
+func (NoHost) DiscardSaved(context.Context, *Record) error { return nil }
+
+// Snapshot refuses: no VM has disks here.
+func (NoHost) Snapshot(_ context.Context, rec *Record, _, _ string, _ bool) ([]snapshot.Disk, bool, error) {
+	return nil, false, RunsNoVMs("snapshot", rec)
+}
+
+// RestoreSnapshot refuses: no VM has disks here.
+func (NoHost) RestoreSnapshot(_ context.Context, rec *Record, _ *snapshot.Snapshot, _ func(*Record)) error {
+	return RunsNoVMs("restore a snapshot onto", rec)
 }

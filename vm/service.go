@@ -18,6 +18,8 @@ import (
 	"github.com/google/uuid"
 
 	"vmhost/config"
+	"vmhost/events"
+	"vmhost/snapshot"
 	"vmhost/vm/record"
 	"vmhost/vm/records"
 	"vmhost/volume"
@@ -49,6 +51,9 @@ type Options struct {
 	DiskFree func() (uint64, error)
 	// Meminfo is the path of /proc/meminfo; tests point it elsewhere.
 	Meminfo string
+	// Events gets the snapshot events (the others come from the
+	// records); nil publishes none.
+	Events events.Publisher
 	// AgentID is this agent's id (package agentid): the tap names of new
 	// VMs derive from it, so that two agents in one network namespace
 	// never pick the same name for a VM id both use (record.AgentTapName).
@@ -73,6 +78,8 @@ type Service struct {
 
 	vols  *volume.Store
 	volMu sync.Mutex // see volumes.go
+
+	snaps *snapshot.Store // see snapshots.go
 }
 
 // New returns the service over the records of o.Records. Reconciling the
@@ -110,6 +117,9 @@ func New(o Options) (*Service, error) {
 		return nil, err
 	}
 	s.vols = vols
+	if s.snaps, err = snapshot.Open(s.layout.SnapshotsDir(), o.Logger.With("component", "snapshots")); err != nil {
+		return nil, err
+	}
 	// The memo of a view goes with its VM.
 	s.recs.Watch(func(c records.Change) {
 		if c.New == nil {
@@ -152,7 +162,7 @@ func (s *Service) Wait() { s.bg.Wait() }
 // through Launch. async reports that provisioning continues in the
 // background (202).
 func (s *Service) CreateVM(ctx context.Context, spec *Spec) (rec *Record, async bool, err error) {
-	c, err := validateSpec(spec, s.o.Config, s.facts, s.layout)
+	checked, err := validateSpec(spec, s.o.Config, s.facts, s.layout)
 	if err != nil {
 		return nil, false, err
 	}
@@ -160,11 +170,25 @@ func (s *Service) CreateVM(ctx context.Context, spec *Spec) (rec *Record, async 
 	if nics == 0 && spec.CloudInit != nil {
 		nics = 1 // the default interface of a cloud-init VM
 	}
+	if spec.FromSnapshot != "" {
+		// The VM's disks are copies of the snapshot's: its root disk as
+		// the base, its own volumes as they were.
+		sn, vols, release, err := s.FromSnapshot(spec.FromSnapshot, ModeVM)
+		if err != nil {
+			return nil, false, err
+		}
+		defer release() // the copies are made before Launch returns: no image to download
+		c := *spec
+		c.Disk = &DiskSpec{Mode: "copy", BasePath: sn.Disks[0].Path}
+		c.Volumes = vols
+		spec = &c
+		checked.base = &BaseImage{Path: sn.Disks[0].Path, VirtualSizeBytes: sn.Disks[0].VirtualSizeBytes}
+	}
 	rec, err = s.NewRecord(ModeVM, spec, nics)
 	if err != nil {
 		return nil, false, err
 	}
-	rec.Base = c.base
+	rec.Base = checked.base
 	return s.Launch(ctx, rec)
 }
 

@@ -119,8 +119,17 @@ func validateSpec(s *Spec, cfg *config.Config, facts HostFacts, layout Layout) (
 		}
 	}
 	switch {
+	case s.FromSnapshot != "" && s.Disk != nil:
+		return nil, bad("disk", "not with from_snapshot: the VM's disks are copies of the snapshot's")
+	case s.FromSnapshot != "" && s.Image != nil:
+		return nil, bad("image", "not with from_snapshot: the VM's disks are copies of the snapshot's")
+	case s.FromSnapshot != "" && len(s.Volumes) > 0:
+		return nil, bad("volumes", "not with from_snapshot: the VM gets copies of the snapshot's volumes (attach more later)")
+	case s.FromSnapshot != "" && !store.ValidID(s.FromSnapshot):
+		return nil, bad("from_snapshot", "must match ^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+	case s.FromSnapshot != "":
 	case s.Disk == nil && s.Image == nil:
-		return nil, bad("disk", "required unless image is given")
+		return nil, bad("disk", "required unless image or from_snapshot is given")
 	case s.Disk != nil:
 		base, err := checkDisk(s.Disk, s.Image != nil, paths)
 		if err != nil {

@@ -48,6 +48,9 @@ type View struct {
 	GuestPanickedAt   *time.Time     `json:"guest_panicked_at,omitempty"`
 	ShuttingDown      bool           `json:"shutting_down,omitempty"`
 	Mode              Mode           `json:"mode"`
+	// SuspendedAt is when the saved state a start resumes from was saved
+	// (docs/api.md, Suspend and snapshots).
+	SuspendedAt *time.Time `json:"suspended_at,omitempty"`
 	// Labels are the VM's labels (docs/api.md, Labels); omitted when it
 	// has none.
 	Labels map[string]string `json:"labels,omitempty"`
@@ -184,6 +187,9 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	if rec.GuestPanickedAt != nil {
 		v.GuestPanickedAt = rec.GuestPanickedAt // records are never modified
 	}
+	if rec.Suspended != nil {
+		v.SuspendedAt = &rec.Suspended.At
+	}
 	if v.PCIDevices == nil {
 		v.PCIDevices = []string{}
 	}
@@ -255,7 +261,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 	v.DiscoveredIPv4 = record.DiscoveredIPv4(rec.NICs)
 	if d := sp.Disk; d != nil || sp.Image != nil {
 		dv := &v.store.disk
-		*dv = DiskView{Mode: "copy", Owned: true, ImageFmt: "qcow2"}
+		*dv = DiskView{Mode: sp.DiskMode(), Owned: true, ImageFmt: "qcow2"}
 		if rec.Base != nil {
 			dv.BasePath = rec.Base.Path
 			dv.VirtualSizeBytes = rec.Base.VirtualSizeBytes

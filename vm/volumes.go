@@ -362,6 +362,8 @@ func checkAttach(rec *Record, req AttachRequest) error {
 		return &StateError{ID: rec.ID, Action: "attach a volume to", State: rec.DisplayState, Hint: "its disks are not made"}
 	case slices.ContainsFunc(rec.Spec.Volumes, func(v VolumeSpec) bool { return v.Pending != "" }):
 		return &StateError{ID: rec.ID, Action: "attach a volume to", State: rec.DisplayState, Hint: "a volume change is in progress"}
+	case rec.Suspended != nil:
+		return &StateError{ID: rec.ID, Action: "attach a volume to", State: "suspended", Hint: suspendedHint}
 	}
 	return nil
 }
@@ -437,6 +439,8 @@ func (s *Service) DetachVolume(ctx context.Context, mode Mode, id, key string) (
 		return nil, &StateError{ID: id, Action: "detach a volume from", State: rec.DisplayState, Hint: "a volume change is in progress"}
 	case rec.State == StatePaused:
 		return nil, &StateError{ID: id, Action: "detach a volume from", State: rec.DisplayState, Hint: "resume it first: a paused guest cannot release the disk"}
+	case rec.Suspended != nil:
+		return nil, &StateError{ID: id, Action: "detach a volume from", State: "suspended", Hint: suspendedHint}
 	}
 	device := VolumeDevice(rec, i)
 	if rec.State == StateRunning {

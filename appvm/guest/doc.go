@@ -51,6 +51,7 @@
 //
 //	vmhost guest --transport unix:<path> --root <dir> [--chroot] [--mounts]
 //	             [--network] [--listen unix:<prefix>] [--heartbeat 5s]
+//	             [--vmm-fd N]
 //
 // It dials the unix socket instead of AF_VSOCK (chsim passes the hybrid vsock
 // listener `<vsock socket>_<port>`), makes itself a child subreaper, writes
@@ -65,10 +66,13 @@
 // of AF_VSOCK port <port> (chsim routes a host's CONNECT there; VM mode
 // listens on AF_VSOCK unless told otherwise). Poweroff exits the process
 // with status 0 ([ExitPoweroff]); agent failures exit 1. [HaltSignal]
-// (chsim's VM stop, and the parent-death signal it gives the agent) kills
-// every process below the agent, reaps them and exits [ExitHalted]: as
+// (chsim's VM stop) kills every process below the agent, reaps them and exits [ExitHalted]: as
 // subreaper the agent is the parent of every orphan of the workload, so a
-// simulated VM leaves no process behind however it ends.
+// simulated VM leaves no process behind however it ends. --vmm-fd names a
+// pipe whose write end the simulator holds: once every holder has closed
+// it (the simulator ended, or dropped a suspended guest it kept) the agent
+// halts the same way; a guest whose state is saved outlives one simulator
+// and is handed to the next.
 //
 // # Secrets
 //

@@ -66,6 +66,9 @@ type options struct {
 	rootDevice, rootFSType string
 	deviceWait             time.Duration
 	sysfs                  string
+	// vmmFD is the read end of a pipe whose write end the VMM running
+	// this process-mode guest holds (-1: none): its end halts the guest.
+	vmmFD int
 }
 
 // Main runs the agent with args (without the program name and subcommand)
@@ -89,6 +92,7 @@ func Main(args []string) int {
 	fl.StringVar(&o.rootFSType, "root-fstype", "", "VM mode: root disk filesystem, over vmhost.rootfstype= (tests)")
 	fl.StringVar(&o.sysfs, "sysfs", "/sys", "process mode with --mounts: where to find hot-plugged disks by PCI address (tests)")
 	fl.DurationVar(&o.deviceWait, "device-wait", defaultDeviceWait, "how long to wait for each disk and the network interface to appear")
+	fl.IntVar(&o.vmmFD, "vmm-fd", -1, "process mode: a pipe from the VMM that runs this guest; when every writer has closed it, the guest halts (as a VMM's end ends a real guest)")
 	if pid1 {
 		fl.SetOutput(io.Discard)
 	}
@@ -121,6 +125,9 @@ func Main(args []string) int {
 		syscall.Umask(0o022)
 		ps := &processSystem{mounts: o.mounts, network: o.network, sysfs: o.sysfs, deviceWait: o.deviceWait, log: log}
 		ps.haltOnSignal()
+		if o.vmmFD >= 0 {
+			ps.haltWithVMM(o.vmmFD)
+		}
 		sys = ps
 	}
 	a := &agent{opts: o, sys: sys, log: log, mounts: map[string]string{}}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -95,9 +96,9 @@ type processSystem struct {
 // HaltSignal ends a process-mode agent at once, with everything below it:
 // it kills its descendants (every orphan of the workload came to it as
 // subreaper), reaps them, and exits with ExitHalted. The simulator sends
-// it when the VM stops, and makes it the agent's parent-death signal, so
-// that a simulator killed outright takes the guest's processes with it. It
-// is a real-time signal (SIGRTMIN+8 in the kernel's numbering): nothing
+// it when the VM stops (and the end of its --vmm-fd pipe does the same
+// when the simulator is killed outright: haltWithVMM). It is a real-time
+// signal (SIGRTMIN+8 in the kernel's numbering): nothing
 // else sends it, and unlike SIGKILL it lets the agent clean up.
 const HaltSignal = syscall.Signal(40)
 
@@ -108,6 +109,22 @@ func (s *processSystem) haltOnSignal() {
 	go func() {
 		<-ch
 		s.log.Warn("halted: killing every process of the guest")
+		s.poweroff(ExitHalted)
+		os.Exit(ExitHalted)
+	}()
+}
+
+// haltWithVMM ends the agent as HaltSignal does once the pipe at fd reads
+// end of file: every holder of its write end (the VMM that runs this
+// guest, or whoever keeps a suspended guest for the next one) has gone.
+// It stands in for a parent-death signal, which would end a guest that
+// must outlive its VMM while its state waits on disk.
+func (s *processSystem) haltWithVMM(fd int) {
+	unix.CloseOnExec(fd) // not the workload's
+	f := os.NewFile(uintptr(fd), "vmm")
+	go func() {
+		io.Copy(io.Discard, f)
+		s.log.Warn("the VMM is gone: halting, killing every process of the guest")
 		s.poweroff(ExitHalted)
 		os.Exit(ExitHalted)
 	}()

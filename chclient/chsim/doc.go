@@ -71,10 +71,17 @@
 // OnDemand are accepted and change nothing; net_fds is ignored (no net here is built
 // from fds).
 //
-// The AppVM guest agent is a host process of the simulator that took the snapshot and
-// dies with it: after a restore it starts afresh at the first resume, so its workload
-// starts again (a real guest's would go on). snapshot.go's saveGuestAgentLocked and
-// restoreGuestAgentLocked are where keeping it belongs.
+// In process mode the AppVM guest is its agent's processes, frozen while the VM is paused
+// (keep_linux.go). A paused VM whose state was saved since it last ran, and that then
+// stops (the VMM exits, as a suspend has it), keeps its guest: a keeper process holds the
+// agent's --vmm-fd pipe and the saved state.json files; the simulator that restores one of
+// those states adopts the agent and continues it with the resume (same processes, no
+// boot); the keeper ends the guest once none of its saved states exists. The agent's host
+// connection runs straight to the host, so the host's end closing it (vmhost ends its
+// session at a suspend) is the reset CH would queue. A snapshot of a guest that ran on
+// afterwards has no process to keep (a process cannot be copied): its restore starts the
+// agent afresh at the first resume, the workload again, with the guest's root directory
+// put back as the snapshot saved it (chsim-guest-root.tar, guestroot.go).
 //
 // # Knobs
 //
@@ -97,7 +104,8 @@
 // unix transport reaches the host exactly as the guest's vsock connection to CID 2 port
 // 1024 would through CH's hybrid vsock. The agent's exit is the guest's poweroff; its
 // death by a signal leaves the VM running without it. Stop, delete and VMM exit kill it
-// and its workload; a reboot starts it again; pause and resume stop and continue it.
+// and its workload (unless the state was saved: above); a reboot starts it again; pause
+// and resume stop and continue it and every process below it.
 // The workload runs on the host (process mode: no chroot or mounts), unless
 // --sim-guest-chroot: then the agent gets --chroot and runs it chrooted into the root,
 // which the host has filled with the VM's root file system (serve --dev unpacks the root

@@ -1,10 +1,13 @@
 package chsim
 
 import (
+	"bytes"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -26,22 +29,31 @@ const guestVsockPort = 1024
 
 // guestHaltSignal is appvm/guest.HaltSignal, repeated for the same reason: it ends a
 // process-mode agent with every process below it (the agent kills and reaps them first).
+// The agent also halts once its --vmm-fd pipe is closed by every holder (this simulator,
+// or the keeper of a suspended guest): it outlives a simulator only while a saved state
+// needs it.
 const guestHaltSignal = syscall.Signal(40)
 
 // guestHaltWait bounds the wait for a halted agent; then its process group is killed.
 const guestHaltWait = 5 * time.Second
 
 // guestAgent is one run of the AppVM guest agent as a host process: what an AppVM's
-// initramfs /init would be inside a real VM.
+// initramfs /init would be inside a real VM. It is this simulator's child, or one a
+// simulator before it started and kept with a saved state (adopted: keep_linux.go).
 type guestAgent struct {
-	cmd  *exec.Cmd
+	pid  int
 	done chan struct{}
 	nic  *guestNIC // the guest's NIC when the agent runs in its own network namespace
 	// listen is the agent's GuestListenPrefix: its vsock ports are <listen>_<port>.
 	listen string
+	// vmm is the write end of the agent's --vmm-fd pipe: the agent halts once every
+	// holder has closed it (this simulator's exit, however it comes).
+	vmm *os.File
 
 	mu     sync.Mutex
 	exited bool
+	// halting is set when the simulator halts the agent: its exit is then no poweroff.
+	halting bool
 }
 
 // wantsGuestAgentLocked reports whether the booted VM is an AppVM the simulator should run
@@ -97,13 +109,22 @@ func (s *sim) startGuestAgentLocked() error {
 	if s.cfg.GuestChroot {
 		args = append(args, "--chroot")
 	}
+	// The agent's end of the VMM: fd 3, the read end of a pipe only this process writes.
+	vmmR, vmmW, err := os.Pipe()
+	if err != nil {
+		return fmt.Errorf("starting the guest agent: %w", err)
+	}
+	defer vmmR.Close()
+	args = append(args, "--vmm-fd", "3")
 	cmd := exec.Command(bin, args...)
+	cmd.ExtraFiles = []*os.File{vmmR}
 	cmd.Env = append(os.Environ(), GuestAgentEnv+"=1")
 	// The agent's stderr is the guest's console: it goes to the serial port's log here,
 	// the simulator's own log.
 	logPath := filepath.Join(filepath.Dir(s.vm.Vsock.Socket), filepath.Base(s.vm.Vsock.Socket)+".guest.log")
 	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
+		vmmW.Close()
 		return fmt.Errorf("opening guest agent log: %w", err)
 	}
 	defer logFile.Close()
@@ -116,23 +137,26 @@ func (s *sim) startGuestAgentLocked() error {
 		// image names.
 		rootless(cmd.SysProcAttr)
 	}
-	g := &guestAgent{cmd: cmd, done: make(chan struct{}), listen: GuestListenPrefix(s.vm.Vsock.Socket)}
+	g := &guestAgent{done: make(chan struct{}), listen: GuestListenPrefix(s.vm.Vsock.Socket), vmm: vmmW}
 	if s.guestNetworkLocked() {
 		// As root, the guest gets a network namespace whose eth0 is wired to the VM's
 		// first tap, and the agent configures it.
 		cmd.Args = append(cmd.Args, "--network")
 		nic, err := startInNetns(cmd, s.vm.Net[0].Mac)
 		if err != nil {
+			vmmW.Close()
 			return fmt.Errorf("starting the guest agent in its network namespace: %w", err)
 		}
 		g.nic = nic
 		nic.pump(s.taps[0])
 	} else if err := cmd.Start(); err != nil {
+		vmmW.Close()
 		return fmt.Errorf("starting the guest agent: %w", err)
 	}
+	g.pid = cmd.Process.Pid
 	s.agent = g
 	gen := s.bootGen
-	s.logf(1, "guest agent started, pid %d", cmd.Process.Pid)
+	s.logf(1, "guest agent started, pid %d", g.pid)
 	go func() {
 		err := cmd.Wait()
 		g.mu.Lock()
@@ -157,7 +181,7 @@ func (g *guestAgent) signal(sig syscall.Signal) error {
 	if g.exited {
 		return fmt.Errorf("the guest agent has exited")
 	}
-	return unix.Kill(-g.cmd.Process.Pid, sig)
+	return unix.Kill(-g.pid, sig)
 }
 
 // stopGuestAgentLocked ends the guest (stop, delete, VMM exit, or a reset before a
@@ -167,7 +191,7 @@ func (g *guestAgent) signal(sig syscall.Signal) error {
 // process group killed. The agent's listening sockets go with the guest's vsock ports.
 func (s *sim) stopGuestAgentLocked() {
 	g := s.agent
-	if g == nil {
+	if g == nil || s.keepGuestAgentLocked() {
 		return
 	}
 	s.agent = nil
@@ -181,6 +205,7 @@ func (s *sim) stopGuestAgentLocked() {
 		g.signal(syscall.SIGKILL)
 		g.signal(syscall.SIGCONT)
 	}
+	g.vmm.Close()
 	if g.nic != nil {
 		g.nic.close()
 	}
@@ -195,20 +220,52 @@ func (s *sim) stopGuestAgentLocked() {
 func (g *guestAgent) haltOnly() {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	g.halting = true
 	if !g.exited {
-		unix.Kill(g.cmd.Process.Pid, guestHaltSignal)
+		unix.Kill(g.pid, guestHaltSignal)
 	}
 }
 
-// pauseGuestAgentLocked freezes (SIGSTOP) or thaws (SIGCONT) the agent with the VM.
+// hasExited reports whether the agent's process has ended.
+func (g *guestAgent) hasExited() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.exited
+}
+
+// pauseGuestAgentLocked freezes (SIGSTOP) or thaws (SIGCONT) the guest with the VM: the
+// agent and every process below it (the workload runs in a process group of its own).
 func (s *sim) pauseGuestAgentLocked(pause bool) {
 	if s.agent == nil {
 		return
 	}
+	sig := syscall.SIGCONT
 	if pause {
-		s.agent.signal(syscall.SIGSTOP)
-	} else {
-		s.agent.signal(syscall.SIGCONT)
+		sig = syscall.SIGSTOP
+	}
+	s.agent.signalTree(sig)
+}
+
+// signalTree sends sig to the agent and to every process below it. For SIGSTOP it looks
+// again until a pass finds no process it has not stopped, so a child forked meanwhile
+// (by a process not yet stopped) is stopped too.
+func (g *guestAgent) signalTree(sig syscall.Signal) {
+	if g.hasExited() {
+		return
+	}
+	done := map[int]bool{}
+	for range 10 {
+		fresh := false
+		for _, pid := range processTree(g.pid) {
+			if !done[pid] {
+				done[pid] = true
+				fresh = true
+				unix.Kill(pid, sig)
+			}
+		}
+		if !fresh || sig != syscall.SIGSTOP {
+			return
+		}
 	}
 }
 
@@ -222,7 +279,7 @@ func (s *sim) agentPidLocked() int {
 	if s.agent.exited {
 		return 0
 	}
-	return s.agent.cmd.Process.Pid
+	return s.agent.pid
 }
 
 // signalAgentOnly sends sig to the agent process alone (not its workload), for
@@ -235,4 +292,37 @@ func (s *sim) signalAgentOnly(sig syscall.Signal) error {
 		return fmt.Errorf("no guest agent is running")
 	}
 	return unix.Kill(pid, sig)
+}
+
+// processTree is pid and every process below it, parents before their children, read
+// from /proc.
+func processTree(pid int) []int {
+	ents, _ := os.ReadDir("/proc")
+	children := map[int][]int{}
+	for _, e := range ents {
+		p, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		if pp, err := strconv.Atoi(f[1]); err == nil {
+			children[pp] = append(children[pp], p)
+		}
+	}
+	out := []int{pid}
+	for i := 0; i < len(out); i++ {
+		out = append(out, children[out[i]]...)
+	}
+	return out
 }

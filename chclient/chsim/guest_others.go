@@ -4,12 +4,10 @@ package chsim
 
 import "syscall"
 
-// agentProcAttr starts the guest agent in a process group of its own; only Linux has a
-// parent-death signal (and runs the agent).
+// agentProcAttr starts the guest agent in a session of its own (the agent runs on Linux
+// only; see guest_linux.go).
 func agentProcAttr() *syscall.SysProcAttr {
-	attr := childProcAttr()
-	attr.Setpgid = true
-	return attr
+	return &syscall.SysProcAttr{Setsid: true}
 }
 
 // rootless does nothing: only Linux has user namespaces (and runs the agent).

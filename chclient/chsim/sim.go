@@ -74,6 +74,10 @@ type Config struct {
 	VsockBackend string
 }
 
+// keeperArgv is the program and arguments that run this simulator (Main's, without its
+// own flags); empty when Run was called directly, which keeps no guest agent.
+var keeperArgv []string
+
 // DefaultActivateDelay is how long after boot the simulated guest's drivers activate its
 // devices, unless --sim-activate-delay says otherwise.
 const DefaultActivateDelay = 200 * time.Millisecond
@@ -89,6 +93,11 @@ const usage = `usage: sim-ch --api-socket path=<p>|fd=<n> [--event-monitor path=
 // name) and returns the process exit code: 0 after vmm.shutdown, SIGTERM/SIGINT or a guest
 // poweroff; 1 when it cannot start.
 func Main(args []string) int {
+	// The command line that runs this simulator, for the keeper of a suspended guest.
+	keeperArgv = os.Args[:len(os.Args)-len(args)]
+	if len(args) > 0 && args[0] == keeperFlag {
+		return runKeeper(args[1:])
+	}
 	cfg, err := parseArgs(args)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "Error: %v\n%s", err, usage)
@@ -316,6 +325,9 @@ type sim struct {
 	serial    *serialPort
 	vsock     *vsockMux
 	agent     *guestAgent // the AppVM guest agent of this boot, nil when none
+	// saved are the state.json files of the states the paused guest was saved as since
+	// it last ran (keep_linux.go): its agent is kept for them if the VM stops.
+	saved []*os.File
 	// agentOnResume: restored without the agent's process; the next resume starts it.
 	agentOnResume bool
 	guestPorts    map[uint32]bool

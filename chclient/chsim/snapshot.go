@@ -127,9 +127,12 @@ type simGuestState struct {
 	DeviceOrder []string `json:"device_order"`           // virtio devices in creation order
 	// Stream is the qemu backend's migration stream, a file of the snapshot directory.
 	Stream string `json:"stream,omitempty"`
-	// GuestAgent is the AppVM guest agent's state across a snapshot: the hook for
-	// keeping the agent (see saveGuestAgentLocked); nothing is kept yet.
+	// GuestAgent names the AppVM guest agent of a process-mode guest (keep_linux.go:
+	// keptAgent), which a restore adopts if it was kept.
 	GuestAgent json.RawMessage `json:"guest_agent,omitempty"`
+	// GuestRoot names the copy of the process-mode guest's root directory
+	// (guestroot.go), which a restore that cannot adopt the agent puts back.
+	GuestRoot string `json:"guest_root,omitempty"`
 	// IgnorePowerButton: the guest ignores the ACPI power button (/sim/v1/power-button).
 	IgnorePowerButton bool `json:"ignore_power_button,omitempty"`
 }
@@ -236,6 +239,9 @@ func (s *sim) snapshot(r *request) (response, func()) {
 		return apiError(http.StatusInternalServerError, append([]string{op, "Cannot send VM snapshot",
 			"Failed to send migratable component snapshot"}, chain...)...), nil
 	}
+	if dir, err := urlToPath(req.DestinationURL); err == nil {
+		s.noteSavedLocked(dir) // the paused guest is the state just saved
+	}
 	s.logf(1, "VM snapshotted to %s", req.DestinationURL)
 	return noContent(), nil
 }
@@ -246,6 +252,9 @@ func (s *sim) snapshot(r *request) (response, func()) {
 func (s *sim) snapshotTreeLocked() *snapshotTree {
 	guest := &simGuestState{Backend: s.backendName(), Activated: s.activated, RefuseEject: s.refuseEject,
 		DeviceOrder: slices.Clone(s.order), GuestAgent: s.saveGuestAgentLocked(), IgnorePowerButton: s.ignorePowerButton}
+	if s.wantsGuestAgentLocked() {
+		guest.GuestRoot = guestRootFile
+	}
 	for p := range s.guestPorts {
 		guest.GuestPorts = append(guest.GuestPorts, p)
 	}
@@ -307,6 +316,11 @@ func (s *sim) sendSnapshotLocked(tree *snapshotTree, url string) []string {
 	config, _ := json.Marshal(s.vm)
 	if chain := write(snapshotConfigFile, "config", config); chain != nil {
 		return chain
+	}
+	if s.wantsGuestAgentLocked() {
+		if err := saveGuestRoot(GuestRoot(s.vm.Vsock.Socket), filepath.Join(dir, guestRootFile)); err != nil {
+			return []string{"Error writing the guest root", err.Error()}
+		}
 	}
 	state, _ := json.Marshal(tree)
 	if chain := write(snapshotStateFile, "state", state); chain != nil {
@@ -479,7 +493,7 @@ func (s *sim) restore(r *request) (response, func()) {
 	}
 	s.emit("vm", "restoring", nil)
 	s.emit("vm", "restored", nil)
-	s.restoreGuestAgentLocked(guest.GuestAgent)
+	s.restoreGuestAgentLocked(guest, dir)
 	s.logf(1, "VM restored from %s", req.SourceURL)
 	if req.Resume {
 		if chain := s.resumeLocked(); chain != nil {
@@ -520,18 +534,33 @@ func readSnapshotState(dir string) (*snapshotTree, []string) {
 	return &tree, nil
 }
 
-// saveGuestAgentLocked is the AppVM guest agent's part of a snapshot. Nothing is kept yet:
-// in process mode the agent is a host process of this simulator, which dies with it (see
-// restoreGuestAgentLocked).
-func (s *sim) saveGuestAgentLocked() json.RawMessage { return nil }
-
 // restoreGuestAgentLocked brings back the AppVM guest agent after a restore. A real guest's
 // agent is in the guest's memory and simply goes on (its vsock connections to the host are
-// reset: CH v53 queues a RST for each connection the snapshot recorded). Here the agent was
-// a host process of the simulator that took the snapshot and died with it, so it starts
-// afresh with the guest's next resume: its workload starts again too. Keeping the agent and
-// its workload across VMM processes belongs here, with saved (saveGuestAgentLocked).
-func (s *sim) restoreGuestAgentLocked(saved json.RawMessage) {
-	_ = saved
-	s.agentOnResume = s.wantsGuestAgentLocked()
+// reset: CH v53 queues a RST for each connection the snapshot recorded). Here the agent is
+// a host process: one kept with the saved state is adopted (keep_linux.go) and continues
+// with the VM's resume, its host connection found closed, as a reset one; otherwise (the
+// VM ran on after the snapshot, or the agent is gone) the guest root is put back as saved
+// and the agent starts afresh with the guest's next resume, its workload again.
+func (s *sim) restoreGuestAgentLocked(guest *simGuestState, dir string) {
+	if !s.wantsGuestAgentLocked() {
+		return
+	}
+	if len(guest.GuestAgent) > 0 {
+		var k keptAgent
+		if err := json.Unmarshal(guest.GuestAgent, &k); err == nil {
+			g, err := s.adoptGuestAgentLocked(k)
+			if err == nil {
+				s.agent = g
+				s.noteSavedLocked(dir) // paused, the guest is the state restored
+				return
+			}
+			s.logf(1, "the saved guest agent is not kept (%v): it starts afresh at the resume", err)
+		}
+	}
+	if guest.GuestRoot != "" {
+		if err := restoreGuestRoot(filepath.Join(dir, guest.GuestRoot), GuestRoot(s.vm.Vsock.Socket)); err != nil {
+			s.logf(0, "Error: restoring the guest root: %v", err)
+		}
+	}
+	s.agentOnResume = true
 }

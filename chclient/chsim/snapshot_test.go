@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"vmhost/appvm/guest/proto"
 	"vmhost/chclient"
 )
 
@@ -449,49 +448,4 @@ func sameSet(a, b []string) bool {
 		}
 	}
 	return true
-}
-
-// TestRestoreGuestAgent: in process mode the AppVM guest agent is a process of the
-// simulator that took the snapshot and ends with it; a restored VM has none while paused,
-// and its first resume starts a fresh one (a new boot id), which dials the host again.
-// (A real guest's agent would go on, with its vsock connection reset.)
-func TestRestoreGuestAgent(t *testing.T) {
-	p := startSim(t, "--sim-guest-heartbeat", "100ms")
-	cfg, vsock := appVMConfig(t, p.dir)
-	l, err := chclient.ListenVsock(vsock, proto.Port)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	p.wantStatus("PUT", "/api/v1/vm.create", cfg, 204)
-	p.wantStatus("PUT", "/api/v1/vm.boot", "", 204)
-	_, first := guestSession(t, l)
-	pid, _ := simStatus(t, p)
-	p.wantStatus("PUT", "/api/v1/vm.pause", "", 204)
-	snap := filepath.Join(p.dir, "snap")
-	os.Mkdir(snap, 0o700)
-	p.wantStatus("PUT", "/api/v1/vm.snapshot", snapshotBody(snap), 204)
-	p.wantStatus("PUT", "/api/v1/vmm.shutdown", "", 200)
-	p.wait(t)
-	deadline := time.Now().Add(5 * time.Second)
-	for syscall.Kill(pid, 0) != syscall.ESRCH {
-		if time.Now().After(deadline) {
-			t.Fatalf("guest agent %d outlived its simulator", pid)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-
-	q := startSim(t, "--sim-guest-heartbeat", "100ms")
-	q.wantStatus("PUT", "/api/v1/vm.restore", fmt.Sprintf(`{"source_url":%q}`, "file://"+snap), 204)
-	if pid, st := simStatus(t, q); pid != 0 || st != "Paused" {
-		t.Errorf("after the restore: agent pid %d, state %s; want no agent while Paused", pid, st)
-	}
-	q.wantStatus("PUT", "/api/v1/vm.resume", "", 204)
-	_, second := guestSession(t, l)
-	if second.BootID == first.BootID {
-		t.Errorf("the agent after the restore has the old boot id %s", first.BootID)
-	}
-	if again, _ := simStatus(t, q); again == 0 || again == pid {
-		t.Errorf("agent pid after resume = %d (before the suspend %d)", again, pid)
-	}
 }

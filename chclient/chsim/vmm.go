@@ -624,6 +624,7 @@ func (s *sim) releaseLocked() {
 		s.qemu = nil
 	}
 	s.stopGuestAgentLocked()
+	s.dropSavedLocked()
 	if s.vsock != nil {
 		s.vsock.close()
 		s.vsock = nil
@@ -872,6 +873,7 @@ func (s *sim) resumeLocked() []string {
 		}
 	}
 	s.state = stateRunning
+	s.dropSavedLocked() // the guest runs on: it is no longer the state it was saved as
 	if s.agentOnResume {
 		// Restored without its agent process: the guest's init runs it again.
 		s.agentOnResume = false

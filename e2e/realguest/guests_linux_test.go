@@ -263,9 +263,11 @@ func classicDHCP(l *lane, a artifacts) {
 		t.Fatalf("sync in the guest before stop: %v %s", err, out)
 	}
 	l.stopVM("/api/vms", id)
+	cold := time.Now()
 	l.must("POST", "/api/vms/"+id+"/start", "", http.StatusNoContent)
 	l.waitView("/api/vms", id, "running after start", bootTimeout, func(v vmView) bool { return v.DisplayState == "running" })
 	l.waitSSH("lane", ip, bootTimeout)
+	coldBoot := time.Since(cold)
 	if out, err := l.ssh("lane", ip, "hostname"); err != nil || !strings.Contains(out, "lane-dhcp-host") {
 		t.Errorf("after stop and start: hostname %q (%v), want lane-dhcp-host", out, err)
 	}
@@ -274,6 +276,7 @@ func classicDHCP(l *lane, a artifacts) {
 		t.Errorf("after stop and start: /dev/vdc starts with %q (%v), want %q", out, err, laneVolumeData)
 	}
 	phase(t, "classic dhcp: stop, start", start)
+	suspendClassic(l, id, ip, start, coldBoot)
 	l.deleteVM("/api/vms", id)
 	// Deleting the VM kept its first-class volume.
 	l.must("DELETE", "/api/volumes/lane-vol", "", http.StatusNoContent)
@@ -341,6 +344,8 @@ func appVM(l *lane, a artifacts) {
 	})
 	phase(t, "appvm: running", start)
 	l.checkConfined(prefix, id)
+	l.checkOverlay(id) // the default appvm_root_disk
+	suspendAppVMRefused(l, id)
 
 	logPath := l.stateDir + "/vms/" + id + "/workload.log"
 	readLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }

@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"vmhost/disk"
 	"vmhost/jail"
 )
 
@@ -113,6 +114,7 @@ type lane struct {
 	serve    *exec.Cmd
 	serveLog *bytes.Buffer
 	hc       *http.Client
+	vsock    string // vhost-device-vsock, which the simulator's qemu backend runs
 }
 
 func TestRealGuests(t *testing.T) {
@@ -133,6 +135,9 @@ func TestRealGuests(t *testing.T) {
 		t.Run("appvm", func(t *testing.T) { t.Parallel(); appVM(l.with(t), a) })
 		t.Run("appvm-ops", func(t *testing.T) { t.Parallel(); appVMOps(l.with(t), a) })
 	})
+	// Alone, since it restarts the agent (appvm_root_disk): guest IO
+	// through an overlay root disk beside a copied one.
+	t.Run("appvm-io", func(t *testing.T) { appVMIO(l.with(t), l) })
 	phase(t, "lane test total", total)
 }
 
@@ -153,7 +158,7 @@ func setUp(t *testing.T, a artifacts) *lane {
 	}
 	l := &lane{t: t, dir: dir, ns: fmt.Sprintf("vhl%d", os.Getpid()), bin: dir + "/vmhost",
 		stateDir: dir + "/state", runDir: dir + "/run", sock: dir + "/api.sock", leases: dir + "/dnsmasq.leases",
-		serveLog: new(bytes.Buffer)}
+		serveLog: new(bytes.Buffer), vsock: a.vsock}
 	t.Cleanup(l.tearDown)
 
 	// The initramfs's /init is this binary: it must be static.
@@ -219,6 +224,19 @@ func setUp(t *testing.T, a artifacts) *lane {
 	}
 	l.token = strings.TrimSpace(string(out))
 
+	l.hc = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", l.sock)
+		}}}
+	l.startServe()
+	phase(t, "namespace, dnsmasq, serve", start)
+	return l
+}
+
+// startServe starts vmhost serve in the namespace and waits until it
+// answers.
+func (l *lane) startServe() {
 	// Cloud Hypervisor is the simulator with its qemu backend: the agent
 	// runs it, confined, as it runs CH (--simulate ch), and gives its jail
 	// what the backend runs (qemu, vhost-device-vsock). The agent enters
@@ -226,24 +244,39 @@ func setUp(t *testing.T, a artifacts) *lane {
 	// sysfs of the namespace over /sys, hiding the cgroup hierarchies
 	// under /sys/fs/cgroup that confinement needs.
 	l.serve = exec.Command("nsenter", "--net=/run/netns/"+l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
-		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", dir+"/config.json",
-		"--simulate", "ch", "--sim-ch-args", "--sim-backend qemu --sim-vsock-backend "+a.vsock)
+		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", l.dir+"/config.json",
+		"--simulate", "ch", "--sim-ch-args", "--sim-backend qemu --sim-vsock-backend "+l.vsock)
 	l.serve.Stdout, l.serve.Stderr = l.serveLog, l.serveLog
 	l.serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := l.serve.Start(); err != nil {
-		t.Fatal(err)
+		l.t.Fatal(err)
 	}
-	l.hc = &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", l.sock)
-		}}}
 	l.poll("vmhost serve answers", 30*time.Second, func() bool {
 		st, _ := l.do("GET", "/api/networks", "")
 		return st == http.StatusOK
 	})
-	phase(t, "namespace, dnsmasq, serve", start)
-	return l
+}
+
+// restartServe stops vmhost serve (its VMs run on), sets config key to
+// value and starts it again.
+func (l *lane) restartServe(key string, value any) {
+	l.t.Helper()
+	syscall.Kill(-l.serve.Process.Pid, syscall.SIGTERM)
+	l.serve.Wait()
+	var cfg map[string]any
+	b, err := os.ReadFile(l.dir + "/config.json")
+	if err == nil {
+		err = json.Unmarshal(b, &cfg)
+	}
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cfg[key] = value
+	b, _ = json.MarshalIndent(cfg, "", "  ")
+	if err := os.WriteFile(l.dir+"/config.json", b, 0o600); err != nil {
+		l.t.Fatal(err)
+	}
+	l.startServe()
 }
 
 // tearDown stops serve, kills what it left (VMs outlive the agent by
@@ -276,7 +309,7 @@ func (l *lane) tearDown() {
 		}
 	}
 	exec.Command("ip", "netns", "del", l.ns).Run()
-	os.RemoveAll(l.dir)
+	disk.RemoveAll(l.dir) // the catalog's builds are sealed (immutable, as root)
 }
 
 func tail(b []byte, n int) []byte {
@@ -369,6 +402,10 @@ type vmView struct {
 		RestartCount     uint32 `json:"restart_count"`
 		HeartbeatStale   bool   `json:"heartbeat_stale"`
 	} `json:"appvm"`
+	Disk *struct {
+		Mode     string `json:"mode"`
+		BasePath string `json:"base_path"`
+	} `json:"disk"`
 }
 
 // view reads a VM of family prefix ("/api/vms" or "/api/appvm/vms").

@@ -191,6 +191,24 @@ func (l *File) Size() int64 {
 	return l.size
 }
 
+// LastByte returns the current file's last byte, read through the open
+// file; ok is false when it is empty.
+func (l *File) LastByte() (b byte, ok bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.f == nil {
+		return 0, false, os.ErrClosed
+	}
+	if l.size == 0 {
+		return 0, false, nil
+	}
+	var p [1]byte
+	if _, err := l.f.ReadAt(p[:], l.size-1); err != nil {
+		return 0, false, err
+	}
+	return p[0], true, nil
+}
+
 // Truncate cuts the current file to size bytes (a torn last record found
 // when a log is opened); writes go on at the new end.
 func (l *File) Truncate(size int64) error {

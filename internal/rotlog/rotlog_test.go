@@ -118,13 +118,23 @@ func TestOpenKeepsAndRestricts(t *testing.T) {
 	if f.Size() != 12 {
 		t.Errorf("Size = %d, want 12", f.Size())
 	}
-	f.Write([]byte("more\n"))
+	if b, ok, err := f.LastByte(); b != '\n' || !ok || err != nil {
+		t.Errorf("LastByte = %q, %v, %v; want the earlier run's newline", b, ok, err)
+	}
+	f.Write([]byte("more"))
+	if b, ok, err := f.LastByte(); b != 'e' || !ok || err != nil {
+		t.Errorf("LastByte after a write = %q, %v, %v", b, ok, err)
+	}
+	f.Write([]byte("\n"))
 	if got := read(t, path); got != "earlier run\nmore\n" {
 		t.Errorf("log = %q", got)
 	}
 	f.Write([]byte("past the cap\n"))
 	if read(t, path+".1") != "earlier run\nmore\n" || read(t, path) != "past the cap\n" {
 		t.Errorf("after rotation: .1 %q, current %q", read(t, path+".1"), read(t, path))
+	}
+	if b, ok, err := mustOpen(t, filepath.Join(dir, "new.log"), Options{}).LastByte(); ok || err != nil {
+		t.Errorf("LastByte of an empty log = %q, %v, %v", b, ok, err)
 	}
 	for _, bad := range []string{dir, "/dev/null"} {
 		if g, err := Open(bad, Options{}); err == nil {

@@ -23,6 +23,7 @@
 // still fits in its clusters, which covers growth up to 4 TiB for images
 // made by qemu-img; beyond that the new size is kept in memory only.
 // blockdev-create writes a minimal qcow2 image (no header extensions).
+// blockdev-reopen takes the options a node has and changes nothing.
 // Only qcow2 backing files are followed (a backing format other than qcow2
 // is refused), and a node's "file" is always its host file's name where
 // QSD sometimes shows a json: description (a "backing": null over a header
@@ -1136,6 +1137,7 @@ func init() {
 		"query-jobs":              {allowed: []string{}, run: queryJobs},
 		"job-dismiss":             {allowed: []string{"id"}, required: []string{"id"}, run: jobDismiss},
 		"blockdev-create":         {allowed: []string{"job-id", "options"}, required: []string{"job-id", "options"}, run: blockdevCreate, after: finishCreate},
+		"blockdev-reopen":         {allowed: []string{"options"}, required: []string{"options"}, run: blockdevReopen},
 	}
 }
 
@@ -1184,6 +1186,74 @@ func blockdevAddCmd(c *conn, args map[string]any) (any, *qerr) {
 		return nil, generic("%s", err)
 	}
 	return nil, nil
+}
+
+// blockdevReopen is blockdev-reopen with every node's options as they are:
+// QSD flushes the nodes (the simulator holds nothing back) and changes
+// nothing. An option that differs from the node's is refused, as QSD
+// refuses the options a driver cannot change.
+func blockdevReopen(c *conn, args map[string]any) (any, *qerr) {
+	list, ok := args["options"].([]any)
+	if !ok {
+		return nil, &qerr{"GenericError", "Invalid parameter type for 'options', expected: array"}
+	}
+	for _, o := range list {
+		m, ok := o.(map[string]any)
+		if !ok {
+			return nil, &qerr{"GenericError", "Invalid parameter type for 'options', expected: object"}
+		}
+		name, _ := str(m, "node-name")
+		if name == "" {
+			return nil, generic("node-name not specified")
+		}
+		n := c.s.findNode(name)
+		if n == nil {
+			return nil, generic("Cannot find device='' nor node-name='%s'", name)
+		}
+		if err := c.s.sameOptions(n, m); err != nil {
+			return nil, generic("%s", err)
+		}
+	}
+	return nil, nil
+}
+
+// sameOptions reports the first option of m that differs from node n's.
+func (s *sim) sameOptions(n *node, m map[string]any) error {
+	drv, _ := str(m, "driver")
+	if drv != n.drv {
+		return fmt.Errorf("Cannot change the option 'driver'")
+	}
+	ro, _ := boolean(m, "read-only")
+	if ro != n.ro {
+		return fmt.Errorf("Cannot change the option 'read-only'")
+	}
+	switch n.drv {
+	case "qcow2", "throttle":
+		if f, _ := str(m, "file"); f != n.child {
+			return fmt.Errorf("Cannot change the option 'file'")
+		}
+	case "file":
+		if f, _ := str(m, "filename"); f != n.filename {
+			return fmt.Errorf("Cannot change the option 'filename'")
+		}
+	}
+	if n.drv == "throttle" {
+		if g, _ := str(m, "throttle-group"); g != n.group {
+			return fmt.Errorf("Cannot change the option 'throttle-group'")
+		}
+	}
+	if n.drv == "qcow2" {
+		b, present := m["backing"]
+		switch ref, _ := b.(string); {
+		case !present && n.backing != "" && !n.implicit:
+			return fmt.Errorf("backing is missing for '%s'", n.name)
+		case present && b == nil && n.backing != "":
+			return fmt.Errorf("Cannot change the option 'backing'")
+		case ref != "" && ref != n.backing:
+			return fmt.Errorf("Cannot change the option 'backing'")
+		}
+	}
+	return nil
 }
 
 func blockdevDel(c *conn, args map[string]any) (any, *qerr) {

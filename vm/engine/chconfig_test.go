@@ -111,6 +111,13 @@ func TestCHConfigVariants(t *testing.T) {
 		{"AppVM kernel", record.Record{ID: "e", Mode: record.ModeAppVM, Spec: record.Spec{Vcpus: 1, MemoryMB: 64}},
 			func(t *testing.T, c map[string]any) {
 				want(t, c, "payload", map[string]any{"kernel": "/k/appvm", "cmdline": config.DefaultAppVMCmdline})
+				want(t, c, "vsock", map[string]any{"cid": 9.0, "socket": l.VsockSocket("e")})
+			}},
+		{"a classic VM has no vsock", record.Record{ID: "f", Mode: record.ModeVM, Spec: record.Spec{Vcpus: 1, MemoryMB: 64, KernelPath: &kernel}},
+			func(t *testing.T, c map[string]any) {
+				if v, ok := c["vsock"]; ok {
+					t.Errorf("vsock = %v, want none", v)
+				}
 			}},
 	}
 	cfg.AppVMKernel = "/k/appvm"

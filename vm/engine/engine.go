@@ -114,7 +114,7 @@ type Engine struct {
 	// consoleCtx ends the console keepers (console.go) at Close.
 	consoleCtx  context.Context
 	consoleStop context.CancelFunc
-	consoles    sync.WaitGroup
+	cons        consoles
 
 	// pmu guards provs: the provisions in progress, so that a forced
 	// delete can cancel one (a stalled download, a long copy).
@@ -200,6 +200,7 @@ func (e *Engine) ImageCache() *disk.Cache { return e.cache }
 // without stopping them.
 func (e *Engine) Recover() {
 	e.starts.Do(func() {
+		e.serveConsoleAttach()
 		e.recoverHost()
 	})
 }
@@ -385,8 +386,12 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "creating VM directory", Err: err}
 		}
-		if err := disk.Copy(ctx, rec.Base.Path, l.RootDisk(id)); err != nil {
-			return &record.HostError{Kind: record.HostStorage, Op: "copying base image " + rec.Base.Path, Err: err}
+		make := e.makeRootDisk
+		if sp.FromSnapshot != "" {
+			make = copySnapshotDisk // a snapshot's copy of a VM's disk, as it was
+		}
+		if err := make(ctx, rec, rec.Base.Path, l.RootDisk(id)); err != nil {
+			return err
 		}
 		did(record.StepRootDisk)
 	}
@@ -460,11 +465,19 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 // for a volume its guest mounts (an AppVM's) an ext4 file system made by
 // mkfs.ext4 on a sparse raw file and converted to qcow2 (only written
 // clusters are allocated; e2fsprogs must be installed; it replaces a
-// leftover at its name).
+// leftover at its name); for a VM made from a snapshot, a copy of the
+// snapshot's.
 func (e *Engine) makeDataVolume(ctx context.Context, rec *record.Record, i int) error {
 	v := rec.Spec.Volumes[i]
 	path := e.lay.DataVolume(rec.ID, v.ID)
 	size := uint64(v.SizeGiB) << 30
+	if sid := rec.Spec.FromSnapshot; sid != "" {
+		// A VM made from a snapshot gets copies of its volumes.
+		if err := disk.CopyImage(ctx, e.lay.SnapshotDisk(sid, v.ID), path); err != nil {
+			return &record.HostError{Kind: record.HostStorage, Op: "copying volume " + v.ID + " of snapshot " + sid, Err: err}
+		}
+		return nil
+	}
 	if v.Mounted() {
 		if err := qcow2.CreateExt4(ctx, path, size, v.ID); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("formatting data volume %d of AppVM %s", i, rec.ID), Err: err}
@@ -657,23 +670,21 @@ func guardRule(nic record.NIC, nv record.NetView, i int, ci *record.CloudInitSpe
 	return r, nil
 }
 
-// qsdConfig is how the VM's qemu-storage-daemon runs: the root disk grown
-// to disk.size_gib (never below the base) with the root-disk limits, and
+// qsdConfig is how the VM's qemu-storage-daemon runs: the root disk (with
+// its build as the backing node when it is an overlay) grown to
+// disk.size_gib (never below the base) with the root-disk limits, and
 // every data volume.
 func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 	l, id, sp := e.layout(), rec.ID, &rec.Spec
 	var size uint64
 	if sp.Disk != nil && sp.Disk.SizeGiB != nil {
-		size = uint64(*sp.Disk.SizeGiB) << 30
-		if rec.Base != nil && rec.Base.VirtualSizeBytes > size {
-			size = (rec.Base.VirtualSizeBytes + 511) / 512 * 512
-		}
+		size = rootDiskSize(rec, 0)
 	}
 	c := qmp.QSDConfig{
 		Binary:  e.o.QSD.Binary,
 		PreArgs: e.o.QSD.PreArgs,
 		Env:     e.o.QSD.Env,
-		Root: qmp.RootDisk{Path: l.RootDisk(id), Socket: l.RootSocket(id), Size: size,
+		Root: qmp.RootDisk{Path: l.RootDisk(id), Backing: rec.RootBacking(), Socket: l.RootSocket(id), Size: size,
 			Limits: qmp.ThrottleLimits{BpsTotal: sp.DiskBpsTotal, IopsTotal: sp.DiskIopsTotal}},
 		QMPSocket: l.QMPSocket(id),
 		PidFile:   l.QSDPidFile(id),
@@ -712,10 +723,20 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		case <-q.Done():
 			q.Close()
 		default:
-			if err := e.syncExports(ctx, q, rec); err != nil {
-				return nil, &record.HostError{Kind: record.HostStorage, Op: "updating the volume exports of VM " + rec.ID, Err: err}
+			err := e.syncExports(ctx, q, rec)
+			if err == nil {
+				return nil, nil
 			}
-			return nil, nil
+			// A daemon whose monitor does not answer (an adopted one
+			// another client holds) serves a VM that runs nothing:
+			// replace it.
+			e.log.Warn("replacing the storage daemon of a VM that is not running", "id", rec.ID, "err", err)
+			e.mu.Lock()
+			if e.live[rec.ID] == q {
+				delete(e.live, rec.ID)
+			}
+			e.mu.Unlock()
+			q.Close()
 		}
 	}
 	if rt := rec.Runtime; rt != nil && rt.QSD != nil {
@@ -724,6 +745,9 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		if err := killRecorded(rt.QSD.Pid, rt.QSD.StartTime); err != nil {
 			return nil, &record.HostError{Kind: record.HostStorage, Op: "stopping stale qemu-storage-daemon of VM " + rec.ID, Err: err}
 		}
+	}
+	if err := e.checkBacking(rec); err != nil {
+		return nil, err
 	}
 	cfg := e.qsdConfig(rec)
 	if jv != nil {

@@ -15,7 +15,8 @@ import (
 	"vmhost/vm/record"
 )
 
-// Boot starts the VM: qemu-storage-daemon unless it runs, then Cloud
+// Boot starts the VM (a VM with a saved state resumes from it instead:
+// resumeSaved): qemu-storage-daemon unless it runs, then Cloud
 // Hypervisor, vm.create with CHConfig and vm.boot, checking CH's state
 // after each step. It records the processes and state running, display
 // booting, in one write once the guest boots (an agent that dies before
@@ -27,6 +28,9 @@ import (
 // the boot (auto_boot) is stored with its write, or alone when it fails.
 func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	rec = e.current(rec)
+	if rec.Suspended != nil {
+		return e.resumeSaved(ctx, rec) // saved.go
+	}
 	id, l := rec.ID, e.layout()
 	defer func() {
 		// A failed boot stores the provision's result it was to store

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"vmhost/chclient"
-	"vmhost/disk"
 	"vmhost/internal/atomicfile"
 	"vmhost/vm/record"
 )
@@ -128,9 +127,10 @@ func (e *Engine) Balloon(ctx context.Context, rec *record.Record, mb uint64) err
 	return nil
 }
 
-// StageRootDisk copies base to the VM's staged root disk (RootDiskNext,
-// replacing a leftover), for a rebuild of the root disk of a VM that runs
-// nothing (appvm.RootDisks: an AppVM redeploy). A storage daemon kept from
+// StageRootDisk makes the VM's staged root disk (RootDiskNext, replacing
+// a leftover) from base, of the kind its root disk is (an overlay of base,
+// or a copy), for a rebuild of the root disk of a VM that runs nothing
+// (appvm.RootDisks: an AppVM redeploy). A storage daemon kept from
 // provisioning holds the old root disk open, so it stops first; the next
 // boot starts one on the new disk.
 func (e *Engine) StageRootDisk(ctx context.Context, rec *record.Record, base string) error {
@@ -139,7 +139,7 @@ func (e *Engine) StageRootDisk(ctx context.Context, rec *record.Record, base str
 	if err := e.DropStagedRootDisk(rec); err != nil {
 		return err
 	}
-	if err := disk.Copy(ctx, base, next); err != nil {
+	if err := e.makeRootDisk(ctx, rec, base, next); err != nil {
 		return &record.HostError{Kind: record.HostStorage, Op: "staging a new root disk for VM " + rec.ID, Err: err}
 	}
 	return nil

@@ -794,6 +794,14 @@ func (g *recordingGuest) Adopt(_ context.Context, rec *record.Record, l net.List
 	return l.Close()
 }
 
+func (g *recordingGuest) Resume(_ context.Context, rec *record.Record, l net.Listener) error {
+	g.log("resume %s listener=%s", rec.ID, filepath.Base(l.Addr().String()))
+	g.mu.Lock()
+	g.ls = append(g.ls, l)
+	g.mu.Unlock()
+	return nil
+}
+
 func (g *recordingGuest) End(id string) {
 	g.log("end %s", id)
 	g.mu.Lock()

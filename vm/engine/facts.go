@@ -38,12 +38,11 @@ func (m *monitor) facts() {
 			err := h.FollowDHCP(m.ctx, nic.Tap, mac, guard, func(b tap.Binding) {
 				ip := b.IP.String()
 				m.e.log.Info("guest address from DHCP", "id", m.id, "tap", nic.Tap, "ipv4", ip)
-				m.update(func(r *record.Record) bool {
+				m.update(func(r *record.Record) func(*record.Record) {
 					if i >= len(r.NICs) || r.NICs[i].DHCPSnoopedIPv4 == ip {
-						return false
+						return nil
 					}
-					r.NICs[i].DHCPSnoopedIPv4 = ip
-					return true
+					return func(r *record.Record) { r.NICs[i].DHCPSnoopedIPv4 = ip }
 				})
 			})
 			if err != nil && m.ctx.Err() == nil {
@@ -73,12 +72,11 @@ func (m *monitor) facts() {
 				continue
 			}
 			ip := addr.String()
-			m.update(func(r *record.Record) bool {
+			m.update(func(r *record.Record) func(*record.Record) {
 				if i >= len(r.NICs) || r.NICs[i].LastObservedIPv4 == ip {
-					return false
+					return nil
 				}
-				r.NICs[i].LastObservedIPv4 = ip
-				return true
+				return func(r *record.Record) { r.NICs[i].LastObservedIPv4 = ip }
 			})
 		}
 		select {

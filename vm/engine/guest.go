@@ -26,6 +26,9 @@ import (
 //     holding the agent, which the boot adds to CH's payload;
 //   - Adopt for a running AppVM recovered at agent start, with a new
 //     listener: its agent redials with resume;
+//   - Resume before vm.restore of an AppVM's saved state, with a new
+//     listener: the restored guest's agent redials with resume (its
+//     connection was reset), and the boot's facts stay;
 //   - End when a boot fails, and at a stop, a delete and a rollback;
 //   - Stop for a shutdown, instead of the ACPI power button (which the
 //     engine presses when Stop fails);
@@ -41,6 +44,7 @@ type Guest interface {
 	Port() uint32
 	Boot(ctx context.Context, rec *record.Record, kernel string, l net.Listener) (initramfs string, err error)
 	Adopt(ctx context.Context, rec *record.Record, l net.Listener) error
+	Resume(ctx context.Context, rec *record.Record, l net.Listener) error
 	End(id string)
 	Stop(ctx context.Context, rec *record.Record) error
 	Settle(id string)

@@ -334,7 +334,11 @@ func (e *Engine) confineCH(rec *record.Record, v *jail.VM, files []string) proc.
 	l, id, sp := e.layout(), rec.ID, &rec.Spec
 	x := jail.Exec{
 		Binds: []jail.Bind{
-			{Path: l.VMDir(id)},
+			// Writable for vm.snapshot, which writes into a directory
+			// under the save directory the VM owns; the VM directory is
+			// root's (0711), so CH writes nothing else there but the
+			// files the VM owns, which its storage daemon writes anyway.
+			{Path: l.VMDir(id), Writable: true},
 			{Path: l.RunVMDir(id), Writable: true, Exec: e.o.CH.ExecRunDir},
 		},
 		Devices: []string{"/dev/kvm", "/dev/urandom", "/dev/null"},
@@ -424,6 +428,21 @@ func (e *Engine) prepareCH(rec *record.Record, v *jail.VM, cfg *chclient.VmConfi
 		}
 	}
 	return e.confineCH(rec, v, files), nil
+}
+
+// prepareRestore readies the start of rec's Cloud Hypervisor in jail v to
+// restore its saved state: as prepareCH for a boot (the payload files of
+// the VM's configuration, which the state names), and the suspend
+// directory becomes the VM's.
+func (e *Engine) prepareRestore(rec *record.Record, v *jail.VM) (proc.Confiner, error) {
+	if err := jail.OwnTree(v.UID, v.GID, e.layout().SuspendDir(rec.ID)); err != nil {
+		return nil, &record.HostError{Kind: record.HostInternal, Op: "confining VM " + rec.ID, Err: err}
+	}
+	cfg, err := CHConfig(rec, e.o.Config, e.layout(), CHConfigHost{CPUs: e.o.HostCPUs})
+	if err != nil {
+		return nil, &record.HostError{Kind: record.HostInternal, Op: "restoring VM " + rec.ID, Err: err}
+	}
+	return e.prepareCH(rec, v, cfg)
 }
 
 // readableBy fails, saying why, when uid (with gid) cannot read the file at

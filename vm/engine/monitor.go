@@ -20,7 +20,6 @@ import (
 
 	"vmhost/chclient"
 	"vmhost/internal/nofollow"
-	"vmhost/proc"
 	"vmhost/qmp"
 	"vmhost/vm/record"
 )
@@ -89,13 +88,10 @@ type watchers struct {
 
 // monitor supervises one running VM.
 type monitor struct {
-	e   *Engine
-	id  string
-	ch  *chclient.Process
-	qsd *qmp.QSD // nil when the VM has no storage daemon
-	// qsdProc watches, by pid only, a storage daemon whose QMP monitor
-	// did not answer at adoption (qsd is nil then).
-	qsdProc   *proc.Adopted
+	e         *Engine
+	id        string
+	ch        *chclient.Process
+	qsd       *qmp.QSD // nil when the VM has no storage daemon
 	apiSocket string
 	events    string
 	rootDisk  string // "" when there is none to watch
@@ -144,20 +140,19 @@ func (e *Engine) watch(id string, ch *chclient.Process, qsd *qmp.QSD) {
 			e.log.Error("clearing the guest panic of an earlier boot", "id", id, "err", err)
 		}
 	}
-	e.supervise(id, ch, qsd, nil)
+	e.supervise(id, ch, qsd)
 }
 
 // supervise starts the monitor of a running VM (watch after a boot; the
-// recovery after adopting the processes, where qsdProc may stand in for a
-// storage daemon whose monitor did not answer).
-func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdProc *proc.Adopted) {
+// recovery after adopting the processes).
+func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD) {
 	rec := e.recs.Get(id)
 	if rec == nil {
 		e.log.Error("watch: no record; processes left running unwatched", "id", id)
 		return
 	}
 	m := &monitor{
-		e: e, id: id, ch: ch, qsd: qsd, qsdProc: qsdProc,
+		e: e, id: id, ch: ch, qsd: qsd,
 		apiSocket: ch.APISocket,
 		events:    e.layout().Events(id),
 		chStart:   processStartWall(ch.StartTime),
@@ -187,9 +182,6 @@ func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD, qsdPro
 		if qsd != nil {
 			qsd.Close()
 		}
-		if qsdProc != nil {
-			qsdProc.Close()
-		}
 		return
 	}
 	w.m[id] = m
@@ -215,9 +207,6 @@ func (e *Engine) unwatch(id string) (*chclient.Process, *qmp.QSD) {
 	}
 	m.cancel()
 	<-m.ended
-	if m.qsdProc != nil {
-		m.qsdProc.Close() // stopProcesses stops the recorded daemon
-	}
 	return m.ch, m.qsd
 }
 
@@ -262,16 +251,20 @@ func (e *Engine) Close() error {
 		if m.qsd != nil {
 			m.qsd.Close()
 		}
-		if m.qsdProc != nil {
-			m.qsdProc.Close()
-		}
 	}
 	w.wg.Wait()
+	// The storage daemons of created VMs stay too; only the engine's
+	// connections to them go.
+	e.mu.Lock()
+	for id, q := range e.live {
+		q.Close()
+		delete(e.live, id)
+	}
+	e.mu.Unlock()
 	if e.fw != nil {
 		e.fw.close()
 	}
-	e.consoleStop()
-	e.consoles.Wait()
+	e.closeConsoles()
 	return nil
 }
 
@@ -285,11 +278,8 @@ func (m *monitor) run() {
 	defer helpers.Wait()
 
 	var qsdDone <-chan struct{}
-	switch {
-	case m.qsd != nil:
+	if m.qsd != nil {
 		qsdDone = m.qsd.Done()
-	case m.qsdProc != nil:
-		qsdDone = m.qsdProc.Done()
 	}
 	every := sweepEvery
 	if m.polling {
@@ -505,8 +495,6 @@ func (m *monitor) qsdVerdict() verdict {
 	pid := 0
 	if m.qsd != nil {
 		pid = m.qsd.Pid
-	} else if m.qsdProc != nil {
-		pid = m.qsdProc.Pid
 	}
 	return verdict{state: record.StateFailed, reason: &record.FailureReason{
 		DetectedAt: m.e.o.Now().UTC(),
@@ -571,9 +559,6 @@ func (m *monitor) conclude(v verdict) {
 		lvl = e.log.Info
 	}
 	lvl("VM ended", "id", m.id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
-	if m.qsdProc != nil {
-		m.qsdProc.Close() // stopProcesses stops the recorded daemon
-	}
 	// The cleanup holds the VM's action lock, so a start that follows the
 	// verdict at once waits for it rather than see its new processes
 	// killed with the old ones (the VM's cgroup is emptied).
@@ -751,6 +736,7 @@ func (m *monitor) readEvents() {
 			return
 		}
 		m.evFile, m.evReader = f, chclient.NewEventReader(f)
+		m.evReader.Skip = unwatchedEvent
 	}
 	activations := false // in this read
 	for {
@@ -774,17 +760,29 @@ func (m *monitor) readEvents() {
 	}
 }
 
+// unwatchedEvent reports whether a raw event is surely none of those
+// onEvent acts on, so replaying a stream after an agent restart decodes
+// only those: boots (booting, rebooting), activations, device removals,
+// guest panics.
+func unwatchedEvent(raw []byte) bool {
+	for _, w := range [][]byte{[]byte("activated"), []byte("booting"), []byte("device-removed"), []byte("panic")} {
+		if bytes.Contains(raw, w) {
+			return false
+		}
+	}
+	return true
+}
+
 // showedLife turns a booting classic VM's display running. An AppVM's sign
 // of life is its guest agent's first heartbeat (docs/design.md §5), which
 // package appvm records; its devices activating only means its kernel
 // found them.
 func (m *monitor) showedLife() {
-	m.update(func(r *record.Record) bool {
+	m.update(func(r *record.Record) func(*record.Record) {
 		if r.Mode == record.ModeAppVM || r.State != record.StateRunning || r.DisplayState != record.DisplayBooting {
-			return false
+			return nil
 		}
-		r.DisplayState = string(record.StateRunning)
-		return true
+		return func(r *record.Record) { r.DisplayState = string(record.StateRunning) }
 	})
 }
 
@@ -800,24 +798,29 @@ func (m *monitor) onEvent(ev chclient.Event) {
 		// The event's time, not the time it was read, so replaying the
 		// stream after a restart gives the same value.
 		at := m.chStart.Add(ev.Timestamp).UTC().Truncate(time.Millisecond)
-		m.update(func(r *record.Record) bool {
+		m.update(func(r *record.Record) func(*record.Record) {
 			if r.GuestPanickedAt != nil && !at.After(*r.GuestPanickedAt) {
-				return false
+				return nil
 			}
-			r.GuestPanickedAt = &at
-			return true
+			return func(r *record.Record) { r.GuestPanickedAt = &at }
 		})
 		m.e.log.Warn("guest panicked", "id", m.id, "event", ev.Properties["event"])
 	}
 }
 
-// update applies f to the VM's record and stores it if f reports a
-// change; nothing is written otherwise.
-func (m *monitor) update(f func(*record.Record) bool) {
-	if cur := m.e.recs.Get(m.id); cur == nil || !f(cur.Clone()) {
+// update stores a change of the VM's record: change looks at the record
+// (never modifying it) and returns what to set, or nil when nothing is to
+// change, in which case nothing is written. Replaying an event stream
+// after an agent restart then costs a look per event, not a copy.
+func (m *monitor) update(change func(*record.Record) func(*record.Record)) {
+	if cur := m.e.recs.Get(m.id); cur == nil || change(cur) == nil {
 		return
 	}
-	if _, err := m.e.recs.Update(m.id, func(r *record.Record) { f(r) }); err != nil {
+	if _, err := m.e.recs.Update(m.id, func(r *record.Record) {
+		if set := change(r); set != nil {
+			set(r)
+		}
+	}); err != nil {
 		m.e.log.Error("recording VM event", "id", m.id, "err", err)
 	}
 }

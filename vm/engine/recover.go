@@ -28,17 +28,21 @@ import (
 // Recover reconciles every record with the host before it returns:
 //
 //   - A running or paused VM whose recorded Cloud Hypervisor still runs
-//     (pid and start time match) is adopted: CH through a pidfd, its
-//     qemu-storage-daemon by re-attaching to its QMP socket, and both are
-//     watched again (monitor.go). A VM still booting gets the rest of its
-//     boot timeout. Nothing is restarted and nothing is written.
+//     (pid and start time match) is adopted: CH and its
+//     qemu-storage-daemon through pidfds, and both are watched again
+//     (monitor.go). Adoption does only what watching needs: the storage
+//     daemon's QMP monitor is dialled on first use, the console keeps its
+//     log (console.go). A VM still booting gets the rest of its boot
+//     timeout. Nothing is restarted and nothing is written.
 //   - If CH is gone, the VM ends: stopped (guest_shutdown) when its event
 //     stream shows a clean poweroff, else failed with missing_pid
 //     (ch_crash). If CH runs but its storage daemon is gone, the VM fails
 //     with a storage summary and CH is stopped. Either way what is left is
-//     stopped, since a failed VM runs nothing. A storage daemon that runs
-//     but whose QMP monitor does not answer (it serves one client at a
-//     time) is watched by pid only, rather than failing a running VM.
+//     stopped, since a failed VM runs nothing. A storage daemon whose QMP
+//     monitor does not answer (it serves one client at a time) fails only
+//     the commands that need it (a hot attach), not the running VM.
+//   - A suspend, snapshot, restore or start from a saved state that was
+//     cut short (Record.Saving) is finished or undone first (saved.go).
 //   - A record whose delete was asked for (Deleting, stored before the
 //     teardown began) is deleted: its processes by recorded identity, taps,
 //     directories, then the record.
@@ -98,9 +102,6 @@ func (e *Engine) Recovery() RecoveryReport {
 
 // recoverParallel bounds how many records are reconciled at once.
 const recoverParallel = 8
-
-// qmpAttachTimeout bounds re-attaching to a storage daemon's monitor.
-const qmpAttachTimeout = 2 * time.Second
 
 // recoverHost runs at Recover.
 func (e *Engine) recoverHost() {
@@ -177,6 +178,7 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 	if rec.Deleting {
 		return e.finishDelete(rec)
 	}
+	rec = e.recoverSaving(rec) // saved.go
 	rt := rec.Runtime
 	running := rec.State == record.StateRunning || rec.State == record.StatePaused
 	switch {
@@ -204,7 +206,9 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 			e.clearRuntime(rec.ID, true, false)
 		}
 		if rt.QSD != nil {
-			if rec.State == record.StateCreated {
+			// A created VM's live storage daemon is kept, unless what it
+			// serves is gone (the VM fails below).
+			if rec.State == record.StateCreated && e.rootDiskGone(rec) == "" {
 				if q := e.holdQSD(rec); q != nil {
 					return recovered{what: whatResume(rec), keep: []int{q.Pid}}
 				}
@@ -250,8 +254,9 @@ func (e *Engine) finishDelete(rec *record.Record) recovered {
 }
 
 // failMissingDisk fails (disk_missing) a provisioned VM that is not
-// running and whose root disk is gone, so it never looks healthy without
-// it. It reports whether it did.
+// running and whose root disk is gone, or whose root disk is an overlay
+// whose build is gone (detail.path names what is missing), so it never
+// looks healthy without it. It reports whether it did.
 func (e *Engine) failMissingDisk(rec *record.Record) bool {
 	if rec == nil || rec.State == record.StateRunning || rec.State == record.StatePaused || rec.Provisioning() || rec.DisplayState == record.DisplayProvisionFailed || !rec.Runtime.Done(record.StepRootDisk) {
 		return false
@@ -259,15 +264,19 @@ func (e *Engine) failMissingDisk(rec *record.Record) bool {
 	if fr := rec.FailureReason; rec.State == record.StateFailed && fr != nil && fr.Detail.Kind == record.KindDiskMissing {
 		return false // already said
 	}
-	p := e.layout().RootDisk(rec.ID)
-	if _, err := os.Stat(p); !errors.Is(err, fs.ErrNotExist) {
+	p := e.rootDiskGone(rec)
+	if p == "" {
 		return false
+	}
+	summary := fmt.Sprintf("root disk %s is gone (found at agent start)", p)
+	if p == rec.RootBacking() {
+		summary = fmt.Sprintf("the build %s that root disk %s is an overlay of is gone (found at agent start)", p, e.layout().RootDisk(rec.ID))
 	}
 	_, err := e.recs.Update(rec.ID, func(r *record.Record) {
 		r.State, r.DisplayState = record.StateFailed, string(record.StateFailed)
 		r.FailureReason = &record.FailureReason{
 			DetectedAt: e.o.Now().UTC(),
-			Summary:    fmt.Sprintf("root disk %s is gone (found at agent start)", p),
+			Summary:    summary,
 			Detail:     record.FailureDetail{Kind: record.KindDiskMissing, Path: p},
 			Cause:      record.CauseDiskMissing,
 		}
@@ -276,7 +285,7 @@ func (e *Engine) failMissingDisk(rec *record.Record) bool {
 		e.log.Error("recording a missing root disk", "id", rec.ID, "err", err)
 		return false
 	}
-	e.log.Error("VM's root disk is gone; VM failed", "id", rec.ID, "disk", p)
+	e.log.Error("VM's root disk is gone; VM failed", "id", rec.ID, "missing", p)
 	return true
 }
 
@@ -289,23 +298,14 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 		return recovered{what: "ended"}
 	}
 	var qsd *qmp.QSD
-	var qsdProc *proc.Adopted
 	keep := []int{ch.Pid}
 	if q := rt.QSD; q != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), qmpAttachTimeout)
+		// Watched by pid from now on; its monitor (which serves one
+		// client at a time) is dialled when first needed.
 		var err error
-		qsd, err = qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
-		cancel()
-		if err != nil {
-			// Alive but its monitor does not answer (it serves one
-			// client at a time): watch it by pid rather than fail a
-			// running VM over a busy control socket.
-			if qsdProc, _ = proc.Adopt(q.Pid, q.StartTime); qsdProc == nil {
-				e.failStorageRecovered(rec, ch, err)
-				return recovered{what: "ended"}
-			}
-			e.log.Warn("qemu-storage-daemon runs but its QMP monitor did not answer; watching it by pid only (disk limits and volume changes fail until the next boot)",
-				"id", id, "pid", q.Pid, "err", err)
+		if qsd, err = qmp.AdoptQSD(q.QMPSocket, q.Pid, q.StartTime); err != nil {
+			e.failStorageRecovered(rec, ch, err)
+			return recovered{what: "ended"}
 		}
 		keep = append(keep, q.Pid)
 	}
@@ -313,14 +313,14 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 		e.keepConsole(id, rt.CH.SerialSocket, ch)
 	}
 	e.verifyAdopted(rec, keep)
-	e.supervise(id, ch, qsd, qsdProc)
+	e.supervise(id, ch, qsd)
 	if rec.DisplayState == record.DisplayBooting {
 		e.rearmBootDeadline(id, ch)
 	}
 	if rec.Mode == record.ModeAppVM {
 		e.adoptGuest(id)
 	}
-	e.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1], "qmp", qsd != nil)
+	e.log.Info("VM adopted", "id", id, "ch_pid", ch.Pid, "qsd_pid", keep[len(keep)-1])
 	return recovered{what: "adopted", keep: keep}
 }
 
@@ -452,19 +452,13 @@ func (e *Engine) stopRecordedQSD(id string, q *record.QSDRuntime) {
 	e.killRecorded(id, "qemu-storage-daemon", q.Pid, q.StartTime)
 }
 
-// holdQSD re-attaches to the live recorded storage daemon of a created VM
-// and keeps it, as provisioning does. It returns nil when the daemon is
-// gone.
+// holdQSD adopts the live recorded storage daemon of a created VM and
+// keeps it, as provisioning does (its monitor is dialled when the boot
+// needs it). It returns nil when the daemon is gone.
 func (e *Engine) holdQSD(rec *record.Record) *qmp.QSD {
 	q := rec.Runtime.QSD
-	if !proc.Alive(q.Pid, q.StartTime) {
-		return nil
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	a, err := qmp.AttachQSD(ctx, q.QMPSocket, q.Pid, q.StartTime)
+	a, err := qmp.AdoptQSD(q.QMPSocket, q.Pid, q.StartTime)
 	if err != nil {
-		e.log.Warn("re-attaching to the storage daemon of a created VM", "id", rec.ID, "pid", q.Pid, "err", err)
 		return nil
 	}
 	e.mu.Lock()
@@ -643,12 +637,22 @@ func (e *Engine) reapProcesses(keep map[int]bool) []string {
 		if err != nil || pid == self || keep[pid] {
 			continue
 		}
+		// The command line first: most processes of a host are not a VM's,
+		// and need no more reading. A match is read again after its start
+		// time, so the identity the kill checks is the process whose
+		// command line matched (a pid reused in between no longer does).
+		cmd, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		if _, ok := vmProcessOf(cmd, prefix); !ok {
+			continue
+		}
 		start, err := proc.StartTime(pid)
 		if err != nil {
 			continue
 		}
-		cmd, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
-		if err != nil {
+		if cmd, err = os.ReadFile("/proc/" + ent.Name() + "/cmdline"); err != nil {
 			continue
 		}
 		id, ok := vmProcessOf(cmd, prefix)

@@ -330,7 +330,7 @@ func (e *Engine) deviceRemoved(id, dev string) {
 // provisioning, those of rec's volumes: volumes attached or detached while
 // the VM did not run changed only the record.
 func (e *Engine) syncExports(ctx context.Context, q *qmp.QSD, rec *record.Record) error {
-	exports, err := q.Client().QueryBlockExports(ctx)
+	exports, err := q.DataExports(ctx)
 	if err != nil {
 		return err
 	}

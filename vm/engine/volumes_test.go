@@ -40,7 +40,7 @@ func hostVolumes(t *testing.T, s *testService, id string) (ch, qsd []string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exports, err := q.Client().QueryBlockExports(ctx)
+	exports, err := q.DataExports(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,7 +285,11 @@ func TestEngineHotPlugResumes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := q.Client().BlockdevAdd(ctx, qmp.FileNode("data1-file", s.lay.Volume("v"))); err != nil {
+	c, err := q.Client(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.BlockdevAdd(ctx, qmp.FileNode("data1-file", s.lay.Volume("v"))); err != nil {
 		t.Fatal(err)
 	}
 	rec, err = s.recs.Update("rs", func(r *record.Record) {
@@ -310,7 +314,7 @@ func TestEngineHotPlugResumes(t *testing.T) {
 			t.Fatalf("after HotDetach #%d: CH %v, QSD %v", i+1, ch, qsd)
 		}
 	}
-	nodes, err := q.Client().QueryNamedBlockNodes(ctx)
+	nodes, err := c.QueryNamedBlockNodes(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -80,6 +80,14 @@ type Record struct {
 	// BalloonMB is the balloon target (POST .../balloon): applied to a
 	// running VM at once, and the balloon's size at every boot.
 	BalloonMB uint64 `json:"balloon_mb,omitempty"`
+	// Suspended is set while the memory and device state of a suspend (or
+	// of a restored snapshot with memory) wait in the VM's suspend
+	// directory: the next start resumes from them (saved.go).
+	Suspended *Suspension `json:"suspended,omitempty"`
+	// Saving is a suspend, snapshot, restore or resume in progress,
+	// recorded before it changes the host, so that recovery finishes or
+	// undoes it (saved.go).
+	Saving *SaveOp `json:"saving,omitempty"`
 	// Secrets never reaches a view; Encode writes it to the file.
 	Secrets Secrets `json:"-"`
 }

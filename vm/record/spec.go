@@ -34,6 +34,9 @@ type Spec struct {
 	DiskBpsTotal  uint64         `json:"disk_bps_total,omitempty"`
 	DiskIopsTotal uint64         `json:"disk_iops_total,omitempty"`
 	AutoBoot      bool           `json:"auto_boot,omitempty"`
+	// FromSnapshot names the snapshot whose disks the VM gets copies of,
+	// in the place of Disk and Image (docs/api.md, Snapshots).
+	FromSnapshot string `json:"from_snapshot,omitempty"`
 	// Labels are the caller's tags of the VM (package labels); a labels
 	// edit (PATCH .../labels) changes them after the create.
 	Labels map[string]string `json:"labels,omitempty"`

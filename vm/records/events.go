@@ -46,8 +46,8 @@ func Publish(p events.Publisher) func(Change) {
 
 // Events are the events of docs/api.md, Events that c makes, with the state
 // after the change: created, deleted, state and display changes, a new
-// failure, a guest panic, a workload exit, a health change, and volumes
-// attached and detached.
+// failure, a guest panic, a workload exit, a health change, a suspend, a
+// snapshot restored, and volumes attached and detached.
 func Events(c Change) []events.Event {
 	switch {
 	case c.Old == nil && c.New != nil:
@@ -87,6 +87,14 @@ func Events(c Change) []events.Event {
 	if cg.Health != "" && cg.Health != og.Health {
 		e := vmEvent(events.HealthChanged, cur)
 		e.Health = cg.Health
+		out = append(out, e)
+	}
+	if cur.Suspended != nil && cur.Suspended.Snapshot == "" && old.Suspended == nil {
+		out = append(out, vmEvent(events.Suspended, cur))
+	}
+	if op := cur.Saving; op != nil && op.Kind == record.SaveRestore && op.Staged && (old.Saving == nil || !old.Saving.Staged) {
+		e := vmEvent(events.SnapshotRestored, cur) // the restore's commit point
+		e.SnapshotID = op.Snapshot
 		out = append(out, e)
 	}
 	out = append(out, volumeEvents(old, cur, events.VolumeDetached)...)

@@ -22,10 +22,13 @@ import (
 	"time"
 
 	"vmhost/config"
+	"vmhost/disk"
 	"vmhost/events"
 	"vmhost/qcow2"
+	"vmhost/snapshot"
 	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/record"
 	"vmhost/vm/records"
 )
 
@@ -185,8 +188,21 @@ func (h *Host) Balloon(_ context.Context, rec *vm.Record, mb uint64) error {
 // Usage reads nothing: the fake runs no process.
 func (h *Host) Usage(*vm.Record) (*vm.Usage, error) { return nil, nil }
 
-// Boot records the call, and the boot: state running, display booting.
+// Boot records the call, and the boot: state running, display booting;
+// for a VM with a saved state, a resume ("resume vm1"): running, and the
+// state consumed.
 func (h *Host) Boot(_ context.Context, rec *vm.Record) error {
+	if cur := h.Records.Get(rec.ID); cur != nil && cur.Suspended != nil {
+		h.record("resume", rec)
+		if h.FailBoot != nil {
+			return h.FailBoot
+		}
+		_, err := h.Records.Update(rec.ID, func(r *vm.Record) {
+			r.State, r.DisplayState = vm.StateRunning, string(vm.StateRunning)
+			r.Suspended, r.FailureReason = nil, nil
+		})
+		return err
+	}
 	h.record("boot", rec)
 	if h.FailBoot != nil {
 		return h.FailBoot
@@ -251,6 +267,67 @@ func (h *Host) DropStagedRootDisk(rec *vm.Record) error {
 	return nil
 }
 
+// Suspend records the call and the suspend: stopped, with a saved state.
+func (h *Host) Suspend(_ context.Context, rec *vm.Record) error {
+	h.record("suspend", rec)
+	_, err := h.Records.Update(rec.ID, func(r *vm.Record) {
+		r.State, r.DisplayState = vm.StateStopped, string(vm.StateStopped)
+		r.Suspended = &record.Suspension{At: time.Unix(1700000000, 0).UTC()}
+	})
+	return err
+}
+
+// DiscardSaved records the call ("discard vm1") and drops the saved state.
+func (h *Host) DiscardSaved(_ context.Context, rec *vm.Record) error {
+	h.record("discard", rec)
+	_, err := h.Records.Update(rec.ID, func(r *vm.Record) { r.Suspended = nil })
+	return err
+}
+
+// Snapshot records the call ("snapshot vm1 s1") and writes a small file
+// per disk the VM owns into dir/disks, and dir/memory/config.json when
+// memory is asked for and the VM runs, is paused or is suspended.
+func (h *Host) Snapshot(_ context.Context, rec *vm.Record, sid, dir string, memory bool) ([]snapshot.Disk, bool, error) {
+	h.record("snapshot", &vm.Record{ID: rec.ID + " " + sid})
+	ids := []string{record.RootDiskID}
+	for _, v := range rec.Spec.Volumes {
+		if v.VolumeID == "" {
+			ids = append(ids, v.ID)
+		}
+	}
+	var disks []snapshot.Disk
+	for _, id := range ids {
+		if err := os.WriteFile(filepath.Join(dir, snapshot.DisksDir, id+".qcow2"), []byte("copy of "+id), 0o600); err != nil {
+			return nil, false, err
+		}
+		disks = append(disks, snapshot.Disk{ID: id, Path: h.Layout.SnapshotDisk(sid, id), VirtualSizeBytes: 1 << 30})
+	}
+	saved := memory && (rec.State == vm.StateRunning || rec.State == vm.StatePaused || rec.Suspended != nil)
+	if saved {
+		if err := os.MkdirAll(filepath.Join(dir, snapshot.MemoryDir), 0o700); err != nil {
+			return nil, false, err
+		}
+		if err := os.WriteFile(filepath.Join(dir, snapshot.MemoryDir, "config.json"), []byte("{}"), 0o600); err != nil {
+			return nil, false, err
+		}
+	}
+	return disks, saved, nil
+}
+
+// RestoreSnapshot records the call ("restore vm1 s1") and the restore:
+// the saved state is sn's, or none, and apply's changes.
+func (h *Host) RestoreSnapshot(_ context.Context, rec *vm.Record, sn *snapshot.Snapshot, apply func(*vm.Record)) error {
+	h.record("restore", &vm.Record{ID: rec.ID + " " + sn.ID})
+	_, err := h.Records.Update(rec.ID, func(r *vm.Record) {
+		r.Suspended = nil
+		if sn.Memory {
+			r.Suspended = &record.Suspension{At: sn.CreatedAt, Snapshot: sn.ID}
+		}
+		apply(r)
+	})
+	return err
+}
+
 // Delete is Rollback: the fake runs nothing.
 func (h *Host) Delete(ctx context.Context, rec *vm.Record) error { return h.Rollback(ctx, rec) }
 
@@ -285,6 +362,10 @@ type Env struct {
 func NewEnv(t testing.TB) *Env {
 	t.Helper()
 	dir := t.TempDir()
+	// AppVM image builds in the state dir are sealed (immutable, as
+	// root): TempDir's own cleanup, which runs after this one, could not
+	// remove them.
+	t.Cleanup(func() { disk.RemoveAll(dir) })
 	e := &Env{
 		StateDir: filepath.Join(dir, "state"),
 		RunDir:   filepath.Join(dir, "run"),
