@@ -169,18 +169,34 @@ func newService(env serveEnv) (*service, error) {
 
 // newJailer returns the VMs' jailer (docs/operating.md, Confinement), and
 // says once whether VMs run confined: an agent without root, or with
-// jail.enabled false, runs them unconfined.
+// jail.enabled false, runs them unconfined, and so does one whose Cloud
+// Hypervisor is the simulator with process-mode guests unless
+// jail.enabled is true (processGuestsReason).
 func newJailer(env serveEnv) (*jail.Jailer, error) {
 	runDir, err := filepath.Abs(env.RunDir)
 	if err != nil {
 		return nil, err
 	}
-	j, err := jail.New(env.Config.Jail, jail.Host{RunDir: runDir, AgentID: env.AgentID})
+	cfg := env.Config.Jail
+	processGuests := false
+	if env.SimCH && cfg.Enabled == nil && os.Geteuid() == 0 {
+		if processGuests, err = chsim.ProcessGuests(env.SimCHArgs); err != nil {
+			return nil, fmt.Errorf("--sim-ch-args: %w", err)
+		}
+		if processGuests {
+			cfg.Enabled = new(false)
+		}
+	}
+	j, err := jail.New(cfg, jail.Host{RunDir: runDir, AgentID: env.AgentID})
 	if err != nil {
 		return nil, fmt.Errorf("confining VMs: %w", err)
 	}
 	if !j.Enabled() {
-		env.Log.Warn("VMs run unconfined", "reason", j.Off())
+		reason := j.Off()
+		if processGuests {
+			reason = processGuestsReason
+		}
+		env.Log.Warn("VMs run unconfined", "reason", reason)
 		return j, nil
 	}
 	c := j.Config()
@@ -188,6 +204,13 @@ func newJailer(env serveEnv) (*jail.Jailer, error) {
 		"cgroup", path.Join(c.CgroupParent, env.AgentID))
 	return j, nil
 }
+
+// processGuestsReason is why an agent whose Cloud Hypervisor is the
+// simulator with its default (sim) backend does not confine VMs unless
+// jail.enabled says true: that simulator's AppVM guest is its guest agent
+// running the workload as a host process, which needs what a jail takes
+// away (a devpts for terminals, changing to the workload's user).
+const processGuestsReason = "the simulator's process-mode guest runs on the host; VMs are not confined (jail.enabled true confines them)"
 
 // simCHJail is what `vmhost sim-ch` needs in a VM's jail beyond what Cloud
 // Hypervisor gets: the host's /usr (and the top-level links or directories

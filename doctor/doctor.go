@@ -161,7 +161,7 @@ func Run(ctx context.Context, h Host) []Check {
 	// The configuration's jail settings: its ids, its cgroup, whether it
 	// is on at all.
 	h.Jail.IDRange, h.Jail.CgroupParent = cfg.Jail.IDRange, cfg.Jail.CgroupParent
-	h.Jail.Enabled = h.Jail.Enabled && cfg.Jail.Enabled
+	h.Jail.Enabled = h.Jail.Enabled && cfg.Jail.On()
 	checks := []Check{
 		checkRoot(h.Euid),
 		checkKVM(h.KVMDevice),

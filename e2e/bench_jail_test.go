@@ -35,7 +35,7 @@ func BenchmarkCreateJail(b *testing.B) {
 		b.Run(v.name, func(b *testing.B) {
 			start := func(jail bool) *server {
 				return startServer(b, serverOpts{simulate: v.simulate, edit: func(c *config.Config) {
-					c.Jail.Enabled = jail
+					c.Jail.Enabled = new(jail)
 					if v.qsd != "" {
 						c.Binaries.QemuStorageDaemon = v.qsd
 					}

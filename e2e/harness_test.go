@@ -103,6 +103,9 @@ type serverOpts struct {
 	// uid, when not 0, runs the server as that uid and gid (a test as
 	// root running an agent that is not), owning its directory.
 	uid int
+	// confine sets jail.enabled true: with the process-mode simulator (the
+	// harness's default), the agent does not confine VMs unless told to.
+	confine bool
 	// edit changes the config before it is written.
 	edit func(*config.Config)
 }
@@ -156,6 +159,9 @@ func startServer(t testing.TB, o serverOpts) *server {
 	sim := o.simulate
 	if sim == "" {
 		sim = "ch,qsd"
+	}
+	if o.confine {
+		cfg.Jail.Enabled = new(true)
 	}
 	if o.edit != nil {
 		o.edit(cfg)

@@ -253,7 +253,7 @@ func checkConfined(t *testing.T, what string, pid int, c jview) {
 // and after a delete nothing of the jail is left.
 func TestJailConfinesVMs(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{netns: true})
+	s := startServer(t, serverOpts{netns: true, confine: true})
 	f := newFixture(t)
 	s.create(f.body("ja", true, `,"nets":[{}],"cloud_init":{"ssh_authorized_keys":["ssh-ed25519 AAAAC3Nza jail@test"]}`), http.StatusCreated)
 	s.create(f.body("jb", true, ""), http.StatusCreated)
@@ -379,7 +379,7 @@ func simStatus(s *server, id string) (int, []byte) {
 // untouched.
 func TestJailMemoryLimitStopsHog(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{})
+	s := startServer(t, serverOpts{confine: true})
 	f := newFixture(t)
 	s.create(f.body("hog", true, ""), http.StatusCreated)
 	s.create(f.body("calm", true, ""), http.StatusCreated)
@@ -436,7 +436,7 @@ func keyedValue(t *testing.T, file, key string) int {
 // confines the VM again.
 func TestJailAdoptedAfterRestart(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{})
+	s := startServer(t, serverOpts{confine: true})
 	f := newFixture(t)
 	s.create(f.body("ad", true, ""), http.StatusCreated)
 	s.waitDisplay("ad", "running", "running")
@@ -493,7 +493,7 @@ func (s *server) setJail(t *testing.T, on bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg.Jail.Enabled = on
+	cfg.Jail.Enabled = new(on)
 	b, err := cfg.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -512,7 +512,7 @@ func (s *server) setJail(t *testing.T, on bool) {
 // taken out of its cgroup named as a failure.
 func TestJailOlderVMKeepsRunningUnconfined(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.Jail.Enabled = false }})
+	s := startServer(t, serverOpts{edit: func(c *config.Config) { c.Jail.Enabled = new(false) }})
 	f := newFixture(t)
 	s.create(f.body("old", true, ""), http.StatusCreated)
 	s.waitDisplay("old", "running", "running")
@@ -606,7 +606,7 @@ func (s *server) doctorJail(t *testing.T) (c struct{ Status, Detail string }) {
 // VMs one uid, and every VM's record carries its uid and gid.
 func TestJailConcurrentCreatesGetTheirOwnIDs(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{edit: func(c *config.Config) {
+	s := startServer(t, serverOpts{confine: true, edit: func(c *config.Config) {
 		c.HostCPUs = 64
 		c.Jail.IDRange = [2]uint32{1500000, 1500015} // 16 ids for 16 VMs
 	}})
@@ -702,7 +702,7 @@ func TestJailOffWithoutRoot(t *testing.T) {
 // swapped for a link to VM b's: an action on a fails instead of reaching
 // b, which goes on running, unpaused.
 func TestRunDirLinksNotFollowed(t *testing.T) {
-	s := startServer(t, serverOpts{})
+	s := startServer(t, serverOpts{confine: true})
 	f := newFixture(t)
 	s.create(f.body("la", true, ""), http.StatusCreated)
 	s.create(f.body("lb", true, ""), http.StatusCreated)
@@ -733,7 +733,7 @@ func TestRunDirLinksNotFollowed(t *testing.T) {
 // the VM deleted, it is root's again and the link is gone.
 func TestJailVolumeGivenAndTakenBack(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{})
+	s := startServer(t, serverOpts{confine: true})
 	f := newFixture(t)
 	s.create(f.body("vo", true, ""), http.StatusCreated)
 	s.waitDisplay("vo", "running", "running")
@@ -778,7 +778,7 @@ func TestJailVolumeGivenAndTakenBack(t *testing.T) {
 // and how to fix it; made readable, the VM boots.
 func TestJailUnreadableKernel(t *testing.T) {
 	netnstest.RequireRoot(t)
-	s := startServer(t, serverOpts{})
+	s := startServer(t, serverOpts{confine: true})
 	f := newFixture(t)
 	if err := os.Chmod(f.kernel, 0o600); err != nil {
 		t.Fatal(err)
@@ -811,7 +811,7 @@ func TestJailNeedsCgroupsAsRoot(t *testing.T) {
 	dir := t.TempDir()
 	serve := func(jailOn bool, ready time.Duration) (string, error) {
 		cfg := config.Default()
-		cfg.Jail.Enabled = jailOn
+		cfg.Jail.Enabled = new(jailOn)
 		data, err := cfg.Marshal()
 		if err != nil {
 			t.Fatal(err)

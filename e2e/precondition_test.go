@@ -64,7 +64,7 @@ func TestMissingPrograms(t *testing.T) {
 			s := startServer(t, serverOpts{simulate: p.sim, edit: func(c *config.Config) {
 				// The program installed below is a shell wrapper, and the
 				// jail runs ELF programs only: this test is about the check.
-				c.Jail.Enabled = false
+				c.Jail.Enabled = new(false)
 				if p.real == "ch" {
 					c.Binaries.CloudHypervisor = prog
 				} else {

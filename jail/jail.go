@@ -71,7 +71,7 @@ type Jailer struct {
 func New(cfg Config, h Host) (*Jailer, error) {
 	j := &Jailer{cfg: cfg, host: h}
 	switch {
-	case !cfg.Enabled:
+	case !cfg.On():
 		j.off = "jail.enabled is false: VMs run unconfined, as root, with every capability"
 		return j, nil
 	case runtime.GOOS != "linux":

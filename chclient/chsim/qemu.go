@@ -685,6 +685,18 @@ func (s *sim) buildVersion() string {
 	return "v53.0-chsim"
 }
 
+// ProcessGuests reports whether the simulator, run with the flags args
+// (its --sim-* flags), runs its guests as processes on the host (the sim
+// backend, whose AppVM guest agent runs the workload as a host process)
+// rather than in qemu.
+func ProcessGuests(args []string) (bool, error) {
+	cfg, err := parseArgs(append(slices.Clip(args), "--api-socket", "path=/dev/null"))
+	if err != nil {
+		return false, err
+	}
+	return cfg.Backend != BackendQemu, nil
+}
+
 // HostPrograms lists the programs the simulator, run with the flags args
 // (its --sim-* flags; the rest may be left out), starts on the host
 // besides itself, found as it finds them: with the qemu backend, qemu and
