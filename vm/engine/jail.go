@@ -435,7 +435,8 @@ func (e *Engine) prepareCH(rec *record.Record, v *jail.VM, cfg *chclient.VmConfi
 // the VM's configuration, which the state names), and the suspend
 // directory becomes the VM's.
 func (e *Engine) prepareRestore(rec *record.Record, v *jail.VM) (proc.Confiner, error) {
-	if err := jail.OwnTree(v.UID, v.GID, e.layout().SuspendDir(rec.ID)); err != nil {
+	// A missing state is CH's to report, as vm.restore does unconfined.
+	if err := jail.OwnTree(v.UID, v.GID, e.layout().SuspendDir(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, &record.HostError{Kind: record.HostInternal, Op: "confining VM " + rec.ID, Err: err}
 	}
 	cfg, err := CHConfig(rec, e.o.Config, e.layout(), CHConfigHost{CPUs: e.o.HostCPUs})
