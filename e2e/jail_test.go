@@ -838,3 +838,52 @@ func TestJailNeedsCgroupsAsRoot(t *testing.T) {
 		t.Errorf("serve with jail.enabled false: %v, want it serving and saying once that VMs run unconfined:\n%s", err, out)
 	}
 }
+
+// TestJailSavedStates: a confined VM suspended and started again resumes
+// in a Cloud Hypervisor confined as a boot confines it (its uid, its
+// cgroup, no capabilities), which reads the saved state its suspended one
+// wrote as the VM's uid; so does one restored from a snapshot with memory;
+// and a VM created from that snapshot runs confined as itself, from files
+// the first VM's hypervisor wrote.
+func TestJailSavedStates(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{confine: true})
+	f := newFixture(t)
+	s.create(f.body("sa", true, ""), http.StatusCreated)
+	s.waitDisplay("sa", "running", "running")
+	resumed := func(id string, before int) jview {
+		t.Helper()
+		if st, b := s.do("POST", "/api/vms/"+id+"/start", ""); st != http.StatusNoContent {
+			t.Fatalf("start of %s = %d %s", id, st, b)
+		}
+		v := s.jview(id)
+		if v.State != "running" || v.PID == 0 || v.PID == before || v.Confinement == nil {
+			t.Fatalf("%s after its start: %+v %+v, want running in a new, confined CH", id, v.view, v.Confinement)
+		}
+		checkConfined(t, id+"'s resumed CH", v.PID, v)
+		return v
+	}
+	a := s.jview("sa")
+	if st, b := s.do("POST", "/api/vms/sa/suspend", ""); st != http.StatusNoContent {
+		t.Fatalf("suspend = %d %s", st, b)
+	}
+	a = resumed("sa", a.PID)
+	if st, b := s.do("POST", "/api/vms/sa/snapshots", `{"snapshot_id":"sa-s","memory":true}`); st != http.StatusCreated {
+		t.Fatalf("snapshot = %d %s", st, b)
+	}
+	if st, b := s.do("POST", "/api/vms/sa/stop", ""); st != http.StatusNoContent {
+		t.Fatalf("stop = %d %s", st, b)
+	}
+	if st, b := s.do("POST", "/api/vms/sa/restore", `{"snapshot_id":"sa-s"}`); st/100 != 2 {
+		t.Fatalf("restore = %d %s", st, b)
+	}
+	resumed("sa", a.PID)
+	s.create(fmt.Sprintf(`{"vm_id":"sc","vcpus":1,"memory_mb":128,"kernel_path":%q,"from_snapshot":"sa-s","auto_boot":true}`, f.kernel), http.StatusCreated)
+	s.waitDisplay("sc", "running", "running")
+	c := s.jview("sc")
+	if c.Confinement == nil || c.Confinement.UID == a.Confinement.UID {
+		t.Fatalf("sc's confinement %+v, want its own (sa's is %+v)", c.Confinement, a.Confinement)
+	}
+	checkConfined(t, "sc's CH", c.PID, c)
+	checkJails(t, s, map[string]view{"sa": s.jview("sa").view, "sc": c.view})
+}
