@@ -223,6 +223,12 @@ var routeTable = []Route{
 	{"GET /api/appvm/vms/{id}/files", false, (*Server).getFiles},
 	{"PUT /api/appvm/vms/{id}/files", true, (*Server).putFiles},
 	{"POST /api/appvm/vms/{id}/signal", true, (*Server).signalAppVM},
+	// Guest operations that read (api/guestlogs.go).
+	{"GET /api/vms/{id}/wait", false, waitVM(vm.ModeVM)},
+	{"GET /api/appvm/vms/{id}/wait", false, waitVM(vm.ModeAppVM)},
+	{"GET /api/vms/{id}/console", false, consoleLog(vm.ModeVM)},
+	{"GET /api/appvm/vms/{id}/console", false, consoleLog(vm.ModeAppVM)},
+	{"GET /api/appvm/vms/{id}/logs", false, (*Server).workloadLogs},
 	// Observability (api/events.go, api/metrics.go).
 	{"GET /api/events", false, (*Server).streamEvents},
 	{"GET /metrics", false, (*Server).metrics},

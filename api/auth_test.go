@@ -28,6 +28,9 @@ type spyBody struct {
 func (b *spyBody) Read(p []byte) (int, error) { b.read = true; return b.r.Read(p) }
 func (b *spyBody) Close() error               { return nil }
 
+// allStates are the display states a wait may ask for.
+const allStates = "created,running,paused,stopped,failed,booting,downloading,creating,provision_failed"
+
 // TestAuthMatrix runs every route with no header, malformed headers, an
 // unknown token, a read key, a key whose allowlist lacks the route, and an
 // allowed key. A request that fails auth reads no body and changes nothing.
@@ -113,6 +116,12 @@ func TestAuthMatrix(t *testing.T) {
 		"GET /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/etc",
 		"PUT /api/appvm/vms/{id}/files":   "/api/appvm/vms/app-fixture/files?path=/tmp",
 		"POST /api/appvm/vms/{id}/signal": "/api/appvm/vms/app-fixture/signal",
+		// Fixtures no route of the table deletes (the deletes come first).
+		"GET /api/vms/{id}/wait":          "/api/vms/vol-fixture/wait?for=" + allStates + "&timeout_secs=1",
+		"GET /api/appvm/vms/{id}/wait":    "/api/appvm/vms/app-vol-fixture/wait?for=" + allStates + "&timeout_secs=1",
+		"GET /api/vms/{id}/console":       "/api/vms/vol-fixture/console",
+		"GET /api/appvm/vms/{id}/console": "/api/appvm/vms/app-vol-fixture/console",
+		"GET /api/appvm/vms/{id}/logs":    "/api/appvm/vms/app-vol-fixture/logs",
 
 		"DELETE /api/vms/{id}":       "/api/vms/fixture?force=true",
 		"DELETE /api/appvm/vms/{id}": "/api/appvm/vms/app-fixture?force=true",

@@ -60,7 +60,7 @@ func (w *syncWriter) String() string {
 func TestExecSessionHoldsThenLets(t *testing.T) {
 	host, guest := net.Pipe()
 	defer host.Close()
-	red := redact.New([]string{"PLANTED-secret"})
+	red := redact.New("PLANTED-secret")
 	out := &syncWriter{wrote: make(chan struct{}, 16)}
 	guestDone := make(chan error, 1)
 	go func() {

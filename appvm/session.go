@@ -41,8 +41,8 @@ type GuestOptions struct {
 	// HeartbeatPersistEvery bounds how often last_heartbeat_at is written
 	// to the record (the live value is kept in memory); default 60s.
 	HeartbeatPersistEvery time.Duration
-	// LogMaxBytes is the size at which workload.log is rotated; default
-	// DefaultLogMaxBytes.
+	// LogMaxBytes caps each AppVM's workload log (logs.go); default
+	// Config.WorkloadLogMaxBytes, else DefaultLogMaxBytes.
 	LogMaxBytes int64
 	// HelloTimeout bounds the wait for the guest agent's Hello after it
 	// connects; default 30s.
@@ -64,6 +64,9 @@ func (o *GuestOptions) defaults() {
 	if o.HeartbeatPersistEvery <= 0 {
 		o.HeartbeatPersistEvery = time.Minute
 	}
+	if o.LogMaxBytes <= 0 && o.Config != nil {
+		o.LogMaxBytes = o.Config.WorkloadLogMaxBytes
+	}
 	if o.LogMaxBytes <= 0 {
 		o.LogMaxBytes = DefaultLogMaxBytes
 	}
@@ -77,10 +80,6 @@ func (o *GuestOptions) defaults() {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
 }
-
-// WorkloadLog is the path of an AppVM's workload log (rotated to
-// WorkloadLog+".1").
-func WorkloadLog(l vm.Layout, id string) string { return l.VMDir(id) + "/workload.log" }
 
 // Guests is the host end of every AppVM's guest agent: one session per
 // AppVM, on the listener of its hybrid vsock port, that sends the spec,
@@ -100,6 +99,10 @@ type Guests struct {
 
 	mu   sync.Mutex
 	byID map[string]*session
+
+	// migrateMu serializes the migrations of workload logs of the format
+	// before (logmigrate.go).
+	migrateMu sync.Mutex
 }
 
 // session is the host end for one AppVM: the hybrid vsock listener
@@ -140,6 +143,12 @@ type session struct {
 	endRec  *vm.Record
 	closed  bool
 	logs    *workloadLog
+	// ackTimer sends the LogAck of the chunks stored (a version 3 guest),
+	// logAckDelay after the first chunk not acknowledged; ackArmed while
+	// it runs; acked is the last Seq acknowledged on this connection.
+	ackTimer *time.Timer
+	ackArmed bool
+	acked    uint64
 	// stale fires when no heartbeat came for the stale limit: one
 	// heartbeat_stale event per silence, re-armed by each heartbeat.
 	stale *time.Timer
@@ -249,6 +258,9 @@ func (ss *session) close() {
 	}
 	nc, logs := ss.nc, ss.logs
 	ss.nc, ss.logs = nil, nil
+	if ss.ackTimer != nil {
+		ss.ackTimer.Stop()
+	}
 	ss.mu.Unlock()
 	ss.l.Close()
 	if nc != nil {
@@ -342,6 +354,7 @@ func (ss *session) serve(c net.Conn) {
 	if err := ss.openLogs(rec); err != nil {
 		log.Error("workload log unavailable", "err", err)
 	}
+	ss.beginLogs(hello)
 	if hello.Resume {
 		log.Info("guest agent resumed", "boot_id", hello.BootID)
 		ss.update(func(r *vm.Record, gst *vm.AppVMGuest) {
@@ -381,7 +394,7 @@ func (ss *session) serve(c net.Conn) {
 			}
 			return
 		}
-		ss.handle(m)
+		ss.handle(m, hello.BootID)
 	}
 }
 
@@ -395,11 +408,10 @@ func (ss *session) openLogs(rec *vm.Record) error {
 	if err := os.MkdirAll(l.VMDir(ss.id), 0o700); err != nil {
 		return err
 	}
-	var secrets []string
-	for _, e := range rec.Secrets.SecretEnv {
-		secrets = append(secrets, e.Value.Reveal())
+	if err := ss.g.migrateLog(rec); err != nil {
+		ss.g.log.Warn("migrating the workload log", "id", ss.id, "err", err)
 	}
-	w, err := openWorkloadLog(WorkloadLog(l, ss.id), ss.g.o.LogMaxBytes, secrets)
+	w, err := openWorkloadLog(WorkloadLog(l, ss.id), ss.g.o.LogMaxBytes, rec.Secrets.Redactor())
 	if err != nil {
 		return err
 	}
@@ -407,8 +419,72 @@ func (ss *session) openLogs(rec *vm.Record) error {
 	return nil
 }
 
-// handle records what one guest message says.
-func (ss *session) handle(m proto.Message) {
+// beginLogs tells the workload log of a new connection of the guest
+// agent (its boot, and whether it replays what was not acknowledged).
+func (ss *session) beginLogs(hello *proto.Hello) {
+	ss.mu.Lock()
+	w := ss.logs
+	ss.acked = 0
+	ss.mu.Unlock()
+	if w == nil {
+		return
+	}
+	if err := w.Begin(hello.BootID, hello.Resume && hello.V >= proto.Version3); err != nil {
+		ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
+	}
+}
+
+// logAckDelay is how long stored chunks wait for their acknowledgement:
+// one fsync and one LogAck cover all the chunks stored meanwhile.
+const logAckDelay = 100 * time.Millisecond
+
+// armAck has the chunks stored so far acknowledged to a version 3 guest
+// soon (sendLogAck).
+func (ss *session) armAck() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.version < proto.Version3 || ss.ackArmed || ss.closed {
+		return
+	}
+	ss.ackArmed = true
+	if ss.ackTimer == nil {
+		ss.ackTimer = time.AfterFunc(logAckDelay, ss.sendLogAck)
+		return
+	}
+	ss.ackTimer.Reset(logAckDelay)
+}
+
+// sendLogAck fsyncs the workload log and tells the guest up to which of
+// its chunks everything is stored, so that it forgets them (and does not
+// replay them to the next agent).
+func (ss *session) sendLogAck() {
+	ss.mu.Lock()
+	ss.ackArmed = false
+	w, nc := ss.logs, ss.nc
+	ss.mu.Unlock()
+	if w == nil || nc == nil {
+		return
+	}
+	seq, err := w.Ack()
+	if err != nil {
+		ss.g.log.Error("syncing workload log", "id", ss.id, "err", err)
+		return
+	}
+	ss.mu.Lock()
+	if seq <= ss.acked || ss.nc != nc {
+		ss.mu.Unlock()
+		return
+	}
+	ss.acked = seq
+	ss.mu.Unlock()
+	if err := sendToGuest(nc, &proto.LogAck{Seq: seq}); err != nil {
+		ss.g.log.Warn("acknowledging workload output to the guest agent", "id", ss.id, "err", err)
+	}
+}
+
+// handle records what one guest message says; boot is the boot id of
+// the connection it came on.
+func (ss *session) handle(m proto.Message, boot string) {
 	switch m := m.(type) {
 	case *proto.Heartbeat:
 		ss.heartbeat()
@@ -455,9 +531,10 @@ func (ss *session) handle(m proto.Message) {
 		w := ss.logs
 		ss.mu.Unlock()
 		if w != nil {
-			if _, err := w.Write(m.Data); err != nil {
+			if err := w.Append(m, boot, ss.now()); err != nil {
 				ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 			}
+			ss.armAck()
 		}
 	}
 }
@@ -498,6 +575,7 @@ func (ss *session) flushLogs() {
 	if err := w.Flush(); err != nil {
 		ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 	}
+	ss.armAck()
 }
 
 // heartbeat keeps the receipt time in memory; the record gets the first

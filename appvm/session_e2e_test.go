@@ -72,6 +72,26 @@ type host struct {
 	events *events.Log
 }
 
+// output is the workload output of AppVM id its log keeps (the last
+// appvm.MaxLogTail chunks), both streams, as read through Service.Logs.
+func (h *host) output(id string) []byte {
+	h.t.Helper()
+	var buf bytes.Buffer
+	if err := h.apps.Logs(context.Background(), id, appvm.LogQuery{Tail: appvm.MaxLogTail}, &buf, func() {}); err != nil {
+		h.t.Fatalf("reading the workload log: %v", err)
+	}
+	var out []byte
+	dec := json.NewDecoder(&buf)
+	for dec.More() {
+		var c appvm.LogChunk
+		if err := dec.Decode(&c); err != nil {
+			h.t.Fatal(err)
+		}
+		out = append(out, c.Data...)
+	}
+	return out
+}
+
 func newHost(t *testing.T) *host {
 	t.Helper()
 	inPrivateNetns(t)
@@ -337,8 +357,8 @@ func TestIntegrationWorkloadExits(t *testing.T) {
 	}
 	found := 0
 	for _, id := range ids {
-		b, err := os.ReadFile(appvm.WorkloadLog(h.vms.Layout(), id))
-		if err == nil && (bytes.Contains(b, []byte("bye\n")) || bytes.Contains(b, []byte("oops\n"))) {
+		b := h.output(id)
+		if bytes.Contains(b, []byte("bye\n")) || bytes.Contains(b, []byte("oops\n")) {
 			found++
 		}
 	}
@@ -596,7 +616,7 @@ func TestIntegrationSecretsStayInGuest(t *testing.T) {
 	logPath := appvm.WorkloadLog(h.vms.Layout(), id)
 	deadline = time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(logPath)
+		b := h.output(id)
 		if bytes.Contains(b, []byte("started with 18 secret bytes")) {
 			break
 		}
@@ -794,10 +814,9 @@ func TestIntegrationSpecEditRestart(t *testing.T) {
 	h.waitFor(id, "running on the new spec", 30*time.Second, func(v appView) bool {
 		return v.DisplayState == "running" && !bytes.Contains(v.raw, []byte(`"spec_pending":true`))
 	})
-	logPath := appvm.WorkloadLog(h.vms.Layout(), id)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(logPath)
+		b := h.output(id)
 		if bytes.Contains(b, []byte("MODE=edited\n")) {
 			break
 		}
@@ -810,6 +829,33 @@ func TestIntegrationSpecEditRestart(t *testing.T) {
 	if b, err := os.ReadFile(conf); err != nil || string(b) != "from-the-edit\n" {
 		t.Errorf("the config file in the guest root: %q, %v", b, err)
 	}
+}
+
+// TestIntegrationRestartBeforeHello: a restart of an AppVM whose guest
+// agent has not yet said hello in its boot (a create's ?restart edit right
+// away) stops it at once: no workload runs yet, and a guest still booting
+// would not take the power button. The record is put back to how a boot
+// looks before the hello, with the host end gone and the guest agent
+// frozen, so that a graceful shutdown could not end it.
+func TestIntegrationRestartBeforeHello(t *testing.T) {
+	h := newHost(t)
+	h.image("early", `exec sleep 300`, nil)
+	id := h.create(baseCreate("early"))
+	h.waitFor(id, "display running", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" })
+	old := h.recs.Get(id).AppVM.Guest.BootID
+	h.simAgentSignal(id, int(syscall.SIGSTOP))
+	h.guests.End(id)
+	if _, err := h.recs.Update(id, func(r *vm.Record) { r.AppVM.Guest.BootID = "" }); err != nil {
+		t.Fatal(err)
+	}
+	code, body := h.do("PATCH", "/api/appvm/vms/"+id+"/spec?restart=true", map[string]any{"env": []string{"MODE=edited"}, "stop_grace_secs": 30})
+	if code != http.StatusOK {
+		t.Fatalf("edit with restart before the hello = %d %s", code, body)
+	}
+	h.waitFor(id, "a new boot greeted by its guest agent", 30*time.Second, func(v appView) bool {
+		b := h.recs.Get(id).AppVM.Guest.BootID
+		return v.DisplayState == "running" && b != "" && b != old
+	})
 }
 
 // TestIntegrationRedeploy: a running AppVM is redeployed on a new build of
@@ -856,7 +902,7 @@ func TestIntegrationRedeploy(t *testing.T) {
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		b, _ := os.ReadFile(appvm.WorkloadLog(h.vms.Layout(), id))
+		b := h.output(id)
 		if bytes.Contains(b, []byte("build-two\n")) {
 			break
 		}

@@ -1,10 +1,12 @@
 package appvm_test
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,10 +87,25 @@ func TestSessionProtocol(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if m, err := conn.Recv(); err != nil {
-		t.Fatalf("no acknowledgement of the exit: %v", err)
-	} else if _, ok := m.(*proto.ExitAck); !ok {
-		t.Fatalf("host sent %s after the exit, want exit_ack", m.Type())
+	// The exit and the log chunk are acknowledged (a version 3 guest):
+	// one exit_ack, and a log_ack of its chunk once it is stored.
+	var exitAcked, logAcked bool
+	for !exitAcked || !logAcked {
+		m, err := conn.Recv()
+		if err != nil {
+			t.Fatalf("acknowledgements: exit %v, log %v: %v", exitAcked, logAcked, err)
+		}
+		switch m := m.(type) {
+		case *proto.ExitAck:
+			exitAcked = true
+		case *proto.LogAck:
+			if m.Seq != 1 {
+				t.Errorf("log_ack %d, want 1", m.Seq)
+			}
+			logAcked = true
+		default:
+			t.Fatalf("host sent %s after the exit", m.Type())
+		}
 	}
 	v := apps.View(rec, vm.ViewOptions{}).AppVM
 	if v.Lease == nil || v.Lease.IP != "10.0.0.9" || v.Lease.LeaseSecs != 600 || v.Lease.ReportedAt.IsZero() ||
@@ -96,9 +113,12 @@ func TestSessionProtocol(t *testing.T) {
 		v.LastHeartbeatAt == nil || v.HeartbeatStale || v.LogStreamDetached {
 		t.Errorf("view = %+v", v)
 	}
-	logs, err := os.ReadFile(appvm.WorkloadLog(vms.Layout(), "p1"))
-	if err != nil || string(logs) != "token=[redacted]\n" {
-		t.Errorf("workload log = %q, %v", logs, err)
+	var logs bytes.Buffer
+	if err := apps.Logs(context.Background(), "p1", appvm.LogQuery{Tail: 10}, &logs, func() {}); err != nil {
+		t.Fatal(err)
+	}
+	if got := logs.String(); !strings.HasPrefix(got, `{"seq":1,"time":"`) || !strings.HasSuffix(got, `","stream":"stdout","data":"token=[redacted]\n"}`+"\n") {
+		t.Errorf("workload log = %q", got)
 	}
 
 	// The connection breaks (a host agent restart would); the guest

@@ -114,12 +114,13 @@ func (s *Service) restartNow(ctx context.Context, rec *vm.Record) (*vm.Record, e
 }
 
 // restartStop stops rec (running: a graceful shutdown with its stop grace;
-// paused: at once) and waits, bounded, until it is stopped or failed. A
-// stop whose request failed but which stopped the VM all the same (CH
-// exits while answering the power button) counts as done.
+// paused, or not yet greeted by its guest agent: at once) and waits,
+// bounded, until it is stopped or failed. A stop whose request failed but
+// which stopped the VM all the same (CH exits while answering the power
+// button) counts as done.
 func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, error) {
 	action := vm.ActionShutdown
-	if rec.State == vm.StatePaused {
+	if rec.State == vm.StatePaused || !greeted(rec) {
 		action = vm.ActionStop
 	}
 	_, actErr := s.vms.Act(ctx, vm.ModeAppVM, rec.ID, action)
@@ -151,6 +152,15 @@ func (s *Service) restartStop(ctx context.Context, rec *vm.Record) (*vm.Record, 
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// greeted says whether the guest agent of AppVM rec said hello in its
+// current boot. Before that no workload runs, so a restart loses nothing
+// by stopping at once, and a kernel still booting would not yet take the
+// power button a graceful shutdown falls back to.
+func greeted(rec *vm.Record) bool {
+	gst := rec.AppVM.Guest
+	return gst != nil && gst.BootID != ""
 }
 
 // fields lists the names the patch touches, for the log (never values).

@@ -289,20 +289,17 @@ type env struct {
 
 // Run runs a client command line (args[0] one of Commands) until done or
 // ctx ends, and returns the exit status: 0, 1 (the API or the connection
-// failed) or 2 (usage).
+// failed), 2 (usage), or the status of what `vmhost appvm exec` and
+// `vmhost run` ran.
 func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(string) string) int {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
 	e := &env{ctx: ctx, stdin: stdin, stdout: stdout, stderr: stderr, getenv: getenv, now: time.Now(), opts: options{output: "table"}}
 	err := e.run(args)
-	var status exitStatus
 	switch {
 	case err == nil:
 		return 0
-	case errors.As(err, &status):
-		// vmhost appvm exec: the command's own status.
-		return int(status)
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, errUsage):
@@ -312,6 +309,13 @@ func Run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		fmt.Fprintf(stderr, "vmhost %s\n%s", strings.TrimPrefix(err.Error(), "usage: "), usage)
 		return 2
+	}
+	var xs *exitStatus // vmhost appvm exec, vmhost run: a status of their own
+	if errors.As(err, &xs) {
+		if xs.msg != "" {
+			fmt.Fprintf(stderr, "vmhost %s: %s\n", e.cmd, xs.msg)
+		}
+		return xs.code
 	}
 	var ae *APIError
 	if errors.As(err, &ae) {
@@ -377,6 +381,8 @@ func (e *env) run(args []string) error {
 		return e.textCmd(cmd, rest)
 	case "console":
 		return e.consoleCmd(rest)
+	case "run":
+		return e.runCmd(rest)
 	}
 	return usageError("unknown command %q", cmd)
 }

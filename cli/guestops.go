@@ -40,18 +40,12 @@ const (
 	maxFramePayload = 64 << 10
 )
 
-// exitStatus is the exit status of a command run by `vmhost appvm exec`,
-// which vmhost exits with.
-type exitStatus int
-
-func (s exitStatus) Error() string { return fmt.Sprintf("exit status %d", int(s)) }
-
 // exitOf turns an exec's exit code into Run's result.
 func exitOf(code int) error {
 	if code == 0 {
 		return nil
 	}
-	return exitStatus(code)
+	return &exitStatus{code: code}
 }
 
 // execResult is the answer of a one-shot exec.

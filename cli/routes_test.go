@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // routeRecorder is a fake API that knows exactly the routes the synopses
@@ -24,15 +25,21 @@ type routeRecorder struct {
 	seen   []string
 	mux    *http.ServeMux
 	cancel context.CancelFunc // ends a command that streams (events)
+	// stopped is closed by the stop of vmhost run's sig1.
+	stopped chan struct{}
 }
 
 func newRouteRecorder(routes []string) *routeRecorder {
-	rr := &routeRecorder{mux: http.NewServeMux()}
+	rr := &routeRecorder{mux: http.NewServeMux(), stopped: make(chan struct{})}
 	for _, route := range routes {
 		rr.mux.HandleFunc(route, func(w http.ResponseWriter, r *http.Request) {
 			rr.mu.Lock()
 			rr.seen = append(rr.seen, r.Pattern)
 			rr.mu.Unlock()
+			// vmhost run: attach1 and sig1 exist already (attached to);
+			// sig1's run is interrupted while it waits, and its shutdown
+			// falls back to a stop.
+			existing := strings.Contains(r.URL.Path, "attach1") || strings.Contains(r.URL.Path, "sig1")
 			switch {
 			case r.Pattern == "GET /api/appvm/vms/{id}/files":
 				w.Header().Set("Content-Type", "application/x-tar")
@@ -40,6 +47,40 @@ func newRouteRecorder(routes []string) *routeRecorder {
 			case r.Pattern == "POST /api/appvm/vms/{id}/exec":
 				w.Header().Set("Content-Type", "application/json")
 				io.WriteString(w, `{"exit_code":0,"stdout":"","stderr":"","truncated":false,"duration_ms":1}`)
+			case r.Pattern == "POST /api/appvm/vms":
+				b, _ := io.ReadAll(r.Body)
+				if strings.Contains(string(b), "attach1") || strings.Contains(string(b), "sig1") {
+					w.WriteHeader(409)
+					io.WriteString(w, `{"code":"ALREADY_EXISTS","message":"exists"}`)
+					return
+				}
+				w.WriteHeader(201)
+				io.WriteString(w, `{"id":"x1","mode":"appvm","image_id":"i1","booted":true}`)
+			case r.Pattern == "GET /api/appvm/vms/{id}" && existing:
+				io.WriteString(w, `{"id":"x1","mode":"appvm","state":"stopped","appvm":{"image_id":"i1"}}`)
+			case strings.HasSuffix(r.Pattern, "/wait"):
+				if strings.Contains(r.URL.Path, "sig1") {
+					rr.cancel() // the first SIGINT
+					select {
+					case <-rr.stopped:
+					case <-time.After(10 * time.Second):
+					}
+				}
+				io.WriteString(w, `{"id":"x1","mode":"appvm","state":"stopped","appvm":{"image_id":"i1","workload_exit_code":0}}`)
+			case r.Pattern == "POST /api/appvm/vms/{id}/shutdown" && existing:
+				w.WriteHeader(409)
+				io.WriteString(w, `{"code":"INVALID_STATE","message":"not running"}`)
+			case r.Pattern == "POST /api/appvm/vms/{id}/stop" && existing:
+				w.WriteHeader(204)
+				close(rr.stopped)
+			case strings.HasSuffix(r.Pattern, "/logs") && strings.Contains(r.URL.Path, "gone1") && r.URL.Query().Has("since_seq"):
+				// A follow taken up again after its answer ended: the
+				// AppVM is gone.
+				w.WriteHeader(404)
+				io.WriteString(w, `{"code":"NOT_FOUND","message":"no AppVM has this id"}`)
+			case strings.HasSuffix(r.Pattern, "/logs"):
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				io.WriteString(w, `{"seq":1,"time":"2026-01-02T03:04:05Z","stream":"stdout","data":"x\n"}`+"\n")
 			case r.Pattern == "GET /api/events":
 				w.Header().Set("Content-Type", "text/event-stream")
 				w.WriteHeader(200)
@@ -113,6 +154,8 @@ func TestRoutes(t *testing.T) {
 		{"snapshot", "list"}, {"snapshot", "list", "--vm", "x1"}, {"snapshot", "get", "s1"}, {"snapshot", "delete", "s1"},
 		{"appvm", "exec", "x1", "--", "true"}, {"appvm", "cp", "x1:/etc/hostname", t.TempDir()}, {"appvm", "cp", body, "x1:/tmp"},
 		{"appvm", "kill", "x1", "--signal", "HUP"},
+		{"vm", "wait", "x1", "--for", "running"}, {"vm", "console-log", "x1"},
+		{"appvm", "wait", "x1", "--for", "running,failed", "--timeout", "5s"}, {"appvm", "console-log", "x1", "-f"}, {"appvm", "logs", "x1", "--tail", "5"}, {"appvm", "logs", "gone1", "-f"},
 		{"volume", "list"}, {"volume", "get", "v1"}, {"volume", "create", "--size-gib", "1"}, {"volume", "delete", "v1"},
 		{"volume", "attach", "x1", "--size-gib", "1"}, {"volume", "attach", "x1", "--appvm", "--volume", "v1", "--mountpoint", "/data"},
 		{"volume", "detach", "x1", "data0"}, {"volume", "detach", "x1", "v1", "--appvm"},
@@ -121,6 +164,8 @@ func TestRoutes(t *testing.T) {
 		{"cache", "list"}, {"cache", "delete", "abc"},
 		{"network", "list"}, {"host", "pci"}, {"host"},
 		{"events"}, {"metrics"}, {"health"},
+		{"run", "--rm", "--image", "i1", "--", "echo", "hi"}, {"run", "--name", "attach1", "--image", "i1"},
+		{"run", "--name", "sig1", "--image", "i1", "--disk-gib", "2"},
 		{"vm", "label", "x1", "team=infra", "old-"}, {"appvm", "label", "x1", "team=infra"},
 		{"list", "--label", "team=infra"}, {"vm", "list", "--label", "team"}, {"events", "--label", "team=infra"},
 	}
@@ -298,7 +343,7 @@ func TestCompletion(t *testing.T) {
 	}{
 		{[]string{"vmhost", ""}, strings.Join(Commands, " ")},
 		{[]string{"vmhost", "vo"}, "volume"},
-		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon label delete suspend snapshot restore"},
+		{[]string{"vmhost", "vm", ""}, "list get create start stop shutdown pause resume reboot balloon label delete wait console-log suspend snapshot restore"},
 		{[]string{"vmhost", "--api", "unix:/x", "appvm", "re"}, "resume reboot redeploy restore"},
 		{[]string{"vmhost", "snapshot", ""}, "list get delete"},
 		{[]string{"vmhost", "vm", "start", "web", "--c"}, "--cold --cacert --cert"},

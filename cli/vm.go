@@ -135,19 +135,21 @@ func (e *env) vmCmd(family string, args []string) error {
 		prefix = "/api/appvm/vms"
 	}
 	if len(args) == 0 {
-		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, label, delete, suspend, snapshot, restore"
+		verbs := "list, get, create, start, stop, shutdown, pause, resume, reboot, balloon, label, delete, wait, console-log, suspend, snapshot, restore"
 		if family == "appvm" {
-			verbs += ", edit, redeploy, exec, cp, kill"
+			verbs += ", edit, redeploy, logs, exec, cp, kill"
 		}
 		return usageError("%s: no subcommand (%s)", family, verbs)
 	}
 	sub := args[0]
-	switch sub {
-	case "exec", "cp", "kill":
+	switch {
+	case sub == "exec" || sub == "cp" || sub == "kill":
 		if family != "appvm" {
 			return usageError("%s: %s is for AppVMs (vmhost appvm %s)", family, sub, sub)
 		}
 		return map[string]func([]string) error{"exec": e.execCmd, "cp": e.cpCmd, "kill": e.killCmd}[sub](args[1:])
+	case isGuestRead(sub):
+		return e.guestReadCmd(family, prefix, args)
 	}
 	name := family + " " + sub
 	var file, fromSnapshot, snapshotID string

@@ -64,6 +64,8 @@ const (
 const (
 	DefaultAuditLogMaxBytes = 64 << 20
 	DefaultEventsKeep       = 10_000
+	// DefaultWorkloadLogMaxBytes caps each AppVM's workload log.
+	DefaultWorkloadLogMaxBytes = 64 << 20
 )
 
 // The values of appvm_root_disk.
@@ -175,6 +177,9 @@ type Config struct {
 	// EventsKeep is how many events the durable event log keeps at least,
 	// across restarts, for clients that resume with Last-Event-ID.
 	EventsKeep int `json:"events_keep"`
+	// WorkloadLogMaxBytes caps each AppVM's workload log (its two
+	// generations together): the oldest chunks go first.
+	WorkloadLogMaxBytes int64 `json:"workload_log_max_bytes"`
 
 	// Registry names the image indexes whose images a classic create can
 	// name in image.
@@ -265,6 +270,7 @@ func Default() *Config {
 		FetchDeny:             slices.Clone(DefaultFetchDeny),
 		AuditLogMaxBytes:      DefaultAuditLogMaxBytes,
 		EventsKeep:            DefaultEventsKeep,
+		WorkloadLogMaxBytes:   DefaultWorkloadLogMaxBytes,
 		Registry:              Registry{Indexes: []string{}, RefreshSecs: DefaultRegistryRefreshSecs},
 		Jail:                  jail.DefaultConfig(),
 	}
@@ -501,6 +507,9 @@ func (c *Config) problems() []Problem {
 	}
 	if c.AuditLogMaxBytes < 4096 {
 		bad("audit_log_max_bytes: %d must be at least 4096", c.AuditLogMaxBytes)
+	}
+	if c.WorkloadLogMaxBytes < 64<<10 {
+		bad("workload_log_max_bytes: %d must be at least 65536", c.WorkloadLogMaxBytes)
 	}
 	if c.EventsKeep < 10_000 {
 		bad("events_keep: %d must be at least 10000", c.EventsKeep)

@@ -27,7 +27,8 @@
 // # The log
 //
 // Output is appended to Config.Path (mode 0600, also forced on an existing
-// file) in its raw bytes. When the file reaches MaxSize bytes it is renamed
+// file) in its raw bytes, but for the VM's secret values (Config.Redact),
+// each replaced by "[redacted]". When the file reaches MaxSize bytes it is renamed
 // to Path + ".1" (replacing the previous generation) and a new Path is
 // started, so the log never holds more than 2 × MaxSize bytes; the default
 // is 1 MiB per file. The cut is at a byte boundary: a line split across the
@@ -44,6 +45,7 @@ import (
 	"io"
 	"time"
 
+	"vmhost/internal/redact"
 	"vmhost/internal/rotlog"
 
 	"vmhost/internal/nofollow"
@@ -76,6 +78,12 @@ type Config struct {
 	Path string
 	// MaxSize is the rotation size in bytes; 0 means DefaultMaxSize.
 	MaxSize int64
+	// Redact, when set, holds the VM's secret values: each is replaced by
+	// "[redacted]" before the log is written (a secret split between two
+	// reads of the socket too: the bytes that may begin one wait for the
+	// next read, or the keeper's stop). Attached clients get the output
+	// as the guest printed it.
+	Redact *redact.Set
 }
 
 // Keeper copies one VM's serial output to its log until stopped, and to
@@ -94,7 +102,7 @@ func Start(ctx context.Context, c Config) (*Keeper, error) {
 	if c.MaxSize <= 0 {
 		c.MaxSize = DefaultMaxSize
 	}
-	log, err := openConsoleLog(c.Path, c.MaxSize)
+	log, err := openConsoleLog(c.Path, c.MaxSize, c.Redact)
 	if err != nil {
 		return nil, err
 	}
@@ -170,19 +178,22 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 
 // consoleLog is the console's rotlog.File, cut at exactly MaxSize (a
 // byte stream), with the last byte written (to start the marker on a new
-// line) and the first error, which every later Write returns.
+// line) and the first error, which every later Write returns. Output
+// goes through red (secrets replaced) on its way to the file.
 type consoleLog struct {
 	f    *rotlog.File
+	red  *redact.Stream
 	last byte
 	err  error
 }
 
-func openConsoleLog(path string, max int64) (*consoleLog, error) {
+func openConsoleLog(path string, max int64, secrets *redact.Set) (*consoleLog, error) {
 	f, err := rotlog.Open(path, rotlog.Options{MaxBytes: max, Split: true})
 	if err != nil {
 		return nil, fmt.Errorf("opening console log: %w", err)
 	}
 	r := &consoleLog{f: f, last: '\n'}
+	r.red = secrets.NewStream(fileWriter{r})
 	b, ok, err := f.LastByte()
 	if err != nil {
 		f.Close()
@@ -202,11 +213,32 @@ func (r *consoleLog) lineStart() string {
 	return ""
 }
 
-// Write appends p, rotating as often as needed. An error is kept: every
-// later Write fails with it.
+// Write appends p with its secrets replaced, rotating as often as needed,
+// and returns len(p) when all was written (or held back, as the start of
+// a secret). An error is kept: every later Write fails with it.
 func (r *consoleLog) Write(p []byte) (int, error) {
 	if r.err != nil {
 		return 0, r.err
+	}
+	if _, err := r.red.Write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+// fileWriter is what the redaction writes to: the file itself.
+type fileWriter struct{ r *consoleLog }
+
+func (w fileWriter) Write(p []byte) (int, error) {
+	if err := w.r.write(p); err != nil {
+		return 0, err
+	}
+	return len(p), nil
+}
+
+func (r *consoleLog) write(p []byte) error {
+	if len(p) == 0 {
+		return nil
 	}
 	n, err := r.f.Write(p)
 	if n > 0 {
@@ -215,7 +247,14 @@ func (r *consoleLog) Write(p []byte) (int, error) {
 	if err != nil {
 		r.err = fmt.Errorf("writing console log: %w", err)
 	}
-	return n, r.err
+	return r.err
 }
 
-func (r *consoleLog) Close() { r.f.Close() }
+// Close writes what the redaction held back (the output ended, so it is
+// not a secret) and closes the file.
+func (r *consoleLog) Close() {
+	if r.err == nil {
+		r.red.Flush()
+	}
+	r.f.Close()
+}

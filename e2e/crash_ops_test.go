@@ -237,7 +237,8 @@ func (c *opCrash) checkFiles() {
 		}
 	}
 	r := c.record()
-	want := []string{"root.qcow2", "workload.log"}
+	const logName = "workload.ndjson" // appvm.WorkloadLog, and its rotation (.1)
+	want := []string{"root.qcow2", logName}
 	for _, v := range r.Spec.Volumes {
 		if v.VolumeID == "" {
 			want = append(want, v.ID+".qcow2")
@@ -280,7 +281,7 @@ func (c *opCrash) checkFiles() {
 	}
 	ents, _ := os.ReadDir(filepath.Join(c.s.stateDir, "vms", c.id))
 	for _, e := range ents {
-		if !slices.Contains(want, e.Name()) && !strings.HasPrefix(e.Name(), "workload.log") {
+		if !slices.Contains(want, e.Name()) && !strings.HasPrefix(e.Name(), logName) {
 			c.t.Errorf("%s/vms/%s/%s is a file the record does not name (it names %v)", c.s.stateDir, c.id, e.Name(), want)
 		}
 	}

@@ -234,10 +234,10 @@ func TestDevAppVM(t *testing.T) {
 			if err := json.Unmarshal(b, &v); err != nil || len(v.Nets) != 0 || v.AppVM.NetworkMode != "none" || v.AppVM.WaitingFor != "" || v.AppVM.Hostname != "app1" {
 				t.Errorf("view: %s", b)
 			}
-			wlog := filepath.Join(a.dir, "vmhost-dev/state/vms/app1/workload.log")
 			deadline = time.Now().Add(30 * time.Second)
 			for {
-				if b, _ := os.ReadFile(wlog); strings.HasPrefix(string(b), "bonjour from ") {
+				_, b := a.do("GET", "/api/appvm/vms/app1/logs?stream=stdout", "")
+				if chunks, _ := decodeChunks(b); strings.HasPrefix(output(chunks, "stdout"), "bonjour from ") {
 					break
 				}
 				if time.Now().After(deadline) {

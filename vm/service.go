@@ -19,6 +19,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/events"
+	"vmhost/follow"
 	"vmhost/snapshot"
 	"vmhost/vm/record"
 	"vmhost/vm/records"
@@ -75,6 +76,11 @@ type Service struct {
 	usage  diskUsage
 
 	views viewMemo
+	// changes tells the requests waiting on a VM of its changes (wait.go).
+	changes changeHub
+	// logs follows the logs the API serves (OpenLog); made at first use.
+	logsOnce sync.Once
+	logs     *follow.Watcher
 
 	vols  *volume.Store
 	volMu sync.Mutex // see volumes.go
@@ -126,6 +132,7 @@ func New(o Options) (*Service, error) {
 			s.forgetView(c.Old.ID)
 		}
 	})
+	s.recs.Watch(s.changes.tell)
 	return s, nil
 }
 

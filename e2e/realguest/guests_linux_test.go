@@ -26,7 +26,7 @@ const (
 
 // workload is the AppVM image's entrypoint. It counts its runs on the data
 // volume (so a restart proves the volume persisted and was mounted again),
-// prints the secret (which workload.log must show redacted), fails its
+// prints the secret (which the workload log must show redacted), fails its
 // first run with exit code 3 (restart_policy on-failure restarts it) and
 // keeps running from the second on.
 const workload = `#!/bin/sh
@@ -347,8 +347,8 @@ func appVM(l *lane, a artifacts) {
 	l.checkOverlay(id) // the default appvm_root_disk
 	suspendAppVMRefused(l, id)
 
-	logPath := l.stateDir + "/vms/" + id + "/workload.log"
-	readLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+	logPath := l.stateDir + "/vms/" + id + "/workload.ndjson"
+	readLog := func() string { return l.output(id) }
 	// Run 1 exits 3; on-failure boots it again; run 2 keeps running. The
 	// exit code shows from the exit until the next boot clears it (a
 	// per-run field), so it is watched for while waiting.
@@ -366,17 +366,17 @@ func appVM(l *lane, a artifacts) {
 	}
 	log := readLog()
 	if strings.Contains(log, laneSecret) {
-		t.Errorf("workload.log contains the secret value:\n%s", log)
+		t.Errorf("the workload log contains the secret value:\n%s", log)
 	}
 	for _, want := range []string{"lane-workload run 1 secret=[redacted]", "lane-workload run 2 secret=[redacted]",
 		"lane-workload data mounted (ext2/ext3)", "lane-workload config: lane-config-ok", "lane-workload hosts ok",
 		"lane-workload scratch tmpfs cwd /data", "lane-workload key mode 400"} {
 		if !strings.Contains(log, want) {
-			t.Errorf("workload.log lacks %q:\n%s", want, log)
+			t.Errorf("the workload log lacks %q:\n%s", want, log)
 		}
 	}
 	if info, err := os.Stat(logPath); err == nil && info.Mode().Perm() != 0o600 {
-		t.Errorf("workload.log mode %v, want 0600", info.Mode().Perm())
+		t.Errorf("%s mode %v, want 0600", logPath, info.Mode().Perm())
 	}
 
 	l.stopVM(prefix, id)
@@ -416,7 +416,7 @@ func appVM(l *lane, a artifacts) {
 	}
 	l.waitView(prefix, id, "stopped by the power button", appvmTimeout, func(v vmView) bool { return v.State == "stopped" })
 	if log := readLog(); !strings.Contains(log, "lane-workload got TERM") {
-		t.Errorf("the power button did not stop the workload gracefully; workload.log:\n%s", log)
+		t.Errorf("the power button did not stop the workload gracefully; workload log:\n%s", log)
 	}
 	phase(t, "appvm: power button", start)
 	l.deleteVM(prefix, id)

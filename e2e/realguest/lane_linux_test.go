@@ -134,6 +134,7 @@ func TestRealGuests(t *testing.T) {
 		t.Run("classic-dhcp", func(t *testing.T) { t.Parallel(); classicDHCP(l.with(t), a) })
 		t.Run("appvm", func(t *testing.T) { t.Parallel(); appVM(l.with(t), a) })
 		t.Run("appvm-ops", func(t *testing.T) { t.Parallel(); appVMOps(l.with(t), a) })
+		t.Run("appvm-logs", func(t *testing.T) { t.Parallel(); appVMLogs(l.with(t), a) })
 	})
 	// Alone, since it restarts the agent (appvm_root_disk): guest IO
 	// through an overlay root disk beside a copied one.

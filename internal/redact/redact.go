@@ -1,16 +1,26 @@
-// Package redact replaces a VM's secret values by "[redacted]" in what the
-// agent answers with: exec output, workload logs, console output, and the
-// argv an audit entry names (docs/api.md, Authentication: no answer carries
-// a secret).
+// Package redact replaces the secret values of a VM with "[redacted]" in
+// what the agent keeps or answers of a guest and its workload: exec
+// output, an AppVM's workload logs, a VM's serial console log, and the
+// argv an audit entry names (docs/api.md, Guest operations: no answer
+// carries a secret).
 //
-// A Set holds the values (see vm/record's Secrets.Values for which ones a
-// VM has); values shorter than MinLen are left alone, as they would mangle
-// ordinary output, and a value longer than MaxLen is matched through its
-// lines only. Overlapping matches become one mark. A Stream redacts output
-// that arrives in pieces: a piece that ends with the start of a value is
-// held back until the next piece shows whether the value completes, so a
-// value cut in two is still caught; Flush writes what is held once the
-// stream has ended (or a caller decides it waited long enough).
+// A Set is built once per VM from every secret value the agent knows for
+// it (vm/record's Secrets.Redactor): secret env values, the cloud-init
+// password, the content of each secret file and each of its lines
+// (FileValues). Values shorter than MinLen bytes are left out: replacing
+// every "ab" of the output would mangle it and protect nothing.
+//
+// Overlapping matches are merged: one "[redacted]" replaces the whole run
+// of bytes any value covers, so no byte of a secret is left beside it.
+//
+// Output arrives in pieces, so a secret may be split between two of them.
+// Scan therefore says how much of a buffer is final: the rest may be the
+// start of a secret and must wait for the next piece. A Stream does that
+// for a plain byte stream; a caller that keeps pieces whole (the workload
+// log stores a guest's chunk whole or not at all) uses Scan, Spans and
+// AppendReplaced itself. What is held back is only an end that could
+// begin a value (at most the longest value less one byte), or a value
+// already begun that a longer one could continue.
 package redact
 
 import (
@@ -20,82 +30,218 @@ import (
 	"strings"
 )
 
-// Mark replaces each secret value.
+// Mark is what a secret value becomes.
 const Mark = "[redacted]"
 
-// MinLen is the length of the shortest value redacted.
+// MinLen is the length of the shortest value a Set replaces.
 const MinLen = 4
 
-// MaxLen is the length of the longest value matched whole. A longer one
-// (a large secret file) is matched by its lines, which Values lists too:
-// holding back up to MaxLen bytes of a stream is the price of a value,
-// and matching costs up to its length per piece.
-const MaxLen = 64 << 10
-
-// Set is the secret values of one VM. The zero value and nil redact
+// Set is a fixed set of secret values. A nil or empty Set replaces
 // nothing. A Set is immutable and safe for concurrent use.
 type Set struct {
-	// values are distinct, at least MinLen and at most MaxLen long,
-	// longest first.
+	// values are distinct, at least MinLen long, longest first.
 	values [][]byte
+	// borders[i][j] is the length of the longest proper prefix of
+	// values[i][:j+1] that is also its suffix (KMP's failure function):
+	// with it, finding the end of a buffer that begins a value costs one
+	// pass over that end, whatever the value repeats.
+	borders [][]int32
 }
 
-// New returns the set of values (duplicates and values out of
-// MinLen..MaxLen dropped).
-func New(values []string) *Set {
+// New returns the Set of values, leaving out duplicates and those shorter
+// than MinLen.
+func New(values ...string) *Set {
 	s := &Set{}
-	seen := map[string]bool{}
+	seen := make(map[string]bool, len(values))
 	for _, v := range values {
-		if len(v) < MinLen || len(v) > MaxLen || seen[v] {
+		if len(v) < MinLen || seen[v] {
 			continue
 		}
 		seen[v] = true
 		s.values = append(s.values, []byte(v))
 	}
-	slices.SortFunc(s.values, func(a, b []byte) int { return len(b) - len(a) })
+	slices.SortStableFunc(s.values, func(a, b []byte) int { return len(b) - len(a) })
+	s.borders = make([][]int32, len(s.values))
+	for i, v := range s.values {
+		s.borders[i] = borders(v)
+	}
 	return s
 }
 
-// Empty reports whether s redacts nothing.
+// borders returns v's failure function: for each j, the length of the
+// longest proper prefix of v[:j+1] that is also its suffix.
+func borders(v []byte) []int32 {
+	b := make([]int32, len(v))
+	k := int32(0)
+	for j := 1; j < len(v); j++ {
+		for k > 0 && v[j] != v[k] {
+			k = b[k-1]
+		}
+		if v[j] == v[k] {
+			k++
+		}
+		b[j] = k
+	}
+	return b
+}
+
+// FileValues returns what a secret file's content makes secret: the
+// content itself, the content without its final line end, and each of its
+// lines (without "\n" or "\r\n") of MinLen bytes or more, so that a
+// workload printing one line of a key file, or the file through a command
+// that drops its last newline, is caught too.
+func FileValues(content string) []string {
+	out := []string{content}
+	trimmed := strings.TrimRight(content, "\r\n")
+	if trimmed != content {
+		out = append(out, trimmed)
+	}
+	for _, line := range strings.Split(content, "\n") {
+		line = strings.TrimSuffix(line, "\r")
+		if len(line) >= MinLen && line != content && line != trimmed {
+			out = append(out, line)
+		}
+	}
+	return out
+}
+
+// Empty reports whether s replaces nothing.
 func (s *Set) Empty() bool { return s == nil || len(s.values) == 0 }
 
-// Bytes returns b with every value replaced by Mark: b itself when no
-// value occurs in it, else a new slice.
-func (s *Set) Bytes(b []byte) []byte {
+// Longest is the length of the longest value (0 for an empty set): a
+// reader that starts inside output backs up this much less one byte to
+// see a secret it starts in.
+func (s *Set) Longest() int {
 	if s.Empty() {
-		return b
+		return 0
 	}
-	var spans []span
+	return len(s.values[0])
+}
+
+// Span is the byte range [Start, End) of a buffer that secrets cover.
+type Span struct{ Start, End int }
+
+// Scan returns the spans of p that secret values cover, merged and in
+// order, and cut: p[:cut] is final, and p[cut:] may be (or hold) the start
+// of a secret that the next piece of the same stream completes. No span
+// crosses cut; spans at or after cut are left out (a later Scan, of
+// p[cut:] and what follows, finds them).
+func (s *Set) Scan(p []byte) (spans []Span, cut int) {
+	if s.Empty() {
+		return nil, len(p)
+	}
+	spans = s.find(p)
+	cut = len(p) - s.partialAtEnd(p)
+	// A span reaching past the cut waits with it: a longer value that
+	// may continue there could cover more.
+	for i, sp := range spans {
+		if sp.End > cut {
+			cut = min(cut, sp.Start)
+			spans = spans[:i]
+			break
+		}
+	}
+	return spans, cut
+}
+
+// Spans returns every span of p that a value covers, merged and in
+// order, holding nothing back: for output that is complete.
+func (s *Set) Spans(p []byte) []Span {
+	if s.Empty() {
+		return nil
+	}
+	return s.find(p)
+}
+
+// find returns every span of p that a value covers, merged, in order.
+func (s *Set) find(p []byte) []Span {
+	var spans []Span
 	for _, v := range s.values {
-		for off := 0; ; {
-			i := bytes.Index(b[off:], v)
+		for off := 0; off+len(v) <= len(p); {
+			i := bytes.Index(p[off:], v)
 			if i < 0 {
 				break
 			}
-			spans = append(spans, span{off + i, off + i + len(v)})
+			spans = append(spans, Span{off + i, off + i + len(v)})
 			off += i + 1
 		}
 	}
-	if len(spans) == 0 {
-		return b
+	if len(spans) < 2 {
+		return spans
 	}
-	slices.SortFunc(spans, func(a, b span) int { return a.start - b.start })
-	out := make([]byte, 0, len(b)+len(spans)*len(Mark))
-	at := 0
-	for i := 0; i < len(spans); {
-		start, end := spans[i].start, spans[i].end
-		// Overlapping matches (one value inside or across another) are
-		// one mark.
-		for i++; i < len(spans) && spans[i].start < end; i++ {
-			end = max(end, spans[i].end)
+	slices.SortFunc(spans, func(a, b Span) int { return a.Start - b.Start })
+	merged := spans[:1]
+	for _, sp := range spans[1:] {
+		last := &merged[len(merged)-1]
+		if sp.Start < last.End { // adjacent values stay two marks
+			last.End = max(last.End, sp.End)
+			continue
 		}
-		out = append(append(out, b[at:start]...), Mark...)
-		at = end
+		merged = append(merged, sp)
 	}
-	return append(out, b[at:]...)
+	return merged
 }
 
-type span struct{ start, end int }
+// partialAtEnd returns the length of the longest end of p that is a
+// proper prefix of a value.
+func (s *Set) partialAtEnd(p []byte) int {
+	longest := 0
+	for i, v := range s.values {
+		if len(v)-1 <= longest {
+			break // the values that follow are no longer
+		}
+		longest = max(longest, prefixAtEnd(p, v, s.borders[i]))
+	}
+	return longest
+}
+
+// prefixAtEnd returns the length of the longest end of p that is a proper
+// prefix of v, whose failure function is border: it runs KMP's automaton
+// over the last len(v)-1 bytes of p (no longer end can be a proper
+// prefix), skipping to v's first byte whenever nothing is matched.
+func prefixAtEnd(p, v []byte, border []int32) int {
+	w := p[max(len(p)-len(v)+1, 0):]
+	q := 0 // how much of v the end of w[:i] matches
+	for i := 0; i < len(w); i++ {
+		if q == 0 {
+			j := bytes.IndexByte(w[i:], v[0])
+			if j < 0 {
+				return 0
+			}
+			i += j
+		}
+		for q > 0 && v[q] != w[i] {
+			q = int(border[q-1])
+		}
+		if v[q] == w[i] {
+			q++ // never len(v): w is shorter than v
+		}
+	}
+	return q
+}
+
+// AppendReplaced appends p to dst with each span (in order, not
+// overlapping) replaced by Mark.
+func AppendReplaced(dst, p []byte, spans []Span) []byte {
+	last := 0
+	for _, sp := range spans {
+		dst = append(dst, p[last:sp.Start]...)
+		dst = append(dst, Mark...)
+		last = sp.End
+	}
+	return append(dst, p[last:]...)
+}
+
+// Bytes returns p with every value replaced by Mark, for output that is
+// complete (nothing follows it): p itself when it holds none, else a new
+// slice.
+func (s *Set) Bytes(p []byte) []byte {
+	spans := s.Spans(p)
+	if len(spans) == 0 {
+		return p
+	}
+	return AppendReplaced(make([]byte, 0, len(p)+len(spans)*len(Mark)), p, spans)
+}
 
 // String is Bytes for a string.
 func (s *Set) String(v string) string {
@@ -105,8 +251,8 @@ func (s *Set) String(v string) string {
 	return string(s.Bytes([]byte(v)))
 }
 
-// Strings returns vs with each element redacted (vs itself when nothing
-// was).
+// Strings returns vs with each element redacted on its own (an argv): vs
+// itself when nothing was.
 func (s *Set) Strings(vs []string) []string {
 	var out []string
 	for i, v := range vs {
@@ -124,85 +270,59 @@ func (s *Set) Strings(vs []string) []string {
 	return out
 }
 
-// heldPrefix returns the length of the longest end of p that is a proper
-// prefix of a value: what a stream must hold back.
-func (s *Set) heldPrefix(p []byte) int {
-	longest := 0
-	for _, v := range s.values {
-		// Only ends shorter than v can be proper prefixes of it.
-		for i := max(len(p)-len(v)+1, 0); i < len(p)-longest; i++ {
-			if p[i] == v[0] && bytes.HasPrefix(v, p[i:]) {
-				longest = len(p) - i
-				break
-			}
-		}
-	}
-	return longest
-}
-
-// Stream redacts a stream written in pieces to w. It is not safe for
-// concurrent use.
+// Stream redacts one byte stream that is written in pieces to an
+// underlying writer. It is not safe for concurrent use.
 type Stream struct {
-	s    *Set
+	set  *Set
 	w    io.Writer
-	held []byte
+	held []byte // the end of the stream so far that may begin a value
+	out  []byte // reused for what a Write passes on redacted
 }
 
-// NewStream returns a Stream of s writing to w.
-func (s *Set) NewStream(w io.Writer) *Stream { return &Stream{s: s, w: w} }
+// NewStream returns a Stream of s writing to w; a nil or empty s passes
+// everything through at once.
+func (s *Set) NewStream(w io.Writer) *Stream { return &Stream{set: s, w: w} }
 
-// Write redacts p and writes it to the underlying writer, except an end
-// that may begin a value, which is held back. It returns len(p) once the
-// rest is written.
+// Write redacts what of the stream is final with p and writes it to the
+// underlying writer: all of it but an end that may begin a value, which
+// is held until the next Write or Flush. It returns len(p) once the rest
+// is written.
 func (st *Stream) Write(p []byte) (int, error) {
-	if st.s.Empty() {
+	if st.set.Empty() {
 		return st.w.Write(p)
 	}
 	buf := p
 	if len(st.held) > 0 {
 		buf = append(st.held, p...)
 	}
-	buf = st.s.Bytes(buf)
-	keep := st.s.heldPrefix(buf)
-	out := buf[:len(buf)-keep]
-	st.held = append(st.held[:0:0], buf[len(buf)-keep:]...)
+	spans, cut := st.set.Scan(buf)
+	out := buf[:cut]
+	if len(spans) > 0 {
+		st.out = AppendReplaced(st.out[:0], out, spans)
+		out = st.out
+	}
 	if len(out) > 0 {
 		if _, err := st.w.Write(out); err != nil {
 			return 0, err
 		}
 	}
+	// A new slice: buf may be p, or share the old held's array.
+	st.held = append([]byte(nil), buf[cut:]...)
 	return len(p), nil
 }
 
-// Held reports how many bytes the stream holds back.
-func (st *Stream) Held() int { return len(st.held) }
-
-// Flush writes what is held back: the stream ended, or the caller will
-// not wait longer for the rest of a value.
+// Flush writes what is held back, redacted: the stream has ended (so a
+// value it began never completed), or the caller will not wait longer for
+// the rest of one.
 func (st *Stream) Flush() error {
 	if len(st.held) == 0 {
 		return nil
 	}
-	p := st.held
+	p := st.set.Bytes(st.held)
 	st.held = nil
 	_, err := st.w.Write(p)
 	return err
 }
 
-// Lines returns the lines of a secret file's content worth matching on
-// their own: each line (without its line ending) of MinLen bytes or more,
-// and the content without a final line ending.
-func Lines(content string) []string {
-	var out []string
-	trimmed := strings.TrimRight(content, "\r\n")
-	if trimmed != content {
-		out = append(out, trimmed)
-	}
-	for _, l := range strings.Split(content, "\n") {
-		l = strings.TrimSuffix(l, "\r")
-		if len(l) >= MinLen && l != content && l != trimmed {
-			out = append(out, l)
-		}
-	}
-	return out
-}
+// Held reports how many bytes the stream holds back.
+func (st *Stream) Held() int { return len(st.held) }

@@ -64,15 +64,17 @@ func (e *Engine) findConsole(id string) (*console.Keeper, error) {
 	return nil, errors.New("the agent keeps no console for this VM (see its log)")
 }
 
-// keepConsole keeps the serial console of the VM id, whose Cloud Hypervisor
-// is p, in <run>/vms/<id>/console.log until p exits or the engine closes,
-// and lets operators attach to it. It must start before vm.boot: what the
+// keepConsole keeps the serial console of the VM rec, whose Cloud
+// Hypervisor is p, in <run>/vms/<id>/console.log until p exits or the
+// engine closes, with rec's secrets replaced (docs/api.md, Secrets), and
+// lets operators attach to it. It must start before vm.boot: what the
 // guest prints while nobody reads the socket is not kept. A console that
 // cannot be kept is logged and the VM runs without it.
-func (e *Engine) keepConsole(id, socket string, p *chclient.Process) {
+func (e *Engine) keepConsole(rec *record.Record, socket string, p *chclient.Process) {
+	id := rec.ID
 	// An agent before the shared attach socket bound one per VM here.
 	os.Remove(filepath.Join(e.layout().RunVMDir(id), console.AttachName))
-	k, err := console.Start(e.consoleCtx, console.Config{Socket: socket, Path: e.layout().ConsoleLog(id)})
+	k, err := console.Start(e.consoleCtx, console.Config{Socket: socket, Path: e.layout().ConsoleLog(id), Redact: rec.Secrets.Redactor()})
 	if err != nil {
 		e.log.Warn("keeping the serial console", "id", id, "err", err)
 		return

@@ -98,7 +98,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
-	e.keepConsole(id, rt.SerialSocket, p)
+	e.keepConsole(rec, rt.SerialSocket, p)
 	undo := func(err error) error {
 		// As Stop does: vmm.shutdown, then signals up to SIGKILL with no
 		// deadline that could end the wait before SIGKILL is sent (no

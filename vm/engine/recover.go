@@ -310,7 +310,7 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 		keep = append(keep, q.Pid)
 	}
 	if rt.CH.SerialSocket != "" {
-		e.keepConsole(id, rt.CH.SerialSocket, ch)
+		e.keepConsole(rec, rt.CH.SerialSocket, ch)
 	}
 	e.verifyAdopted(rec, keep)
 	e.supervise(id, ch, qsd)

@@ -283,7 +283,7 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
-	e.keepConsole(id, rt.SerialSocket, p)
+	e.keepConsole(rec, rt.SerialSocket, p)
 	undo := func(err error) error {
 		e.shutdownVMM(p)
 		if serr := terminate(p.Done(), p.Signal); serr != nil {
