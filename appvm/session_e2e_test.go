@@ -964,12 +964,16 @@ func TestIntegrationHotVolume(t *testing.T) {
 // guest powers off, and the operator's shutdown is not restarted.
 func TestIntegrationShutdownByPowerButton(t *testing.T) {
 	h := newHost(t)
-	termed := filepath.Join(t.TempDir(), "got-term")
-	h.image("pb", "trap 'touch "+termed+"; exit 0' TERM; while :; do sleep 0.1; done", nil)
+	dir := t.TempDir()
+	termed, trapped := filepath.Join(dir, "got-term"), filepath.Join(dir, "trapped")
+	// The workload says when its trap is set: a SIGTERM before that
+	// would end the shell without the trap, on a slow machine.
+	h.image("pb", "trap 'touch "+termed+"; exit 0' TERM; touch "+trapped+"; while :; do sleep 0.1; done", nil)
 	req := baseCreate("pb")
 	req["restart_policy"] = "always"
 	id := h.create(req)
 	h.waitFor(id, "a heartbeat", 30*time.Second, func(v appView) bool { return v.DisplayState == "running" && v.AppVM.LastHeartbeatAt != nil })
+	h.waitFor(id, "the workload's trap", 30*time.Second, func(appView) bool { _, err := os.Stat(trapped); return err == nil })
 	rec, err := h.vms.Get(vm.ModeAppVM, id)
 	if err != nil {
 		t.Fatal(err)
