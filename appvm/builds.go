@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"vmhost/disk"
+	"vmhost/snapshot"
 	"vmhost/vm"
 	"vmhost/vm/record"
 	"vmhost/vm/records"
@@ -29,20 +30,27 @@ import (
 //     (a copy or an overlay still to be provisioned), the target of a
 //     redeploy in progress;
 //   - a create holds a pin on it (pinBuild), from reading image.json until
-//     its record is stored (the record names it from then on).
+//     its record is stored (the record names it from then on);
+//   - a snapshot's disk is an overlay of it (snapshot.Disk.Backing: the
+//     copy of an overlay root disk), until the snapshot is deleted. An
+//     AppVM made from such a snapshot is an overlay of the build too, and
+//     its record names it as any overlay's does.
 //
 // Every reference is stored in a record before the file that needs the
 // build is made (the create's record, the redeploy's intent), so an agent
 // killed at any point restarts with the references that protect its
 // overlays. Only the agent removes builds (sweepBuilds): after an import
 // commits (the build it replaced may be unused), when a record drops a
-// reference (an AppVM deleted or redeployed), and at start. A sweep holds
+// reference (an AppVM deleted or redeployed), after a snapshot's delete,
+// and at start. A sweep reads the records before the snapshots: a
+// snapshot is taken while its VM's record exists (under the VM's lock),
+// so a build is named by one or the other whenever the sweep reads. A sweep holds
 // the image's lock file (no import commits meanwhile) and the keeper's
 // mutex (no create pins meanwhile); `vmhost image import` run beside the
 // agent adds builds and never removes one.
 //
-// An image is deleted only when no AppVM uses it (DeleteImage: 409
-// CONFLICT naming them), so its builds go with it.
+// An image is deleted only when no AppVM and no snapshot uses it
+// (DeleteImage: 409 CONFLICT naming them), so its builds go with it.
 
 // buildKeeper is the Service's part of the above.
 type buildKeeper struct {
@@ -232,6 +240,14 @@ func (s *Service) sweepBuilds(id string) []string {
 			keep[b] = true
 		}
 	}
+	snaps, err := s.snapshotBuilds()
+	if err != nil {
+		log.Error("removing the unused builds of an AppVM image", "err", err)
+		return nil
+	}
+	for b := range snaps {
+		keep[b] = true
+	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		log.Error("removing the unused builds of an AppVM image", "err", err)
@@ -251,6 +267,38 @@ func (s *Service) sweepBuilds(id string) []string {
 		removed = append(removed, p)
 	}
 	return removed
+}
+
+// snapshotBuilds maps each build a snapshot's disk is an overlay of to
+// the ids of those snapshots.
+func (s *Service) snapshotBuilds() (map[string][]string, error) {
+	out := map[string][]string{}
+	st := s.vms.Snapshots()
+	if st == nil {
+		return out, nil
+	}
+	snaps, err := st.List()
+	if err != nil {
+		return nil, err
+	}
+	for _, sn := range snaps {
+		for _, d := range sn.Disks {
+			if d.Backing != "" && !contains(out[d.Backing], sn.ID) {
+				out[d.Backing] = append(out[d.Backing], sn.ID)
+			}
+		}
+	}
+	return out, nil
+}
+
+// followSnapshotDelete asks for a sweep of each image whose build a
+// deleted snapshot's disks were overlays of.
+func (s *Service) followSnapshotDelete(sn *snapshot.Snapshot) {
+	for _, d := range sn.Disks {
+		if id := s.imageOf(d.Backing); d.Backing != "" && id != "" {
+			s.requestSweep(id)
+		}
+	}
 }
 
 // removeBuild unseals a build and removes it.
@@ -284,26 +332,38 @@ func (s *Service) NewImporter(o ImportOptions) (*Importer, error) {
 }
 
 // DeleteImage deletes image id from the catalog unless an AppVM uses it
-// (any of its builds, whatever its root disk's kind): a *ConflictError
-// names them, or says that creates of it are in progress. Unknown id →
-// fs.ErrNotExist.
+// (any of its builds, whatever its root disk's kind) or a snapshot's disk
+// is an overlay of one of its builds: a *ConflictError names them, or
+// says that creates of it are in progress. Unknown id → fs.ErrNotExist.
 func (s *Service) DeleteImage(im *Importer, id string) error {
 	k := &s.builds
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	return im.Delete(id, func(id string) []string {
-		var users []string
+	return im.Delete(id, func(id string) (users ImageUsers, err error) {
 		for _, rec := range s.List() {
 			if rec.AppVM != nil && rec.AppVM.ImageID == id {
-				users = append(users, rec.ID)
+				users.AppVMs = append(users.AppVMs, rec.ID)
 			}
 		}
 		prefix := filepath.Join(s.catalog.Dir, id) + "/"
 		for b, n := range k.pins {
 			if strings.HasPrefix(b, prefix) {
-				users = append(users, fmt.Sprintf("(%d being created)", n))
+				users.AppVMs = append(users.AppVMs, fmt.Sprintf("(%d being created)", n))
 			}
 		}
-		return users
+		snaps, err := s.snapshotBuilds()
+		if err != nil {
+			return users, err
+		}
+		for b, ids := range snaps {
+			if strings.HasPrefix(b, prefix) {
+				for _, sid := range ids {
+					if !contains(users.Snapshots, sid) {
+						users.Snapshots = append(users.Snapshots, sid)
+					}
+				}
+			}
+		}
+		return users, nil
 	})
 }

@@ -150,3 +150,130 @@ func TestCopyRootDisks(t *testing.T) {
 		t.Errorf("view's disk: %+v; want mode copy", v.Disk)
 	}
 }
+
+// TestBuildsKeptBySnapshots: a snapshot of an overlay AppVM holds a copy
+// of its root disk that backs onto the build, so the build stays while the
+// snapshot does, after its AppVM's delete and a re-import; the image
+// cannot be deleted meanwhile (409 naming the snapshot). An AppVM made
+// from the snapshot is an overlay of that build (disk mode overlay,
+// RootBacking the build) and keeps it after the snapshot's delete; with
+// neither left the build goes, and the image can be deleted.
+func TestBuildsKeptBySnapshots(t *testing.T) {
+	_, vms, apps := newEnv(t)
+	ctx := context.Background()
+	cat := apps.Catalog()
+	im, err := apps.NewImporter(importOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	apps.WaitSweeps()
+	b1 := cat.RootFS(must(cat.Get("web")))
+	req := baseReq()
+	req.VMID, req.AutoBoot = "a1", ptr(false)
+	if _, err := apps.Create(ctx, &req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vms.CreateSnapshot(ctx, vm.ModeAppVM, "a1", vm.SnapshotRequest{SnapshotID: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	if sn := must(vms.Snapshots().Get("s1")); sn.Disks[0].Backing != b1 {
+		t.Fatalf("the snapshot's root disk backs onto %q, want %s", sn.Disks[0].Backing, b1)
+	}
+	src := filepath.Join(t.TempDir(), "v2")
+	testImage(t, "v2").WriteDir(t, src)
+	img, err := im.Import(ctx, &appvm.ImportRequest{ID: "web", Path: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2 := cat.RootFS(img)
+	if err := vms.Delete(ctx, vm.ModeAppVM, "a1", true); err != nil {
+		t.Fatal(err)
+	}
+	apps.WaitSweeps()
+	if got, want := buildFiles(t, cat, "web"), sortedBase(b1, b2); !slices.Equal(got, want) {
+		t.Errorf("with a1 deleted and its snapshot kept: builds %q, want %q", got, want)
+	}
+	var ce *appvm.ConflictError
+	if err := apps.DeleteImage(im, "web"); !errors.As(err, &ce) || !strings.Contains(err.Error(), "used by snapshots s1;") {
+		t.Errorf("deleting an image a snapshot uses = %v, want a conflict naming snapshot s1", err)
+	}
+
+	// An AppVM from the snapshot is an overlay of its build.
+	req = appvm.CreateRequest{VMID: "a2", FromSnapshot: "s1", Vcpus: 1, MemoryMB: 256, DiskGiB: 2, AutoBoot: ptr(false)}
+	if _, err := apps.Create(ctx, &req); err != nil {
+		t.Fatal(err)
+	}
+	a2 := must(vms.Get(vm.ModeAppVM, "a2"))
+	if a2.Spec.Disk.Mode != "overlay" || a2.RootBacking() != b1 || a2.Base.Path != b1 || a2.Spec.FromSnapshot != "s1" {
+		t.Fatalf("a2 from the snapshot: mode %q, backing %q, base %+v; want an overlay of %s", a2.Spec.Disk.Mode, a2.RootBacking(), a2.Base, b1)
+	}
+	if v := vms.View(a2, vm.ViewOptions{}); v.Disk == nil || v.Disk.Mode != "overlay" || v.Disk.BasePath != b1 {
+		t.Errorf("a2's view's disk: %+v; want an overlay of %s", v.Disk, b1)
+	}
+	if err := apps.DeleteImage(im, "web"); !errors.As(err, &ce) || !strings.Contains(err.Error(), "used by AppVMs a2 and snapshots s1;") {
+		t.Errorf("deleting an image an AppVM and a snapshot use = %v, want a conflict naming both", err)
+	}
+	if err := vms.DeleteSnapshot("s1"); err != nil {
+		t.Fatal(err)
+	}
+	apps.WaitSweeps()
+	if got, want := buildFiles(t, cat, "web"), sortedBase(b1, b2); !slices.Equal(got, want) {
+		t.Errorf("with the snapshot deleted and a2 from it kept: builds %q, want %q", got, want)
+	}
+	if err := vms.Delete(ctx, vm.ModeAppVM, "a2", true); err != nil {
+		t.Fatal(err)
+	}
+	apps.WaitSweeps()
+	if got, want := buildFiles(t, cat, "web"), sortedBase(b2); !slices.Equal(got, want) {
+		t.Errorf("with neither left: builds %q, want %q", got, want)
+	}
+	if err := apps.DeleteImage(im, "web"); err != nil {
+		t.Fatalf("deleting the image nothing uses: %v", err)
+	}
+}
+
+// TestSnapshotDeleteSweepsItsBuild: the delete of the last user of an
+// old build being a snapshot's, the build goes with it (no other change
+// of a record asks for the sweep).
+func TestSnapshotDeleteSweepsItsBuild(t *testing.T) {
+	_, vms, apps := newEnv(t)
+	ctx := context.Background()
+	cat := apps.Catalog()
+	im, err := apps.NewImporter(importOptions(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer im.Close()
+	apps.WaitSweeps()
+	b1 := cat.RootFS(must(cat.Get("web")))
+	req := baseReq()
+	req.VMID, req.AutoBoot = "a1", ptr(false)
+	if _, err := apps.Create(ctx, &req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := vms.CreateSnapshot(ctx, vm.ModeAppVM, "a1", vm.SnapshotRequest{SnapshotID: "s1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := vms.Delete(ctx, vm.ModeAppVM, "a1", true); err != nil {
+		t.Fatal(err)
+	}
+	apps.WaitSweeps() // a sweep holds the image's lock: an import would be 409
+	src := filepath.Join(t.TempDir(), "v2")
+	testImage(t, "v2").WriteDir(t, src)
+	img, err := im.Import(ctx, &appvm.ImportRequest{ID: "web", Path: src})
+	if err != nil {
+		t.Fatal(err)
+	}
+	apps.WaitSweeps()
+	if got, want := buildFiles(t, cat, "web"), sortedBase(b1, cat.RootFS(img)); !slices.Equal(got, want) {
+		t.Fatalf("after a re-import, the snapshot kept: builds %q, want %q", got, want)
+	}
+	if err := vms.DeleteSnapshot("s1"); err != nil {
+		t.Fatal(err)
+	}
+	apps.WaitSweeps()
+	if got, want := buildFiles(t, cat, "web"), sortedBase(cat.RootFS(img)); !slices.Equal(got, want) {
+		t.Errorf("after the snapshot's delete: builds %q, want %q", got, want)
+	}
+}

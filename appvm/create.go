@@ -168,6 +168,7 @@ func New(c Config) *Service {
 		noDefaultNetwork: c.NoDefaultNetwork}
 	s.recs.Watch(s.followRecords)
 	s.recs.Watch(s.followBuilds)
+	c.VMs.OnSnapshotDeleted(s.followSnapshotDelete)
 	return s
 }
 
@@ -272,8 +273,9 @@ type createSource struct {
 	base    vm.BaseImage
 	volumes []vm.VolumeSpec // a snapshot's own volumes, as they were
 	release func()
-	// fromSnapshot: the disks are a snapshot's copies.
-	fromSnapshot bool
+	// fromSnapshot: the disks are a snapshot's copies; overlay: its root
+	// disk is an overlay of the build base names.
+	fromSnapshot, overlay bool
 }
 
 // source resolves the image_id or from_snapshot of r (exactly one of them;
@@ -299,8 +301,17 @@ func (s *Service) source(r *CreateRequest) (*createSource, error) {
 				return nil, &vm.HostError{Kind: vm.HostStorage, Op: "reading snapshot " + sn.ID, Err: err}
 			}
 		}
-		return &createSource{img: img, base: vm.BaseImage{Path: sn.Disks[0].Path, VirtualSizeBytes: sn.Disks[0].VirtualSizeBytes},
-			volumes: vols, release: release, fromSnapshot: true}, nil
+		// The root disk is a copy of the snapshot's. A copy of an overlay
+		// backs onto the build, which is then the AppVM's base as for any
+		// overlay (record.Record.RootBacking): the keeper keeps it
+		// (builds.go) and the storage daemon opens the chain.
+		root := sn.Disks[0]
+		src := &createSource{img: img, base: vm.BaseImage{Path: root.Path, VirtualSizeBytes: root.VirtualSizeBytes},
+			volumes: vols, release: release, fromSnapshot: true}
+		if root.Backing != "" {
+			src.base.Path, src.overlay = root.Backing, true
+		}
+		return src, nil
 	case r.ImageID == "":
 		return nil, bad("image_id", "required unless from_snapshot is given")
 	}
@@ -324,10 +335,14 @@ func (s *Service) source(r *CreateRequest) (*createSource, error) {
 	return &createSource{img: img, base: vm.BaseImage{Path: s.catalog.RootFS(img), VirtualSizeBytes: img.SizeBytes}, release: unpin}, nil
 }
 
-// mode is the root disk's kind: configured, for an image's build; a
-// copy of the snapshot's disk as it is, for a snapshot.
+// mode is the root disk's kind: configured, for an image's build; for a
+// snapshot, that of the snapshot's root disk, which the AppVM gets a copy
+// of as it is (an overlay of a build, or a disk of its own).
 func (c *createSource) mode(configured string) string {
-	if c.volumes != nil || c.fromSnapshot {
+	switch {
+	case c.overlay:
+		return record.DiskOverlay
+	case c.fromSnapshot:
 		return record.DiskCopy
 	}
 	return configured

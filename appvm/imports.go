@@ -432,11 +432,11 @@ func (im *Importer) recoverOne(id string) error {
 // of the catalog first, so a crash never leaves half an image under its id.
 const deletedPrefix = ".deleted-"
 
-// Delete removes image id from the catalog. users lists the AppVMs that
-// use an image; it is called with the image's lock held. Errors: unknown
-// id → fs.ErrNotExist; an import running or AppVMs using it →
-// *ConflictError.
-func (im *Importer) Delete(id string, users func(id string) []string) error {
+// Delete removes image id from the catalog. users lists what uses an
+// image; it is called with the image's lock held. Errors: unknown id →
+// fs.ErrNotExist; an import running or anything using it →
+// *ConflictError; users' error, wrapped.
+func (im *Importer) Delete(id string, users func(id string) (ImageUsers, error)) error {
 	if !store.ValidID(id) {
 		return fmt.Errorf("AppVM image %q: %w", id, fs.ErrNotExist)
 	}
@@ -451,9 +451,12 @@ func (im *Importer) Delete(id string, users func(id string) []string) error {
 	if _, err := im.cat.Get(id); errors.Is(err, fs.ErrNotExist) {
 		return err // deleted meanwhile
 	}
-	if u := users(id); len(u) > 0 {
-		slices.Sort(u)
-		return &ConflictError{Msg: fmt.Sprintf("AppVM image %q is used by AppVMs %s; delete them first", id, strings.Join(u, ", "))}
+	u, err := users(id)
+	if err != nil {
+		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
+	}
+	if msg := u.String(); msg != "" {
+		return &ConflictError{Msg: fmt.Sprintf("AppVM image %q is used by %s; delete them first", id, msg)}
 	}
 	dir := filepath.Join(im.cat.Dir, id)
 	gone, err := os.MkdirTemp(im.cat.Dir, deletedPrefix+id+"-")
@@ -474,6 +477,27 @@ func (im *Importer) Delete(id string, users func(id string) []string) error {
 		return fmt.Errorf("deleting AppVM image %q: %w", id, err)
 	}
 	return nil
+}
+
+// ImageUsers are what keeps an image from being deleted: AppVMs (and
+// creates in progress), and snapshots whose disks are overlays of its
+// builds.
+type ImageUsers struct{ AppVMs, Snapshots []string }
+
+// String names the users, "" when there are none.
+func (u ImageUsers) String() string {
+	var parts []string
+	for _, g := range []struct {
+		what string
+		ids  []string
+	}{{"AppVMs", u.AppVMs}, {"snapshots", u.Snapshots}} {
+		if len(g.ids) > 0 {
+			ids := slices.Clone(g.ids)
+			slices.Sort(ids)
+			parts = append(parts, g.what+" "+strings.Join(ids, ", "))
+		}
+	}
+	return strings.Join(parts, " and ")
 }
 
 func lockPath(dir, id string) string { return filepath.Join(dir, id+".lock") }

@@ -130,7 +130,7 @@ func TestImportFirstAndReady(t *testing.T) {
 	if _, err := imp.Start(&appvm.ImportRequest{ID: "app", Path: src}); !errors.As(err, &ce) {
 		t.Errorf("second Start while importing = %v, want *ConflictError", err)
 	}
-	if err := imp.Delete("app", func(string) []string { return nil }); !errors.As(err, &ce) {
+	if err := imp.Delete("app", func(string) (appvm.ImageUsers, error) { return appvm.ImageUsers{}, nil }); !errors.As(err, &ce) {
 		t.Errorf("Delete while importing = %v, want *ConflictError", err)
 	}
 	// So does a second Importer on the same catalog (another process).
@@ -490,14 +490,16 @@ func TestDeleteImage(t *testing.T) {
 		t.Fatal(err)
 	}
 	var ce *appvm.ConflictError
-	err := imp.Delete("app", func(id string) []string { return []string{"vm2", "vm1"} })
+	err := imp.Delete("app", func(id string) (appvm.ImageUsers, error) {
+		return appvm.ImageUsers{AppVMs: []string{"vm2", "vm1"}}, nil
+	})
 	if !errors.As(err, &ce) || !strings.Contains(err.Error(), "vm1, vm2") {
 		t.Errorf("Delete of a used image = %v, want a *ConflictError naming vm1, vm2", err)
 	}
 	if _, err := cat.Get("app"); err != nil {
 		t.Fatalf("a refused delete removed the image: %v", err)
 	}
-	if err := imp.Delete("app", func(string) []string { return nil }); err != nil {
+	if err := imp.Delete("app", func(string) (appvm.ImageUsers, error) { return appvm.ImageUsers{}, nil }); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := cat.Get("app"); !errors.Is(err, fs.ErrNotExist) {
@@ -506,7 +508,7 @@ func TestDeleteImage(t *testing.T) {
 	if names := dirNames(t, cat.Dir); len(names) != 0 {
 		t.Errorf("catalog holds %q after the delete, want nothing", names)
 	}
-	if err := imp.Delete("app", func(string) []string { return nil }); !errors.Is(err, fs.ErrNotExist) {
+	if err := imp.Delete("app", func(string) (appvm.ImageUsers, error) { return appvm.ImageUsers{}, nil }); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("second Delete = %v, want not found", err)
 	}
 	// The id can be imported again.

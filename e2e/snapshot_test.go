@@ -26,10 +26,19 @@ var (
 	countLine = regexp.MustCompile(`(?m)^count (\d+)$`)
 )
 
-// workloadLog is what AppVM id's workload printed so far, as its log holds it.
+// workloadLog is what AppVM id's workload printed so far, both streams in
+// the order its log (workload.ndjson, rotated to .1) holds them.
 func (s *server) workloadLog(id string) string {
-	b, _ := os.ReadFile(filepath.Join(s.stateDir, "vms", id, "workload.log"))
-	return string(b)
+	path := filepath.Join(s.stateDir, "vms", id, "workload.ndjson")
+	var out strings.Builder
+	for _, p := range []string{path + ".1", path} {
+		b, _ := os.ReadFile(p)
+		chunks, _ := decodeChunks(b) // a line being written is left for the next read
+		for _, c := range chunks {
+			out.WriteString(c.Data)
+		}
+	}
+	return out.String()
 }
 
 // counts are the counts the workload printed, in order.
@@ -279,5 +288,64 @@ func TestAppVMSnapshotRestore(t *testing.T) {
 	waitNoChildren(t, s)
 	if ents, _ := os.ReadDir(filepath.Join(s.stateDir, "snapshots")); len(ents) != 0 {
 		t.Errorf("snapshots left: %v", ents)
+	}
+}
+
+// TestAppVMFromSnapshotKeepsTheBuild, through the real binary and the
+// real storage daemon: a snapshot of an AppVM whose root disk is an
+// overlay of its image's build keeps the build after the AppVM's delete
+// (the image's delete is 409 naming the snapshot); an AppVM made from it
+// is an overlay of that build (disk mode overlay, base_path the build),
+// boots on the chain and runs its workload; with the AppVM and the
+// snapshot gone the image can be deleted, leaving nothing.
+func TestAppVMFromSnapshotKeepsTheBuild(t *testing.T) {
+	s := startAppVMServer(t, map[string]string{"ctr": counterWorkload})
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"src","image_id":"ctr","vcpus":1,"memory_mb":128,"disk_gib":1,"auto_boot":false}`); st != http.StatusCreated {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	var view struct {
+		Disk struct {
+			Mode     string `json:"mode"`
+			BasePath string `json:"base_path"`
+		} `json:"disk"`
+	}
+	diskOf := func(id string) (string, string) {
+		if err := json.Unmarshal(s.appvmGet(id).raw, &view); err != nil {
+			t.Fatal(err)
+		}
+		return view.Disk.Mode, view.Disk.BasePath
+	}
+	mode, build := diskOf("src")
+	if mode != "overlay" || build == "" {
+		t.Fatalf("the source's root disk: mode %q, base %q; want an overlay of the build", mode, build)
+	}
+	if st, b := s.do("POST", "/api/appvm/vms/src/snapshots", `{"snapshot_id":"src-1"}`); st != http.StatusCreated {
+		t.Fatalf("snapshot = %d %s", st, b)
+	}
+	if st, b := s.do("DELETE", "/api/appvm/vms/src", ""); st != http.StatusNoContent {
+		t.Fatalf("delete = %d %s", st, b)
+	}
+	if st, b := s.do("DELETE", "/api/appvm/images/ctr", ""); st != http.StatusConflict || !bytes.Contains(b, []byte("snapshots src-1")) {
+		t.Errorf("image delete while a snapshot uses its build = %d %s, want 409 naming src-1", st, b)
+	}
+	if _, err := os.Stat(build); err != nil {
+		t.Fatalf("the build the snapshot reads through to: %v", err)
+	}
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"new","from_snapshot":"src-1","vcpus":1,"memory_mb":128,"disk_gib":1,`+
+		`"ip":"10.80.0.11","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
+		t.Fatalf("create from the snapshot = %d %s", st, b)
+	}
+	if mode, base := diskOf("new"); mode != "overlay" || base != build {
+		t.Errorf("the AppVM from the snapshot: disk mode %q, base %q; want an overlay of %s", mode, base, build)
+	}
+	s.waitLog("new", "two counts", func(l string) bool { return len(counts(l)) >= 2 })
+	for _, req := range [][2]string{{"DELETE", "/api/appvm/vms/new?force=true"}, {"DELETE", "/api/snapshots/src-1"}, {"DELETE", "/api/appvm/images/ctr"}} {
+		if st, b := s.do(req[0], req[1], ""); st != http.StatusNoContent {
+			t.Fatalf("%s %s = %d %s", req[0], req[1], st, b)
+		}
+	}
+	waitNoChildren(t, s)
+	if _, err := os.Stat(build); !os.IsNotExist(err) {
+		t.Errorf("the build after the image's delete: %v", err)
 	}
 }

@@ -86,6 +86,8 @@ type Service struct {
 	volMu sync.Mutex // see volumes.go
 
 	snaps *snapshot.Store // see snapshots.go
+	// snapDeleted are told of each snapshot deleted (OnSnapshotDeleted).
+	snapDeleted []func(*snapshot.Snapshot)
 }
 
 // New returns the service over the records of o.Records. Reconciling the

@@ -329,7 +329,17 @@ func (s *Service) DeleteSnapshot(sid string) error {
 	}
 	s.log.Info("snapshot deleted", "snapshot", sid, "vm", sn.VMID)
 	s.publish(events.Event{Type: events.SnapshotDeleted, VMID: sn.VMID, Mode: sn.Mode, SnapshotID: sid})
+	for _, fn := range s.snapDeleted {
+		fn(sn)
+	}
 	return nil
+}
+
+// OnSnapshotDeleted has fn told of each snapshot deleted, after its
+// delete (appvm: the builds its disks were overlays of may be unused).
+// Call it while wiring, before the service is used.
+func (s *Service) OnSnapshotDeleted(fn func(*snapshot.Snapshot)) {
+	s.snapDeleted = append(s.snapDeleted, fn)
 }
 
 // RestoreSnapshot makes the disks of the VM id of family mode, which must

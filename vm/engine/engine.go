@@ -386,11 +386,15 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		if err := os.MkdirAll(l.VMDir(id), 0o700); err != nil {
 			return &record.HostError{Kind: record.HostStorage, Op: "creating VM directory", Err: err}
 		}
-		make := e.makeRootDisk
-		if sp.FromSnapshot != "" {
-			make = copySnapshotDisk // a snapshot's copy of a VM's disk, as it was
+		var err error
+		if sid := sp.FromSnapshot; sid != "" {
+			// A snapshot's copy of a VM's disk, as it was: an overlay's
+			// copy backs onto the build (rec.RootBacking, rec.Base).
+			err = copySnapshotDisk(ctx, l.SnapshotDisk(sid, record.RootDiskID), l.RootDisk(id))
+		} else {
+			err = e.makeRootDisk(ctx, rec, rec.Base.Path, l.RootDisk(id))
 		}
-		if err := make(ctx, rec, rec.Base.Path, l.RootDisk(id)); err != nil {
+		if err != nil {
 			return err
 		}
 		did(record.StepRootDisk)

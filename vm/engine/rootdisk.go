@@ -96,11 +96,13 @@ func (e *Engine) rootDiskGone(rec *record.Record) string {
 }
 
 // copySnapshotDisk makes the root disk of a VM created from a snapshot: a
-// copy of the snapshot's disk as it is (disk.CopyImage), an overlay's
-// header included.
-func copySnapshotDisk(ctx context.Context, _ *record.Record, base, path string) error {
-	if err := disk.CopyImage(ctx, base, path); err != nil {
-		return &record.HostError{Kind: record.HostStorage, Op: "copying base image " + base, Err: err}
+// copy of the snapshot's root disk src as it is (disk.CopyImage), an
+// overlay's header included, so an overlay's copy is an overlay of the
+// same build (its record says so: the build is its Base, and its disk's
+// mode "overlay"; checkBacking holds the two to each other).
+func copySnapshotDisk(ctx context.Context, src, path string) error {
+	if err := disk.CopyImage(ctx, src, path); err != nil {
+		return &record.HostError{Kind: record.HostStorage, Op: "copying snapshot disk " + src, Err: err}
 	}
 	return nil
 }

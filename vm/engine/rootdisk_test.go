@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -249,6 +250,77 @@ func TestUnwatchedEvent(t *testing.T) {
 	} {
 		if got := unwatchedEvent(tc.raw); got != tc.skip {
 			t.Errorf("unwatchedEvent(%s) = %v, want %v", tc.raw, got, tc.skip)
+		}
+	}
+}
+
+// qemuIO runs qemu-io's cmd on the qcow2 image at path (its backing chain
+// read-only, as QEMU opens one) and returns what it printed; read-only
+// (-r -U) when write is false.
+func qemuIO(t *testing.T, path, cmd string, write bool) string {
+	t.Helper()
+	if _, err := exec.LookPath("qemu-io"); err != nil {
+		t.Skip("qemu-io is not installed (apt-get install qemu-utils)")
+	}
+	args := []string{"-f", "qcow2", "-c", cmd, path}
+	if !write {
+		args = append([]string{"-r", "-U"}, args...)
+	}
+	out, err := exec.Command("qemu-io", args...).CombinedOutput()
+	if err != nil || strings.Contains(string(out), "failed") {
+		t.Fatalf("qemu-io %q %s: %v\n%s", cmd, path, err, out)
+	}
+	return string(out)
+}
+
+// TestEngineFromSnapshotOfOverlay: a VM made from a snapshot of a VM whose
+// root disk is an overlay of a build (as appvm records an AppVM
+// from_snapshot: disk mode overlay, the build its base) gets a copy of the
+// snapshot's root disk that is an overlay of the same build, and the
+// storage daemon serves it as that chain: the guest reads what the source
+// wrote and, where it wrote nothing, the build (a copy opened with
+// "backing": null would read zeros there).
+func TestEngineFromSnapshotOfOverlay(t *testing.T) {
+	s := simService(t, nil)
+	ctx := context.Background()
+	build := filepath.Join(s.root, "rootfs-sha256-1.qcow2")
+	if err := qcow2.Create(build, 1<<30); err != nil {
+		t.Fatal(err)
+	}
+	qemuIO(t, build, "write -P 0x5a 0 64k", true) // the build's own data
+	if _, err := disk.SealBuild(build); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { disk.RemoveAll(build) })
+	s.mustCreate(t, overlaySpec(t, s.root, "src", build))
+	defer s.remove(ctx, "src")
+	qemuIO(t, s.lay.RootDisk("src"), "write -P 0xa7 1M 64k", true) // what the source wrote
+	sn := s.takeSnapshot(t, "src", "s1", false)
+	if sn.Disks[0].ID != record.RootDiskID || sn.Disks[0].Backing != build {
+		t.Fatalf("the snapshot's root disk: %+v; want a copy backing onto %s", sn.Disks[0], build)
+	}
+
+	sp := overlaySpec(t, s.root, "c", build)
+	sp.FromSnapshot, sp.AutoBoot = "s1", true
+	rec := s.mustCreate(t, sp)
+	defer s.remove(ctx, "c")
+	if rec.State != record.StateRunning || rec.RootBacking() != build {
+		t.Fatalf("the VM from the snapshot: %s (backing %q)", describe(rec), rec.RootBacking())
+	}
+	root := s.lay.RootDisk("c")
+	h, err := qcow2.ReadHeaderFile(root)
+	if err == nil {
+		err = h.CheckOverlay(build)
+	}
+	if err != nil {
+		t.Errorf("its root disk: %v", err)
+	}
+	qemuIO(t, root, "read -P 0xa7 1M 64k", false)
+	qemuIO(t, root, "read -P 0x5a 0 64k", false)
+	args := string(cmdline(t, rec.Runtime.QSD.Pid))
+	for _, want := range []string{`"filename":"` + build + `"`, `"backing":"root-base"`} {
+		if !strings.Contains(args, want) {
+			t.Errorf("qemu-storage-daemon's command line lacks %s:\n%s", want, args)
 		}
 	}
 }

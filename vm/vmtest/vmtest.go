@@ -300,7 +300,11 @@ func (h *Host) Snapshot(_ context.Context, rec *vm.Record, sid, dir string, memo
 		if err := os.WriteFile(filepath.Join(dir, snapshot.DisksDir, id+".qcow2"), []byte("copy of "+id), 0o600); err != nil {
 			return nil, false, err
 		}
-		disks = append(disks, snapshot.Disk{ID: id, Path: h.Layout.SnapshotDisk(sid, id), VirtualSizeBytes: 1 << 30})
+		d := snapshot.Disk{ID: id, Path: h.Layout.SnapshotDisk(sid, id), VirtualSizeBytes: 1 << 30}
+		if id == record.RootDiskID {
+			d.Backing = rec.RootBacking() // as the engine reads it in the copy's header
+		}
+		disks = append(disks, d)
 	}
 	saved := memory && (rec.State == vm.StateRunning || rec.State == vm.StatePaused || rec.Suspended != nil)
 	if saved {
