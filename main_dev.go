@@ -29,6 +29,7 @@ func devAppVMs(env serveEnv, eo *engine.Options) error {
 		return nil
 	}
 	eo.CH.PreArgs = append(eo.CH.PreArgs, "--sim-guest-chroot")
+	eo.CH.ExecRunDir = true // the workload runs from the tree there
 	eo.SimGuestRoot = chsim.GuestRoot
 	if env.Config.AppVMKernel != "" {
 		return nil
@@ -43,12 +44,14 @@ func devAppVMs(env serveEnv, eo *engine.Options) error {
 }
 
 // devSimKernel writes the placeholder kernel in stateDir, unless it is
-// there, and returns its path.
+// there, and returns its path. It is readable by all, as a kernel must be
+// for a confined Cloud Hypervisor (the simulator, as root, runs as the
+// VM's uid).
 func devSimKernel(stateDir string) (string, error) {
 	path := filepath.Join(stateDir, devSimKernelFile)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
 	if errors.Is(err, fs.ErrExist) {
-		return path, nil
+		return path, os.Chmod(path, 0o644) // one an older agent made 0600
 	}
 	if err != nil {
 		return "", fmt.Errorf("writing the dev AppVM kernel: %w", err)

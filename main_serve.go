@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 
 	"vmhost/sdnotify"
 	apiserver "vmhost/server"
@@ -50,6 +51,8 @@ func serve(args []string, stdout, stderr io.Writer) int {
 	fl.StringVar(&o.TLS.Key, "tls-key", "", "PEM private key of --tls-cert; overrides tls.key")
 	fl.StringVar(&o.TLS.ClientCA, "tls-client-ca", "", "PEM CA certificate(s): require a client certificate signed by one of them (mutual TLS, on top of the bearer key); overrides tls.client_ca")
 	fl.StringVar(&o.Simulate, "simulate", "", `run simulators instead of real programs: "ch", "qsd" or "ch,qsd" (--dev default "ch,qsd"; "none" for the real ones)`)
+	fl.StringVar(&o.Simulator, "simulator", "", "the vmhost executable that runs the simulators (default: this one)")
+	simCHArgs := fl.String("sim-ch-args", "", `more arguments for the Cloud Hypervisor simulator, space-separated (e.g. "--sim-backend qemu")`)
 	if err := fl.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -60,6 +63,7 @@ func serve(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vmhost serve: unexpected argument %q\n", fl.Arg(0))
 		return 2
 	}
+	o.SimCHArgs = strings.Fields(*simCHArgs)
 	if !o.Dev {
 		for _, req := range []struct{ name, val string }{{"--listen", o.Listen}, {"--state-dir", o.StateDir}, {"--run-dir", o.RunDir}} {
 			if req.val == "" {

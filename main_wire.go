@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"time"
@@ -13,7 +14,9 @@ import (
 	"vmhost/api"
 	"vmhost/appvm"
 	"vmhost/audit"
+	"vmhost/chclient/chsim"
 	"vmhost/events"
+	"vmhost/jail"
 	"vmhost/registry"
 	"vmhost/tap"
 	"vmhost/vm"
@@ -47,17 +50,29 @@ type service struct {
 func newService(env serveEnv) (*service, error) {
 	eo := engine.Options{Config: env.Config, StateDir: env.StateDir, RunDir: env.RunDir, Logger: env.Log}
 	if env.SimCH || env.SimQSD {
-		exe, err := os.Executable()
-		if err != nil {
-			return nil, fmt.Errorf("locating the vmhost executable for the simulators: %w", err)
+		exe := env.Simulator
+		if exe == "" {
+			var err error
+			if exe, err = os.Executable(); err != nil {
+				return nil, fmt.Errorf("locating the vmhost executable for the simulators: %w", err)
+			}
 		}
 		if env.SimCH {
-			eo.CH = engine.Program{Binary: exe, PreArgs: []string{"sim-ch"}}
+			j, err := simCHJail(env.SimCHArgs)
+			if err != nil {
+				return nil, fmt.Errorf("--sim-ch-args: %w", err)
+			}
+			eo.CH = engine.Program{Binary: exe, PreArgs: append([]string{"sim-ch"}, env.SimCHArgs...), Jail: j}
 		}
 		if env.SimQSD {
 			eo.QSD = engine.Program{Binary: exe, PreArgs: []string{"sim-qsd"}}
 		}
 	}
+	j, err := newJailer(env)
+	if err != nil {
+		return nil, err
+	}
+	eo.Jail = j
 	if err := devAppVMs(env, &eo); err != nil {
 		return nil, err
 	}
@@ -150,6 +165,81 @@ func newService(env serveEnv) (*service, error) {
 		err := eng.Close()
 		return errors.Join(err, evs.Close(), auditLog.Close())
 	}}, nil
+}
+
+// newJailer returns the VMs' jailer (docs/operating.md, Confinement), and
+// says once whether VMs run confined: an agent without root, or with
+// jail.enabled false, runs them unconfined, and so does one whose Cloud
+// Hypervisor is the simulator with process-mode guests unless
+// jail.enabled is true (processGuestsReason).
+func newJailer(env serveEnv) (*jail.Jailer, error) {
+	runDir, err := filepath.Abs(env.RunDir)
+	if err != nil {
+		return nil, err
+	}
+	cfg := env.Config.Jail
+	processGuests := false
+	if env.SimCH && cfg.Enabled == nil && os.Geteuid() == 0 {
+		if processGuests, err = chsim.ProcessGuests(env.SimCHArgs); err != nil {
+			return nil, fmt.Errorf("--sim-ch-args: %w", err)
+		}
+		if processGuests {
+			cfg.Enabled = new(false)
+		}
+	}
+	j, err := jail.New(cfg, jail.Host{RunDir: runDir, AgentID: env.AgentID})
+	if err != nil {
+		return nil, fmt.Errorf("confining VMs: %w", err)
+	}
+	if !j.Enabled() {
+		reason := j.Off()
+		if processGuests {
+			reason = processGuestsReason
+		}
+		env.Log.Warn("VMs run unconfined", "reason", reason)
+		return j, nil
+	}
+	c := j.Config()
+	env.Log.Info("VMs run confined", "cgroups", j.Layout().String(), "id_range", fmt.Sprintf("%d..%d", c.IDRange[0], c.IDRange[1]),
+		"cgroup", path.Join(c.CgroupParent, env.AgentID))
+	return j, nil
+}
+
+// processGuestsReason is why an agent whose Cloud Hypervisor is the
+// simulator with its default (sim) backend does not confine VMs unless
+// jail.enabled says true: that simulator's AppVM guest is its guest agent
+// running the workload as a host process, which needs what a jail takes
+// away (a devpts for terminals, changing to the workload's user).
+const processGuestsReason = "the simulator's process-mode guest runs on the host; VMs are not confined (jail.enabled true confines them)"
+
+// simCHJail is what `vmhost sim-ch` needs in a VM's jail beyond what Cloud
+// Hypervisor gets: the host's /usr (and the top-level links or directories
+// of a system without merged /usr), read-only, which stands in for the
+// simulated guest's file system (its process-mode guest agent runs the
+// workload from it) and holds the qemu backend's firmware; the loader's
+// cache; and the programs the qemu backend runs, with their libraries.
+func simCHJail(args []string) (jail.Exec, error) {
+	var x jail.Exec
+	for _, p := range []string{"/usr", "/bin", "/sbin", "/lib", "/lib64", "/etc/ld.so.cache"} {
+		if _, err := os.Stat(p); err == nil {
+			x.Binds = append(x.Binds, jail.Bind{Path: p, Exec: p != "/etc/ld.so.cache"})
+		}
+	}
+	progs, err := chsim.HostPrograms(args)
+	if err != nil {
+		return x, err
+	}
+	for _, p := range progs {
+		files, err := jail.ExecFiles(p)
+		if err != nil {
+			return x, err
+		}
+		for _, f := range files {
+			x.Binds = append(x.Binds, jail.Bind{Path: f, Exec: true})
+		}
+	}
+	x.Devices = []string{"/dev/zero"}
+	return x, nil
 }
 
 // noTapsReason is why a VM with an interface cannot be created by an agent

@@ -123,6 +123,7 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 		byState[[2]string{string(rec.Mode), string(rec.State)}]++
 	}
 	s.writeCounters(&m, counters)
+	s.writeUsage(&m, recs)
 	m.Family("vmhost_vm_restarts", metrics.Gauge, "Consecutive automatic restarts of the AppVM (reset after a stable period).")
 	for _, rec := range recs {
 		if rec.AppVM != nil && rec.AppVM.Guest != nil {
@@ -173,6 +174,39 @@ func (s *Server) metrics(w http.ResponseWriter, r *http.Request) {
 
 	w.Header().Set("Content-Type", metrics.ContentType)
 	w.Write(m.Bytes())
+}
+
+// writeUsage writes what each confined VM's processes use, read from its
+// cgroup (a few small files per VM; no process is asked).
+func (s *Server) writeUsage(m *metrics.Writer, recs []*vm.Record) {
+	type usage struct {
+		rec *vm.Record
+		u   *vm.Usage
+	}
+	var us []usage
+	for _, rec := range recs {
+		if u, err := s.vms.Usage(rec); err == nil && u != nil {
+			us = append(us, usage{rec, u})
+		}
+	}
+	sort.Slice(us, func(i, j int) bool { return us[i].rec.ID < us[j].rec.ID })
+	for _, f := range []struct {
+		name, help string
+		typ        string
+		value      func(*vm.Usage) float64
+	}{
+		{"vmhost_vm_cpu_seconds_total", "CPU time used by the VM's processes (Cloud Hypervisor, qemu-storage-daemon), from its cgroup.", metrics.Counter,
+			func(u *vm.Usage) float64 { return u.CPUSeconds }},
+		{"vmhost_vm_memory_bytes", "Memory charged to the VM's cgroup: the guest memory its processes touched and their own.", metrics.Gauge,
+			func(u *vm.Usage) float64 { return float64(u.MemoryBytes) }},
+		{"vmhost_vm_pids", "Tasks (processes and threads) in the VM's cgroup.", metrics.Gauge,
+			func(u *vm.Usage) float64 { return float64(u.Pids) }},
+	} {
+		m.Family(f.name, f.typ, f.help)
+		for _, x := range us {
+			m.Sample(f.name, f.value(x.u), "vm_id", x.rec.ID, "mode", string(x.rec.Mode))
+		}
+	}
 }
 
 // writeCounters writes the counter families, one family at a time across

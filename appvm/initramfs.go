@@ -52,6 +52,9 @@ func initramfsPath(runDir, key string) string {
 	return filepath.Join(runDir, "appvm-initramfs-"+key+".cpio")
 }
 
+// initramfsMode is the AppVM initramfs's mode.
+const initramfsMode = 0o644
+
 // get returns the initramfs for the vmhost binary at bin and, when
 // modulesDir is set, the agent's modules from that tree, which must be
 // built for kernel's release.
@@ -75,13 +78,20 @@ func (b *initramfsBuild) get(runDir, bin, kernel, modulesDir string) (string, er
 		fmt.Fprintf(h, "module %s %x\n", m.Name, sha256.Sum256(m.Data))
 	}
 	dst := initramfsPath(runDir, hex.EncodeToString(h.Sum(nil))[:32])
-	if _, err := os.Stat(dst); err == nil {
+	// Readable by all: a confined VM's Cloud Hypervisor reads it as the
+	// VM's uid. It holds the agent's binary and modules, no secret.
+	if fi, err := os.Stat(dst); err == nil {
+		if fi.Mode().Perm() != initramfsMode {
+			if err := os.Chmod(dst, initramfsMode); err != nil {
+				return "", fmt.Errorf("making the AppVM initramfs readable: %w", err)
+			}
+		}
 		return dst, nil
 	}
 	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 		return "", err
 	}
-	err = atomicfile.Write(dst, 0o600, func(w io.Writer) error { return initramfs.ForGuestAgent(w, bin, mods) })
+	err = atomicfile.Write(dst, initramfsMode, func(w io.Writer) error { return initramfs.ForGuestAgent(w, bin, mods) })
 	if err != nil {
 		return "", fmt.Errorf("writing the AppVM initramfs: %w", err)
 	}

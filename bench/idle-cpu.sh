@@ -10,6 +10,9 @@
 # VM (from /metrics), the time of GET /api/vms, and the time from exec of
 # a restarted agent (after SIGKILL) until every VM is adopted.
 #
+# As root the VMs run confined (each its own uid and cgroup); with
+# EXTRA_CONFIG=',"jail":{"enabled":false}' they do not, for comparison.
+#
 #   go build -o /tmp/vmhost . && VMHOST=/tmp/vmhost bench/idle-cpu.sh 100
 set -euo pipefail
 n=${1:?usage: idle-cpu.sh N [SECONDS]}
@@ -21,6 +24,14 @@ cleanup() {
 	[ -n "${pid:-}" ] && kill "$pid" 2>/dev/null || true
 	sleep 0.5
 	pkill -KILL -f "$dir/run/" 2>/dev/null || true
+	# The VMs' cgroups (of this agent only), once their processes are gone.
+	agent=$(cat "$dir/state/agent_id" 2>/dev/null || true)
+	if [ -n "$agent" ]; then
+		sleep 0.5
+		for h in /sys/fs/cgroup/*/vmhost/"$agent" /sys/fs/cgroup/vmhost/"$agent"; do
+			[ -d "$h" ] && { rmdir "$h"/vm-* "$h" 2>/dev/null || true; }
+		done
+	fi
 	rm -rf "$dir"
 }
 trap cleanup EXIT

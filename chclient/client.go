@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"vmhost/internal/nofollow"
 )
 
 // ErrNotFound is matched (errors.Is) by an *APIError with status 404: CH answers 404 when no
@@ -73,8 +75,7 @@ func New(socketPath string) *Client {
 			if c.Dial != nil {
 				return c.Dial(ctx)
 			}
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", c.socket)
+			return nofollow.DialUnix(ctx, c.socket)
 		},
 		DisableCompression:  true,
 		MaxIdleConnsPerHost: 2,

@@ -196,8 +196,9 @@ const followPoll = 20 * time.Millisecond
 // passed to bad, if not nil, and skipped. The returned offset is where a later call should
 // resume.
 func FollowEvents(ctx context.Context, path string, offset int64, fn func(Event) error, bad func(error)) (int64, error) {
-	// O_NONBLOCK keeps opening a FIFO without a writer from blocking.
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
+	// O_NONBLOCK keeps opening a FIFO without a writer from blocking; the
+	// file is in a directory a confined VM owns, so a link is not followed.
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		return offset, fmt.Errorf("opening event monitor %s: %w", path, err)
 	}

@@ -32,6 +32,9 @@ type LaunchConfig struct {
 	// StartTimeout bounds the wait for the API socket (on top of ctx); 0 means
 	// DefaultStartTimeout.
 	StartTimeout time.Duration
+	// Confine, when set, starts CH confined (package jail gives the VM's
+	// jail); nil starts it as the agent's own child.
+	Confine proc.Confiner
 }
 
 // DefaultStartTimeout is how long Launch waits for the API socket unless told otherwise.
@@ -74,7 +77,7 @@ func Launch(ctx context.Context, cfg LaunchConfig) (*Process, error) {
 	args = append(args, "--api-socket", "path="+cfg.APISocket, "--event-monitor", "path="+cfg.EventMonitor,
 		"--log-file", cfg.LogFile)
 	args = append(args, cfg.ExtraArgs...)
-	child, err := proc.Spawn(proc.SpawnConfig{Path: cfg.Binary, Args: args, Env: cfg.Env, LogFile: out})
+	child, err := proc.Spawn(proc.SpawnConfig{Path: cfg.Binary, Args: args, Env: cfg.Env, LogFile: out, Confine: cfg.Confine})
 	if err != nil {
 		return nil, fmt.Errorf("launching cloud hypervisor: %w", err)
 	}

@@ -12,6 +12,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"vmhost/internal/nofollow"
 )
 
 // The supervisor's frequent reads (vmm.ping of every VM every second,
@@ -48,8 +50,7 @@ func (r *rawConn) get(ctx context.Context, route string) (int, []byte, error) {
 
 func (r *rawConn) exchange(ctx context.Context, route string) (int, []byte, error) {
 	if r.conn == nil {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", r.socket)
+		c, err := nofollow.DialUnix(ctx, r.socket)
 		if err != nil {
 			return 0, nil, err
 		}

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"vmhost/internal/nofollow"
 )
 
 // ErrVsockRefused means CH closed a hybrid vsock connection without "OK": no guest program
@@ -31,8 +33,7 @@ type VsockConn struct {
 // the guest sends after the handshake is lost. ctx bounds the dial and the handshake. A
 // guest that does not listen gives an error matching ErrVsockRefused.
 func DialVsock(ctx context.Context, socketPath string, port uint32) (*VsockConn, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", socketPath)
+	c, err := nofollow.DialUnix(ctx, socketPath)
 	if err != nil {
 		return nil, fmt.Errorf("dialing vsock port %d via %s: %w", port, socketPath, err)
 	}
@@ -100,7 +101,8 @@ func VsockListenPath(socketPath string, port uint32) string {
 // the path.
 func ListenVsock(socketPath string, port uint32) (*net.UnixListener, error) {
 	path := VsockListenPath(socketPath, port)
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+	d := nofollow.Dialer{Dialer: net.Dialer{Timeout: time.Second}}
+	if c, err := d.DialUnix(context.Background(), path); err == nil {
 		c.Close()
 		return nil, fmt.Errorf("listening on %s: another process is already listening", path)
 	}

@@ -26,6 +26,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"vmhost/jail"
 )
 
 // Defaults that Default fills in.
@@ -186,6 +188,12 @@ type Config struct {
 	// download, the least recently used images no provision is using are
 	// removed until the cache fits. 0 means no bound.
 	ImageCacheMaxBytes int64 `json:"image_cache_max_bytes"`
+
+	// Jail confines each VM's Cloud Hypervisor and qemu-storage-daemon
+	// (docs/operating.md, Confinement): a uid and gid of their own, no
+	// capabilities, a private root, one cgroup per VM. It takes effect
+	// only when the agent runs as root.
+	Jail jail.Config `json:"jail"`
 }
 
 // Registry is where registry images come from.
@@ -264,6 +272,7 @@ func Default() *Config {
 		EventsKeep:            DefaultEventsKeep,
 		WorkloadLogMaxBytes:   DefaultWorkloadLogMaxBytes,
 		Registry:              Registry{Indexes: []string{}, RefreshSecs: DefaultRegistryRefreshSecs},
+		Jail:                  jail.DefaultConfig(),
 	}
 }
 
@@ -515,6 +524,9 @@ func (c *Config) problems() []Problem {
 	}
 	if c.ImageCacheMaxBytes < 0 {
 		bad("image_cache_max_bytes: %d must be 0 (no bound) or positive", c.ImageCacheMaxBytes)
+	}
+	if err := c.Jail.Validate(); err != nil {
+		bad("%v", err) // jail's messages start with their key ("jail.id_range: ...")
 	}
 
 	return probs

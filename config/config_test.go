@@ -185,6 +185,11 @@ func TestParseErrors(t *testing.T) {
 		{"import entry limit", `{"image_import_max_entries": -1}`, []string{"image_import_max_entries: -1 must be positive"}},
 		{"guest file limit", `{"guest_file_max_bytes": 0}`, []string{"guest_file_max_bytes: 0 must be positive"}},
 		{"host path root relative", `{"host_path_roots": ["/boot", "images"]}`, []string{`host_path_roots[1]: "images" must be an absolute path`}},
+		{"jail id range with root", `{"jail": {"id_range": [0, 10]}}`, []string{"jail.id_range: must not include 0"}},
+		{"jail id range with nobody", `{"jail": {"id_range": [60000, 70000]}}`, []string{"jail.id_range: must not include 65534"}},
+		{"jail cgroup parent absolute", `{"jail": {"cgroup_parent": "/vmhost"}}`, []string{"jail.cgroup_parent"}},
+		{"jail pids max", `{"jail": {"pids_max": 5}}`, []string{"jail.pids_max: 5 is below 128"}},
+		{"jail unknown key", `{"jail": {"uid": 5}}`, []string{`unknown field "uid"`}},
 		{"all at once", `{"boot_timeout_secs": 0, "image_max_bytes": 0, "overcommit": {"cpu": 0, "memory": 0}}`,
 			[]string{"boot_timeout_secs", "image_max_bytes", "overcommit.cpu", "overcommit.memory"}},
 	}

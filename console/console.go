@@ -43,11 +43,12 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"vmhost/internal/redact"
 	"vmhost/internal/rotlog"
+
+	"vmhost/internal/nofollow"
 )
 
 // DefaultMaxSize is the size at which console.log is rotated.
@@ -143,10 +144,11 @@ func (k *Keeper) run(ctx context.Context, socket string) {
 	defer close(k.done)
 	defer k.log.Close()
 	defer k.attachments.close()
-	var d net.Dialer
 	delay := firstRetry
 	for ctx.Err() == nil {
-		conn, err := d.DialContext(ctx, "unix", socket)
+		// The socket is in a directory a confined VM owns: no link is
+		// followed.
+		conn, err := nofollow.DialUnix(ctx, socket)
 		if err != nil {
 			// Not there yet, refused, or gone after the VM stopped: the
 			// context decides when to give up.

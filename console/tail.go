@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"unicode"
+
+	"vmhost/internal/nofollow"
 )
 
 // MaxLineRunes bounds each line Tail returns, so a summary stays short
@@ -57,7 +59,7 @@ func Tail(path string, n int) (string, error) {
 // readEnd reads at most limit bytes from the end of path; a missing file is
 // empty.
 func readEnd(path string, limit int64) ([]byte, error) {
-	f, err := os.Open(path)
+	f, err := nofollow.Open(path) // in a directory a confined VM owns
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}

@@ -7,7 +7,10 @@
 //
 // A check only reads the host, except the state directory's, which writes
 // and removes two small temporary files to learn whether the file system
-// can share extents (reflink) or copies root disks in full.
+// can share extents (reflink) or copies root disks in full, and the
+// jail's (when main wires its probe), which starts one process in a
+// throwaway jail (a cgroup and a directory under the run directory) and
+// removes it.
 //
 // The package imports only config and kmod of vmhost's packages; what the
 // agent knows beyond the configuration (the modules an AppVM needs, the
@@ -67,6 +70,9 @@ type Host struct {
 	Config *config.Config
 	// StateDir is the agent's state directory; it need not exist yet.
 	StateDir string
+	// RunDir is the agent's run directory, where the jail's probe makes
+	// its throwaway jail; it need not exist yet.
+	RunDir string
 	// SimulateCH and SimulateQSD: the simulators stand in for the programs
 	// (serve --simulate), which are then not looked for.
 	SimulateCH, SimulateQSD bool
@@ -95,6 +101,31 @@ type Jail struct {
 	IDRange [2]uint32
 	// CgroupParent is the cgroup under which each VM gets its own.
 	CgroupParent string
+	// Probe, when set, proves the jail on this host with h's
+	// configuration and directories (main wires package jail's self-test
+	// and checks the running VMs' processes); the "jail" check shows what
+	// it found. Nil: the check is left out.
+	Probe func(ctx context.Context, h Host) JailProbe
+}
+
+// JailProbe is what proving the jail on this host found.
+type JailProbe struct {
+	// Off says why VMs run unconfined ("" when they are confined).
+	Off string
+	// Layout names the cgroup hierarchies VMs' cgroups live in.
+	Layout string
+	// SelfTest is the result of starting a process in a throwaway jail
+	// and checking, from inside, its uid, capabilities, no_new_privs,
+	// cgroup, mount namespace and root.
+	SelfTest error
+	// Checked is how many processes of running VMs were checked against
+	// their jails; Problems what was wrong with them (and VMs that run
+	// unconfined, booted before VMs were confined).
+	Checked  int
+	Problems []string
+	// Unconfined lists running VMs without a jail (booted by an older
+	// vmhost, or while VMs ran unconfined): confined from their next boot.
+	Unconfined []string
 }
 
 // DefaultJail is the jail's default configuration.
@@ -127,6 +158,10 @@ func Run(ctx context.Context, h Host) []Check {
 		h.Euid = os.Geteuid()
 	}
 	cfg := h.Config
+	// The configuration's jail settings: its ids, its cgroup, whether it
+	// is on at all.
+	h.Jail.IDRange, h.Jail.CgroupParent = cfg.Jail.IDRange, cfg.Jail.CgroupParent
+	h.Jail.Enabled = h.Jail.Enabled && cfg.Jail.On()
 	checks := []Check{
 		checkRoot(h.Euid),
 		checkKVM(h.KVMDevice),
@@ -145,10 +180,40 @@ func Run(ctx context.Context, h Host) []Check {
 	checks = append(checks,
 		checkCgroups(h.MountInfo, h.Jail),
 		checkJailIDs(h.EtcDir, h.Jail),
-		checkStateDir(h.StateDir),
 	)
+	if h.Jail.Probe != nil {
+		checks = append(checks, checkJail(h.Jail.Probe(ctx, h)))
+	}
+	checks = append(checks, checkStateDir(h.StateDir))
 	return checks
 }
+
+// checkJail shows what proving the jail found: a failure when a jailed
+// process is not confined (the self-test, or a running VM's process), a
+// warning when VMs run unconfined.
+func checkJail(p JailProbe) Check {
+	const name = "jail"
+	switch {
+	case p.Off != "":
+		return Check{Name: name, Status: Warn, Detail: p.Off,
+			Fix: "run vmhost serve as root with jail.enabled true (docs/operating.md, Confinement)"}
+	case p.SelfTest != nil:
+		return Check{Name: name, Status: Fail, Detail: oneLine(p.SelfTest.Error()),
+			Fix: "VMs would run unconfined or fail to start; see docs/operating.md, Confinement"}
+	case len(p.Problems) > 0:
+		return Check{Name: name, Status: Fail, Detail: fmt.Sprintf("%d of %d processes of running VMs checked: %s", len(p.Problems), p.Checked, strings.Join(p.Problems, "; ")),
+			Fix: "restart the VMs named (stop, start): each boot confines them again"}
+	}
+	detail := fmt.Sprintf("a process started in a throwaway jail runs as its own uid, with no capability, no_new_privs, in its own cgroup and root (%s); %d processes of running VMs are confined", p.Layout, p.Checked)
+	if len(p.Unconfined) > 0 {
+		return Check{Name: name, Status: Warn, Detail: detail + "; running unconfined: " + strings.Join(p.Unconfined, ", "),
+			Fix: "stop and start those VMs (they were booted by an older vmhost): each boot confines them"}
+	}
+	return ok(name, "%s", detail)
+}
+
+// oneLine joins a message's lines.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // KVMReady reports whether dev (/dev/kvm) is a KVM this process can use:
 // the kvm check passes. GET /api/host reports it.

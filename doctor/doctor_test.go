@@ -3,9 +3,11 @@ package doctor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -260,5 +262,27 @@ func TestRunAndPrint(t *testing.T) {
 	}
 	if Failed([]Check{{Status: OK}, {Status: Warn}}) {
 		t.Error("Failed = true with warnings only")
+	}
+}
+
+// TestJailCheck: the jail check fails when a jailed process is not
+// confined (the self-test, or a running VM's process), warns when VMs run
+// unconfined or some were booted before they were, and is left out
+// without a probe.
+func TestJailCheck(t *testing.T) {
+	wantCheck(t, checkJail(JailProbe{Off: "the agent does not run as root"}), Warn, "does not run as root")
+	wantCheck(t, checkJail(JailProbe{Layout: "cgroup v2 at /sys/fs/cgroup", SelfTest: errors.New("jail: self-test: CapEff is \"000001ff\", not empty")}), Fail, "CapEff")
+	wantCheck(t, checkJail(JailProbe{Layout: "cgroup v2", Checked: 4, Problems: []string{"VM web1: not in cgroup vmhost/a/vm-web1"}}), Fail, "1 of 4 processes")
+	wantCheck(t, checkJail(JailProbe{Layout: "cgroup v2", Checked: 2, Unconfined: []string{"old1"}}), Warn, "running unconfined: old1")
+	wantCheck(t, checkJail(JailProbe{Layout: "cgroup v1 memory=/sys/fs/cgroup/memory", Checked: 6}), OK, "6 processes of running VMs are confined")
+	probed := false
+	j := DefaultJail()
+	j.Probe = func(_ context.Context, h Host) JailProbe {
+		probed = h.StateDir != ""
+		return JailProbe{Layout: "cgroup v2"}
+	}
+	checks := Run(context.Background(), Host{Config: config.Default(), StateDir: t.TempDir(), Jail: j, Euid: -1})
+	if !probed || !slices.ContainsFunc(checks, func(c Check) bool { return c.Name == "jail" && c.Status == OK }) {
+		t.Errorf("with a probe: %+v, want a jail check", checks)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"vmhost/appvm"
+	"vmhost/chclient/chsim"
 	"vmhost/config"
 	"vmhost/qcow2"
 	"vmhost/vm"
@@ -268,8 +269,10 @@ func TestAppVMSurvivesAgentRestart(t *testing.T) {
 // next agent acknowledges it (replayed on resume), and only then powers
 // off, so restart_policy on-failure boots it again.
 func TestAppVMExitWhileAgentDown(t *testing.T) {
-	gate := filepath.Join(t.TempDir(), "fail-now")
-	s := startAppVMServer(t, map[string]string{"late": "while ! test -f " + gate + "; do sleep 0.05; done; rm -f " + gate + "; exit 3"})
+	// The gate is in the guest's root (its working directory), which the
+	// simulated guest sees whatever confines it.
+	s := startAppVMServer(t, map[string]string{"late": "while ! test -f fail-now; do sleep 0.05; done; rm -f fail-now; exit 3"})
+	gate := filepath.Join(chsim.GuestRoot(s.runDir+"/vms/late/vsock.sock"), "fail-now")
 	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"late","image_id":"late","vcpus":1,"memory_mb":128,"disk_gib":1,`+
 		`"ip":"10.80.0.8","prefix":24,"gateway":"10.80.0.1","restart_policy":"on-failure"}`); st != http.StatusCreated {
 		t.Fatalf("create = %d %s", st, b)

@@ -41,7 +41,7 @@ func stalledImageServer(t *testing.T) string {
 // After an agent restart the provision resumes and stalls again, and the
 // forced delete still works.
 func TestDeleteStalledDownload(t *testing.T) {
-	s := startServer(t, serverOpts{})
+	s := startServer(t, serverOpts{confine: true})
 	f := newFixture(t)
 	url := stalledImageServer(t)
 	body := func(id string) string {
@@ -111,7 +111,7 @@ func TestCrashDeleteCreateLoop(t *testing.T) {
 	} else {
 		t.Log("not root: no network namespace, so the VMs have no interface")
 	}
-	s := startServer(t, serverOpts{netns: root, edit: func(c *config.Config) { c.HostCPUs = 64 }})
+	s := startServer(t, serverOpts{netns: root, confine: true, edit: func(c *config.Config) { c.HostCPUs = 64 }})
 	f := newFixture(t)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
@@ -343,4 +343,5 @@ func checkNothingElse(t *testing.T, s *server, present map[string]view, taps boo
 			}
 		}
 	}
+	checkJails(t, s, present)
 }

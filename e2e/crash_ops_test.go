@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,7 +67,10 @@ type opCrash struct {
 // appRecord is the part of an AppVM's record file these tests read.
 type appRecord struct {
 	State string `json:"state"`
-	Spec  struct {
+	Jail  *struct {
+		UID uint32 `json:"uid"`
+	} `json:"jail"`
+	Spec struct {
 		Volumes []struct {
 			ID         string `json:"id"`
 			VolumeID   string `json:"volume_id"`
@@ -238,6 +242,41 @@ func (c *opCrash) checkFiles() {
 	for _, v := range r.Spec.Volumes {
 		if v.VolumeID == "" {
 			want = append(want, v.ID+".qcow2")
+		}
+	}
+	if r.Jail != nil {
+		// A confined VM reaches its first-class volumes through hard links
+		// in volumes/, one per volume its record names, and owns them
+		// while attached; a volume not attached is root's.
+		want = append(want, "volumes")
+		attached := map[string]bool{}
+		for _, v := range r.Spec.Volumes {
+			if v.VolumeID != "" {
+				attached[v.VolumeID] = true
+			}
+		}
+		links, _ := os.ReadDir(filepath.Join(c.s.stateDir, "vms", c.id, "volumes"))
+		for _, e := range links {
+			vid := strings.TrimSuffix(e.Name(), ".qcow2")
+			li, lerr := os.Stat(filepath.Join(c.s.stateDir, "vms", c.id, "volumes", e.Name()))
+			vi, verr := os.Stat(filepath.Join(c.s.stateDir, "volumes", vid+".qcow2"))
+			if !attached[vid] || lerr != nil || verr != nil || !os.SameFile(li, vi) {
+				c.t.Errorf("vms/%s/volumes/%s is not the link of a volume its record names (%v)", c.id, e.Name(), attached)
+			}
+		}
+		vols, _ := filepath.Glob(filepath.Join(c.s.stateDir, "volumes", "*.qcow2"))
+		for _, f := range vols {
+			fi, err := os.Stat(f)
+			if err != nil {
+				continue
+			}
+			owner, want := fi.Sys().(*syscall.Stat_t).Uid, uint32(0)
+			if attached[strings.TrimSuffix(filepath.Base(f), ".qcow2")] {
+				want = r.Jail.UID
+			}
+			if owner != want {
+				c.t.Errorf("%s is uid %d's, want %d's (attached: %v)", f, owner, want, attached)
+			}
 		}
 	}
 	ents, _ := os.ReadDir(filepath.Join(c.s.stateDir, "vms", c.id))

@@ -32,7 +32,7 @@ func TestCrashSaveLoop(t *testing.T) {
 		want = 50
 	}
 	root := os.Geteuid() == 0
-	s := startServer(t, serverOpts{netns: root, edit: func(c *config.Config) { c.HostCPUs = 64; c.HostMemoryMB = 64 << 10 }})
+	s := startServer(t, serverOpts{netns: root, confine: true, edit: func(c *config.Config) { c.HostCPUs = 64; c.HostMemoryMB = 64 << 10 }})
 	f := newFixture(t)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)

@@ -346,7 +346,7 @@ func TestCrashAtEachSaveStep(t *testing.T) {
 			// shares its steps with the create of the VM it comes from);
 			// the agent is restarted with it for the operation.
 			marker := t.TempDir() + "/stopped"
-			s := startServer(t, serverOpts{netns: root})
+			s := startServer(t, serverOpts{netns: root, confine: true})
 			c.setup(t, s)
 			s.kill()
 			s.restart("VMHOST_TEST_STOP_AT_STEP="+c.step, "VMHOST_TEST_STOP_MARKER="+marker)

@@ -42,7 +42,7 @@ func TestCrashAtEachStep(t *testing.T) {
 			marker := t.TempDir() + "/stopped"
 			t.Setenv("VMHOST_TEST_STOP_AT_STEP", step)
 			t.Setenv("VMHOST_TEST_STOP_MARKER", marker)
-			s := startServer(t, serverOpts{netns: root})
+			s := startServer(t, serverOpts{netns: root, confine: true})
 			url := s.imageServer(t, data)
 			body := `{"vm_id":"crash","vcpus":1,"memory_mb":128,"kernel_path":"` + f.kernel + `","disk":{"size_gib":2},"volumes":[{"size_gib":1}],` +
 				`"image":{"image_id":"img","content_sha256":"` + digest + `","fetch_url":"` + url + `"},` +
@@ -150,6 +150,7 @@ func checkOwnedOnly(t *testing.T, s *server, id string, v view, digest string, r
 	if !root {
 		return
 	}
+	checkJails(t, s, map[string]view{id: v})
 	var tapNames, wantTaps []string
 	for _, o := range s.ownedTaps(t) {
 		tapNames = append(tapNames, o.Name)
@@ -213,7 +214,7 @@ func TestCrashDuringSyncCreate(t *testing.T) {
 			marker := t.TempDir() + "/stopped"
 			t.Setenv("VMHOST_TEST_STOP_AT_STEP", step)
 			t.Setenv("VMHOST_TEST_STOP_MARKER", marker)
-			s := startServer(t, serverOpts{netns: root})
+			s := startServer(t, serverOpts{netns: root, confine: true})
 			done := make(chan int, 1)
 			go func() { st, _ := s.do("POST", "/api/vms", body); done <- st }()
 			deadline := time.Now().Add(20 * time.Second)
@@ -266,7 +267,7 @@ func TestCrashDuringStart(t *testing.T) {
 			marker := t.TempDir() + "/stopped"
 			t.Setenv("VMHOST_TEST_STOP_AT_STEP", step)
 			t.Setenv("VMHOST_TEST_STOP_MARKER", marker)
-			s := startServer(t, serverOpts{netns: root})
+			s := startServer(t, serverOpts{netns: root, confine: true})
 			s.create(body, http.StatusCreated)
 			done := make(chan int, 1)
 			go func() { done <- s.act("later", "start") }()

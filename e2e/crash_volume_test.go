@@ -28,9 +28,9 @@ import (
 // volume is attached to at most one VM. Run with the simulated and with
 // the real qemu-storage-daemon.
 func TestCrashDuringVolumeChange(t *testing.T) {
-	daemons := map[string]serverOpts{"qsdsim": {}}
+	daemons := map[string]serverOpts{"qsdsim": {confine: true}}
 	if qsd, err := exec.LookPath("qemu-storage-daemon"); err == nil {
-		daemons["real-qsd"] = serverOpts{simulate: "ch", edit: func(c *config.Config) { c.Binaries.QemuStorageDaemon = qsd }}
+		daemons["real-qsd"] = serverOpts{simulate: "ch", confine: true, edit: func(c *config.Config) { c.Binaries.QemuStorageDaemon = qsd }}
 	} else if os.Getenv("CI") != "" {
 		t.Fatal("qemu-storage-daemon not installed")
 	}

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -32,6 +33,9 @@ func checkGone(t *testing.T, s *server, id string) {
 	}
 	if pids := s.children(); len(pids) > 0 {
 		t.Errorf("processes left behind: %v", pids)
+	}
+	if slices.Contains(s.cgroupVMs(), id) || exists(s.runDir+"/jail/"+id) {
+		t.Errorf("the jail of %s (its cgroup or root) is left behind", id)
 	}
 }
 
@@ -241,13 +245,8 @@ func TestImageDigestMismatch(t *testing.T) {
 // boot_timeout and the VMM is shut down. The configured CH binary is a
 // script running chsim with --sim-no-activate.
 func TestBootTimeout(t *testing.T) {
-	script := t.TempDir() + "/ch"
-	if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+simBin+" sim-ch --sim-no-activate \"$@\"\n"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	s := startServer(t, serverOpts{simulate: "qsd", edit: func(c *config.Config) {
+	s := startServer(t, serverOpts{simCHArgs: "--sim-no-activate", edit: func(c *config.Config) {
 		c.BootTimeoutSecs = 1
-		c.Binaries.CloudHypervisor = script
 	}})
 	f := newFixture(t)
 	s.create(f.body("slow", true, ""), http.StatusCreated)

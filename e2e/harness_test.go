@@ -98,6 +98,14 @@ type serverOpts struct {
 	shareNetNS *server
 	// simulate is --simulate; empty means "ch,qsd".
 	simulate string
+	// simCHArgs is --sim-ch-args: more flags for the CH simulator.
+	simCHArgs string
+	// uid, when not 0, runs the server as that uid and gid (a test as
+	// root running an agent that is not), owning its directory.
+	uid int
+	// confine sets jail.enabled true: with the process-mode simulator (the
+	// harness's default), the agent does not confine VMs unless told to.
+	confine bool
 	// edit changes the config before it is written.
 	edit func(*config.Config)
 }
@@ -152,21 +160,8 @@ func startServer(t testing.TB, o serverOpts) *server {
 	if sim == "" {
 		sim = "ch,qsd"
 	}
-	if raceBuild {
-		// The configured binaries become scripts running the non-race
-		// simulators; the agent itself runs with the race detector.
-		for _, p := range strings.Split(sim, ",") {
-			script := dir + "/sim-" + p
-			if err := os.WriteFile(script, []byte("#!/bin/sh\nexec "+simBin+" sim-"+p+" \"$@\"\n"), 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if p == "ch" {
-				cfg.Binaries.CloudHypervisor = script
-			} else {
-				cfg.Binaries.QemuStorageDaemon = script
-			}
-		}
-		sim = "none"
+	if o.confine {
+		cfg.Jail.Enabled = new(true)
 	}
 	if o.edit != nil {
 		o.edit(cfg)
@@ -184,13 +179,27 @@ func startServer(t testing.TB, o serverOpts) *server {
 	if s.token, err = auth.Add(s.stateDir+"/keys.json", "e2e", auth.ScopeReadWrite, nil); err != nil {
 		t.Fatal(err)
 	}
+	// Under -race the agent runs with the race detector and the
+	// simulators without (--simulator).
 	s.cmd = exec.Command(vmhostBin, "serve", "--listen", "unix:"+s.sock, "--state-dir", s.stateDir,
-		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim)
+		"--run-dir", s.runDir, "--config", dir+"/config.json", "--simulate", sim, "--simulator", simBin, "--sim-ch-args", o.simCHArgs)
 	s.cmd.Stderr = s.stderr
 	s.cmd.Stdout = s.stderr
 	s.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if o.netns {
 		s.cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
+	if o.uid != 0 {
+		err := filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+			if err != nil {
+				return err
+			}
+			return os.Lchown(p, o.uid, o.uid)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uint32(o.uid), Gid: uint32(o.uid)}
 	}
 	if peer := o.shareNetNS; peer != nil {
 		// A process starts in the namespace of the thread that forks it.
@@ -264,6 +273,7 @@ func (s *server) stop() {
 	for _, pid := range s.children() {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+	s.removeCgroups()
 	if s.nsFD > 0 {
 		syscall.Close(s.nsFD)
 	}

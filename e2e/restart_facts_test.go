@@ -7,6 +7,9 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"vmhost/chclient/chsim"
+	"vmhost/internal/netnstest"
 )
 
 // facts is the guest-fact part of a view.
@@ -19,8 +22,8 @@ type facts struct {
 	} `json:"nets"`
 }
 
-// waitSnooped has the VM's simulator send DHCP ACKs for want out of the
-// tap toward the guest, as a DHCP server behind the bridge would, until the
+// waitSnooped sends DHCP ACKs for want out of the VM's tap toward the
+// guest, as a DHCP server behind the bridge would, until the
 // view shows it (the snooper starts with the VM's monitor; a guest's DHCP
 // client retries too).
 func (s *server) waitSnooped(t *testing.T, id, want string) facts {
@@ -37,7 +40,13 @@ func (s *server) waitSnooped(t *testing.T, id, want string) facts {
 		if time.Now().After(deadline) {
 			t.Fatalf("view of %s: %+v, want %s snooped and discovered", id, f, want)
 		}
-		s.sim(id, "dhcp-ack", `{"ip":"`+want+`","server":"10.9.0.1"}`)
+		// As the DHCP server: the confined simulator may not send on the
+		// tap itself (no CAP_NET_RAW).
+		if err := netnstest.RunIn(s.nsFD, func() error {
+			return chsim.SendDHCPAck(f.Nets[0].TapName, f.Nets[0].MAC, want, "10.9.0.1")
+		}); err != nil {
+			t.Fatalf("sending a DHCP ACK: %v", err)
+		}
 		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -33,6 +33,7 @@ import (
 	"sync"
 
 	"vmhost/inotify"
+	"vmhost/internal/nofollow"
 )
 
 // The watches: one per directory, for the log files appearing (a
@@ -287,13 +288,15 @@ type Reader struct {
 // Open opens the log at path (and its older generation path+".1") for
 // reading from its start, and starts watching its directory before
 // reading anything, so no change after Open goes unnoticed. A missing
-// file is empty; a log that does not exist yet is read once it does.
+// file is empty; a log that does not exist yet is read once it does. No
+// link is followed: a VM's console log is in a directory its confined
+// hypervisor owns, which could put one there.
 func (w *Watcher) Open(path string) (*Reader, error) {
 	r := &Reader{w: w, path: path, prev: path + ".1", dir: filepath.Dir(path), base: filepath.Base(path),
 		prevBase: filepath.Base(path) + ".1", changed: make(chan struct{}, 1)}
 	w.watch(r)
 	for _, p := range []string{r.prev, r.path} {
-		f, err := os.Open(p)
+		f, err := nofollow.Open(p)
 		if errors.Is(err, os.ErrNotExist) {
 			continue
 		}
@@ -404,7 +407,7 @@ func (r *Reader) Read(p []byte) (int, error) {
 // reports whether there is more to read, opening the generations written
 // since.
 func (r *Reader) advance() (bool, error) {
-	cur, err := os.Open(r.path)
+	cur, err := nofollow.Open(r.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return false, nil // between a rotation's rename and its new file
 	}
@@ -428,7 +431,7 @@ func (r *Reader) advance() (bool, error) {
 		}
 	}
 	var next []*os.File
-	if prev, err := os.Open(r.prev); err == nil {
+	if prev, err := nofollow.Open(r.prev); err == nil {
 		// path.1 is the file in hand (one rotation), or a generation
 		// after it (the writer rotated again before this reader got
 		// here), or what path was when Open found nothing.

@@ -232,3 +232,28 @@ func TestOneWatchPerDirectory(t *testing.T) {
 		t.Errorf("%d directories, %d watches after the readers of one closed, want 1 and 1", dirs, wds)
 	}
 }
+
+// TestLinksNotFollowed: a log in a directory a confined VM owns (its
+// console log) may be replaced by a link to a file the VM could not read
+// itself; the reader never reads through one.
+func TestLinksNotFollowed(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("not for the VM"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "console.log")
+	if err := os.Symlink(secret, path); err != nil {
+		t.Fatal(err)
+	}
+	w := NewWatcher()
+	defer w.Close()
+	r, err := w.Open(path)
+	if err == nil {
+		defer r.Close()
+		b, _ := io.ReadAll(io.LimitReader(r, 64))
+		if bytes.Contains(b, []byte("not for the VM")) || r.Size() != 0 {
+			t.Fatalf("read %q (size %d) through a link", b, r.Size())
+		}
+	}
+}

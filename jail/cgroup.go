@@ -456,6 +456,47 @@ func (c *Cgroup) Contains(pid int) (bool, error) {
 	return cgroupListed(b, c.name), nil
 }
 
+// notIn lists the hierarchies of the cgroup's layout in which a
+// /proc/PID/cgroup text does not place the process in the cgroup: the
+// unified one ("cgroup2") and, where the limits are v1's, each v1
+// controller's. A process moved out of one hierarchy (say, out of its
+// memory cgroup) escapes that limit while its other lines still name
+// the VM's cgroup.
+func (c *Cgroup) notIn(procCgroup []byte) []string {
+	want := "/" + c.name
+	var missing []string
+	if c.layout.Unified != "" {
+		found := false
+		for _, line := range strings.Split(string(procCgroup), "\n") {
+			if p, ok := strings.CutPrefix(line, "0::"); ok && p == want {
+				found = true
+			}
+		}
+		if !found {
+			missing = append(missing, "cgroup2")
+		}
+	}
+	if c.layout.UnifiedLimits {
+		return missing
+	}
+	for _, ctrl := range v1Controllers {
+		if c.layout.V1[ctrl] == "" {
+			continue
+		}
+		found := false
+		for _, line := range strings.Split(string(procCgroup), "\n") {
+			parts := strings.SplitN(line, ":", 3)
+			if len(parts) == 3 && parts[2] == want && slices.Contains(strings.Split(parts[1], ","), ctrl) {
+				found = true
+			}
+		}
+		if !found {
+			missing = append(missing, ctrl)
+		}
+	}
+	return missing
+}
+
 // cgroupListed reports whether a /proc/PID/cgroup text ("N:ctrls:/path"
 // lines) places the process in cgroup name, in any hierarchy.
 func cgroupListed(procCgroup []byte, name string) bool {
@@ -479,7 +520,10 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 		err := writeCgroupFile(filepath.Join(d, "cgroup.kill"), "1")
 		switch {
 		case err == nil:
-			return c.waitEmpty(ctx)
+			if err := c.waitEmpty(ctx); err != nil {
+				return err
+			}
+			return c.renewUnified(ctx, d)
 		case errors.Is(err, fs.ErrNotExist):
 			if _, serr := os.Stat(d); serr == nil {
 				break // the directory is there: a kernel without cgroup.kill
@@ -521,6 +565,49 @@ func (c *Cgroup) Kill(ctx context.Context) error {
 			return fmt.Errorf("killing cgroup %s: processes %v remain: %w", c.name, pids, err)
 		}
 	}
+}
+
+// unifiedLimitFiles are the files of a v2 cgroup that hold a VM's limits.
+var unifiedLimitFiles = []string{"memory.max", "memory.swap.max", "pids.max", "cpu.weight"}
+
+// renewUnified makes the cgroup's unified directory d anew, with the limits
+// it held, once cgroup.kill has emptied it. A cgroup once killed through
+// cgroup.kill stays deadly to a process cloned into it: the kernel (6.18,
+// run: TestKillCgroup) kills, at its first instruction, a child started
+// there with CLONE_INTO_CGROUP (a process that joins through cgroup.procs
+// is spared). A VM's cgroup is used again at its next boot, so it is
+// removed (it is empty) and made again.
+func (c *Cgroup) renewUnified(ctx context.Context, d string) error {
+	var saved []cgroupWrite
+	if c.layout.UnifiedLimits {
+		for _, f := range unifiedLimitFiles {
+			if b, err := os.ReadFile(filepath.Join(d, f)); err == nil {
+				saved = append(saved, cgroupWrite{filepath.Join(d, f), strings.TrimSpace(string(b)), true})
+			}
+		}
+	}
+	for {
+		err := os.Remove(d)
+		if err == nil || errors.Is(err, fs.ErrNotExist) {
+			break
+		}
+		if !errors.Is(err, syscall.EBUSY) {
+			return fmt.Errorf("renewing killed cgroup %s: %w", d, err)
+		}
+		// A killed task still being torn down.
+		if err := pause(ctx, time.Millisecond); err != nil {
+			return fmt.Errorf("renewing killed cgroup %s: %w", d, err)
+		}
+	}
+	if err := os.Mkdir(d, 0o755); err != nil {
+		return fmt.Errorf("renewing killed cgroup %s: %w", d, err)
+	}
+	for _, s := range saved {
+		if err := writeCgroupFile(s.file, s.value); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("renewing killed cgroup %s: setting %s to %s: %w", d, s.file, s.value, err)
+		}
+	}
+	return nil
 }
 
 // waitEmpty waits until no process is listed in the cgroup.

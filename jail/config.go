@@ -11,9 +11,12 @@ import (
 // Config is the agent's "jail" setting (docs/ref/confinement.md). The zero value is
 // not usable; start from DefaultConfig.
 type Config struct {
-	// Enabled turns confinement on. It is true by default; an agent that is
-	// not root runs VMs unconfined whatever it says (New reports why).
-	Enabled bool `json:"enabled"`
+	// Enabled turns confinement on (true) or off (false); unset (nil), the
+	// agent decides: on, except under the Cloud Hypervisor simulator's
+	// process-mode guest, which runs on the host and which a jail cannot
+	// host (On, and the agent's wiring). An agent that is not root runs VMs
+	// unconfined whatever it says (New reports why).
+	Enabled *bool `json:"enabled,omitempty"`
 	// IDRange is the inclusive range of the ids given to VMs, each VM one id
 	// used as both its uid and its gid.
 	IDRange [2]uint32 `json:"id_range"`
@@ -31,13 +34,15 @@ type Config struct {
 // DefaultConfig is the configuration docs/ref/confinement.md shows.
 func DefaultConfig() Config {
 	return Config{
-		Enabled:          true,
 		IDRange:          [2]uint32{1000000, 1999999},
 		CgroupParent:     "vmhost",
 		PidsMax:          1024,
 		MemoryOverheadMB: 256,
 	}
 }
+
+// On reports whether c turns confinement on: Enabled, or unset.
+func (c Config) On() bool { return c.Enabled == nil || *c.Enabled }
 
 // Bounds of the settings, with the reasons Validate gives.
 const (

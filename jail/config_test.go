@@ -170,3 +170,27 @@ func TestCgroupListed(t *testing.T) {
 		t.Error("vm-xy not found")
 	}
 }
+
+func TestCgroupNotIn(t *testing.T) {
+	hybrid := Layout{Unified: "/sys/fs/cgroup/unified", V1: map[string]string{
+		"memory": "/sys/fs/cgroup/memory", "pids": "/sys/fs/cgroup/pids", "cpu": "/sys/fs/cgroup/cpu,cpuacct", "cpuacct": "/sys/fs/cgroup/cpu,cpuacct"}}
+	c := hybrid.Cgroup("vmhost/a/vm-x")
+	all := "12:pids:/vmhost/a/vm-x\n4:memory:/vmhost/a/vm-x\n3:cpu,cpuacct:/vmhost/a/vm-x\n1:name=systemd:/\n0::/vmhost/a/vm-x\n"
+	if m := c.notIn([]byte(all)); len(m) != 0 {
+		t.Errorf("placed everywhere, notIn = %v", m)
+	}
+	// Moved out of its memory cgroup (into another VM's), and out of the
+	// unified one: both named, nothing else.
+	out := "12:pids:/vmhost/a/vm-x\n4:memory:/vmhost/a/vm-xy\n3:cpu,cpuacct:/vmhost/a/vm-x\n0::/\n"
+	if m := c.notIn([]byte(out)); !slices.Equal(m, []string{"cgroup2", "memory"}) {
+		t.Errorf("notIn = %v, want [cgroup2 memory]", m)
+	}
+	// With v2 limits only the unified line counts.
+	v2 := Layout{Unified: "/sys/fs/cgroup", UnifiedLimits: true}.Cgroup("vmhost/a/vm-x")
+	if m := v2.notIn([]byte("0::/vmhost/a/vm-x\n")); len(m) != 0 {
+		t.Errorf("v2, placed: notIn = %v", m)
+	}
+	if m := v2.notIn([]byte("0::/vmhost/a\n")); !slices.Equal(m, []string{"cgroup2"}) {
+		t.Errorf("v2, in the parent: notIn = %v", m)
+	}
+}

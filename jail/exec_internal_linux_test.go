@@ -198,3 +198,32 @@ func TestCheckReport(t *testing.T) {
 		}
 	}
 }
+
+// A bind inside a bound directory is left out when the directory gives it
+// what it needs (a program's library under a bound /usr), refused when it
+// needs more (a writable file under a read-only directory); binds beside
+// each other stay, sorted.
+func TestDropContained(t *testing.T) {
+	p := func(path string, w, x bool) mountPlan {
+		return mountPlan{real: path, Bind: Bind{Path: path, Writable: w, Exec: x}}
+	}
+	got, err := dropContained([]mountPlan{
+		p("/usr/lib/x/libc.so.6", false, true), p("/usr-local", false, false), p("/usr", false, true),
+		p("/usr/bin/qemu", false, true), p("/usr/share/f", false, false), p("/run/vm", true, false),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var paths []string
+	for _, g := range got {
+		paths = append(paths, g.real)
+	}
+	if want := []string{"/run/vm", "/usr", "/usr-local"}; !slices.Equal(paths, want) {
+		t.Errorf("kept %v, want %v", paths, want)
+	}
+	for _, inner := range []mountPlan{p("/usr/share/f", true, false), p("/usr/share/x", false, true)} {
+		if _, err := dropContained([]mountPlan{p("/usr", false, false), inner}); err == nil || !strings.Contains(err.Error(), "fewer permissions") {
+			t.Errorf("%+v inside a read-only, noexec /usr: %v, want a refusal", inner.Bind, err)
+		}
+	}
+}

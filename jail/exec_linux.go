@@ -57,8 +57,8 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 		Path: prog, Args: args, Dir: cmd.Dir,
 		UID: c.vm.UID, GID: c.vm.GID, Groups: c.x.Groups,
 		Root: root, Proc: c.x.Proc, MemlockBytes: c.x.MemlockBytes,
-		JoinFiles: c.vm.cgroup.joinFiles(),
 	}
+	joinFiles := c.vm.cgroup.joinFiles()
 	for _, b := range c.x.Binds {
 		if !filepath.IsAbs(b.Path) {
 			return nil, fmt.Errorf("jail: bind %q is not an absolute path", b.Path)
@@ -97,6 +97,17 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 		specW.Close()
 		return nil, fmt.Errorf("jail: %w", err)
 	}
+	// joinedW tells the helper that the agent has placed it in the v1
+	// cgroups (a byte), or could not (closed without one).
+	joinedR, joinedW, err := os.Pipe()
+	if err != nil {
+		closeFD(cgfd)
+		specR.Close()
+		specW.Close()
+		statR.Close()
+		statW.Close()
+		return nil, fmt.Errorf("jail: %w", err)
+	}
 	// The spec may exceed a pipe's buffer; the helper reads it all first.
 	go func() {
 		specW.Write(b)
@@ -104,7 +115,7 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 	}()
 
 	first := 3 + len(cmd.ExtraFiles)
-	cmd.ExtraFiles = append(slices.Clip(cmd.ExtraFiles), specR, statW)
+	cmd.ExtraFiles = append(slices.Clip(cmd.ExtraFiles), specR, statW, joinedR)
 	cmd.Path = c.vm.helper
 	cmd.Args = []string{helperArg0, strconv.Itoa(first)}
 	cmd.Dir = ""
@@ -121,13 +132,38 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 	return func(startErr error) error {
 		specR.Close()
 		statW.Close()
+		joinedR.Close()
 		closeFD(cgfd)
 		defer statR.Close()
 		if startErr != nil {
+			joinedW.Close()
 			return startErr
 		}
+		// The v1 joins, while the helper starts and builds its root.
+		pid := strconv.Itoa(cmd.Process.Pid)
+		var joinErr error
+		for _, f := range joinFiles {
+			if err := writeCgroupFile(f, pid); err != nil {
+				joinErr = fmt.Errorf("jail: placing %s in cgroup %s: %w", prog, filepath.Dir(f), err)
+				break
+			}
+		}
+		if joinErr == nil {
+			if _, err := joinedW.Write([]byte{'j'}); err != nil {
+				joinErr = fmt.Errorf("jail: starting %s: %w", prog, err)
+			}
+		}
+		joinedW.Close() // without a byte, the helper gives up
 		statR.SetReadDeadline(time.Now().Add(helperTimeout))
 		msg, err := io.ReadAll(statR)
+		if joinErr != nil {
+			// A helper that failed on its own first (and exited, so the
+			// joins or the pipe found it gone) says why.
+			if len(msg) > 0 && string(msg) != errNotPlaced {
+				return fmt.Errorf("jail: starting %s: %s", prog, msg)
+			}
+			return joinErr
+		}
 		if err != nil {
 			return fmt.Errorf("jail: waiting for the helper to start %s: %w", prog, err)
 		}
@@ -174,13 +210,17 @@ func helperMain() {
 	}
 	status := os.NewFile(uintptr(fd+1), "status")
 	unix.CloseOnExec(fd + 1)
-	err = helper(os.NewFile(uintptr(fd), "spec"))
+	err = helper(os.NewFile(uintptr(fd), "spec"), os.NewFile(uintptr(fd+2), "joined"))
 	status.WriteString(err.Error())
 	os.Exit(126)
 }
 
+// errNotPlaced is the helper's failure when the agent could not place it in
+// the VM's v1 cgroups (the agent says why).
+const errNotPlaced = "the agent did not place the process in the VM's cgroups"
+
 // helper returns only on failure.
-func helper(specFile *os.File) error {
+func helper(specFile, joined *os.File) error {
 	b, err := io.ReadAll(specFile)
 	specFile.Close()
 	if err != nil {
@@ -190,14 +230,6 @@ func helper(specFile *os.File) error {
 	if err := json.Unmarshal(b, &s); err != nil {
 		return fmt.Errorf("reading the spec: %w", err)
 	}
-	// The cgroups first, so that everything the helper does is charged and
-	// killed with the VM.
-	pid := strconv.Itoa(os.Getpid())
-	for _, f := range s.JoinFiles {
-		if err := writeCgroupFile(f, pid); err != nil {
-			return fmt.Errorf("joining cgroup %s: %w", filepath.Dir(f), err)
-		}
-	}
 	lastCap, err := readLastCap()
 	if err != nil {
 		return err
@@ -206,6 +238,13 @@ func helper(specFile *os.File) error {
 	if err := buildRoot(&s); err != nil {
 		return err
 	}
+	// The program runs only in every cgroup of the VM: the agent places
+	// this process in the v1 ones meanwhile.
+	unix.CloseOnExec(int(joined.Fd()))
+	if n, _ := joined.Read(make([]byte, 1)); n != 1 {
+		return errors.New(errNotPlaced)
+	}
+	joined.Close()
 	if err := dropPrivileges(&s, lastCap); err != nil {
 		return err
 	}
@@ -293,11 +332,9 @@ func buildRoot(s *helperSpec) error {
 		}
 		plan = append(plan, mountPlan{real: real, Bind: b, inert: !b.Writable && inert(&st)})
 	}
-	slices.SortFunc(plan, func(a, b mountPlan) int { return strings.Compare(a.real, b.real) })
-	for i := 1; i < len(plan); i++ {
-		if strings.HasPrefix(plan[i].real, plan[i-1].real+"/") {
-			return fmt.Errorf("binding %s: it is inside %s, bound too", plan[i].real, plan[i-1].real)
-		}
+	plan, err := dropContained(plan)
+	if err != nil {
+		return err
 	}
 	for _, p := range plan {
 		if p.real == root || strings.HasPrefix(p.real, root+"/") || strings.HasPrefix(root, p.real+"/") {
@@ -356,6 +393,34 @@ func buildRoot(s *helperSpec) error {
 		return fmt.Errorf("making the root read-only: %w", err)
 	}
 	return nil
+}
+
+// dropContained leaves out of plan every bind inside another bound
+// directory (a library under a bound /usr): it shows through that
+// directory already, which must then give at least its permissions
+// (writable, executable); a bind that needs more than the directory
+// around it gives is refused. What remains is sorted by path, and no
+// bind is inside another.
+func dropContained(plan []mountPlan) ([]mountPlan, error) {
+	byPath := make(map[string]*mountPlan, len(plan))
+	for i := range plan {
+		byPath[plan[i].real] = &plan[i]
+	}
+	var out []mountPlan
+	for _, p := range plan {
+		var outer *mountPlan
+		for d := filepath.Dir(p.real); outer == nil && d != "/" && d != "."; d = filepath.Dir(d) {
+			outer = byPath[d]
+		}
+		switch {
+		case outer == nil:
+			out = append(out, p)
+		case p.Writable && !outer.Writable || p.Exec && !outer.Exec:
+			return nil, fmt.Errorf("binding %s: it is inside %s, bound with fewer permissions", p.real, outer.real)
+		}
+	}
+	slices.SortFunc(out, func(a, b mountPlan) int { return strings.Compare(a.real, b.real) })
+	return out, nil
 }
 
 // maxLinks bounds the symbolic links followed for one path, as the kernel's

@@ -14,11 +14,15 @@
 // A process is started jailed in the order of Firecracker's jailer: the
 // agent clones it into a new mount (and IPC) namespace and, with cgroup v2,
 // straight into its cgroup (CLONE_INTO_CGROUP); the clone runs this binary
-// again as a small helper (run from this package's init) that joins the v1 cgroups, builds the
+// again as a small helper (run from this package's init) that builds the
 // root, pivots into it, drops every capability from every set, sets
 // no_new_privs, switches to the VM's uid and gid, and execs the real program.
-// The helper reports a failure on a pipe that the exec closes, so the agent
-// knows the confinement took hold before it trusts the process.
+// Meanwhile the agent moves it into the VM's v1 cgroups, whose joins wait
+// for an RCU grace period (see ref/confinement.md): done beside the
+// helper's start rather than after it, the wait hides most of it; the
+// helper execs only once the agent says the joins are done. The helper
+// reports a failure on a pipe that the exec closes, so the agent knows the
+// confinement took hold before it trusts the process.
 //
 // The agent keeps root. Without root, or off Linux, confinement is off and
 // New says why.
@@ -67,7 +71,7 @@ type Jailer struct {
 func New(cfg Config, h Host) (*Jailer, error) {
 	j := &Jailer{cfg: cfg, host: h}
 	switch {
-	case !cfg.Enabled:
+	case !cfg.On():
 		j.off = "jail.enabled is false: VMs run unconfined, as root, with every capability"
 		return j, nil
 	case runtime.GOOS != "linux":
@@ -308,8 +312,6 @@ type helperSpec struct {
 	Devices      []helperDevice
 	Proc         bool
 	MemlockBytes uint64
-	// JoinFiles are the v1 cgroup.procs files the helper writes its pid to.
-	JoinFiles []string
 }
 
 type helperDevice struct {

@@ -553,8 +553,13 @@ func TestKillCgroup(t *testing.T) {
 					t.Errorf("pid %d survived the kill", p)
 				}
 			}
-			// The cgroup stays usable: its limits are back.
+			// The cgroup stays usable: its limits are back, and a process
+			// started in it after the kill runs (a VM stopped and started).
 			checkLimits(t, j.Layout(), j.CgroupName("f"), j.Config().Limits(128, 1))
+			again := spawn(t, v, jail.Exec{Devices: []string{"/dev/null"}}, "sleep", filepath.Join(base, "again.log"))
+			if in, err := v.Cgroup().Contains(again.Pid); err != nil || !in {
+				t.Errorf("a process started after the kill is not in the cgroup (%v)", err)
+			}
 			if err := v.Destroy(bounded(t)); err != nil {
 				t.Fatal(err)
 			}

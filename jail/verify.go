@@ -53,8 +53,8 @@ func (v *VM) check(status string, cgroup []byte, mountNS string) error {
 	if st["NoNewPrivs"] != "1" {
 		errs = append(errs, fmt.Errorf("NoNewPrivs is %q, not 1", st["NoNewPrivs"]))
 	}
-	if !cgroupListed(cgroup, v.cgroup.Name()) {
-		errs = append(errs, fmt.Errorf("not in cgroup %s", v.cgroup.Name()))
+	if missing := v.cgroup.notIn(cgroup); len(missing) > 0 {
+		errs = append(errs, fmt.Errorf("not in cgroup %s in hierarchies %s", v.cgroup.Name(), strings.Join(missing, ", ")))
 	}
 	if self, err := os.Readlink("/proc/self/ns/mnt"); err != nil || self == mountNS {
 		errs = append(errs, fmt.Errorf("in the agent's mount namespace (%v)", err))

@@ -30,6 +30,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"vmhost/internal/nofollow"
 )
 
 // ErrClosed is wrapped by the errors of calls that could not complete
@@ -146,8 +148,8 @@ type Client struct {
 // Dial connects to the QMP monitor at the unix socket path and negotiates
 // capabilities. ctx bounds the connect and the handshake only.
 func Dial(ctx context.Context, path string) (*Client, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "unix", path)
+	// The socket is in a directory a confined VM owns: no link is followed.
+	conn, err := nofollow.DialUnix(ctx, path)
 	if err != nil {
 		return nil, fmt.Errorf("dialing qmp socket %s: %w", path, err)
 	}

@@ -84,6 +84,10 @@ type QSDConfig struct {
 	QMPSocket string // the monitor socket to create
 	PidFile   string // written and locked by QSD
 	LogFile   string // QSD's stdout and stderr, appended
+
+	// Confine, when set, starts QSD confined (package jail gives the VM's
+	// jail); nil starts it as the agent's own child.
+	Confine proc.Confiner
 }
 
 // Args returns QSD's command line (without PreArgs) for cfg. Options are
@@ -238,6 +242,7 @@ func LaunchQSD(ctx context.Context, cfg QSDConfig) (_ *QSD, err error) {
 		Args:    append(append([]string(nil), cfg.PreArgs...), cfg.Args(!grow)...),
 		Env:     cfg.Env,
 		LogFile: cfg.LogFile,
+		Confine: cfg.Confine,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("launching qemu-storage-daemon: %w", err)

@@ -69,6 +69,11 @@ type Options struct {
 	// Simulate lists the programs replaced by their simulators: "ch",
 	// "qsd" (comma-separated; "none"; --dev defaults to both).
 	Simulate string
+	// Simulator is the vmhost executable that runs the simulators; empty
+	// means this one.
+	Simulator string
+	// SimCHArgs are more arguments for `vmhost sim-ch` (its --sim-* flags).
+	SimCHArgs []string
 	// TLS are the --tls-* flags; each one set overrides its config key.
 	TLS TLSFiles
 	// Notifier tells systemd (Type=notify) when the server is ready,
@@ -103,9 +108,12 @@ type Env struct {
 	// ifaliases and nftables tables through tap.Config.AgentID, cgroup
 	// directories), and the agent reaps only objects carrying it.
 	AgentID string
-	// SimCH and SimQSD run chsim and qsdsim (this executable) instead of
-	// the configured binaries.
+	// SimCH and SimQSD run chsim and qsdsim (Simulator, or this
+	// executable) instead of the configured binaries; SimCHArgs are more
+	// arguments for chsim.
 	SimCH, SimQSD bool
+	Simulator     string
+	SimCHArgs     []string
 	// DevBridge is the bridge --dev uses when running as root (the
 	// default network's), which the server has made, marked with the
 	// agent id, before building the service; empty outside dev mode or
@@ -231,7 +239,8 @@ func Run(o Options, newService NewService) error {
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
-	env := Env{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log, AgentID: agent, Dev: o.Dev}
+	env := Env{StateDir: stateDir, RunDir: runDir, Config: cfg, Store: st, Keys: keys, Log: log, AgentID: agent, Dev: o.Dev,
+		Simulator: o.Simulator, SimCHArgs: o.SimCHArgs}
 	for _, p := range strings.Split(o.Simulate, ",") {
 		switch strings.TrimSpace(p) {
 		case "", "none":
@@ -250,7 +259,7 @@ func Run(o Options, newService NewService) error {
 	}
 	if o.Doctor != nil {
 		h := *o.Doctor
-		h.Config, h.StateDir, h.SimulateCH, h.SimulateQSD = cfg, stateDir, env.SimCH, env.SimQSD
+		h.Config, h.StateDir, h.RunDir, h.SimulateCH, h.SimulateQSD = cfg, stateDir, runDir, env.SimCH, env.SimQSD
 		checkHost(log, doctor.Run(context.Background(), h), o.Dev)
 	}
 

@@ -23,6 +23,9 @@ func New(cfg *Config) *Handle { return &Handle{} }
 // Create fails with ErrNotSupported.
 func (h *Handle) Create(ctx context.Context, cfg TapConfig) error { return ErrNotSupported }
 
+// SetOwner fails with ErrNotSupported.
+func (h *Handle) SetOwner(ctx context.Context, name string, uid int) error { return ErrNotSupported }
+
 // Delete fails with ErrNotSupported.
 func (h *Handle) Delete(ctx context.Context, name string) error { return ErrNotSupported }
 

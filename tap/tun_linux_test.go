@@ -304,3 +304,40 @@ func TestIntegrationIsolation(t *testing.T) {
 		})
 	}
 }
+
+// SetOwner gives an existing tap (one made before VMs were confined) to a
+// VM's uid, single- or multi-queue, and refuses a missing tap or a bridge.
+func TestIntegrationSetOwner(t *testing.T) {
+	ns := newTestNS(t)
+	ctx := t.Context()
+	for _, mq := range []bool{false, true} {
+		cfg := TapConfig{Name: "tset", VMID: "vm1", MultiQueue: mq}
+		if err := ns.h.Create(ctx, cfg); err != nil {
+			t.Fatal(err)
+		}
+		if err := ns.h.SetOwner(ctx, "tset", 1000042); err != nil {
+			t.Fatalf("SetOwner (multi-queue %t) = %v", mq, err)
+		}
+		if l := ns.link("tset"); l.Owner != 1000042 || l.MultiQueue != mq {
+			t.Errorf("tap owner %d, multi-queue %t; want 1000042, %t", l.Owner, l.MultiQueue, mq)
+		}
+		// Creating it again for that owner is the same tap.
+		cfg.Owner = 1000042
+		if err := ns.h.Create(ctx, cfg); err != nil {
+			t.Errorf("Create with the new owner = %v", err)
+		}
+		if err := ns.h.Delete(ctx, "tset"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := ns.h.SetOwner(ctx, "tgone", 1000042); err == nil {
+		t.Error("SetOwner of a missing tap succeeded")
+	}
+	if _, err := getLink(ns.c, "tgone", 0); !isNotExist(err) {
+		t.Errorf("after SetOwner of a missing tap: %v, want it still missing", err)
+	}
+	ns.mustBridge("br0")
+	if err := ns.h.SetOwner(ctx, "br0", 1000042); !errors.Is(err, ErrConflict) {
+		t.Errorf("SetOwner of a bridge = %v, want ErrConflict", err)
+	}
+}

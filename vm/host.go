@@ -5,6 +5,7 @@ import (
 	"errors"
 
 	"vmhost/snapshot"
+	"vmhost/vm/record"
 )
 
 // Host is the work a VM needs done on the host: disk copies, data volumes,
@@ -48,6 +49,9 @@ type Host interface {
 	// Counters reads the device counters of a running or paused VM
 	// (Cloud Hypervisor's vm.counters: device id → counter → value).
 	Counters(ctx context.Context, rec *Record) (map[string]map[string]uint64, error)
+	// Usage reads what a confined VM's processes use now (its cgroup's
+	// counters); nil, with no error, for a VM that runs unconfined.
+	Usage(rec *Record) (*record.Usage, error)
 	// HotAttach plugs volume key of rec, a running or paused VM (recorded
 	// with Pending attach), into it: the storage daemon exports the image,
 	// CH adds the disk, and a running AppVM's guest mounts it. On failure
@@ -111,6 +115,9 @@ func (NoHost) Rollback(context.Context, *Record) error { return nil }
 func (NoHost) Balloon(_ context.Context, rec *Record, _ uint64) error {
 	return RunsNoVMs("balloon", rec)
 }
+
+// Usage has nothing to read: no VM runs here.
+func (NoHost) Usage(*Record) (*record.Usage, error) { return nil, nil }
 
 // Counters refuses: no VM runs here.
 func (NoHost) Counters(_ context.Context, rec *Record) (map[string]map[string]uint64, error) {

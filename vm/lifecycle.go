@@ -135,6 +135,16 @@ func (s *Service) Counters(ctx context.Context, rec *Record) (map[string]map[str
 	return s.o.Host.Counters(ctx, rec)
 }
 
+// Usage reads what the processes of rec, a running or paused VM, use now
+// (its cgroup's counters); nil for one that is not running or runs
+// unconfined.
+func (s *Service) Usage(rec *Record) (*Usage, error) {
+	if rec.State != StateRunning && rec.State != StatePaused {
+		return nil, nil
+	}
+	return s.o.Host.Usage(rec)
+}
+
 // Delete removes the VM id of family mode: everything it owns on the host,
 // then its record. A running or paused VM is refused (*StateError) unless
 // force is set, and so is one whose provisioning is still in progress:

@@ -33,6 +33,8 @@ type (
 	Runtime       = record.Runtime
 	CHRuntime     = record.CHRuntime
 	QSDRuntime    = record.QSDRuntime
+	Confinement   = record.Confinement
+	Usage         = record.Usage
 
 	Spec          = record.Spec
 	DiskSpec      = record.DiskSpec

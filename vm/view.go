@@ -54,6 +54,9 @@ type View struct {
 	// Labels are the VM's labels (docs/api.md, Labels); omitted when it
 	// has none.
 	Labels map[string]string `json:"labels,omitempty"`
+	// Confinement is the VM's jail; absent while its processes run
+	// unconfined.
+	Confinement *record.Confinement `json:"confinement,omitempty"`
 
 	store viewStore
 }
@@ -178,6 +181,7 @@ func (s *Service) ViewInto(v *View, rec *Record, o ViewOptions) {
 		ShuttingDown:  rec.ShuttingDown,
 		BalloonMB:     rec.BalloonMB,
 		Labels:        sp.Labels, // records are never modified
+		Confinement:   rec.Jail,  // records are never modified
 		store:         st,
 	}
 	if rec.GuestPanickedAt != nil {

@@ -2,7 +2,9 @@ package chsim
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"syscall"
@@ -37,6 +39,12 @@ import (
 //	                              eject requests: vm.remove-device on a booted VM answers 204
 //	                              but nothing is removed and no vm device-removed follows (a
 //	                              request made meanwhile is lost; a later one is honoured)
+//	PUT /sim/v1/open              {"path","write"?}: the process opens path (read-only, or
+//	                              read-write): 204 when it could, 409 {"error","errno"} when
+//	                              not (what a VMM taken over by its guest could reach)
+//	PUT /sim/v1/hog               {"mb":N}: the process allocates and touches N MiB and keeps
+//	                              them (a runaway VMM): 204 once touched, unless a memory
+//	                              limit kills it first
 //	PUT /sim/v1/power-button      {"ignore":true|false}: while ignoring, a classic guest that
 //	                              is up does nothing on the ACPI power button (vm.power-button
 //	                              answers 204); otherwise it powers off 50 ms after the press,
@@ -61,6 +69,9 @@ func (s *sim) control(r *request) (response, func()) {
 		Data   string  `json:"data"`
 		Port   *uint32 `json:"port"`
 		Refuse *bool   `json:"refuse"`
+		Path   string  `json:"path"`
+		Write  bool    `json:"write"`
+		MB     int     `json:"mb"`
 		Ignore *bool   `json:"ignore"`
 		// Devices (activate): the ids of the devices the guest's drivers take.
 		Devices []string `json:"devices"`
@@ -203,6 +214,34 @@ func (s *sim) control(r *request) (response, func()) {
 		if err := s.signalAgentOnly(syscall.Signal(body.Signal)); err != nil {
 			return controlError(http.StatusConflict, err.Error()), nil
 		}
+		return noContent(), nil
+	case "open":
+		if body.Path == "" {
+			return controlError(http.StatusBadRequest, "path is required"), nil
+		}
+		flag := os.O_RDONLY
+		if body.Write {
+			flag = os.O_RDWR
+		}
+		f, err := os.OpenFile(body.Path, flag, 0)
+		if err != nil {
+			var errno syscall.Errno
+			errors.As(err, &errno)
+			return jsonResponse(http.StatusConflict, map[string]any{"error": err.Error(), "errno": int(errno)}), nil
+		}
+		f.Close()
+		return noContent(), nil
+	case "hog":
+		if body.MB <= 0 {
+			return controlError(http.StatusBadRequest, "mb must be positive"), nil
+		}
+		b := make([]byte, body.MB<<20)
+		for i := 0; i < len(b); i += 4096 {
+			b[i] = 1
+		}
+		s.mu.Lock()
+		s.hogged = append(s.hogged, b)
+		s.mu.Unlock()
 		return noContent(), nil
 	case "vsock/listen", "vsock/unlisten":
 		port, bad := needPort()

@@ -44,6 +44,19 @@ func (s *sim) dhcpAck(req dhcpAckRequest) error {
 	if tap == "" {
 		return fmt.Errorf("no net device %q with a tap", req.Net)
 	}
+	return sendDHCPAck(tap, mac, req)
+}
+
+// SendDHCPAck sends on tap a DHCP ACK leasing ip to the guest whose MAC is
+// guestMAC, from the DHCP server at server, as PUT /sim/v1/dhcp-ack does
+// (defaults for the rest). It needs CAP_NET_RAW in the tap's network
+// namespace, which a confined simulator lacks: a test running as root
+// calls it there itself.
+func SendDHCPAck(tap, guestMAC, ip, server string) error {
+	return sendDHCPAck(tap, guestMAC, dhcpAckRequest{IP: ip, Server: server})
+}
+
+func sendDHCPAck(tap, mac string, req dhcpAckRequest) error {
 	frame, err := buildDHCPAck(req, mac)
 	if err != nil {
 		return err

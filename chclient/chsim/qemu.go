@@ -201,6 +201,14 @@ func (s *sim) startQemu(incoming *os.File) (_ *qemuVM, err error) {
 		extra = append(extra, serialChild)
 		l.SerialFD = 4
 	}
+	l.TapMTU = map[string]int{}
+	for _, n := range s.vm.Net {
+		if n.Tap != nil && n.Mtu == nil {
+			if ifi, err := net.InterfaceByName(*n.Tap); err == nil {
+				l.TapMTU[*n.Tap] = ifi.MTU
+			}
+		}
+	}
 	args, devs, err := qemuArgs(s.vm, s.bdfs, l)
 	if err != nil {
 		qmpParent.Close()
@@ -675,4 +683,52 @@ func (s *sim) buildVersion() string {
 		return "v53.0-chsim-qemu"
 	}
 	return "v53.0-chsim"
+}
+
+// ProcessGuests reports whether the simulator, run with the flags args
+// (its --sim-* flags), runs its guests as processes on the host (the sim
+// backend, whose AppVM guest agent runs the workload as a host process)
+// rather than in qemu.
+func ProcessGuests(args []string) (bool, error) {
+	cfg, err := parseArgs(append(slices.Clip(args), "--api-socket", "path=/dev/null"))
+	if err != nil {
+		return false, err
+	}
+	return cfg.Backend != BackendQemu, nil
+}
+
+// HostPrograms lists the programs the simulator, run with the flags args
+// (its --sim-* flags; the rest may be left out), starts on the host
+// besides itself, found as it finds them: with the qemu backend, qemu and
+// vhost-device-vsock. The agent makes them reachable where the simulator
+// runs confined. A program that cannot be found is left out: the boot that
+// needs it fails then, saying so.
+func HostPrograms(args []string) ([]string, error) {
+	cfg, err := parseArgs(append(slices.Clip(args), "--api-socket", "path=/dev/null"))
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Backend != BackendQemu {
+		return nil, nil
+	}
+	var progs []string
+	qemu := cfg.Qemu
+	if qemu == "" {
+		qemu = "qemu-system-x86_64"
+	}
+	if p, err := exec.LookPath(qemu); err == nil {
+		progs = append(progs, p)
+	}
+	vsock := cfg.VsockBackend
+	if vsock == "" {
+		if p, err := exec.LookPath("vhost-device-vsock"); err == nil {
+			vsock = p
+		} else {
+			vsock = DefaultVsockBackend
+		}
+	}
+	if _, err := os.Stat(vsock); err == nil {
+		progs = append(progs, vsock)
+	}
+	return progs, nil
 }

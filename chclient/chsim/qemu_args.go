@@ -12,6 +12,9 @@ type qemuLaunch struct {
 	QMPFD        int    // qemu's end of the QMP socketpair, as numbered in the child
 	SerialFD     int    // qemu's end of the serial relay socketpair; -1 without a Socket serial
 	VsockBackend string // vhost-user socket of vhost-device-vsock; "" without vsock
+	// TapMTU is the MTU of each tap (by name) a net without mtu uses: CH
+	// then advertises the tap's own MTU to the guest, as host_mtu does.
+	TapMTU map[string]int
 }
 
 // qemuDevice ties one device of the CH config to its qemu id, so events about the qemu
@@ -271,6 +274,8 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 		}
 		if n.Mtu != nil {
 			props = append(props, fmt.Sprintf("host_mtu=%d", *n.Mtu))
+		} else if mtu := l.TapMTU[*n.Tap]; mtu != 0 {
+			props = append(props, fmt.Sprintf("host_mtu=%d", mtu))
 		}
 		if !n.OffloadCsum {
 			props = append(props, "csum=off", "guest_csum=off")

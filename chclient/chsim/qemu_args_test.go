@@ -80,8 +80,10 @@ func TestQemuArgsGolden(t *testing.T) {
 			`"firmware": "/usr/share/OVMF/OVMF_CODE.fd",`, 1),
 			qemuLaunch{Accel: "tcg", QMPFD: 3, SerialFD: 4, VsockBackend: "/run/vmhost/vms/web1/vsock.sock.vhost-user"},
 			"_disk0=ch_disk0 _disk1=ch_disk1 _disk2=ch_disk2 _net3=ch_net3 __rng=ch__rng _vsock4=ch_vsock4"},
+		// Its net has no mtu (as the engine sends it): the tap's MTU is
+		// advertised, as CH does.
 		{"appvm", appVMConfig, qemuLaunch{Accel: "kvm", QMPFD: 3, SerialFD: 4,
-			VsockBackend: "/run/vmhost/vms/app1/vsock.sock.vhost-user"},
+			VsockBackend: "/run/vmhost/vms/app1/vsock.sock.vhost-user", TapMTU: map[string]int{"vmt-app1-0": 9000}},
 			"_disk0=ch_disk0 _disk1=ch_disk1 _net2=ch_net2 __rng=ch__rng _vsock3=ch_vsock3"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

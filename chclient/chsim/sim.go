@@ -337,6 +337,8 @@ type sim struct {
 	// refuseEject (/sim/v1/eject): the simulated guest ignores eject requests, so
 	// vm.remove-device on a booted VM removes nothing.
 	refuseEject bool
+	// hogged is memory /sim/v1/hog allocated, kept so it stays charged.
+	hogged [][]byte
 	// ignorePowerButton (/sim/v1/power-button): the simulated classic guest's OS ignores
 	// the ACPI power button, as one without acpid or systemd-logind would.
 	ignorePowerButton bool

@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -510,4 +511,27 @@ func TestEjectRefused(t *testing.T) {
 	if got := disks(); got != "_disk0" {
 		t.Errorf("disks after the eject = %s, want _disk0", got)
 	}
+}
+
+// TestOpenAndHog: /sim/v1/open tries an open from inside the simulator's
+// process and reports the errno; /sim/v1/hog makes the process take and
+// touch memory (the tests of the VM's jail use both on a confined one).
+func TestOpenAndHog(t *testing.T) {
+	p := startSim(t)
+	readable := filepath.Join(p.dir, "readable")
+	if err := os.WriteFile(readable, nil, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	p.wantStatus("PUT", "/sim/v1/open", fmt.Sprintf(`{"path":%q}`, readable), 204)
+	var res struct {
+		Error string `json:"error"`
+		Errno int    `json:"errno"`
+	}
+	json.Unmarshal(p.wantStatus("PUT", "/sim/v1/open", fmt.Sprintf(`{"path":%q}`, filepath.Join(p.dir, "missing")), 409), &res)
+	if res.Errno != int(syscall.ENOENT) || !strings.Contains(res.Error, "missing") {
+		t.Errorf("open of a missing file: %+v, want ENOENT", res)
+	}
+	p.wantStatus("PUT", "/sim/v1/open", `{}`, 400)
+	p.wantStatus("PUT", "/sim/v1/hog", `{"mb":8}`, 204)
+	p.wantStatus("PUT", "/sim/v1/hog", `{"mb":0}`, 400)
 }

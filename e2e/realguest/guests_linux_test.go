@@ -126,6 +126,7 @@ func classicStatic(l *lane, a artifacts) {
 	l.waitView("/api/vms", id, "display running", bootTimeout, func(v vmView) bool { return v.DisplayState == "running" })
 	phase(t, "classic static: running", start)
 	l.waitSSH("lane", staticIP, bootTimeout)
+	l.checkConfined("/api/vms", id)
 	phase(t, "classic static: ssh answers", start)
 	l.checkActivations(id)
 
@@ -244,6 +245,7 @@ func classicDHCP(l *lane, a artifacts) {
 		t.Errorf("discovered_ipv4 = %q, want the snooped %s", v.DiscoveredIPv4, ip)
 	}
 	l.waitSSH("lane", ip, bootTimeout)
+	l.checkConfined("/api/vms", id)
 	if out, err := l.ssh("lane", ip, "hostname; ip -4 -o addr show"); err != nil ||
 		!strings.Contains(out, "lane-dhcp-host") || !strings.Contains(out, ip+"/24") {
 		t.Errorf("dhcp guest: %q (%v), want hostname lane-dhcp-host and address %s/24", out, err, ip)
@@ -341,6 +343,7 @@ func appVM(l *lane, a artifacts) {
 		return v.DisplayState == "running"
 	})
 	phase(t, "appvm: running", start)
+	l.checkConfined(prefix, id)
 	l.checkOverlay(id) // the default appvm_root_disk
 	suspendAppVMRefused(l, id)
 
@@ -399,6 +402,7 @@ func appVM(l *lane, a artifacts) {
 	})
 	l.must("DELETE", prefix+"/"+id+"/volumes/data1", "", http.StatusOK)
 	phase(t, "appvm: volume hot-plug", start)
+	l.checkConfined(prefix, id) // the hot-plugged volume changed nothing of it
 
 	// The ACPI power button, pressed on the hypervisor behind vmhost's
 	// back: the guest agent stops the workload gracefully (its TERM trap

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"vmhost/disk"
+	"vmhost/jail"
 )
 
 // The lane's network: the bridge and the dnsmasq live in the test's
@@ -113,6 +114,7 @@ type lane struct {
 	serve    *exec.Cmd
 	serveLog *bytes.Buffer
 	hc       *http.Client
+	vsock    string // vhost-device-vsock, which the simulator's qemu backend runs
 }
 
 func TestRealGuests(t *testing.T) {
@@ -157,7 +159,7 @@ func setUp(t *testing.T, a artifacts) *lane {
 	}
 	l := &lane{t: t, dir: dir, ns: fmt.Sprintf("vhl%d", os.Getpid()), bin: dir + "/vmhost",
 		stateDir: dir + "/state", runDir: dir + "/run", sock: dir + "/api.sock", leases: dir + "/dnsmasq.leases",
-		serveLog: new(bytes.Buffer)}
+		serveLog: new(bytes.Buffer), vsock: a.vsock}
 	t.Cleanup(l.tearDown)
 
 	// The initramfs's /init is this binary: it must be static.
@@ -192,11 +194,6 @@ func setUp(t *testing.T, a artifacts) *lane {
 	}
 	l.sshPub = strings.TrimSpace(string(pub))
 
-	wrapper := dir + "/cloud-hypervisor"
-	script := fmt.Sprintf("#!/bin/sh\nexec %s sim-ch --sim-backend qemu --sim-vsock-backend %s \"$@\"\n", l.bin, a.vsock)
-	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
 	qsd, _ := exec.LookPath("qemu-storage-daemon")
 	cfg := map[string]any{
 		"networks":        []any{map[string]any{"id": "lane", "bridge": bridge}},
@@ -209,7 +206,11 @@ func setUp(t *testing.T, a artifacts) *lane {
 		"boot_timeout_secs": 300,
 		// The guest image lives in the lane's cache, OVMF in Debian's ovmf.
 		"host_path_roots": []string{a.cache, filepath.Dir(ovmf)},
-		"binaries":        map[string]any{"cloud_hypervisor": wrapper, "qemu_storage_daemon": qsd},
+		"binaries":        map[string]any{"qemu_storage_daemon": qsd},
+		// The VMs run confined (the agent is root). qemu under TCG, which
+		// stands in for Cloud Hypervisor here, keeps a translation cache
+		// of its own that CH has not: more room beside guest memory.
+		"jail": map[string]any{"memory_overhead_mb": 1024},
 	}
 	b, _ := json.MarshalIndent(cfg, "", "  ")
 	if err := os.WriteFile(dir+"/config.json", b, 0o600); err != nil {
@@ -237,8 +238,15 @@ func setUp(t *testing.T, a artifacts) *lane {
 // startServe starts vmhost serve in the namespace and waits until it
 // answers.
 func (l *lane) startServe() {
-	l.serve = exec.Command("ip", "netns", "exec", l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
-		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", l.dir+"/config.json")
+	// Cloud Hypervisor is the simulator with its qemu backend: the agent
+	// runs it, confined, as it runs CH (--simulate ch), and gives its jail
+	// what the backend runs (qemu, vhost-device-vsock). The agent enters
+	// the namespace's network only: `ip netns exec` would also mount a
+	// sysfs of the namespace over /sys, hiding the cgroup hierarchies
+	// under /sys/fs/cgroup that confinement needs.
+	l.serve = exec.Command("nsenter", "--net=/run/netns/"+l.ns, l.bin, "serve", "--listen", "unix:"+l.sock,
+		"--state-dir", l.stateDir, "--run-dir", l.runDir, "--config", l.dir+"/config.json",
+		"--simulate", "ch", "--sim-ch-args", "--sim-backend qemu --sim-vsock-backend "+l.vsock)
 	l.serve.Stdout, l.serve.Stderr = l.serveLog, l.serveLog
 	l.serve.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := l.serve.Start(); err != nil {
@@ -290,6 +298,7 @@ func (l *lane) tearDown() {
 	for _, pid := range pidsMentioning(l.dir + "/") {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
+	l.removeCgroups()
 	if l.t.Failed() {
 		l.t.Logf("vmhost serve output (tail):\n%s", tail(l.serveLog.Bytes(), 8000))
 		logs, _ := filepath.Glob(l.runDir + "/vms/*/*.log*")
@@ -370,8 +379,13 @@ func (l *lane) poll(what string, timeout time.Duration, cond func() bool) {
 
 // vmView is the part of a VM view (classic or AppVM) the lane reads.
 type vmView struct {
-	ID             string `json:"id"`
-	State          string `json:"state"`
+	ID          string `json:"id"`
+	PID         int    `json:"pid"`
+	State       string `json:"state"`
+	Confinement *struct {
+		UID    uint32 `json:"uid"`
+		Cgroup string `json:"cgroup"`
+	} `json:"confinement"`
 	DisplayState   string `json:"display_state"`
 	DiscoveredIPv4 string `json:"discovered_ipv4"`
 	BalloonMB      uint64 `json:"balloon_mb"`
@@ -492,9 +506,92 @@ func (l *lane) deleteVM(prefix, id string) {
 			l.t.Errorf("%s: tap %s still exists after delete", id, n.TapName)
 		}
 	}
-	for _, p := range []string{l.runDir + "/vms/" + id, l.stateDir + "/vms/" + id, l.stateDir + "/vms/" + id + ".json"} {
+	for _, p := range []string{l.runDir + "/vms/" + id, l.stateDir + "/vms/" + id, l.stateDir + "/vms/" + id + ".json", l.runDir + "/jail/" + id} {
 		if _, err := os.Stat(p); err == nil {
 			l.t.Errorf("%s: %s still exists after delete", id, p)
+		}
+	}
+	if v.Confinement != nil {
+		if cg, err := jail.DetectLayout(); err == nil {
+			if d := cgroupDir(cg, v.Confinement.Cgroup); d != "" {
+				if _, err := os.Stat(d); err == nil {
+					l.t.Errorf("%s: its cgroup %s still exists after delete", id, d)
+				}
+			}
+		}
+	}
+}
+
+// removeCgroups removes the cgroups of the lane's agent (VMs outlive the
+// agent, so those of VMs a failed lane did not delete are left), once
+// their processes are gone.
+func (l *lane) removeCgroups() {
+	b, err := os.ReadFile(l.stateDir + "/agent_id")
+	if err != nil {
+		return
+	}
+	agent := strings.TrimSpace(string(b))
+	j, err := jail.New(jail.DefaultConfig(), jail.Host{RunDir: l.runDir, AgentID: agent})
+	if err != nil || !j.Enabled() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ids, _ := j.Leftovers()
+	for _, id := range ids {
+		if err := j.Destroy(ctx, id); err != nil {
+			l.t.Logf("removing the cgroup of VM %s: %v", id, err)
+		}
+	}
+	j.Layout().Cgroup(jail.DefaultConfig().CgroupParent + "/" + agent).Remove(ctx)
+}
+
+// cgroupDir is the directory of cgroup name where its memory limit is.
+func cgroupDir(l jail.Layout, name string) string {
+	if l.UnifiedLimits {
+		return filepath.Join(l.Unified, name)
+	}
+	if l.V1["memory"] == "" {
+		return ""
+	}
+	return filepath.Join(l.V1["memory"], name)
+}
+
+// checkConfined checks that every process of the running VM id (its Cloud
+// Hypervisor stand-in, the qemu and vhost-device-vsock it runs, and the
+// real qemu-storage-daemon) runs as the VM's uid, without capabilities,
+// with no_new_privs, in the VM's cgroup.
+func (l *lane) checkConfined(prefix, id string) {
+	l.t.Helper()
+	v, _ := l.view(prefix, id)
+	if v.Confinement == nil {
+		l.t.Errorf("%s: no confinement in its view: the agent runs as root, its VMs must be confined", id)
+		return
+	}
+	uid := fmt.Sprint(v.Confinement.UID)
+	procs := pidsMentioning(l.runDir + "/vms/" + id + "/")
+	if len(procs) < 3 {
+		l.t.Errorf("%s: processes %v, want CH, qemu and QSD at least", id, l.vmProcesses(id))
+	}
+	for _, pid := range procs {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			continue
+		}
+		cg, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		st := map[string]string{}
+		for _, line := range strings.Split(string(status), "\n") {
+			if k, val, ok := strings.Cut(line, ":"); ok {
+				st[k] = strings.TrimSpace(val)
+			}
+		}
+		ok := strings.Fields(st["Uid"])[0] == uid && strings.Fields(st["Gid"])[0] == uid && st["CapEff"] == "0000000000000000" &&
+			st["CapPrm"] == "0000000000000000" && st["CapBnd"] == "0000000000000000" && st["NoNewPrivs"] == "1" &&
+			strings.Contains(string(cg), ":/"+v.Confinement.Cgroup+"\n")
+		if !ok {
+			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+			l.t.Errorf("%s: process %d (%s) is not confined as uid %s in %s: Uid %q CapEff %q CapBnd %q NoNewPrivs %q, cgroups:\n%s",
+				id, pid, bytes.ReplaceAll(cmd, []byte{0}, []byte{' '}), uid, v.Confinement.Cgroup, st["Uid"], st["CapEff"], st["CapBnd"], st["NoNewPrivs"], cg)
 		}
 	}
 }

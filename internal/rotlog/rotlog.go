@@ -31,6 +31,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"vmhost/internal/atomicfile"
 )
@@ -77,7 +78,9 @@ func Open(path string, o Options) (*File, error) {
 }
 
 func openAppend(path string, flag int) (*os.File, int64, error) {
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|flag, 0o600)
+	// O_NOFOLLOW: a log may be in a directory a confined VM owns (the
+	// console's), where a link would make the agent write elsewhere.
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW|flag, 0o600)
 	if err != nil {
 		return nil, 0, err
 	}

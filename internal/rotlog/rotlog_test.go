@@ -249,3 +249,47 @@ func TestConcurrentRecords(t *testing.T) {
 		t.Errorf("%d records kept of 1600 with a 64 KiB cap; want both generations full", len(lines))
 	}
 }
+
+// A log in a directory a confined VM owns may be swapped for a link to a
+// file of the host: opening refuses to follow it, and a rotation moves it
+// aside, so the target is neither written nor truncated.
+func TestLinkIsNotFollowed(t *testing.T) {
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("keep"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "console.log")
+	if err := os.Symlink(secret, path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Open(path, Options{MaxBytes: 4}); err == nil {
+		t.Error("Open followed a link")
+	}
+	os.Remove(path)
+	l, err := Open(path, Options{MaxBytes: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(secret, path); err != nil { // swapped while in use
+		t.Fatal(err)
+	}
+	// The rotation moves the link aside (a rename does not follow it) and
+	// starts a file of its own.
+	if err := l.Rotate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Write([]byte("boot")); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Lstat(path); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("after the rotation %s is %v (%v), want a regular file", path, fi, err)
+	}
+	if b, _ := os.ReadFile(secret); string(b) != "keep" {
+		t.Errorf("the link's target holds %q", b)
+	}
+}

@@ -48,7 +48,7 @@ const netRefillMillis = 100
 //     The classic VM's sign of life is the first `virtio-device activated`
 //     of any device: CH v53 announces none for vhost-user disks, but does
 //     for the seed, the NICs and the balloon every VM has.
-//   - net: the recorded tap and MAC, the resolved MTU, and for
+//   - net: the recorded tap and MAC (the tap carries the resolved MTU), and for
 //     rate_limit_mbps a bandwidth bucket refilled every 100 ms holding
 //     mbps × 125 × 100 bytes (mbps × 10^6 / 8 bytes per second).
 //   - serial on console.sock, console off, pvpanic, platform serial_number,
@@ -128,7 +128,11 @@ func CHConfig(rec *record.Record, cfg *config.Config, l record.Layout, host CHCo
 			np = &sp.Nets[i]
 		}
 		nv := record.ResolveNet(cfg, np, nic)
-		n := chclient.NetConfig{Tap: nic.Tap, Mac: nic.MAC, Mtu: int(nv.MTU)}
+		// No mtu: given one, CH sets it on the tap (SIOCSIFMTU), which a
+		// confined CH may not; without, it advertises the tap's, which the
+		// agent set when it made the tap. No host_mac either: CH would set
+		// that too; it reads the tap's.
+		n := chclient.NetConfig{Tap: nic.Tap, Mac: nic.MAC}
 		if nv.RateLimitMbps != nil && *nv.RateLimitMbps > 0 {
 			n.RateLimiterConfig = &chclient.RateLimiterConfig{Bandwidth: &chclient.TokenBucket{
 				Size: uint64(*nv.RateLimitMbps) * 125 * netRefillMillis, RefillTime: netRefillMillis}}

@@ -26,6 +26,16 @@
 // rolls back a synchronous create by name, and redoes the unrecorded
 // steps of a background one (each step can be redone).
 //
+// # Confinement
+//
+// With Options.Jail enabled (an agent running as root), every VM's
+// qemu-storage-daemon and Cloud Hypervisor run confined (package jail): a
+// uid and gid of the VM's own, recorded first thing in its provision so
+// the records are the intent of every cgroup and uid on the host; no
+// capabilities; a private root of only their files; one cgroup with the
+// VM's limits, killed at a stop and removed at a delete. jail.go says what
+// each process gets and what the VM owns.
+//
 // # Supervision and recovery
 //
 // Every running or paused VM has one monitor: the CH child's exit (or, for

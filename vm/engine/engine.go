@@ -17,6 +17,7 @@ import (
 
 	"vmhost/config"
 	"vmhost/disk"
+	"vmhost/jail"
 	"vmhost/qcow2"
 	"vmhost/qmp"
 	"vmhost/seed"
@@ -33,6 +34,15 @@ type Program struct {
 	PreArgs []string
 	// Env is the program's environment; nil means the agent's.
 	Env []string
+	// Jail is what the program needs in a VM's jail beyond what the
+	// engine gives every VM's process of its kind (its binds and
+	// devices; the program's own files are found by jail.ExecFiles): a
+	// simulator's guest side, say.
+	Jail jail.Exec
+	// ExecRunDir mounts the VM's run directory executable in the
+	// program's jail (noexec otherwise): the simulator in dev mode runs
+	// the workload from the image tree the engine unpacks there.
+	ExecRunDir bool
 }
 
 // Options configure an Engine. Config, Records, StateDir and RunDir are
@@ -56,6 +66,9 @@ type Options struct {
 	// interface then fails with a HostNetwork error carrying NoTapsReason.
 	Taps         *tap.Handle
 	NoTapsReason string
+	// Jail confines the VMs' processes (jail.go); nil, or a Jailer that
+	// is not Enabled, runs them unconfined.
+	Jail *jail.Jailer
 	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
 	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int
@@ -113,6 +126,11 @@ type Engine struct {
 	cidMu     sync.Mutex
 	cidsGiven map[string]uint32
 
+	// jailMu guards jailGiven: the jail ids allocated whose records are
+	// not stored yet (jail.go).
+	jailMu    sync.Mutex
+	jailGiven map[uint32]bool
+
 	// mu guards live: the qemu-storage-daemon of each VM that is
 	// provisioned but not running (a running VM's monitor owns its
 	// processes).
@@ -163,7 +181,7 @@ func New(o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("opening image cache: %w", err)
 	}
-	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, recs: o.Records, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}}
+	e := &Engine{o: o, lay: lay, log: o.Logger, cache: c, recs: o.Records, live: map[string]*qmp.QSD{}, provs: map[string]*provisionJob{}, cidsGiven: map[string]uint32{}, jailGiven: map[uint32]bool{}}
 	e.consoleCtx, e.consoleStop = context.WithCancel(context.Background())
 	if e.fw, err = newFileWatch(); err != nil {
 		e.log.Warn("inotify is unavailable; running VMs' files are polled", "err", err)
@@ -318,7 +336,12 @@ func (e *Engine) cancelProvision(id string) bool {
 func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) {
 	id := rec.ID
 	l := e.layout()
-	rec = e.current(rec)
+	// A VM created while VMs ran unconfined gets its jail first: the
+	// intent, before any host work (taps are made for its uid).
+	rec, err = e.recordJail(e.current(rec))
+	if err != nil {
+		return err
+	}
 	sp := &rec.Spec
 	var done []string // steps done here and not recorded yet
 	did := func(step string) {
@@ -573,7 +596,11 @@ func (e *Engine) createTap(ctx context.Context, rec *record.Record, i int) error
 	if e.o.Taps == nil {
 		return fail("creating tap "+nic.Tap, errors.New(e.o.NoTapsReason))
 	}
-	if err := e.o.Taps.Create(ctx, tap.TapConfig{Name: nic.Tap, MTU: int(nv.MTU), VMID: rec.ID, Index: i}); err != nil {
+	tc := tap.TapConfig{Name: nic.Tap, MTU: int(nv.MTU), VMID: rec.ID, Index: i}
+	if rec.Jail != nil && e.jailer() != nil {
+		tc.Owner = int(rec.Jail.UID) // a confined CH attaches as the owner
+	}
+	if err := e.o.Taps.Create(ctx, tc); err != nil {
 		return fail("creating tap "+nic.Tap, err)
 	}
 	undo := func(err error) error {
@@ -668,7 +695,7 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 		LogFile:   l.QSDLog(id),
 	}
 	for _, v := range sp.Volumes {
-		c.Data = append(c.Data, qmp.DataDisk{ID: v.ID, Path: l.VolumeFile(id, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly})
+		c.Data = append(c.Data, qmp.DataDisk{ID: v.ID, Path: e.volumePath(rec, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly})
 	}
 	return c
 }
@@ -679,9 +706,22 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 // engine holds it, and an agent that dies first leaves a process that the
 // next start reaps.
 func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSDRuntime, error) {
+	rec, jv, err := e.prepareJail(rec)
+	if err != nil {
+		return nil, err
+	}
 	e.mu.Lock()
 	q := e.live[rec.ID]
 	e.mu.Unlock()
+	if q != nil && jv != nil {
+		if in, _ := jv.Cgroup().Contains(q.Pid); !in {
+			// Started unconfined (by an older vmhost, or before the VM had
+			// a jail): a confined CH could not use its sockets.
+			e.log.Info("restarting the storage daemon of a VM confined from this boot on", "id", rec.ID, "pid", q.Pid)
+			e.stopHeldQSD(rec.ID)
+			q = nil
+		}
+	}
 	if q != nil {
 		select {
 		case <-q.Done():
@@ -714,7 +754,10 @@ func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSD
 		return nil, err
 	}
 	cfg := e.qsdConfig(rec)
-	q, err := qmp.LaunchQSD(ctx, cfg)
+	if jv != nil {
+		cfg.Confine = e.confineQSD(rec, jv, cfg.Root.Backing)
+	}
+	q, err = qmp.LaunchQSD(ctx, cfg)
 	if err != nil {
 		return nil, &record.HostError{Kind: record.HostStorage, Op: "starting qemu-storage-daemon of VM " + rec.ID, Err: err}
 	}
@@ -748,6 +791,14 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 	if err := e.stopAll(ctx, rec); err != nil {
 		errs = append(errs, err)
 	}
+	// Whatever else runs in the VM's cgroup dies with it, and its
+	// first-class volumes go back to root.
+	if err := e.destroyJail(ctx, e.current(rec)); err != nil {
+		errs = append(errs, err)
+	}
+	if err := e.disownVolumes(e.current(rec)); err != nil {
+		errs = append(errs, err)
+	}
 	for i, nic := range rec.NICs {
 		if !rec.Runtime.Done(record.StepTap(i)) || e.o.Taps == nil {
 			continue
@@ -779,6 +830,9 @@ func (e *Engine) teardown(ctx context.Context, rec *record.Record, all bool) err
 		}
 		if rec.Runtime.Done(record.StepSeed) {
 			remove(l.Seed(id))
+		}
+		if err := os.RemoveAll(e.volumeLinks(id)); err != nil {
+			errs = append(errs, err)
 		}
 		if err := os.Remove(l.VMDir(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			e.o.Logger.Warn("VM directory not empty after rollback; left in place", "id", id, "err", err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/jail"
 	"vmhost/proc"
 	"vmhost/vm/record"
 )
@@ -52,7 +53,9 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := e.ensureTaps(ctx, rec); err != nil {
+	rec = e.current(rec) // with its jail, which ensureQSD made sure of
+	jv := e.vmJail(rec)
+	if err := e.ensureTaps(ctx, rec, jv); err != nil {
 		return err
 	}
 	fail := func(op string, err error) error {
@@ -78,11 +81,18 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 	}
 	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
 		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
-	p, err := chclient.Launch(ctx, chclient.LaunchConfig{
+	lc := chclient.LaunchConfig{
 		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
 		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
 		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
-	})
+	}
+	if jv != nil {
+		if lc.Confine, err = e.prepareCH(rec, jv, cfg); err != nil {
+			e.endGuest(rec)
+			return err
+		}
+	}
+	p, err := chclient.Launch(ctx, lc)
 	if err != nil {
 		e.endGuest(rec)
 		return fail("launching cloud hypervisor", err)
@@ -150,13 +160,15 @@ func (e *Engine) stopHeldQSD(id string) {
 	if q != nil {
 		e.stopProcesses(id, nil, q)
 	}
+	e.killJail(e.recs.Get(id))
 }
 
 // ensureTaps recreates the taps the record says were made but that are
 // gone: a host reboot removes every tap while the records keep them, and a
 // VM started afterwards needs them back on their bridges, with their
-// isolation, VLAN and anti-spoof rules.
-func (e *Engine) ensureTaps(ctx context.Context, rec *record.Record) error {
+// isolation, VLAN and anti-spoof rules. With jail jv, the taps that exist
+// are given to the VM's uid (those made before it was confined had none).
+func (e *Engine) ensureTaps(ctx context.Context, rec *record.Record, jv *jail.VM) error {
 	if e.o.Taps == nil || len(rec.NICs) == 0 {
 		return nil
 	}
@@ -169,12 +181,21 @@ func (e *Engine) ensureTaps(ctx context.Context, rec *record.Record) error {
 		have[o.Name] = true
 	}
 	for i, nic := range rec.NICs {
-		if have[nic.Tap] || !rec.Runtime.Done(record.StepTap(i)) {
+		if !rec.Runtime.Done(record.StepTap(i)) {
 			continue
 		}
-		e.o.Logger.Info("recreating a missing tap before boot", "id", rec.ID, "tap", nic.Tap)
-		if err := e.createTap(ctx, rec, i); err != nil {
-			return err
+		if !have[nic.Tap] {
+			e.o.Logger.Info("recreating a missing tap before boot", "id", rec.ID, "tap", nic.Tap)
+			if err := e.createTap(ctx, rec, i); err != nil {
+				return err
+			}
+			continue
+		}
+		if jv != nil {
+			// A tap made before the VM was confined has no owner yet.
+			if err := e.o.Taps.SetOwner(ctx, nic.Tap, int(jv.UID)); err != nil {
+				return &record.HostError{Kind: record.HostNetwork, Op: "giving tap " + nic.Tap + " to VM " + rec.ID, Err: err}
+			}
 		}
 	}
 	return nil
@@ -226,6 +247,7 @@ func (e *Engine) bootDeadline(id string, p *chclient.Process, timeout time.Durat
 	}
 	e.shutdownVMM(ch)
 	e.stopProcesses(id, ch, qsd)
+	e.killJail(e.recs.Get(id))
 }
 
 // shutdownVMM asks CH to exit cleanly (vmm.shutdown) and waits up to the

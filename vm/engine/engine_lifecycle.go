@@ -205,6 +205,7 @@ func (e *Engine) Stop(ctx context.Context, rec *record.Record) error {
 		if err := e.stopAll(ctx, cur); err != nil {
 			return &record.HostError{Kind: record.HostHypervisor, Op: "stopping VM " + id, Err: err}
 		}
+		e.killJail(cur)
 		return e.recordStopped(id, nil)
 	}
 	sctx, cancel := context.WithTimeout(ctx, e.o.StopGrace)
@@ -218,6 +219,7 @@ func (e *Engine) Stop(ctx context.Context, rec *record.Record) error {
 		delete(e.live, id)
 	}
 	e.mu.Unlock()
+	e.killJail(e.current(rec)) // what CH left (a child it forked) dies too
 	e.endGuest(rec)
 	return e.recordStopped(id, ch)
 }

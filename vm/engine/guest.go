@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/jail"
 	"vmhost/vm/record"
 )
 
@@ -74,6 +75,14 @@ func (e *Engine) listenGuest(g Guest, id string) (net.Listener, error) {
 	l, err := chclient.ListenVsock(sock, g.Port())
 	if err != nil {
 		return nil, fmt.Errorf("listening for the guest agent of AppVM %q: %w", id, err)
+	}
+	// A confined CH connects to it as the VM's uid: connecting to a unix
+	// socket needs write permission on it.
+	if v := e.vmJail(e.recs.Get(id)); v != nil {
+		if err := jail.Own(v.UID, v.GID, chclient.VsockListenPath(sock, g.Port())); err != nil {
+			l.Close()
+			return nil, fmt.Errorf("listening for the guest agent of AppVM %q: %w", id, err)
+		}
 	}
 	return l, nil
 }

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/internal/nofollow"
 	"vmhost/qmp"
 	"vmhost/vm/record"
 )
@@ -359,7 +360,7 @@ func (m *monitor) checkFiles() (finding, bool) {
 	}
 	if st, ok := statT(fi); ok && st.Ino != m.sockIno {
 		// Replaced: a new file nobody may listen on.
-		c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
+		c, err := dialRunFile(m.apiSocket)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			return finding{kind: record.KindSocketDead, err: err}, true
 		}
@@ -382,7 +383,7 @@ func (m *monitor) probeSocket() (kind string, bad bool) {
 	if _, err := os.Lstat(m.apiSocket); errors.Is(err, fs.ErrNotExist) {
 		return record.KindSocketGone, true
 	}
-	c, err := net.DialTimeout("unix", m.apiSocket, time.Second)
+	c, err := dialRunFile(m.apiSocket)
 	if errors.Is(err, syscall.ECONNREFUSED) {
 		return record.KindSocketDead, true
 	}
@@ -506,7 +507,7 @@ func (m *monitor) qsdVerdict() verdict {
 
 // logHint gives "; log: <last line>" for a log file's last non-empty line.
 func logHint(path string) string {
-	b, err := os.ReadFile(path)
+	b, err := nofollow.ReadFile(path)
 	if err != nil {
 		return ""
 	}
@@ -558,7 +559,27 @@ func (m *monitor) conclude(v verdict) {
 		lvl = e.log.Info
 	}
 	lvl("VM ended", "id", m.id, "state", v.state, "kind", v.reason.Detail.Kind, "cause", v.reason.Cause, "summary", v.reason.Summary)
+	// The cleanup holds the VM's action lock, so a start that follows the
+	// verdict at once waits for it rather than see its new processes
+	// killed with the old ones (the VM's cgroup is emptied).
+	unlock := e.recs.Lock(m.id)
+	defer unlock()
+	if r := e.recs.Get(m.id); r != nil && (r.State == record.StateRunning || r.State == record.StatePaused) {
+		// Booted again before the lock came: only this monitor's own
+		// processes go (that boot stopped what was recorded).
+		if err := terminate(m.ch.Done(), m.ch.Signal); err != nil {
+			e.log.Error("stopping cloud-hypervisor", "id", m.id, "pid", m.ch.Pid, "err", err)
+		}
+		m.ch.Close()
+		if m.qsd != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*stopGrace)
+			m.qsd.Quit(ctx)
+			cancel()
+		}
+		return
+	}
 	e.stopProcesses(m.id, m.ch, m.qsd)
+	e.killJail(e.recs.Get(m.id)) // a stopped or failed VM runs nothing
 }
 
 // stopProcesses ends ch and qsd (either may be nil or already gone),
@@ -706,7 +727,7 @@ func (e *Engine) pingTimeoutSecs() int {
 // life and its panics.
 func (m *monitor) readEvents() {
 	if m.evFile == nil {
-		f, err := os.Open(m.events)
+		f, err := nofollow.Open(m.events)
 		if err != nil {
 			if !m.evWarned {
 				m.evWarned = true
@@ -817,7 +838,7 @@ func (e eventSummary) poweredOff() bool { return e.vmShutdown && e.vmmShutdown }
 // scanEvents reads the event file at path to its end.
 func scanEvents(path string) eventSummary {
 	var sum eventSummary
-	f, err := os.Open(path)
+	f, err := nofollow.Open(path)
 	if err != nil {
 		return sum
 	}
@@ -871,6 +892,14 @@ func processStartWall(ticks uint64) time.Time {
 		}
 	})
 	return bootTime.Add(time.Duration(ticks) * time.Second / clockTicks)
+}
+
+// dialRunFile dials a socket of a VM's run directory, which the VM owns
+// when it is confined: a link there is never followed (it could lead to
+// another VM's socket).
+func dialRunFile(path string) (net.Conn, error) {
+	d := nofollow.Dialer{Dialer: net.Dialer{Timeout: time.Second}}
+	return d.DialUnix(context.Background(), path)
 }
 
 // inode returns the inode of path (not following a symlink), or 0.

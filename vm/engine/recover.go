@@ -87,6 +87,7 @@ type RecoveryReport struct {
 	Resumed  []string // interrupted provisions resumed (image creates) or rolled back (synchronous ones)
 	Killed   []string // processes no record owned, "pid <n> (<vm id>)"
 	Taps     []string // taps no record owned, deleted
+	Cgroups  []string // VM cgroups of this agent no record named, removed with what ran in them
 	Dirs     []string // directories no record owned, removed
 	Temps    []string // temp files of interrupted writes (sweepTemps), removed
 	Duration time.Duration
@@ -145,6 +146,7 @@ func (e *Engine) recoverHost() {
 	}
 	wg.Wait()
 	rep.Killed = e.reapProcesses(keep)
+	rep.Cgroups = e.reapJails()
 	if e.o.Taps == nil {
 		e.log.Info("no tap handle (the agent cannot manage taps): orphan taps are not reaped and guest addresses (DHCP snooping, neighbour table) are not gathered")
 	}
@@ -159,10 +161,10 @@ func (e *Engine) recoverHost() {
 	e.mon.mu.Lock()
 	e.mon.recovery = rep
 	e.mon.mu.Unlock()
-	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Dirs)+len(rep.Temps) > 0 {
+	if len(recs) > 0 || len(rep.Killed)+len(rep.Taps)+len(rep.Cgroups)+len(rep.Dirs)+len(rep.Temps) > 0 {
 		e.log.Info("host reconciled with the records", "records", len(recs), "adopted", len(rep.Adopted),
 			"ended", len(rep.Ended), "deleted", len(rep.Deleted), "no_disk", len(rep.NoDisk), "resumed", len(rep.Resumed), "killed", len(rep.Killed),
-			"taps_reaped", len(rep.Taps), "dirs_reaped", len(rep.Dirs), "temps_removed", len(rep.Temps), "took", rep.Duration)
+			"taps_reaped", len(rep.Taps), "cgroups_reaped", len(rep.Cgroups), "dirs_reaped", len(rep.Dirs), "temps_removed", len(rep.Temps), "took", rep.Duration)
 	}
 }
 
@@ -214,6 +216,9 @@ func (e *Engine) recoverRecord(rec *record.Record) recovered {
 			e.stopRecordedQSD(rec.ID, rt.QSD) // quit over QMP, so it flushes
 			e.clearRuntime(rec.ID, false, true)
 		}
+	}
+	if rec.State != record.StateCreated {
+		e.killJail(rec) // a stopped or failed VM runs nothing
 	}
 	if e.failMissingDisk(rec) {
 		return recovered{what: "no_disk"}
@@ -307,6 +312,7 @@ func (e *Engine) recoverRunning(rec *record.Record) recovered {
 	if rt.CH.SerialSocket != "" {
 		e.keepConsole(rec, rt.CH.SerialSocket, ch)
 	}
+	e.verifyAdopted(rec, keep)
 	e.supervise(id, ch, qsd)
 	if rec.DisplayState == record.DisplayBooting {
 		e.rearmBootDeadline(id, ch)
@@ -751,7 +757,7 @@ func (e *Engine) adoptTap(ctx context.Context, rec *record.Record, t tap.Owned) 
 func (e *Engine) reapDirs() []string {
 	var reaped []string
 	storeDir := e.layout().StateDir + "/vms"
-	for _, base := range []string{e.layout().RunDir + "/vms", storeDir} {
+	for _, base := range []string{e.layout().RunDir + "/vms", e.layout().RunDir + "/jail", storeDir} {
 		ents, err := os.ReadDir(base)
 		if err != nil {
 			continue

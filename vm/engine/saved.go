@@ -12,6 +12,7 @@ import (
 	"vmhost/chclient"
 	"vmhost/disk"
 	"vmhost/internal/atomicfile"
+	"vmhost/jail"
 	"vmhost/proc"
 	"vmhost/qcow2"
 	"vmhost/qmp"
@@ -138,6 +139,18 @@ func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.
 	if err != nil {
 		return fail(record.HostStorage, err)
 	}
+	if jv := e.vmJail(rec); jv != nil {
+		// A confined CH writes the state as the VM's uid: it may pass
+		// through the save directory and write into tmp alone.
+		if err := os.Chmod(save, 0o711); err != nil {
+			os.RemoveAll(tmp)
+			return fail(record.HostStorage, err)
+		}
+		if err := jail.Own(jv.UID, jv.GID, tmp); err != nil {
+			os.RemoveAll(tmp)
+			return fail(record.HostStorage, err)
+		}
+	}
 	url, err := chclient.FileURL(tmp)
 	if err == nil {
 		err = c.Snapshot(ctx, url)
@@ -228,7 +241,9 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 	if err != nil {
 		return err
 	}
-	if err := e.ensureTaps(ctx, rec); err != nil {
+	rec = e.current(rec) // with its jail, which ensureQSD made sure of
+	jv := e.vmJail(rec)
+	if err := e.ensureTaps(ctx, rec, jv); err != nil {
 		return err
 	}
 	fail := func(op string, err error) error {
@@ -248,11 +263,21 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 	}
 	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
 		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
-	p, err := chclient.Launch(ctx, chclient.LaunchConfig{
+	lc := chclient.LaunchConfig{
 		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
 		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
 		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
-	})
+	}
+	if jv != nil {
+		// Confined as a boot confines it, in the VM's cgroup; it reads the
+		// saved state as the VM's uid (a restored snapshot's files are
+		// hard links made as root, or owned by the VM the snapshot was of).
+		if lc.Confine, err = e.prepareRestore(rec, jv); err != nil {
+			e.endGuest(rec)
+			return err
+		}
+	}
+	p, err := chclient.Launch(ctx, lc)
 	if err != nil {
 		e.endGuest(rec)
 		return fail("launching cloud hypervisor", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/jail"
 	"vmhost/qmp"
 	"vmhost/vm/record"
 )
@@ -53,11 +54,25 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 	}
 	defer c.Close()
 	testStopAt(HookAttachStart)
-	d := e.dataDisk(rec.ID, v)
+	// Nothing can be mounted into a running jail: a first-class volume
+	// reaches a confined storage daemon through a link in its VM directory
+	// (made again, as the volume given again, by an attach run anew).
+	if jv := e.vmJail(rec); jv != nil {
+		err := e.linkVolume(rec, v, jv)
+		if v.VolumeID == "" { // made for the VM just now, by the agent
+			err = jail.Own(jv.UID, jv.GID, e.layout().DataVolume(rec.ID, v.ID))
+		}
+		if err != nil {
+			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("giving volume %s to VM %s", key, rec.ID), Err: err}
+		}
+	}
+	d := e.dataDisk(rec, v)
 	undoExport := func() {
 		if err := q.RemoveDataExport(context.WithoutCancel(ctx), key); err != nil {
 			e.log.Error("removing the export of a failed hot-plug", "id", rec.ID, "volume", key, "err", err)
+			return
 		}
+		e.unlinkHotVolume(rec, v)
 	}
 	have, bdf, err := diskOf(ctx, c, rec.ID, key)
 	if err != nil {
@@ -71,6 +86,7 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("clearing the storage daemon's leftovers of volume %s of VM %s", key, rec.ID), Err: err}
 		}
 		if err := q.AddDataExport(ctx, d); err != nil {
+			e.unlinkHotVolume(rec, v)
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("exporting volume %s of VM %s", key, rec.ID), Err: err}
 		}
 		testStopAt(HookAttachExported)
@@ -152,6 +168,7 @@ func (e *Engine) HotDetach(ctx context.Context, rec *record.Record, key string) 
 		e.log.Error("removing the export of a detached volume", "id", rec.ID, "volume", key, "err", err)
 	}
 	testStopAt(HookDetachUnexported)
+	e.unlinkHotVolume(rec, v)
 	e.setDataSocket(rec.ID, e.layout().DataSocket(rec.ID, key), false)
 	e.log.Info("volume hot-unplugged", "id", rec.ID, "volume", key)
 	return nil
@@ -237,9 +254,20 @@ func (e *Engine) heldQSD(rec *record.Record) (*qmp.QSD, error) {
 	return m.qsd, nil
 }
 
-func (e *Engine) dataDisk(id string, v record.VolumeSpec) qmp.DataDisk {
-	l := e.layout()
-	return qmp.DataDisk{ID: v.ID, Path: l.VolumeFile(id, v), Socket: l.DataSocket(id, v.ID), Readonly: v.Readonly}
+func (e *Engine) dataDisk(rec *record.Record, v record.VolumeSpec) qmp.DataDisk {
+	return qmp.DataDisk{ID: v.ID, Path: e.volumePath(rec, v), Socket: e.layout().DataSocket(rec.ID, v.ID), Readonly: v.Readonly}
+}
+
+// unlinkHotVolume removes the link through which a confined VM's storage
+// daemon reached first-class volume v and gives the volume back to root
+// (a detach, or an attach undone); the next boot would do it otherwise.
+func (e *Engine) unlinkHotVolume(rec *record.Record, v record.VolumeSpec) {
+	if v.VolumeID == "" || e.vmJail(rec) == nil {
+		return
+	}
+	if err := e.unlinkVolume(rec.ID, v.VolumeID); err != nil {
+		e.log.Warn("taking volume back from VM", "id", rec.ID, "volume", v.VolumeID, "err", err)
+	}
 }
 
 // setDataSocket keeps the recorded storage daemon's socket list true.
@@ -310,7 +338,7 @@ func (e *Engine) syncExports(ctx context.Context, q *qmp.QSD, rec *record.Record
 	for _, v := range rec.Spec.Volumes {
 		want[v.ID] = true
 		if !slices.ContainsFunc(exports, func(x qmp.BlockExport) bool { return x.ID == v.ID }) {
-			if err := q.AddDataExport(ctx, e.dataDisk(rec.ID, v)); err != nil {
+			if err := q.AddDataExport(ctx, e.dataDisk(rec, v)); err != nil {
 				return err
 			}
 		}

@@ -64,6 +64,11 @@ type Record struct {
 	// Runtime is the identity of the VM's processes and provisioning
 	// progress (engine_record.go); nil before any host work.
 	Runtime *Runtime `json:"runtime,omitempty"`
+	// Jail is the confinement the VM's processes run in, given to the VM
+	// before any host work (its uid is never another record's); nil for a
+	// VM whose processes run unconfined (an agent without root, or a VM
+	// booted by an older vmhost, until its next boot).
+	Jail *Confinement `json:"jail,omitempty"`
 	// Deleting is stored before a delete tears anything down, so that an
 	// agent killed during the delete finishes it at restart (recover.go)
 	// instead of keeping a record whose disks and taps are gone.
@@ -85,6 +90,22 @@ type Record struct {
 	Saving *SaveOp `json:"saving,omitempty"`
 	// Secrets never reaches a view; Encode writes it to the file.
 	Secrets Secrets `json:"-"`
+}
+
+// Confinement is a VM's jail (docs/operating.md, Confinement): the uid and
+// gid its Cloud Hypervisor and qemu-storage-daemon run as, and its cgroup,
+// relative to each cgroup hierarchy's root.
+type Confinement struct {
+	UID    uint32 `json:"uid"`
+	GID    uint32 `json:"gid"`
+	Cgroup string `json:"cgroup"`
+}
+
+// Usage is what a confined VM's processes use now, read from its cgroup.
+type Usage struct {
+	CPUSeconds  float64 // CPU time of every process that has been in it
+	MemoryBytes uint64  // memory charged to it
+	Pids        uint64  // tasks (processes and threads) in it
 }
 
 // NIC is the generated, recorded identity of one interface.

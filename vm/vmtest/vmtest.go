@@ -185,6 +185,9 @@ func (h *Host) Balloon(_ context.Context, rec *vm.Record, mb uint64) error {
 	return nil
 }
 
+// Usage reads nothing: the fake runs no process.
+func (h *Host) Usage(*vm.Record) (*vm.Usage, error) { return nil, nil }
+
 // Boot records the call, and the boot: state running, display booting;
 // for a VM with a saved state, a resume ("resume vm1"): running, and the
 // state consumed.
