@@ -23,12 +23,13 @@ import (
 // twice (once after a clean exit, once after SIGKILL), one after the
 // other: every tap and every nftables anti-spoof rule of both agents is
 // there after each restart exactly as before (counted: taps with their
-// marks and bridge, chains and rules per table), and every VM still runs
-// on its taps. Tap names and tables carry each agent's id, so the VM id
-// both use gets two taps.
+// marks and bridge, chains and rules per table, and the VMs' cgroups with
+// the processes in them), and every VM still runs on its taps. Tap names,
+// tables and cgroups carry each agent's id, so the VM id both use gets
+// two taps and two cgroups.
 func TestTwoAgentsOneNamespace(t *testing.T) {
-	a := startServer(t, serverOpts{netns: true})
-	b := startServer(t, serverOpts{shareNetNS: a})
+	a := startServer(t, serverOpts{netns: true, confine: true})
+	b := startServer(t, serverOpts{shareNetNS: a, confine: true})
 	if a.agentID == b.agentID {
 		t.Fatalf("both agents have id %s", a.agentID)
 	}
@@ -52,6 +53,9 @@ func TestTwoAgentsOneNamespace(t *testing.T) {
 	if before.chains != len(before.taps) || before.rules == 0 {
 		t.Fatalf("%d anti-spoof chains with %d rules for %d taps", before.chains, before.rules, len(before.taps))
 	}
+	if want := 2 * len(ids); len(before.cgroups) != want {
+		t.Fatalf("%d VM cgroups, want %d:\n%s", len(before.cgroups), want, strings.Join(before.cgroups, "\n"))
+	}
 	for round, how := range []string{"a clean exit", "SIGKILL"} {
 		for _, s := range []*server{a, b} {
 			if how == "SIGKILL" {
@@ -61,6 +65,9 @@ func TestTwoAgentsOneNamespace(t *testing.T) {
 			}
 			s.restart()
 			after := hostNetwork(t, a, b)
+			if !slices.Equal(after.cgroups, before.cgroups) {
+				t.Errorf("round %d, agent %s restarted after %s: cgroups\n%s\nbefore:\n%s", round, s.agentID, how, strings.Join(after.cgroups, "\n"), strings.Join(before.cgroups, "\n"))
+			}
 			if !slices.Equal(after.taps, before.taps) || after.chains != before.chains || after.rules != before.rules || after.ruleset != before.ruleset {
 				t.Errorf("round %d, agent %s restarted after %s: taps\n%s\n%d chains, %d rules; before:\n%s\n%d chains, %d rules",
 					round, s.agentID, how, strings.Join(after.taps, "\n"), after.chains, after.rules, strings.Join(before.taps, "\n"), before.chains, before.rules)
@@ -85,6 +92,9 @@ func TestTwoAgentsOneNamespace(t *testing.T) {
 	end := hostNetwork(t, a, b)
 	if len(end.taps) != len(before.taps)-2 || end.chains != before.chains-2 {
 		t.Errorf("after deleting one VM of agent %s: taps\n%s\n%d chains", a.agentID, strings.Join(end.taps, "\n"), end.chains)
+	}
+	if len(end.cgroups) != len(before.cgroups)-1 || slices.ContainsFunc(end.cgroups, func(c string) bool { return strings.HasPrefix(c, a.agentID+" same ") }) {
+		t.Errorf("after deleting VM same of agent %s: cgroups\n%s", a.agentID, strings.Join(end.cgroups, "\n"))
 	}
 	for _, n := range end.taps {
 		if strings.Contains(n, b.agentID) {
@@ -111,6 +121,7 @@ type network struct {
 	taps          []string // "<name> <alias> master=<bridge ifindex>", sorted
 	chains, rules int      // in the agents' anti-spoof tables
 	ruleset       string   // those tables as nft lists them
+	cgroups       []string // "<agent> <vm> <pids>" of each VM cgroup of the agents, sorted
 }
 
 // hostNetwork reads the taps (every vmhost tap, whoever marked it) and the
@@ -123,6 +134,25 @@ func hostNetwork(t *testing.T, agents ...*server) network {
 		t.Fatal(err)
 	}
 	var n network
+	for _, a := range agents {
+		j := a.jailer()
+		if j == nil {
+			t.Fatalf("agent %s confines nothing", a.agentID)
+		}
+		for _, id := range a.cgroupVMs() {
+			vm, err := j.VM(id, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pids, err := vm.Cgroup().Procs()
+			if err != nil || len(pids) == 0 {
+				t.Errorf("cgroup of agent %s's VM %s: pids %v, %v", a.agentID, id, pids, err)
+			}
+			slices.Sort(pids)
+			n.cgroups = append(n.cgroups, fmt.Sprintf("%s %s %v", a.agentID, id, pids))
+		}
+	}
+	slices.Sort(n.cgroups)
 	for _, o := range marked {
 		alias := tap.AgentAlias(o.Agent, o.VMID, o.Index)
 		n.taps = append(n.taps, fmt.Sprintf("%s %s master=%d", o.Name, alias, o.Master))
