@@ -341,7 +341,12 @@ func TestExecBackPressure(t *testing.T) {
 // process exits reaches a host that pauses longer than the drain's idle
 // limit: the limit is for output nobody writes, not for a slow reader.
 func TestExecOutputAfterTheEndReachesASlowHost(t *testing.T) {
-	const total = 300000 // more than the socket holds, less than socket and pipe
+	// Output the producer can always finish writing while the host reads
+	// nothing: the pipe (64 KiB) and the socket (its default 208 KiB send
+	// buffer, of which a stream of small writes gets about 180 KiB of
+	// payload) hold it. 300,000 did not, when the agent's reads came in
+	// small pieces: the producer then never ended.
+	const total = 200000
 	h, _ := running(t, &proto.Spec{}, agentOpts{})
 	s, err := proto.StartExec(h.dialOp(), &proto.ExecRequest{Command: []string{"head", "-c", strconv.Itoa(total), "/dev/zero"}, TimeoutSecs: 60})
 	if err != nil {
