@@ -49,21 +49,12 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 			}
 		}()
 	}
-	qsd, err := e.ensureQSD(ctx, rec)
+	rec, qsd, jv, err := e.readyHost(ctx, rec)
 	if err != nil {
-		return err
-	}
-	rec = e.current(rec) // with its jail, which ensureQSD made sure of
-	jv := e.vmJail(rec)
-	if err := e.ensureTaps(ctx, rec, jv); err != nil {
 		return err
 	}
 	fail := func(op string, err error) error {
 		return &record.HostError{Kind: record.HostHypervisor, Op: op + " of VM " + id, Err: err}
-	}
-	// A stale event stream would replay the previous boot's activation.
-	if err := os.Remove(l.Events(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fail("removing old event stream", err)
 	}
 	cfg, err := CHConfig(rec, e.o.Config, l, CHConfigHost{CPUs: e.o.HostCPUs})
 	if err != nil {
@@ -79,13 +70,7 @@ func (e *Engine) Boot(ctx context.Context, rec *record.Record) (err error) {
 			return &record.HostError{Kind: record.HostInternal, Op: "preparing the boot of AppVM " + id, Err: err}
 		}
 	}
-	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
-		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
-	lc := chclient.LaunchConfig{
-		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
-		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
-		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
-	}
+	rt, lc := e.chLaunch(id)
 	if jv != nil {
 		if lc.Confine, err = e.prepareCH(rec, jv, cfg); err != nil {
 			e.endGuest(rec)
@@ -161,6 +146,38 @@ func (e *Engine) stopHeldQSD(id string) {
 		e.stopProcesses(id, nil, q)
 	}
 	e.killJail(e.recs.Get(id))
+}
+
+// readyHost makes sure of what a VM's CH needs before it starts, for a
+// boot and a restore alike: its storage daemon, its jail (recorded with
+// the daemon: rec is returned as it is now), its taps, and no stale event
+// stream (it would replay the previous run's activations).
+func (e *Engine) readyHost(ctx context.Context, rec *record.Record) (*record.Record, *record.QSDRuntime, *jail.VM, error) {
+	qsd, err := e.ensureQSD(ctx, rec)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	rec = e.current(rec)
+	jv := e.vmJail(rec)
+	if err := e.ensureTaps(ctx, rec, jv); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := os.Remove(e.layout().Events(rec.ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil, &record.HostError{Kind: record.HostHypervisor, Op: "removing old event stream of VM " + rec.ID, Err: err}
+	}
+	return rec, qsd, jv, nil
+}
+
+// chLaunch is the runtime paths of VM id's CH and the launch that uses them.
+func (e *Engine) chLaunch(id string) (*record.CHRuntime, chclient.LaunchConfig) {
+	l := e.layout()
+	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
+		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
+	return rt, chclient.LaunchConfig{
+		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
+		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
+		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
+	}
 }
 
 // ensureTaps recreates the taps the record says were made but that are

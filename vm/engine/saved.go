@@ -237,20 +237,12 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 			e.stopHeldQSD(id)
 		}
 	}()
-	qsd, err := e.ensureQSD(ctx, rec)
+	rec, qsd, jv, err := e.readyHost(ctx, rec)
 	if err != nil {
-		return err
-	}
-	rec = e.current(rec) // with its jail, which ensureQSD made sure of
-	jv := e.vmJail(rec)
-	if err := e.ensureTaps(ctx, rec, jv); err != nil {
 		return err
 	}
 	fail := func(op string, err error) error {
 		return &record.HostError{Kind: record.HostHypervisor, Op: op + " of VM " + id, Err: err}
-	}
-	if err := os.Remove(l.Events(id)); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fail("removing old event stream", err)
 	}
 	if g := e.guest(rec); g != nil {
 		lis, err := e.listenGuest(g, id)
@@ -261,13 +253,7 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 			return err
 		}
 	}
-	rt := &record.CHRuntime{APISocket: l.APISocket(id), EventsPath: l.Events(id), SerialSocket: l.ConsoleSocket(id),
-		VsockSocket: l.VsockSocket(id), LogFile: l.CHLog(id)}
-	lc := chclient.LaunchConfig{
-		Binary: e.o.CH.Binary, PreArgs: e.o.CH.PreArgs, Env: e.o.CH.Env,
-		APISocket: rt.APISocket, EventMonitor: rt.EventsPath, LogFile: rt.LogFile,
-		VsockSocket: rt.VsockSocket, SerialSocket: rt.SerialSocket,
-	}
+	rt, lc := e.chLaunch(id)
 	if jv != nil {
 		// Confined as a boot confines it, in the VM's cgroup; it reads the
 		// saved state as the VM's uid (a restored snapshot's files are
