@@ -167,6 +167,10 @@ func TestAttachHello(t *testing.T) {
 	k := start(t, console.Config{Socket: sock, Path: logPath})
 	_, attach := serveAttach(t, dir, map[string]*console.Keeper{"vm1": k})
 	guest := srv.accept(t)
+	// The keeper forwards input once it reads the connection: wait for
+	// that, or "immediate" could arrive while it has no serial yet.
+	fmt.Fprint(guest, "up\n")
+	waitFor(t, "the keeper to read the guest", func() bool { return output(t, logPath) == "up\n" })
 
 	long, err := net.Dial("unix", attach)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -878,14 +879,27 @@ func TestStorageDaemonJailed(t *testing.T) {
 	}()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	if err := proc.WaitSocket(ctx, vhost, c.Done(), logFile); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := net.Dial("unix", qmpSock)
-	if err != nil {
-		t.Fatal(err)
+	// QSD makes the export's socket before its monitor's, and binds the
+	// monitor's before it listens: dial until it answers (as the agent
+	// does), without probing the export, which would take its one client.
+	var conn net.Conn
+	for conn == nil {
+		conn, err = net.Dial("unix", qmpSock)
+		if err != nil && !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatal(err)
+		}
+		select {
+		case <-c.Done():
+			t.Fatalf("qemu-storage-daemon exited: %s", proc.LogTail(logFile, 20))
+		case <-ctx.Done():
+			t.Fatalf("its monitor never answered: %v", err)
+		case <-time.After(2 * time.Millisecond):
+		}
 	}
 	defer conn.Close()
+	if _, err := os.Stat(vhost); err != nil {
+		t.Errorf("the export's socket: %v", err)
+	}
 	r := bufio.NewReader(conn)
 	greeting, err := r.ReadString('\n')
 	if err != nil || !strings.Contains(greeting, `"QMP"`) {
