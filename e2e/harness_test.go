@@ -104,7 +104,8 @@ type serverOpts struct {
 	// root running an agent that is not), owning its directory.
 	uid int
 	// confine sets jail.enabled true: with the process-mode simulator (the
-	// harness's default), the agent does not confine VMs unless told to.
+	// harness's default), the agent confines classic VMs but not AppVMs
+	// unless told to.
 	confine bool
 	// edit changes the config before it is written.
 	edit func(*config.Config)
