@@ -26,6 +26,9 @@ type consoles struct {
 	keepers map[string]*console.Keeper
 	attach  *console.AttachServer
 	wg      sync.WaitGroup
+	// closed: the engine is closing; a boot that ends meanwhile keeps
+	// no console (wg is waited on).
+	closed bool
 }
 
 // serveConsoleAttach opens the agent's attach socket; without it the
@@ -81,12 +84,17 @@ func (e *Engine) keepConsole(rec *record.Record, socket string, p *chclient.Proc
 	}
 	c := &e.cons
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		k.Stop()
+		return
+	}
 	if c.keepers == nil {
 		c.keepers = map[string]*console.Keeper{}
 	}
 	c.keepers[id] = k
+	c.wg.Add(1) // under mu: never beside closeConsoles' Wait
 	c.mu.Unlock()
-	c.wg.Add(1)
 	go func() {
 		defer c.wg.Done()
 		select {
@@ -107,6 +115,7 @@ func (e *Engine) closeConsoles() {
 	e.cons.mu.Lock()
 	s := e.cons.attach
 	e.cons.attach = nil
+	e.cons.closed = true
 	e.cons.mu.Unlock()
 	if s != nil {
 		s.Close()

@@ -80,6 +80,9 @@ type watchers struct {
 	mu sync.Mutex
 	m  map[string]*monitor
 	wg sync.WaitGroup
+	// closed: Close has begun; a VM booted meanwhile is left running
+	// unwatched, as every VM is at Close (wg is waited on).
+	closed bool
 	// factsEvery overrides defaultFactsInterval (tests).
 	factsEvery time.Duration
 	// recovery is what New's reconciliation did (recover.go).
@@ -174,9 +177,13 @@ func (e *Engine) supervise(id string, ch *chclient.Process, qsd *qmp.QSD) {
 	if w.m == nil {
 		w.m = map[string]*monitor{}
 	}
-	if _, dup := w.m[id]; dup {
+	if _, dup := w.m[id]; dup || w.closed {
 		w.mu.Unlock()
-		e.log.Error("watch: VM already watched; new handles released", "id", id)
+		if !dup {
+			e.log.Info("watch: the engine is closing; the VM runs on unwatched until the next start adopts it", "id", id)
+		} else {
+			e.log.Error("watch: VM already watched; new handles released", "id", id)
+		}
 		m.unwatchFiles()
 		ch.Close()
 		if qsd != nil {
@@ -241,6 +248,7 @@ func (e *Engine) Close() error {
 	w.mu.Lock()
 	ms := w.m
 	w.m = nil
+	w.closed = true
 	w.mu.Unlock()
 	for _, m := range ms {
 		m.cancel()
