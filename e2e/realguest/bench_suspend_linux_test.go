@@ -53,7 +53,8 @@ import (
 //   - by hand: stop + migrate to a file (exec:cat, the rate limit lifted,
 //     as the backend does) until cat has written it + quit until qemu
 //     exited; then qemu ... -incoming exec:cat + cont until the first new
-//     tick;
+//     tick; the suspend is also shown with an fsync of the file after it,
+//     as the agent syncs its saved state;
 //   - cold: POST stop (not timed), then POST start until the first tick.
 //
 // A resume must go on where the guest was: its first tick the one after
@@ -215,7 +216,8 @@ func benchDisk(t *testing.T, dir, kernel, busybox string, fillMiB int) string {
 // suspendFigures are one guest size's samples.
 type suspendFigures struct {
 	agentSuspend, agentStartAnswered, agentResume []time.Duration
-	handSuspend, handContAnswered, handResume     []time.Duration
+	handSuspend, handSuspendSynced                []time.Duration
+	handContAnswered, handResume                  []time.Duration
 	cold                                          []time.Duration
 	agentBytes, handBytes                         []int64
 	argv                                          []string
@@ -244,13 +246,14 @@ func (f *suspendFigures) write(w *strings.Builder, mib int) {
 	fmt.Fprintf(w, "  %d MiB guest:\n", mib)
 	row("agent suspend (API until 204)", f.agentSuspend)
 	row("by hand: stop+migrate to file+quit", f.handSuspend)
+	row("by hand: the same + fsync of the file", f.handSuspendSynced)
 	row("agent start from suspend (API until 204)", f.agentStartAnswered)
 	row("by hand: -incoming until cont answered", f.handContAnswered)
 	row("agent start from suspend until first tick", f.agentResume)
 	row("by hand: -incoming+cont until first tick", f.handResume)
 	row("agent cold boot until first tick", f.cold)
-	fmt.Fprintf(w, "    agent's share: suspend %.0f%%, start to first tick %.0f%%  ((agent - by hand) / agent, medians)\n",
-		share(f.agentSuspend, f.handSuspend), share(f.agentResume, f.handResume))
+	fmt.Fprintf(w, "    agent's share ((agent - by hand) / agent, medians): suspend %.0f%% (%.0f%% beside by hand + fsync), start to first tick %.0f%%\n",
+		share(f.agentSuspend, f.handSuspend), share(f.agentSuspend, f.handSuspendSynced), share(f.agentResume, f.handResume))
 	fmt.Fprintf(w, "    saved state per GiB of guest memory: agent %.0f MiB, by hand %.0f MiB\n", perGiB(f.agentBytes), perGiB(f.handBytes))
 }
 
@@ -279,7 +282,7 @@ func suspendBenchSize(l *lane, a artifacts, dir, busybox string, mib, rounds int
 	startHandQSD(t, handImg, sock)
 	argv := handArgv(t, fig.argv, sock, l.runDir, l.stateDir)
 	t.Logf("%d MiB: the agent's qemu runs %q; by hand: %q", mib, fig.argv, argv)
-	h := startHandQemu(t, argv)
+	h := startHandQemu(t, argv, nil)
 	h.execute(t, "cont", nil)
 	h.serial.waitText(t, "benchguest: filled", ready)
 
@@ -298,7 +301,7 @@ func suspendBenchSize(l *lane, a artifacts, dir, busybox string, mib, rounds int
 		fig.agentStartAnswered = append(fig.agentStartAnswered, time.Since(start))
 		first := log.waitTick(t, off, last, time.Minute)
 		fig.agentResume = append(fig.agentResume, time.Since(start))
-		if s, _ := log.read(t, off); strings.Contains(s, benchBooted) || first != last+1 {
+		if s, _, _ := log.read(t, off); strings.Contains(s, benchBooted) || first != last+1 {
 			t.Errorf("round %d: after the agent's resume the guest printed tick %d first (before the suspend: %d), booted again: %v",
 				n, first, last, strings.Contains(s, benchBooted))
 		}
@@ -314,17 +317,29 @@ func suspendBenchSize(l *lane, a artifacts, dir, busybox string, mib, rounds int
 			t.Fatal(err)
 		}
 		fig.handBytes = append(fig.handBytes, fi.Size())
+		// What a suspend to disk must also do (the agent syncs its saved
+		// state): the file on the disk.
+		syncStart := time.Now()
+		f, err := os.Open(stream)
+		if err == nil {
+			err = f.Sync()
+			f.Close()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		fig.handSuspendSynced = append(fig.handSuspendSynced, fig.handSuspend[len(fig.handSuspend)-1]+time.Since(syncStart))
 		<-h.serial.done
-		_, last := h.serial.lastTick()
+		off, last := h.serial.lastTick()
 
 		start = time.Now()
-		h = startHandQemu(t, append(slices.Clone(argv), "-incoming", "exec:cat "+stream))
+		h = startHandQemu(t, append(slices.Clone(argv), "-incoming", "exec:cat "+stream), h.serial.bytes())
 		h.waitMigration(t)
 		h.execute(t, "cont", nil)
 		fig.handContAnswered = append(fig.handContAnswered, time.Since(start))
-		first := h.serial.waitTick(t, 0, last, time.Minute)
+		first := h.serial.waitTick(t, off, last, time.Minute)
 		fig.handResume = append(fig.handResume, time.Since(start))
-		if s := h.serial.String(); strings.Contains(s, benchBooted) || first != last+1 {
+		if s := h.serial.String()[off:]; strings.Contains(s, benchBooted) || first != last+1 {
 			t.Errorf("round %d: after the hand resume the guest printed tick %d first (before the suspend: %d), booted again: %v",
 				n, first, last, strings.Contains(s, benchBooted))
 		}
@@ -447,15 +462,20 @@ func lastTickIn(s string) int {
 }
 
 // firstTickAfter is the first complete tick line in s numbered above
-// last, 0 if none.
-func firstTickAfter(s string, last int) int {
-	for _, m := range tickLine.FindAllStringSubmatch(s, -1) {
-		if n, _ := strconv.Atoi(m[1]); n > last {
+// last that ends after index from, 0 if none. A line the suspend cut in
+// two (its start printed before, its end after) counts once whole.
+func firstTickAfter(s string, from, last int) int {
+	for _, m := range tickLine.FindAllStringSubmatchIndex(s, -1) {
+		if n, _ := strconv.Atoi(s[m[2]:m[3]]); m[1] > from && n > last {
 			return n
 		}
 	}
 	return 0
 }
+
+// tickLineMax is more than a tick line's length: where a search for the
+// line that ends after an offset starts.
+const tickLineMax = 64
 
 // consoleLog reads the console log the agent keeps for a VM. Offsets are
 // byte counts since the log was first seen; a rotation (the log moved to
@@ -466,55 +486,66 @@ type consoleLog struct {
 	ino  uint64
 }
 
-// read returns what the log holds from offset off on, and the offset of
-// its end.
-func (c *consoleLog) read(t *testing.T, off int64) (string, int64) {
+// read returns what the log holds from offset off on (or from the
+// oldest byte it still has), the offset that text starts at, and the
+// offset of the log's end.
+func (c *consoleLog) read(t *testing.T, off int64) (text string, start, end int64) {
 	t.Helper()
 	var st unix.Stat_t
 	if err := unix.Stat(c.path, &st); err != nil {
 		if os.IsNotExist(err) {
-			return "", off
+			return "", off, off
 		}
 		t.Fatal(err)
 	}
-	var text []byte
 	if c.ino != 0 && st.Ino != c.ino {
-		// Rotated: the end of the older generation, then the new file.
+		// Rotated: the file read so far is now the older generation.
+		fi, err := os.Stat(c.path + ".1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.base += fi.Size()
+	}
+	var b []byte
+	start = -1
+	if off < c.base {
+		// The end of the older generation, then the current file.
 		old, err := os.ReadFile(c.path + ".1")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if from := off - c.base; from >= 0 && from < int64(len(old)) {
-			text = append(text, old[from:]...)
+		oldStart := c.base - int64(len(old))
+		if from := max(off-oldStart, 0); from < int64(len(old)) {
+			b, start = old[from:], oldStart+from
 		}
-		c.base += int64(len(old))
 	}
 	c.ino = st.Ino
 	cur, err := os.ReadFile(c.path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if from := off - c.base; from > 0 && from <= int64(len(cur)) {
-		cur = cur[from:]
+	from := min(max(off-c.base, 0), int64(len(cur)))
+	if start < 0 {
+		start = c.base + from
 	}
-	text = append(text, cur...)
-	return string(text), c.base + int64(len(cur))
+	b = append(b, cur[from:]...)
+	return string(b), start, c.base + int64(len(cur))
 }
 
 // settle waits until nothing is written to the log for 300 ms, and
 // returns its end and the last tick it holds.
 func (c *consoleLog) settle(t *testing.T) (int64, int) {
 	t.Helper()
-	_, end := c.read(t, 0)
+	_, _, end := c.read(t, 0)
 	for {
 		time.Sleep(300 * time.Millisecond)
-		_, now := c.read(t, 0)
+		_, _, now := c.read(t, 0)
 		if now == end {
 			break
 		}
 		end = now
 	}
-	all, end := c.read(t, 0)
+	all, _, end := c.read(t, 0)
 	return end, lastTickIn(all)
 }
 
@@ -523,7 +554,7 @@ func (c *consoleLog) waitText(t *testing.T, off int64, text string, timeout time
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		s, _ := c.read(t, off)
+		s, _, _ := c.read(t, off)
 		if strings.Contains(s, text) {
 			return
 		}
@@ -534,14 +565,14 @@ func (c *consoleLog) waitText(t *testing.T, off int64, text string, timeout time
 	}
 }
 
-// waitTick waits, reading every 5 ms, until a tick numbered above last is
-// in the log after offset off, and returns its number.
+// waitTick waits, reading every 5 ms, until a tick numbered above last
+// ends in the log after offset off, and returns its number.
 func (c *consoleLog) waitTick(t *testing.T, off int64, last int, timeout time.Duration) int {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		s, _ := c.read(t, off)
-		if n := firstTickAfter(s, last); n > 0 {
+		s, start, _ := c.read(t, max(off-tickLineMax, 0))
+		if n := firstTickAfter(s, int(off-start), last); n > 0 {
 			return n
 		}
 		if time.Now().After(deadline) {
@@ -559,8 +590,10 @@ type serialConn struct {
 	done chan struct{} // closed when qemu closed its end
 }
 
-func readSerialConn(t *testing.T, c net.Conn) *serialConn {
-	r := &serialConn{done: make(chan struct{})}
+// readSerialConn reads c into a transcript that starts with prev (what
+// the guest printed on the previous qemu's serial port).
+func readSerialConn(t *testing.T, c net.Conn, prev []byte) *serialConn {
+	r := &serialConn{out: slices.Clone(prev), done: make(chan struct{})}
 	t.Cleanup(func() { c.Close() })
 	go func() {
 		defer close(r.done)
@@ -584,9 +617,16 @@ func (r *serialConn) String() string {
 	return string(r.out)
 }
 
+// lastTick returns the transcript's length and its last complete tick.
 func (r *serialConn) lastTick() (int64, int) {
 	s := r.String()
 	return int64(len(s)), lastTickIn(s)
+}
+
+func (r *serialConn) bytes() []byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.out)
 }
 
 func (r *serialConn) waitText(t *testing.T, text string, timeout time.Duration) {
@@ -606,8 +646,9 @@ func (r *serialConn) waitTick(t *testing.T, off int64, last int, timeout time.Du
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		s := r.String()[off:]
-		if n := firstTickAfter(s, last); n > 0 {
+		from := max(off-tickLineMax, 0)
+		s := r.String()[from:]
+		if n := firstTickAfter(s, int(off-from), last); n > 0 {
 			return n
 		}
 		if time.Now().After(deadline) {
@@ -618,7 +659,8 @@ func (r *serialConn) waitTick(t *testing.T, off int64, last int, timeout time.Du
 }
 
 // handQemu is qemu run by hand: its monitor and serial port on
-// socketpairs (fds 3 and 4).
+// socketpairs (fds 3 and 4); the serial transcript goes on from the
+// previous qemu's.
 type handQemu struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
@@ -626,7 +668,7 @@ type handQemu struct {
 	serial *serialConn
 }
 
-func startHandQemu(t *testing.T, argv []string) *handQemu {
+func startHandQemu(t *testing.T, argv []string, prev []byte) *handQemu {
 	t.Helper()
 	pair := func() (*os.File, *os.File) {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -657,7 +699,7 @@ func startHandQemu(t *testing.T, argv []string) *handQemu {
 		}
 		return c
 	}
-	h.serial = readSerialConn(t, conn(serialParent))
+	h.serial = readSerialConn(t, conn(serialParent), prev)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	c, err := qmp.New(ctx, conn(qmpParent))
