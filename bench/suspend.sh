@@ -9,13 +9,16 @@
 #             port, read from the agent's console log)
 #   by hand   the agent's own qemu argv: stop + migrate to a file + quit;
 #             qemu -incoming + cont until the first tick (serial socket)
+#   by hand as the backend
+#             the same with the file passed to qemu (migrate to fd:,
+#             -incoming fd:), as the simulator's qemu backend does it
 #   cold      POST start of the stopped VM until the first tick
 #
 # plus the saved state's bytes per GiB of guest memory on both sides and
 # the agent's share ((agent - by hand) / agent). The guest is the lane's
 # cloud kernel with a busybox initramfs booted by OVMF (as the lane's
 # classic guest), a quarter of its memory filled with random data.
-# ROUNDS (default 5) rounds per size, the three sides' order rotating each
+# ROUNDS (default 5) rounds per size, the four sides' order rotating each
 # round; SIZES (MiB, default 256,1024); medians in ms, with the load
 # average. The test is TestRealGuestSuspendBench in e2e/realguest.
 set -euo pipefail

@@ -46,7 +46,7 @@ import (
 // socketpairs, its disk a copy of the same image served by a
 // qemu-storage-daemon of its own.
 //
-// Each round runs three sides, in an order that rotates each round:
+// Each round runs four sides, in an order that rotates each round:
 //
 //   - agent: POST suspend until 204 (state saved, processes gone), then
 //     POST start until the first new tick;
@@ -55,6 +55,10 @@ import (
 //     exited; then qemu ... -incoming exec:cat + cont until the first new
 //     tick; the suspend is also shown with an fsync of the file after it,
 //     as the agent syncs its saved state;
+//   - by hand as the backend: the same with the file passed to qemu
+//     (getfd, migrate to fd:, -incoming fd:), as the simulator's qemu
+//     backend, which stands in for Cloud Hypervisor, does it: what of
+//     the agent's time is the stand-in's way rather than the agent's;
 //   - cold: POST stop (not timed), then POST start until the first tick.
 //
 // A resume must go on where the guest was: its first tick the one after
@@ -218,6 +222,7 @@ type suspendFigures struct {
 	agentSuspend, agentStartAnswered, agentResume []time.Duration
 	handSuspend, handSuspendSynced                []time.Duration
 	handContAnswered, handResume                  []time.Duration
+	fdSuspend, fdSuspendSynced, fdResume          []time.Duration
 	cold                                          []time.Duration
 	agentBytes, handBytes                         []int64
 	argv                                          []string
@@ -247,13 +252,18 @@ func (f *suspendFigures) write(w *strings.Builder, mib int) {
 	row("agent suspend (API until 204)", f.agentSuspend)
 	row("by hand: stop+migrate to file+quit", f.handSuspend)
 	row("by hand: the same + fsync of the file", f.handSuspendSynced)
+	row("by hand as the backend: migrate to fd:+quit", f.fdSuspend)
+	row("by hand as the backend + fsync of the file", f.fdSuspendSynced)
 	row("agent start from suspend (API until 204)", f.agentStartAnswered)
 	row("by hand: -incoming until cont answered", f.handContAnswered)
 	row("agent start from suspend until first tick", f.agentResume)
 	row("by hand: -incoming+cont until first tick", f.handResume)
+	row("by hand as the backend: -incoming fd:, tick", f.fdResume)
 	row("agent cold boot until first tick", f.cold)
 	fmt.Fprintf(w, "    agent's share ((agent - by hand) / agent, medians): suspend %.0f%% (%.0f%% beside by hand + fsync), start to first tick %.0f%%\n",
 		share(f.agentSuspend, f.handSuspend), share(f.agentSuspend, f.handSuspendSynced), share(f.agentResume, f.handResume))
+	fmt.Fprintf(w, "    beside by hand as the backend: suspend %.0f%% (beside it + fsync), start to first tick %.0f%%\n",
+		share(f.agentSuspend, f.fdSuspendSynced), share(f.agentResume, f.fdResume))
 	fmt.Fprintf(w, "    saved state per GiB of guest memory: agent %.0f MiB, by hand %.0f MiB\n", perGiB(f.agentBytes), perGiB(f.handBytes))
 }
 
@@ -306,17 +316,27 @@ func suspendBenchSize(l *lane, a artifacts, dir, busybox string, mib, rounds int
 				n, first, last, strings.Contains(s, benchBooted))
 		}
 	}
-	handSide := func(n int) {
-		stream := filepath.Join(dir, fmt.Sprintf("hand%d-stream%d", mib, n))
+	// handSide saves the hand guest and restores it: with exec:cat as a
+	// user types it, or (fd) with the file passed to qemu both ways, as
+	// the simulator's qemu backend does.
+	handSide := func(n int, fd bool) {
+		way := "cat"
+		if fd {
+			way = "fd"
+		}
+		stream := filepath.Join(dir, fmt.Sprintf("hand%d-%s%d", mib, way, n))
 		start := time.Now()
-		h.save(t, stream)
+		if fd {
+			h.saveFD(t, stream)
+		} else {
+			h.save(t, stream)
+		}
 		h.quit(t)
-		fig.handSuspend = append(fig.handSuspend, time.Since(start))
+		took := time.Since(start)
 		fi, err := os.Stat(stream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		fig.handBytes = append(fig.handBytes, fi.Size())
 		// What a suspend to disk must also do (the agent syncs its saved
 		// state): the file on the disk.
 		syncStart := time.Now()
@@ -328,20 +348,47 @@ func suspendBenchSize(l *lane, a artifacts, dir, busybox string, mib, rounds int
 		if err != nil {
 			t.Fatal(err)
 		}
-		fig.handSuspendSynced = append(fig.handSuspendSynced, fig.handSuspend[len(fig.handSuspend)-1]+time.Since(syncStart))
+		synced := took + time.Since(syncStart)
+		if fd {
+			fig.fdSuspend = append(fig.fdSuspend, took)
+			fig.fdSuspendSynced = append(fig.fdSuspendSynced, synced)
+		} else {
+			fig.handSuspend = append(fig.handSuspend, took)
+			fig.handSuspendSynced = append(fig.handSuspendSynced, synced)
+			fig.handBytes = append(fig.handBytes, fi.Size())
+		}
 		<-h.serial.done
 		off, last := h.serial.lastTick()
 
+		var in *os.File
+		incoming := "exec:cat " + stream
+		if fd {
+			if in, err = os.Open(stream); err != nil {
+				t.Fatal(err)
+			}
+			incoming = "fd:5"
+		}
 		start = time.Now()
-		h = startHandQemu(t, append(slices.Clone(argv), "-incoming", "exec:cat "+stream), h.serial.bytes())
+		if fd {
+			h = startHandQemu(t, append(slices.Clone(argv), "-incoming", incoming), h.serial.bytes(), in)
+			in.Close()
+		} else {
+			h = startHandQemu(t, append(slices.Clone(argv), "-incoming", incoming), h.serial.bytes())
+		}
 		h.waitMigration(t)
 		h.execute(t, "cont", nil)
-		fig.handContAnswered = append(fig.handContAnswered, time.Since(start))
+		if !fd {
+			fig.handContAnswered = append(fig.handContAnswered, time.Since(start))
+		}
 		first := h.serial.waitTick(t, off, last, time.Minute)
-		fig.handResume = append(fig.handResume, time.Since(start))
+		if fd {
+			fig.fdResume = append(fig.fdResume, time.Since(start))
+		} else {
+			fig.handResume = append(fig.handResume, time.Since(start))
+		}
 		if s := h.serial.String()[off:]; strings.Contains(s, benchBooted) || first != last+1 {
-			t.Errorf("round %d: after the hand resume the guest printed tick %d first (before the suspend: %d), booted again: %v",
-				n, first, last, strings.Contains(s, benchBooted))
+			t.Errorf("round %d: after the hand resume (%s) the guest printed tick %d first (before the suspend: %d), booted again: %v",
+				n, way, first, last, strings.Contains(s, benchBooted))
 		}
 		os.Remove(stream)
 	}
@@ -356,7 +403,7 @@ func suspendBenchSize(l *lane, a artifacts, dir, busybox string, mib, rounds int
 		// The next round starts from a filled guest again (not timed).
 		log.waitText(t, off, "benchguest: filled", ready)
 	}
-	sides := []func(int){agentSide, handSide, coldSide}
+	sides := []func(int){agentSide, func(n int) { handSide(n, false) }, func(n int) { handSide(n, true) }, coldSide}
 	for r := range rounds {
 		for i := range sides {
 			sides[(i+r)%len(sides)](r)
@@ -659,16 +706,47 @@ func (r *serialConn) waitTick(t *testing.T, off int64, last int, timeout time.Du
 }
 
 // handQemu is qemu run by hand: its monitor and serial port on
-// socketpairs (fds 3 and 4); the serial transcript goes on from the
-// previous qemu's.
+// socketpairs (fds 3 and 4), more files from fd 5 on; the serial
+// transcript goes on from the previous qemu's.
 type handQemu struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
+	mon    *fdConn
 	qmp    *qmp.Client
 	serial *serialConn
 }
 
-func startHandQemu(t *testing.T, argv []string, prev []byte) *handQemu {
+// fdConn is a monitor connection whose next write carries a file
+// (SCM_RIGHTS) once passFile set it, for getfd.
+type fdConn struct {
+	*net.UnixConn
+	mu   sync.Mutex
+	file *os.File
+}
+
+func (c *fdConn) passFile(f *os.File) {
+	c.mu.Lock()
+	c.file = f
+	c.mu.Unlock()
+}
+
+func (c *fdConn) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	f := c.file
+	c.file = nil
+	c.mu.Unlock()
+	if f == nil {
+		return c.UnixConn.Write(p)
+	}
+	n, _, err := c.UnixConn.WriteMsgUnix(p, unix.UnixRights(int(f.Fd())), nil)
+	if err == nil && n < len(p) {
+		m, werr := c.UnixConn.Write(p[n:])
+		n, err = n+m, werr
+	}
+	return n, err
+}
+
+func startHandQemu(t *testing.T, argv []string, prev []byte, extra ...*os.File) *handQemu {
 	t.Helper()
 	pair := func() (*os.File, *os.File) {
 		fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
@@ -680,7 +758,7 @@ func startHandQemu(t *testing.T, argv []string, prev []byte) *handQemu {
 	qmpParent, qmpChild := pair()
 	serialParent, serialChild := pair()
 	cmd := exec.Command("qemu-system-x86_64", argv...)
-	cmd.ExtraFiles = []*os.File{qmpChild, serialChild}
+	cmd.ExtraFiles = append([]*os.File{qmpChild, serialChild}, extra...)
 	cmd.Stderr = os.Stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -702,7 +780,8 @@ func startHandQemu(t *testing.T, argv []string, prev []byte) *handQemu {
 	h.serial = readSerialConn(t, conn(serialParent), prev)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := qmp.New(ctx, conn(qmpParent))
+	h.mon = &fdConn{UnixConn: conn(qmpParent).(*net.UnixConn)}
+	c, err := qmp.New(ctx, h.mon)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -732,6 +811,23 @@ func (h *handQemu) save(t *testing.T, path string) {
 	for hasChildren(h.cmd.Process.Pid) {
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// saveFD is save as the simulator's qemu backend does it: the file
+// passed to qemu (getfd) and migrate to fd:, complete when qemu says so.
+func (h *handQemu) saveFD(t *testing.T, path string) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h.execute(t, "stop", nil)
+	h.execute(t, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40})
+	h.mon.passFile(f)
+	h.execute(t, "getfd", map[string]string{"fdname": "bench"})
+	h.execute(t, "migrate", map[string]string{"uri": "fd:bench"})
+	h.waitMigration(t)
 }
 
 func (h *handQemu) waitMigration(t *testing.T) {
