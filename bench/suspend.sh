@@ -20,7 +20,8 @@
 # classic guest), a quarter of its memory filled with random data.
 # ROUNDS (default 5) rounds per size, the four sides' order rotating each
 # round; SIZES (MiB, default 256,1024); medians in ms, with the load
-# average. The test is TestRealGuestSuspendBench in e2e/realguest.
+# average. VMHOST_SUSPEND_BENCH_JAIL=off runs the agent's VMs unconfined.
+# The test is TestRealGuestSuspendBench in e2e/realguest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH=/usr/local/go/bin:$PATH

@@ -66,7 +66,9 @@ import (
 // prints first); a resume that booted fails the test.
 //
 // VMHOST_SUSPEND_BENCH_ROUNDS (default 5) and VMHOST_SUSPEND_BENCH_SIZES
-// (MiB of guest memory, default "256,1024") set the run.
+// (MiB of guest memory, default "256,1024") set the run;
+// VMHOST_SUSPEND_BENCH_JAIL=off runs the agent's VMs unconfined (the hand
+// side never is), to see what confinement costs.
 func TestRealGuestSuspendBench(t *testing.T) {
 	if os.Getenv("VMHOST_SUSPEND_BENCH") != "1" {
 		t.Skip("the suspend benchmark runs with VMHOST_SUSPEND_BENCH=1 (bench/suspend.sh)")
@@ -108,10 +110,15 @@ func TestRealGuestSuspendBench(t *testing.T) {
 		t.Fatal(err)
 	}
 	l.restartServe("host_path_roots", []string{a.cache, filepath.Dir(ovmf), dir})
+	confinement := "confined, as the lane runs them"
+	if os.Getenv("VMHOST_SUSPEND_BENCH_JAIL") == "off" {
+		l.restartServe("jail", map[string]any{"enabled": false})
+		confinement = "unconfined (VMHOST_SUSPEND_BENCH_JAIL=off)"
+	}
 
 	loads := sampleLoad(t)
 	var report strings.Builder
-	fmt.Fprintf(&report, "suspend and start from it, real guests (qemu TCG, 1 vCPU, a quarter of memory filled), %d rounds, medians (min-max):\n", rounds)
+	fmt.Fprintf(&report, "suspend and start from it, real guests (qemu TCG, 1 vCPU, a quarter of memory filled; the agent's VMs %s), %d rounds, medians (min-max):\n", confinement, rounds)
 	for _, mib := range sizes {
 		fig := suspendBenchSize(l, a, dir, busybox, mib, rounds)
 		fig.write(&report, mib)
