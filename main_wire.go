@@ -68,11 +68,11 @@ func newService(env serveEnv) (*service, error) {
 			eo.QSD = engine.Program{Binary: exe, PreArgs: []string{"sim-qsd"}}
 		}
 	}
-	j, err := newJailer(env)
+	j, appVMsUnconfined, err := newJailer(env)
 	if err != nil {
 		return nil, err
 	}
-	eo.Jail = j
+	eo.Jail, eo.AppVMsUnconfined = j, appVMsUnconfined
 	if err := devAppVMs(env, &eo); err != nil {
 		return nil, err
 	}
@@ -169,48 +169,54 @@ func newService(env serveEnv) (*service, error) {
 
 // newJailer returns the VMs' jailer (docs/operating.md, Confinement), and
 // says once whether VMs run confined: an agent without root, or with
-// jail.enabled false, runs them unconfined, and so does one whose Cloud
-// Hypervisor is the simulator with process-mode guests unless
-// jail.enabled is true (processGuestsReason).
-func newJailer(env serveEnv) (*jail.Jailer, error) {
+// jail.enabled false, runs them unconfined. With the Cloud Hypervisor
+// simulator's process-mode guests and jail.enabled unset, classic VMs are
+// confined and AppVMs are not (the returned reason, processGuestsReason);
+// a host where the jail cannot work then runs every VM unconfined, saying
+// why, so that serve --dev starts on any Linux machine.
+func newJailer(env serveEnv) (j *jail.Jailer, appVMsUnconfined string, err error) {
 	runDir, err := filepath.Abs(env.RunDir)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	cfg := env.Config.Jail
 	processGuests := false
 	if env.SimCH && cfg.Enabled == nil && os.Geteuid() == 0 {
 		if processGuests, err = chsim.ProcessGuests(env.SimCHArgs); err != nil {
-			return nil, fmt.Errorf("--sim-ch-args: %w", err)
-		}
-		if processGuests {
-			cfg.Enabled = new(false)
+			return nil, "", fmt.Errorf("--sim-ch-args: %w", err)
 		}
 	}
-	j, err := jail.New(cfg, jail.Host{RunDir: runDir, AgentID: env.AgentID})
+	host := jail.Host{RunDir: runDir, AgentID: env.AgentID}
+	j, err = jail.New(cfg, host)
+	if err != nil && processGuests {
+		env.Log.Warn("VMs run unconfined", "reason", "the jail cannot work on this host: "+err.Error())
+		cfg.Enabled = new(false)
+		j, err = jail.New(cfg, host)
+		return j, "", err
+	}
 	if err != nil {
-		return nil, fmt.Errorf("confining VMs: %w", err)
+		return nil, "", fmt.Errorf("confining VMs: %w", err)
 	}
 	if !j.Enabled() {
-		reason := j.Off()
-		if processGuests {
-			reason = processGuestsReason
-		}
-		env.Log.Warn("VMs run unconfined", "reason", reason)
-		return j, nil
+		env.Log.Warn("VMs run unconfined", "reason", j.Off())
+		return j, "", nil
 	}
 	c := j.Config()
 	env.Log.Info("VMs run confined", "cgroups", j.Layout().String(), "id_range", fmt.Sprintf("%d..%d", c.IDRange[0], c.IDRange[1]),
 		"cgroup", path.Join(c.CgroupParent, env.AgentID))
-	return j, nil
+	if processGuests {
+		env.Log.Warn("AppVMs run unconfined", "reason", processGuestsReason)
+		return j, processGuestsReason, nil
+	}
+	return j, "", nil
 }
 
 // processGuestsReason is why an agent whose Cloud Hypervisor is the
-// simulator with its default (sim) backend does not confine VMs unless
+// simulator with its default (sim) backend does not confine AppVMs unless
 // jail.enabled says true: that simulator's AppVM guest is its guest agent
 // running the workload as a host process, which needs what a jail takes
 // away (a devpts for terminals, changing to the workload's user).
-const processGuestsReason = "the simulator's process-mode guest runs on the host; VMs are not confined (jail.enabled true confines them)"
+const processGuestsReason = "the simulator's process-mode guest runs the workload on the host; AppVMs are not confined (jail.enabled true confines them)"
 
 // simCHJail is what `vmhost sim-ch` needs in a VM's jail beyond what Cloud
 // Hypervisor gets: the host's /usr (and the top-level links or directories

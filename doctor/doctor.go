@@ -124,7 +124,8 @@ type JailProbe struct {
 	Checked  int
 	Problems []string
 	// Unconfined lists running VMs without a jail (booted by an older
-	// vmhost, or while VMs ran unconfined): confined from their next boot.
+	// vmhost, or while VMs ran unconfined: confined from their next boot;
+	// or AppVMs of the simulator's process-mode guests).
 	Unconfined []string
 }
 
@@ -207,7 +208,7 @@ func checkJail(p JailProbe) Check {
 	detail := fmt.Sprintf("a process started in a throwaway jail runs as its own uid, with no capability, no_new_privs, in its own cgroup and root (%s); %d processes of running VMs are confined", p.Layout, p.Checked)
 	if len(p.Unconfined) > 0 {
 		return Check{Name: name, Status: Warn, Detail: detail + "; running unconfined: " + strings.Join(p.Unconfined, ", "),
-			Fix: "stop and start those VMs (they were booted by an older vmhost): each boot confines them"}
+			Fix: "stop and start those VMs (booted by an older vmhost, or while VMs ran unconfined): each boot confines them; AppVMs of the simulator's process-mode guests (serve --dev) are never confined"}
 	}
 	return ok(name, "%s", detail)
 }

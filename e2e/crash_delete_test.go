@@ -100,6 +100,7 @@ func TestDeleteStalledDownload(t *testing.T) {
 // owns. Always on, it interrupts at least 5 deletes and 5 creates;
 // VMHOST_E2E_CRASH_LOOP=1 (without -short) makes it 50 and 50.
 func TestCrashDeleteCreateLoop(t *testing.T) {
+	t.Parallel() // a long loop, mostly waiting: beside the others (doc.go)
 	want := 5
 	if os.Getenv("VMHOST_E2E_CRASH_LOOP") != "" && !testing.Short() {
 		want = 50

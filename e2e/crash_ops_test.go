@@ -459,6 +459,7 @@ var appvmOps = []crashOp{
 }
 
 func TestCrashDuringAppVMOperations(t *testing.T) {
+	t.Parallel() // a long loop, mostly waiting: beside the others (doc.go)
 	full := 5
 	if (os.Getenv("CI") != "" || os.Getenv("VMHOST_E2E_CRASH_LOOP") != "") && !testing.Short() {
 		full = 50 // the proof (about 5 minutes here)
@@ -481,7 +482,10 @@ func TestCrashDuringAppVMOperations(t *testing.T) {
 	}
 	for _, v := range variants {
 		for _, op := range v.ops {
-			t.Run(v.name+"/"+op.name, func(t *testing.T) { crashLoop(t, v.opts, op, v.want) })
+			t.Run(v.name+"/"+op.name, func(t *testing.T) {
+				t.Parallel()
+				crashLoop(t, v.opts, op, v.want)
+			})
 		}
 	}
 }

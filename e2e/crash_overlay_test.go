@@ -131,6 +131,7 @@ func (s *server) appvmSettled(id string) (overlayView, bool) {
 // interrupts at least 5 of each operation; VMHOST_E2E_CRASH_LOOP=1
 // (without -short) makes it 50.
 func TestCrashOverlayLoop(t *testing.T) {
+	t.Parallel()             // a long loop, mostly waiting: beside the others (doc.go)
 	netnstest.RequireRoot(t) // an AppVM always has an interface
 	want := 5
 	if os.Getenv("VMHOST_E2E_CRASH_LOOP") != "" && !testing.Short() {

@@ -27,6 +27,7 @@ import (
 // 5 times, 50 with VMHOST_E2E_CRASH_LOOP=1 (not with -short; .ci/run sets
 // it): a request counts when it reached the agent and got no answer.
 func TestCrashSaveLoop(t *testing.T) {
+	t.Parallel() // a long loop, mostly waiting: beside the others (doc.go)
 	want := 5
 	if os.Getenv("VMHOST_E2E_CRASH_LOOP") != "" && !testing.Short() {
 		want = 50

@@ -191,6 +191,7 @@ func fileSum(t *testing.T, path string) string {
 // restored ones and never a mix; and that the VM then works (a start, a
 // suspend, a start) and nothing is left that no record owns.
 func TestCrashAtEachSaveStep(t *testing.T) {
+	t.Parallel() // a long loop, mostly waiting: beside the others (doc.go)
 	root := os.Geteuid() == 0
 	f := newFixture(t)
 	type tc struct {

@@ -53,6 +53,14 @@ func TestMain(m *testing.M) {
 	if raceBuild {
 		simBin = filepath.Join(dir, "vmhost-sim")
 		builds = append(builds, []string{"build", "-o", simBin, "vmhost"})
+		// A race-built program sleeps a second before it exits (the race
+		// detector's atexit_sleep_ms), and the agent's start waits for
+		// one (the jail's self-check): a second per agent start, stop
+		// and CLI command, half the package's time. The agents report
+		// races as they happen; checkRaces reads them.
+		if _, set := os.LookupEnv("GORACE"); !set {
+			os.Setenv("GORACE", "atexit_sleep_ms=0")
+		}
 	}
 	for _, args := range builds {
 		build := exec.Command("go", args...)
@@ -104,7 +112,8 @@ type serverOpts struct {
 	// root running an agent that is not), owning its directory.
 	uid int
 	// confine sets jail.enabled true: with the process-mode simulator (the
-	// harness's default), the agent does not confine VMs unless told to.
+	// harness's default), the agent confines classic VMs but not AppVMs
+	// unless told to.
 	confine bool
 	// edit changes the config before it is written.
 	edit func(*config.Config)
@@ -269,6 +278,7 @@ func (s *server) stop() {
 			s.cmd.Process.Kill()
 			<-s.exited
 		}
+		s.checkRaces()
 	}
 	for _, pid := range s.children() {
 		syscall.Kill(pid, syscall.SIGKILL)
@@ -290,6 +300,14 @@ func (s *server) stop() {
 		}
 	}
 	disk.RemoveAll(s.dir) // the catalog's builds are sealed (immutable, as root)
+}
+
+// checkRaces fails the test when the agent, built with the race detector
+// under -race, reported a data race in its output.
+func (s *server) checkRaces() {
+	if out := s.stderr.String(); strings.Contains(out, "WARNING: DATA RACE") {
+		s.t.Errorf("the agent reported a data race:\n%s", out)
+	}
 }
 
 // children lists the pids of processes whose command line names this

@@ -887,3 +887,52 @@ func TestJailSavedStates(t *testing.T) {
 	checkConfined(t, "sc's CH", c.PID, c)
 	checkJails(t, s, map[string]view{"sa": s.jview("sa").view, "sc": c.view})
 }
+
+// TestJailDefaultWithProcessGuests: as root with the simulator's
+// process-mode guests and jail.enabled unset (serve --dev, and this
+// harness's default), a classic VM is confined (its CH and storage daemon
+// checked from /proc) while an AppVM, whose simulated guest runs the
+// workload on the host, is not; the agent says so once at start.
+func TestJailDefaultWithProcessGuests(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startAppVMServer(t, map[string]string{"idle": "exec sleep 300"})
+	f := newFixture(t)
+	s.create(f.body("classic", true, ""), http.StatusCreated)
+	s.waitDisplay("classic", "running", "running")
+	c := s.jview("classic")
+	if c.Confinement == nil {
+		t.Fatalf("classic VM not confined: %+v", c)
+	}
+	checkConfined(t, "classic CH", c.PID, c)
+	checkConfined(t, "classic QSD", c.Disk.QSDPid, c)
+
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"app","image_id":"idle","vcpus":1,"memory_mb":128,"disk_gib":1,`+
+		`"ip":"10.80.0.6","prefix":24,"gateway":"10.80.0.1"}`); st != http.StatusCreated {
+		t.Fatalf("AppVM create = %d %s", st, b)
+	}
+	s.appvmWait("app", "running", 60*time.Second, func(v appvmView) bool { return v.DisplayState == "running" })
+	var a jview
+	if err := json.Unmarshal(s.appvmGet("app").raw, &a); err != nil {
+		t.Fatal(err)
+	}
+	if a.PID == 0 {
+		t.Fatalf("the AppVM's view names no CH pid: %+v", a)
+	}
+	if a.Confinement != nil {
+		t.Errorf("AppVM confined under the process-mode guest: %+v", a.Confinement)
+	}
+	if st := statusOf(t, a.PID); !strings.HasPrefix(st["Uid"], "0\t") {
+		t.Errorf("the AppVM's CH runs as %s, want the agent's uid", st["Uid"])
+	}
+	out := s.stderr.String()
+	if n := strings.Count(out, `AppVMs run unconfined`); n != 1 || !strings.Contains(out, "VMs run confined") {
+		t.Errorf("the agent said %d times that AppVMs run unconfined (want once, beside VMs run confined):\n%s", n, out)
+	}
+	checkJails(t, s, map[string]view{"classic": c.view})
+	for _, p := range []string{"/api/vms/classic?force=true", "/api/appvm/vms/app?force=true"} {
+		if st, b := s.do("DELETE", p, ""); st != http.StatusNoContent {
+			t.Fatalf("DELETE %s = %d %s", p, st, b)
+		}
+	}
+	checkJails(t, s, nil)
+}

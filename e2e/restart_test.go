@@ -40,6 +40,7 @@ func (s *server) kill() {
 // the lock held is tried again, as systemd would.
 func (s *server) restart(env ...string) time.Duration {
 	s.t.Helper()
+	s.checkRaces() // of the agent this one replaces
 	start := time.Now()
 	for try := 1; ; try++ {
 		cmd := exec.Command(s.cmd.Path, s.cmd.Args[1:]...)

@@ -349,3 +349,53 @@ func TestAppVMFromSnapshotKeepsTheBuild(t *testing.T) {
 		t.Errorf("the build after the image's delete: %v", err)
 	}
 }
+
+// TestAppVMRestartPolicyAfterResume: an AppVM started from its saved state
+// is still under its restart policy: its workload (the same process, no
+// boot in between) fails after the resume, the failure is seen and the
+// AppVM boots again (restart_count 1), while the suspend and the start
+// themselves counted as no restart.
+func TestAppVMRestartPolicyAfterResume(t *testing.T) {
+	const failOnHUP = `echo pid $$; trap 'echo failing; exit 3' HUP; i=0; while :; do i=$((i+1)); echo count $i; sleep 0.1; done`
+	s := startAppVMServer(t, map[string]string{"fail": failOnHUP})
+	if st, b := s.do("POST", "/api/appvm/vms", `{"vm_id":"rp","image_id":"fail","vcpus":1,"memory_mb":128,"disk_gib":1,`+
+		`"ip":"10.80.0.11","prefix":24,"gateway":"10.80.0.1","restart_policy":"on-failure"}`); st != http.StatusCreated {
+		t.Fatalf("create = %d %s", st, b)
+	}
+	s.appvmWait("rp", "display running", 30*time.Second, func(v appvmView) bool { return v.DisplayState == "running" })
+	log := s.waitLog("rp", "three counts", func(l string) bool { return lastCount(l) >= 3 })
+	pid := pidLine.FindStringSubmatch(log)[1]
+	if st, b := s.do("POST", "/api/appvm/vms/rp/suspend", ""); st != http.StatusNoContent {
+		t.Fatalf("suspend = %d %s", st, b)
+	}
+	if st, b := s.do("POST", "/api/appvm/vms/rp/start", ""); st != http.StatusNoContent {
+		t.Fatalf("start = %d %s", st, b)
+	}
+	frozen := lastCount(s.workloadLog("rp"))
+	s.waitLog("rp", "counting on after the resume", func(l string) bool { return lastCount(l) >= frozen+3 })
+	if v := s.appvmGet("rp"); v.AppVM.RestartCount != 0 {
+		t.Fatalf("the suspend and start counted as a restart: %s", v.raw)
+	}
+	// The guest session is back once a signal reaches the workload.
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		st, b := s.do("POST", "/api/appvm/vms/rp/signal", `{"signal":"HUP"}`)
+		if st == http.StatusNoContent {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("signal after the resume = %d %s", st, b)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	v := s.appvmWait("rp", "a restart after the resumed workload failed", 30*time.Second, func(v appvmView) bool {
+		return v.AppVM.RestartCount == 1 && v.DisplayState == "running"
+	})
+	if v.AppVM.LastRestartAt == nil {
+		t.Errorf("no last_restart_at after the restart: %s", v.raw)
+	}
+	log = s.waitLog("rp", "the next boot's workload", func(l string) bool { return len(pidLine.FindAllString(l, -1)) >= 2 })
+	if pids := pidLine.FindAllStringSubmatch(log, -1); pids[0][1] != pid || !strings.Contains(log, "failing\n") {
+		t.Errorf("want the resumed workload (pid %s) to fail, then a new one:\n%s", pid, log)
+	}
+}

@@ -69,6 +69,10 @@ type Options struct {
 	// Jail confines the VMs' processes (jail.go); nil, or a Jailer that
 	// is not Enabled, runs them unconfined.
 	Jail *jail.Jailer
+	// AppVMsUnconfined, when set, says why AppVMs run unconfined while
+	// classic VMs are confined: the CH simulator's process-mode guest runs
+	// the workload on the host, which needs what a jail takes away.
+	AppVMsUnconfined string
 	// HostCPUs is the vCPU hot-add ceiling; 0 means Config.HostCPUs, or
 	// runtime.NumCPU() when that is 0 too.
 	HostCPUs int

@@ -76,7 +76,7 @@ func (e *Engine) vmJail(rec *record.Record) *jail.VM {
 // fsync) runs outside the lock.
 func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
 	j := e.jailer()
-	if j == nil || rec.Jail != nil {
+	if j == nil || rec.Jail != nil || (rec.Mode == record.ModeAppVM && e.o.AppVMsUnconfined != "") {
 		return rec, nil
 	}
 	recs := e.recs.All() // before jailMu: a record writer may hold the registry
