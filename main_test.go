@@ -377,6 +377,16 @@ func TestServeDev(t *testing.T) {
 	if code := s.stop(t, syscall.SIGTERM); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0; stderr:\n%s", code, s.stderr)
 	}
+	if os.Geteuid() == 0 {
+		// As root: one bridge made, said once; classic VMs confined and
+		// the process-mode guest's AppVMs not, said once.
+		out := s.stderr.String()
+		for msg, want := range map[string]int{`msg="dev bridge ready"`: 1, `msg="VMs run confined"`: 1, `msg="AppVMs run unconfined"`: 1} {
+			if n := strings.Count(out, msg); n != want {
+				t.Errorf("serve --dev as root said %s %d times, want %d:\n%s", msg, n, want, out)
+			}
+		}
+	}
 
 	// The second start prints no key and keeps the first one.
 	s2 := startServer(t, cwd, "--dev", "--listen", "127.0.0.1:0")

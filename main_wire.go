@@ -82,12 +82,6 @@ func newService(env serveEnv) (*service, error) {
 	} else {
 		eo.NoTapsReason = noTapsReason(uid)
 	}
-	if env.DevBridge != "" && eo.Taps != nil {
-		if err := eo.Taps.CreateBridge(context.Background(), env.DevBridge); err != nil {
-			return nil, fmt.Errorf("creating the dev bridge: %w", err)
-		}
-		env.Log.Info("dev bridge ready", "bridge", env.DevBridge)
-	}
 	// The event log opens first and follows the records, so what recovery
 	// finds (a VM that died while the agent was away) is told like any
 	// change.

@@ -134,8 +134,6 @@ func TestRoutes(t *testing.T) {
 		}
 	}
 	rr := newRouteRecorder(declared)
-	srv := httptest.NewServer(rr)
-	defer srv.Close()
 	body := filepath.Join(t.TempDir(), "body.json")
 	os.WriteFile(body, []byte(`{}`), 0o600)
 	image := filepath.Join(t.TempDir(), "image.tar")
@@ -195,10 +193,15 @@ func TestRoutes(t *testing.T) {
 		rr.mu.Lock()
 		rr.seen, rr.cancel = nil, cancel
 		rr.mu.Unlock()
+		// A server per command: its Close waits for every request the
+		// command sent, also one whose client gave up (a follow cut off
+		// at the end), so none is counted as the next command's.
+		srv := httptest.NewServer(rr)
 		var out, errb bytes.Buffer
 		env := map[string]string{"VMHOST_API": srv.URL, "VMHOST_TOKEN": "vmh_test"}
 		code := Run(ctx, args, strings.NewReader(""), &out, &errb, func(k string) string { return env[k] })
 		cancel()
+		srv.Close()
 		if code != 0 {
 			t.Errorf("vmhost %q = %d: %s", args, code, errb.String())
 		}
