@@ -198,7 +198,18 @@ func TestGuestAgentSignalLeavesVMRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvUntil(t, conn, "heartbeat")
+	agent, _ := simStatus(t, p)
 	p.wantStatus("PUT", "/sim/v1/guest-agent", fmt.Sprintf(`{"signal":%d}`, syscall.SIGSTOP), 204)
+	// A heartbeat the agent sent before it stopped may still be on its
+	// way: only one sent after the agent was seen stopped counts.
+	deadline := time.Now().Add(10 * time.Second)
+	for procState(agent) != "T" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest agent (pid %d) did not stop: state %q", agent, procState(agent))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stoppedAt := time.Now()
 	got := make(chan error, 1)
 	go func() {
 		for {
@@ -207,7 +218,7 @@ func TestGuestAgentSignalLeavesVMRunning(t *testing.T) {
 				got <- err
 				return
 			}
-			if m.Type() == "heartbeat" {
+			if hb, ok := m.(*proto.Heartbeat); ok && hb.At.After(stoppedAt) {
 				got <- nil
 				return
 			}
@@ -440,4 +451,17 @@ func TestGuestEndsWithItsVM(t *testing.T) {
 			}
 		})
 	}
+}
+
+// procState is the state letter of /proc/pid/stat ("" when the process is gone).
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if f := strings.Fields(string(b[i+1:])); len(f) > 0 {
+		return f[0]
+	}
+	return ""
 }

@@ -1,31 +1,16 @@
 package chsim_test
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"vmhost/appvm/guest/proto"
 	"vmhost/chclient"
 )
-
-// procState is the state letter of /proc/pid/stat ("" when the process is gone).
-func procState(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return ""
-	}
-	i := strings.LastIndexByte(string(b), ')')
-	if f := strings.Fields(string(b[i+1:])); len(f) > 0 {
-		return f[0]
-	}
-	return ""
-}
 
 var countLine = regexp.MustCompile(`count (\d+)\n`)
 
