@@ -15,23 +15,36 @@ import (
 // pciBlockDevice returns the block device node ("/dev/vdc") of the
 // virtio-blk device at PCI address bdf, waiting up to wait for the kernel
 // to probe it: a hot-plugged disk appears a moment after the host's
-// vm.add-disk answered. sysfs is the sysfs mount ("/sys").
+// vm.add-disk answered, and its node a moment before the disk can be
+// opened (ENXIO until the kernel has added it: a mount then fails so).
+// sysfs is the sysfs mount ("/sys").
 func pciBlockDevice(sysfs, bdf string, wait time.Duration) (string, error) {
 	if !proto.ValidBDF(bdf) {
 		return "", fmt.Errorf("%q is not a PCI address", bdf)
 	}
 	pattern := filepath.Join(sysfs, "bus/pci/devices", bdf, "virtio*/block/*")
 	var dev string
+	var last error
 	found := waitFor(wait, func() bool {
 		m, _ := filepath.Glob(pattern)
-		if len(m) == 1 {
-			dev = "/dev/" + filepath.Base(m[0])
-			_, err := os.Stat(dev)
-			return err == nil
+		if len(m) != 1 {
+			return false
 		}
-		return false
+		dev = "/dev/" + filepath.Base(m[0])
+		f, err := os.OpenFile(dev, os.O_RDONLY, 0)
+		if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENXIO) {
+			last = err
+			return false
+		}
+		if err == nil {
+			f.Close()
+		}
+		return true // another error is the mount's to report
 	})
 	if !found {
+		if last != nil {
+			return "", fmt.Errorf("the virtio block device at PCI address %s is not ready after %s: %w", bdf, wait, last)
+		}
 		return "", fmt.Errorf("no virtio block device at PCI address %s after %s", bdf, wait)
 	}
 	return dev, nil
