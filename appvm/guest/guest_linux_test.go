@@ -1086,6 +1086,13 @@ func logOutage(t *testing.T, v int, ack bool) (first *proto.Log, replay []proto.
 	}
 	if ack {
 		h.send(&proto.LogAck{Seq: first.Seq})
+		// The agent takes its host's messages in order: once it answers
+		// this Unmount (of nothing: done), it has taken the ack, which the
+		// closing below could otherwise overtake.
+		h.send(&proto.Unmount{Seq: 1, Mountpoint: "/barrier"})
+		if r, ok := h.next().(*proto.MountResult); !ok || r.Seq != 1 || r.Error != "" {
+			t.Fatalf("want the Unmount's result, got %#v", r)
+		}
 	}
 	sock := h.ln.Addr().String()
 	h.ln.Close()
