@@ -26,9 +26,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"vmhost/internal/nofollow"
@@ -351,6 +353,25 @@ type command struct {
 // a *Error, wrapped with the command name. If ctx ends first, Execute
 // returns ctx's error; the command may still run.
 func (c *Client) Execute(ctx context.Context, cmd string, args, ret any) error {
+	return c.execute(ctx, cmd, args, ret, nil)
+}
+
+// GetFD hands f to QEMU under name (its getfd command, with f passed as
+// SCM_RIGHTS ancillary data alongside it), for a later command to use as
+// "fd:name" (a migration to a file). The connection must be a unix
+// socket.
+func (c *Client) GetFD(ctx context.Context, name string, f *os.File) error {
+	return c.execute(ctx, "getfd", map[string]string{"fdname": name}, nil, f)
+}
+
+func (c *Client) execute(ctx context.Context, cmd string, args, ret any, f *os.File) error {
+	var uc *net.UnixConn
+	if f != nil {
+		var ok bool
+		if uc, ok = c.conn.(*net.UnixConn); !ok {
+			return fmt.Errorf("qmp %s: passing a file needs a unix socket, not a %T", cmd, c.conn)
+		}
+	}
 	id := strconv.FormatUint(c.nextID.Add(1), 10)
 	b, err := json.Marshal(command{Execute: cmd, Arguments: args, ID: id})
 	if err != nil {
@@ -378,7 +399,16 @@ func (c *Client) Execute(ctx context.Context, cmd string, args, ret any) error {
 	if dl, ok := ctx.Deadline(); ok {
 		c.conn.SetWriteDeadline(dl)
 	}
-	_, err = c.conn.Write(b)
+	if uc != nil {
+		// The file goes with the command's first byte; QEMU keeps it for
+		// the getfd that follows.
+		var n int
+		if n, _, err = uc.WriteMsgUnix(b, syscall.UnixRights(int(f.Fd())), nil); err == nil && n < len(b) {
+			_, err = uc.Write(b[n:])
+		}
+	} else {
+		_, err = c.conn.Write(b)
+	}
 	c.conn.SetWriteDeadline(time.Time{})
 	c.writeMu.Unlock()
 	if err != nil {

@@ -39,13 +39,12 @@ const activationPoll = 100 * time.Millisecond
 // qemuVM is one qemu process (and its vhost-device-vsock) running the booted VM. It lives
 // from vm.boot to the VM's stop; guest reboots happen inside it.
 type qemuVM struct {
-	s       *sim
-	cmd     *exec.Cmd
-	exited  chan struct{} // closed once qemu has been waited for
-	stderr  *tailBuffer   // the end of qemu's output, for boot errors
-	client  *qmp.Client
-	monitor *fdConn  // the client's connection, which can pass a file to qemu
-	serial  net.Conn // the backend's end of the serial relay; nil without a Socket serial
+	s      *sim
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once qemu has been waited for
+	stderr *tailBuffer   // the end of qemu's output, for boot errors
+	client *qmp.Client
+	serial net.Conn // the backend's end of the serial relay; nil without a Socket serial
 
 	devMu   sync.Mutex   // guards devices and seq: hot-plug changes them while the poll reads
 	devices []qemuDevice // the devices the poll watches
@@ -262,10 +261,9 @@ func (s *sim) startQemu(incoming *os.File) (_ *qemuVM, err error) {
 	if err != nil {
 		return nil, err
 	}
-	q.monitor = &fdConn{UnixConn: conn.(*net.UnixConn)}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	client, err := qmp.New(ctx, q.monitor)
+	client, err := qmp.New(ctx, conn)
 	if err != nil {
 		return nil, q.failure(fmt.Errorf("connecting to qemu's monitor: %w", err))
 	}

@@ -4,13 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"os"
 	"strings"
-	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // vm.snapshot and vm.restore in the qemu backend: the guest's memory and device state are
@@ -29,39 +25,6 @@ const maxMigrationBandwidth = 1 << 40
 
 // snapshotFDName is the name the destination file gets on qemu's monitor.
 const snapshotFDName = "chsim-snapshot"
-
-// fdConn is the monitor connection; a file set with passFile goes with the next message
-// (SCM_RIGHTS), so a getfd command can name it. The qmp client writes each command with one
-// Write; a file that went with another command's bytes still reaches qemu's monitor first,
-// which keeps it for the next getfd.
-type fdConn struct {
-	*net.UnixConn
-	mu   sync.Mutex
-	file *os.File
-}
-
-func (c *fdConn) passFile(f *os.File) {
-	c.mu.Lock()
-	c.file = f
-	c.mu.Unlock()
-}
-
-func (c *fdConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	f := c.file
-	c.file = nil
-	c.mu.Unlock()
-	if f == nil {
-		return c.UnixConn.Write(p)
-	}
-	n, _, err := c.UnixConn.WriteMsgUnix(p, unix.UnixRights(int(f.Fd())), nil)
-	if err == nil && n < len(p) {
-		var m int
-		m, err = c.UnixConn.Write(p[n:])
-		n += m
-	}
-	return n, err
-}
 
 // qemuSnapshotBlockedLocked says why qemu cannot save the VM, or "".
 func (s *sim) qemuSnapshotBlockedLocked() string {
@@ -100,10 +63,7 @@ func (s *sim) qemuSaveLocked(f *os.File) error {
 	if err := q.client.Execute(ctx, "migrate-set-parameters", map[string]any{"max-bandwidth": maxMigrationBandwidth}, nil); err != nil {
 		return err
 	}
-	q.monitor.passFile(f)
-	err := q.client.Execute(ctx, "getfd", map[string]string{"fdname": snapshotFDName}, nil)
-	q.monitor.passFile(nil)
-	if err != nil {
+	if err := q.client.GetFD(ctx, snapshotFDName, f); err != nil {
 		return err
 	}
 	if err := q.client.Execute(ctx, "migrate", map[string]string{"uri": "fd:" + snapshotFDName}, nil); err != nil {

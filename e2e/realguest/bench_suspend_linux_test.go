@@ -718,39 +718,8 @@ func (r *serialConn) waitTick(t *testing.T, off int64, last int, timeout time.Du
 type handQemu struct {
 	cmd    *exec.Cmd
 	done   chan struct{}
-	mon    *fdConn
 	qmp    *qmp.Client
 	serial *serialConn
-}
-
-// fdConn is a monitor connection whose next write carries a file
-// (SCM_RIGHTS) once passFile set it, for getfd.
-type fdConn struct {
-	*net.UnixConn
-	mu   sync.Mutex
-	file *os.File
-}
-
-func (c *fdConn) passFile(f *os.File) {
-	c.mu.Lock()
-	c.file = f
-	c.mu.Unlock()
-}
-
-func (c *fdConn) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	f := c.file
-	c.file = nil
-	c.mu.Unlock()
-	if f == nil {
-		return c.UnixConn.Write(p)
-	}
-	n, _, err := c.UnixConn.WriteMsgUnix(p, unix.UnixRights(int(f.Fd())), nil)
-	if err == nil && n < len(p) {
-		m, werr := c.UnixConn.Write(p[n:])
-		n, err = n+m, werr
-	}
-	return n, err
 }
 
 func startHandQemu(t *testing.T, argv []string, prev []byte, extra ...*os.File) *handQemu {
@@ -787,8 +756,7 @@ func startHandQemu(t *testing.T, argv []string, prev []byte, extra ...*os.File) 
 	h.serial = readSerialConn(t, conn(serialParent), prev)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	h.mon = &fdConn{UnixConn: conn(qmpParent).(*net.UnixConn)}
-	c, err := qmp.New(ctx, h.mon)
+	c, err := qmp.New(ctx, conn(qmpParent))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -831,8 +799,9 @@ func (h *handQemu) saveFD(t *testing.T, path string) {
 	defer f.Close()
 	h.execute(t, "stop", nil)
 	h.execute(t, "migrate-set-parameters", map[string]any{"max-bandwidth": int64(1) << 40})
-	h.mon.passFile(f)
-	h.execute(t, "getfd", map[string]string{"fdname": "bench"})
+	if err := h.qmp.GetFD(context.Background(), "bench", f); err != nil {
+		t.Fatal(err)
+	}
 	h.execute(t, "migrate", map[string]string{"uri": "fd:bench"})
 	h.waitMigration(t)
 }
