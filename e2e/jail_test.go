@@ -801,7 +801,8 @@ func TestJailUnreadableKernel(t *testing.T) {
 // mount namespace with /sys/fs/cgroup unmounted, as `ip netns exec`
 // leaves an agent), serve stops at once, saying what is missing and the
 // way out, jail.enabled false, with which it starts and says, once, that
-// VMs run unconfined.
+// VMs run unconfined. With jail.enabled unset and the simulator's
+// process-mode guests (serve --dev) it starts too, saying why once.
 func TestJailNeedsCgroupsAsRoot(t *testing.T) {
 	netnstest.RequireRoot(t)
 	unshare, err := exec.LookPath("unshare")
@@ -809,9 +810,9 @@ func TestJailNeedsCgroupsAsRoot(t *testing.T) {
 		t.Skip("unshare (util-linux) is not installed")
 	}
 	dir := t.TempDir()
-	serve := func(jailOn bool, ready time.Duration) (string, error) {
+	serve := func(jailOn *bool, ready time.Duration) (string, error) {
 		cfg := config.Default()
-		cfg.Jail.Enabled = new(jailOn)
+		cfg.Jail.Enabled = jailOn
 		data, err := cfg.Marshal()
 		if err != nil {
 			t.Fatal(err)
@@ -827,15 +828,21 @@ func TestJailNeedsCgroupsAsRoot(t *testing.T) {
 		out, err := cmd.CombinedOutput()
 		return string(out), err
 	}
-	out, err := serve(true, 30*time.Second)
+	out, err := serve(new(true), 30*time.Second)
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() <= 0 || !strings.Contains(out, "cgroup") || !strings.Contains(out, "set jail.enabled to false") {
 		t.Errorf("serve as root without cgroups: %v, want it to stop naming the cgroups and jail.enabled:\n%s", err, out)
 	}
 	// With the jail off it serves until killed (the context's end).
-	out, err = serve(false, 3*time.Second)
+	out, err = serve(new(false), 3*time.Second)
 	if !errors.As(err, &exit) || exit.ExitCode() != -1 || strings.Count(out, `msg="VMs run unconfined"`) != 1 || !strings.Contains(out, "jail.enabled is false") {
 		t.Errorf("serve with jail.enabled false: %v, want it serving and saying once that VMs run unconfined:\n%s", err, out)
+	}
+	// Unset, with the simulator's process-mode guests (serve --dev's):
+	// it serves, every VM unconfined, saying why once.
+	out, err = serve(nil, 3*time.Second)
+	if !errors.As(err, &exit) || exit.ExitCode() != -1 || strings.Count(out, `msg="VMs run unconfined"`) != 1 || !strings.Contains(out, "the jail cannot work on this host") {
+		t.Errorf("serve with jail.enabled unset and the process-mode simulator: %v, want it serving and saying once that VMs run unconfined:\n%s", err, out)
 	}
 }
 
