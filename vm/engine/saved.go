@@ -27,7 +27,9 @@ import (
 // directory under the VM's save directory, which it must be able to write
 // (with confinement, <state>/vms/<id>/save is the VM's and visible in its
 // hypervisor's root); CH syncs nothing, so the agent syncs every file and
-// the directory before it renames the directory into place. A start
+// the directory before it renames the directory into place (it has the
+// kernel start writing the files out while CH writes them, writebehind.go,
+// so that sync finds little left to do). A start
 // restores from the suspend directory in a fresh CH process (vm.restore),
 // paused; the VM is recorded running, then resumed: a guest that ran on
 // disks the record does not know about can never be restored again over
@@ -190,7 +192,9 @@ func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.
 	}
 	url, err := chclient.FileURL(tmp)
 	if err == nil {
+		stop := writeBehind(tmp)
 		err = c.Snapshot(ctx, url)
+		stop()
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
