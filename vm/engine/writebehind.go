@@ -15,9 +15,10 @@ const writeBehindPeriod = 20 * time.Millisecond
 // memory through the page cache and syncs nothing), every
 // writeBehindPeriod, so the sync that must follow before the state counts
 // as saved finds most of it on the disk already instead of starting it
-// then. It only starts the write-out (nothing waits for it, so a slow
-// disk slows nothing but itself); the sync after still makes every file
-// durable. The function returned stops it and waits until it stopped.
+// then. It only starts the write-out, in a goroutine of its own (a busy
+// disk can hold a call there, and stop waits for that one call); the sync
+// after still makes every file durable. The function returned stops it
+// and waits until it stopped.
 func writeBehind(dir string) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
