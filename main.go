@@ -24,7 +24,7 @@ import (
 	"vmhost/appvm/guest"
 	"vmhost/chclient/chsim"
 	"vmhost/cli"
-	_ "vmhost/jail" // a process being jailed runs the jail's helper from its init
+	_ "vmhost/jail" // the jail's self-check (doctor, the agent's start) runs from its init
 	"vmhost/qmp/qsdsim"
 )
 

@@ -248,16 +248,28 @@ func (c *Cgroup) limitDir(ctrl string) string {
 	return c.v1Dir(ctrl)
 }
 
-// joinFiles are the cgroup.procs files of the v1 hierarchies, which a
-// process joins by writing its pid there (v2 places it as it is cloned).
-func (c *Cgroup) joinFiles() []string {
-	var fs []string
+// taskFiles lists, for every v1 hierarchy the cgroup lives in (once
+// each), the "tasks" file of the cgroup (join) and of the cgroup a
+// /proc/thread-self/cgroup text places the thread in (leave; the
+// hierarchy's root when it names none). A thread writes "0" there to move
+// itself alone.
+func (c *Cgroup) taskFiles(procCgroup []byte) (join, leave []string) {
 	for _, ctrl := range v1Controllers {
-		if d := c.v1Dir(ctrl); d != "" && !slices.Contains(fs, filepath.Join(d, "cgroup.procs")) {
-			fs = append(fs, filepath.Join(d, "cgroup.procs"))
+		d := c.v1Dir(ctrl)
+		if d == "" || slices.Contains(join, filepath.Join(d, "tasks")) {
+			continue
 		}
+		join = append(join, filepath.Join(d, "tasks"))
+		now := "/"
+		for _, line := range strings.Split(string(procCgroup), "\n") {
+			parts := strings.SplitN(line, ":", 3)
+			if len(parts) == 3 && slices.Contains(strings.Split(parts[1], ","), ctrl) {
+				now = parts[2]
+			}
+		}
+		leave = append(leave, filepath.Join(c.layout.V1[ctrl], now, "tasks"))
 	}
-	return fs
+	return join, leave
 }
 
 // Create makes the cgroup in every hierarchy (what exists already is kept)
@@ -640,8 +652,8 @@ func pause(ctx context.Context, d time.Duration) error {
 }
 
 // Remove kills what is in the cgroup and removes its directory from every
-// hierarchy. A process that joins while it runs (a helper that was still
-// starting) is killed on the next round. A cgroup that does not exist is
+// hierarchy. A process that joins while it runs (one being started) is
+// killed on the next round. A cgroup that does not exist is
 // removed already.
 func (c *Cgroup) Remove(ctx context.Context) error {
 	for {

@@ -129,8 +129,12 @@ func TestParseMountinfo(t *testing.T) {
 	if got := c.dirs(); !sameSet(got, wantDirs) {
 		t.Errorf("dirs = %v, want %v", got, wantDirs)
 	}
-	if got := c.joinFiles(); len(got) != 3 {
-		t.Errorf("joinFiles = %v, want the three v1 hierarchies' cgroup.procs", got)
+	self := "12:pids:/system.slice/vmhost.service\n6:memory:/system.slice/vmhost.service\n3:cpu,cpuacct:/\n1:name=systemd:/system.slice/vmhost.service\n0::/system.slice/vmhost.service\n"
+	join, leave := c.taskFiles([]byte(self))
+	wantJoin := []string{"/sys/fs/cgroup/memory/vmhost/a1/vm-x/tasks", "/sys/fs/cgroup/pids/vmhost/a1/vm-x/tasks", "/sys/fs/cgroup/cpu,cpuacct/vmhost/a1/vm-x/tasks"}
+	wantLeave := []string{"/sys/fs/cgroup/memory/system.slice/vmhost.service/tasks", "/sys/fs/cgroup/pids/system.slice/vmhost.service/tasks", "/sys/fs/cgroup/cpu,cpuacct/tasks"}
+	if !sameSet(join, wantJoin) || !sameSet(leave, wantLeave) {
+		t.Errorf("taskFiles = %v, %v; want %v, %v", join, leave, wantJoin, wantLeave)
 	}
 
 	v2 := "40 31 0:27 / /sys/fs/cgroup rw,relatime shared:10 - cgroup2 cgroup2 rw,nsdelegate\n"
@@ -146,8 +150,11 @@ func TestParseMountinfo(t *testing.T) {
 		t.Errorf("v2 with its controllers: %v", err)
 	}
 	c = l.Cgroup("vmhost/a1/vm-x")
-	if got := c.dirs(); len(got) != 1 || got[0] != "/sys/fs/cgroup/vmhost/a1/vm-x" || len(c.joinFiles()) != 0 {
-		t.Errorf("v2 dirs %v join %v", got, c.joinFiles())
+	if join, _ := c.taskFiles(nil); len(join) != 0 {
+		t.Errorf("v2 tasks files %v", join)
+	}
+	if got := c.dirs(); len(got) != 1 || got[0] != "/sys/fs/cgroup/vmhost/a1/vm-x" {
+		t.Errorf("v2 dirs %v", got)
 	}
 	if got := unescapeMountinfo(`/mnt/a\040b\134c`); got != `/mnt/a b\c` {
 		t.Errorf("unescape: %q", got)

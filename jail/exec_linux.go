@@ -1,10 +1,8 @@
 package jail
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,33 +11,89 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// helperTimeout bounds the wait for the helper to exec the program. Building
-// a root takes milliseconds; a helper stuck longer (a hung file system under
-// a bind) is killed by the caller.
-const helperTimeout = 30 * time.Second
-
-// Prepare rewrites cmd to start the jail's helper in new mount and IPC
-// namespaces (and, with cgroup v2, in the VM's cgroup from its first
-// instruction), handing it what to build and what to exec. cmd keeps its
-// output, environment and ExtraFiles, which reach the program unchanged.
-// The caller starts cmd and then calls started with Start's error: it
-// releases what Prepare opened and, when the start succeeded, waits until
-// the helper has exec'd the program, or returns the helper's error (the
-// caller then kills and reaps the process).
-func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error, err error) {
+// Start starts cmd in the VM's jail and returns once the program runs
+// there, or why it could not (nothing is left running then). cmd keeps its
+// arguments, environment, output and ExtraFiles; its Path must be absolute.
+//
+// The start happens on an OS thread of its own, which then ends: the thread
+// joins the VM's v1 cgroups, unshares its mount namespace, builds the root
+// and pivots into it, empties its bounding, ambient and inheritable
+// capability sets and sets no_new_privs; the program is cloned from it
+// (into a new IPC namespace and, with cgroup v2, straight into the VM's
+// cgroup) and inherits all of it, and Go's exec switches it to the VM's uid,
+// gid and groups, which empties its permitted and effective sets. So the
+// program never runs outside its cgroups, its root or its uid, and nothing
+// is exec'd on the way but the program itself.
+func (c *Confinement) Start(cmd *exec.Cmd) error {
 	if !filepath.IsAbs(cmd.Path) {
-		return nil, fmt.Errorf("jail: program %q is not an absolute path", cmd.Path)
+		return fmt.Errorf("jail: program %q is not an absolute path", cmd.Path)
 	}
 	prog, err := filepath.EvalSymlinks(cmd.Path)
 	if err != nil {
-		return nil, fmt.Errorf("jail: %w", err)
+		return fmt.Errorf("jail: %w", err)
 	}
-	// The root with its links resolved, as the helper compares it with the
+	s, err := c.rootSpec(prog)
+	if err != nil {
+		return err
+	}
+	lastCap, err := readLastCap()
+	if err != nil {
+		return fmt.Errorf("jail: %w", err)
+	}
+	// exec.Cmd opens the null device for a stream it is not given; inside
+	// the root there is none, so it is opened here.
+	var null *os.File
+	if cmd.Stdin == nil || cmd.Stdout == nil || cmd.Stderr == nil {
+		if null, err = os.OpenFile(os.DevNull, os.O_RDWR, 0); err != nil {
+			return fmt.Errorf("jail: %w", err)
+		}
+		defer null.Close()
+		if cmd.Stdin == nil {
+			cmd.Stdin = null
+		}
+		if cmd.Stdout == nil {
+			cmd.Stdout = null
+		}
+		if cmd.Stderr == nil {
+			cmd.Stderr = null
+		}
+	}
+	attr := cmd.SysProcAttr
+	if attr == nil {
+		attr = &syscall.SysProcAttr{}
+		cmd.SysProcAttr = attr
+	}
+	attr.Cloneflags |= syscall.CLONE_NEWIPC
+	attr.Credential = &syscall.Credential{Uid: c.vm.UID, Gid: c.vm.GID, Groups: c.x.Groups}
+	if d := c.vm.cgroup.unifiedDir(); d != "" {
+		cgfd, err := unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("jail: opening cgroup %s: %w", d, err)
+		}
+		defer unix.Close(cgfd)
+		attr.UseCgroupFD = true
+		attr.CgroupFD = cgfd
+	}
+	cmd.Path = prog
+	if len(cmd.Args) == 0 {
+		cmd.Args = []string{prog}
+	}
+	err = onOwnThread(func() error {
+		return startOnThread(cmd, s, c.vm.cgroup, lastCap, c.x.MemlockBytes)
+	})
+	if err != nil {
+		return fmt.Errorf("jail: starting %s: %w", prog, err)
+	}
+	return nil
+}
+
+// rootSpec says what the root of a process running prog holds.
+func (c *Confinement) rootSpec(prog string) (*rootSpec, error) {
+	// The root with its links resolved, as buildRoot compares it with the
 	// (resolved) binds.
 	root, err := filepath.EvalSymlinks(c.vm.Root)
 	if err != nil {
@@ -49,215 +103,118 @@ func (c *Confinement) Prepare(cmd *exec.Cmd) (started func(startErr error) error
 	if err != nil {
 		return nil, fmt.Errorf("jail: %w", err)
 	}
-	args := cmd.Args
-	if len(args) == 0 {
-		args = []string{cmd.Path}
-	}
-	spec := helperSpec{
-		Path: prog, Args: args, Dir: cmd.Dir,
-		UID: c.vm.UID, GID: c.vm.GID, Groups: c.x.Groups,
-		Root: root, Proc: c.x.Proc, MemlockBytes: c.x.MemlockBytes,
-	}
-	joinFiles := c.vm.cgroup.joinFiles()
+	s := &rootSpec{UID: c.vm.UID, GID: c.vm.GID, Root: root, Proc: c.x.Proc}
 	for _, b := range c.x.Binds {
 		if !filepath.IsAbs(b.Path) {
 			return nil, fmt.Errorf("jail: bind %q is not an absolute path", b.Path)
 		}
-		spec.Binds = append(spec.Binds, b)
+		s.Binds = append(s.Binds, b)
 	}
 	for _, f := range files {
-		spec.Binds = append(spec.Binds, Bind{Path: f, Exec: true})
+		s.Binds = append(s.Binds, Bind{Path: f, Exec: true})
 	}
 	for _, d := range c.x.Devices {
 		if !filepath.IsAbs(d) {
 			return nil, fmt.Errorf("jail: device %q is not an absolute path", d)
 		}
-		spec.Devices = append(spec.Devices, helperDevice{Path: d, Private: !publicDevices[d]})
+		s.Devices = append(s.Devices, rootDevice{Path: d, Private: !publicDevices[d]})
 	}
-	b, err := json.Marshal(spec)
-	if err != nil {
-		return nil, fmt.Errorf("jail: %w", err)
-	}
+	return s, nil
+}
 
-	var cgfd = -1
-	if d := c.vm.cgroup.unifiedDir(); d != "" {
-		if cgfd, err = unix.Open(d, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0); err != nil {
-			return nil, fmt.Errorf("jail: opening cgroup %s: %w", d, err)
-		}
-	}
-	specR, specW, err := os.Pipe()
-	if err != nil {
-		closeFD(cgfd)
-		return nil, fmt.Errorf("jail: %w", err)
-	}
-	statR, statW, err := os.Pipe()
-	if err != nil {
-		closeFD(cgfd)
-		specR.Close()
-		specW.Close()
-		return nil, fmt.Errorf("jail: %w", err)
-	}
-	// joinedW tells the helper that the agent has placed it in the v1
-	// cgroups (a byte), or could not (closed without one).
-	joinedR, joinedW, err := os.Pipe()
-	if err != nil {
-		closeFD(cgfd)
-		specR.Close()
-		specW.Close()
-		statR.Close()
-		statW.Close()
-		return nil, fmt.Errorf("jail: %w", err)
-	}
-	// The spec may exceed a pipe's buffer; the helper reads it all first.
+// onOwnThread runs f on an OS thread locked to it, which ends after: a
+// goroutine that returns locked ends its thread, and with it whatever f
+// changed of it. The main thread cannot end (the runtime parks it instead)
+// and is the one /proc/self shows: f never runs there.
+func onOwnThread(f func() error) error {
+	errc := make(chan error, 1)
 	go func() {
-		specW.Write(b)
-		specW.Close()
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Held here, the main thread is not the one the next
+			// goroutine locks.
+			errc <- onOwnThread(f)
+			runtime.UnlockOSThread()
+			return
+		}
+		errc <- f()
 	}()
+	return <-errc
+}
 
-	first := 3 + len(cmd.ExtraFiles)
-	cmd.ExtraFiles = append(slices.Clip(cmd.ExtraFiles), specR, statW, joinedR)
-	cmd.Path = c.vm.helper
-	cmd.Args = []string{helperArg0, strconv.Itoa(first)}
-	cmd.Dir = ""
-	attr := cmd.SysProcAttr
-	if attr == nil {
-		attr = &syscall.SysProcAttr{}
-		cmd.SysProcAttr = attr
+// startOnThread confines the calling thread, which is its own and ends
+// after, and starts cmd from it, with memlock (when not 0) as the process's
+// RLIMIT_MEMLOCK.
+func startOnThread(cmd *exec.Cmd, s *rootSpec, cg *Cgroup, lastCap int, memlock uint64) error {
+	// The thread joins the VM's v1 cgroups, so that the process it
+	// clones is born there, and leaves them once it has: opened now,
+	// while the host's cgroup file systems are in its root.
+	self, err := os.ReadFile("/proc/thread-self/cgroup")
+	if err != nil {
+		return fmt.Errorf("reading the thread's cgroups: %w", err)
 	}
-	attr.Cloneflags |= syscall.CLONE_NEWNS | syscall.CLONE_NEWIPC
-	if cgfd >= 0 {
-		attr.UseCgroupFD = true
-		attr.CgroupFD = cgfd
-	}
-	return func(startErr error) error {
-		specR.Close()
-		statW.Close()
-		joinedR.Close()
-		closeFD(cgfd)
-		defer statR.Close()
-		if startErr != nil {
-			joinedW.Close()
-			return startErr
-		}
-		// The v1 joins, while the helper starts and builds its root.
-		pid := strconv.Itoa(cmd.Process.Pid)
-		var joinErr error
-		for _, f := range joinFiles {
-			if err := writeCgroupFile(f, pid); err != nil {
-				joinErr = fmt.Errorf("jail: placing %s in cgroup %s: %w", prog, filepath.Dir(f), err)
-				break
-			}
-		}
-		if joinErr == nil {
-			if _, err := joinedW.Write([]byte{'j'}); err != nil {
-				joinErr = fmt.Errorf("jail: starting %s: %w", prog, err)
-			}
-		}
-		joinedW.Close() // without a byte, the helper gives up
-		statR.SetReadDeadline(time.Now().Add(helperTimeout))
-		msg, err := io.ReadAll(statR)
-		if joinErr != nil {
-			// A helper that failed on its own first (and exited, so the
-			// joins or the pipe found it gone) says why.
-			if len(msg) > 0 && string(msg) != errNotPlaced {
-				return fmt.Errorf("jail: starting %s: %s", prog, msg)
-			}
-			return joinErr
-		}
+	join, leave := cg.taskFiles(self)
+	for _, f := range leave {
+		fd, err := unix.Open(f, unix.O_WRONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			return fmt.Errorf("jail: waiting for the helper to start %s: %w", prog, err)
+			return fmt.Errorf("opening %s: %w", f, err)
 		}
-		if len(msg) > 0 {
-			return fmt.Errorf("jail: starting %s: %s", prog, msg)
+		defer func() {
+			unix.Write(fd, []byte("0"))
+			unix.Close(fd)
+		}()
+	}
+	// "0" moves the writer only: a single thread moved by itself needs
+	// no threadgroup lock, and so does not wait for the RCU grace period
+	// that lock takes in v1 (kernel/cgroup/cgroup.c,
+	// cgroup_procs_write_start).
+	for _, f := range join {
+		if err := writeCgroupFile(f, "0"); err != nil {
+			return fmt.Errorf("joining cgroup %s: %w", filepath.Dir(f), err)
 		}
-		return nil
-	}, nil
-}
-
-func closeFD(fd int) {
-	if fd >= 0 {
-		unix.Close(fd)
 	}
-}
-
-// The helper runs from this package's initialisation rather than from
-// main: Go initialises a program's packages before main, and most of
-// vmhost's come after this one, so a jailed start pays for the runtime and
-// this package's dependencies only, not for the whole agent's (a few
-// milliseconds per process, measured by BenchmarkCreate). Any binary that
-// links this package, test binaries included, can therefore be the helper.
-func init() {
-	if isHelper() {
-		helperMain()
-	}
-	if len(os.Args) == 1 && os.Args[0] == checkArg0 {
-		os.Exit(selfCheck())
-	}
-}
-
-// helperMain is the jail's helper: it builds the process's root, drops its
-// privileges and execs the program. It never returns: on failure it writes
-// the reason for the agent and exits with status 126.
-func helperMain() {
-	// Capability sets, the bounding set and no_new_privs belong to a thread,
-	// and exec keeps those of the thread that calls it: all of it happens on
-	// this one.
-	runtime.LockOSThread()
-	fd, err := strconv.Atoi(os.Args[1])
-	if err != nil || fd < 3 {
-		fmt.Fprintf(os.Stderr, "%s: started without a spec\n", helperArg0)
-		os.Exit(126)
-	}
-	status := os.NewFile(uintptr(fd+1), "status")
-	unix.CloseOnExec(fd + 1)
-	err = helper(os.NewFile(uintptr(fd), "spec"), os.NewFile(uintptr(fd+2), "joined"))
-	status.WriteString(err.Error())
-	os.Exit(126)
-}
-
-// errNotPlaced is the helper's failure when the agent could not place it in
-// the VM's v1 cgroups (the agent says why).
-const errNotPlaced = "the agent did not place the process in the VM's cgroups"
-
-// helper returns only on failure.
-func helper(specFile, joined *os.File) error {
-	b, err := io.ReadAll(specFile)
-	specFile.Close()
-	if err != nil {
-		return fmt.Errorf("reading the spec: %w", err)
-	}
-	var s helperSpec
-	if err := json.Unmarshal(b, &s); err != nil {
-		return fmt.Errorf("reading the spec: %w", err)
-	}
-	lastCap, err := readLastCap()
-	if err != nil {
-		return err
+	// CLONE_FS too: the root, working directory and umask changed below
+	// are then this thread's alone.
+	if err := unix.Unshare(unix.CLONE_NEWNS | unix.CLONE_FS); err != nil {
+		return fmt.Errorf("unsharing the mount namespace: %w", err)
 	}
 	umask := unix.Umask(0o022)
-	if err := buildRoot(&s); err != nil {
+	if err := buildRoot(s); err != nil {
 		return err
-	}
-	// The program runs only in every cgroup of the VM: the agent places
-	// this process in the v1 ones meanwhile.
-	unix.CloseOnExec(int(joined.Fd()))
-	if n, _ := joined.Read(make([]byte, 1)); n != 1 {
-		return errors.New(errNotPlaced)
-	}
-	joined.Close()
-	if err := dropPrivileges(&s, lastCap); err != nil {
-		return err
-	}
-	dir := s.Dir
-	if dir == "" {
-		dir = "/"
-	}
-	if err := os.Chdir(dir); err != nil {
-		return fmt.Errorf("jailed: %w", err)
 	}
 	unix.Umask(umask)
-	err = syscall.Exec(s.Path, s.Args, os.Environ())
-	return fmt.Errorf("jailed: exec %s: %w", s.Path, err)
+	if err := dropPrivileges(lastCap); err != nil {
+		return err
+	}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if memlock != 0 {
+		cred := cmd.SysProcAttr.Credential
+		if err := setMemlock(cmd.Process.Pid, cred.Uid, cred.Gid, memlock); err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return err
+		}
+	}
+	return nil
+}
+
+// setMemlock sets the RLIMIT_MEMLOCK of the jailed process pid, which runs
+// as the VM's uid and gid, before anything asks it to lock memory. A limit
+// belongs to a process, not a thread: it is set from outside. Setting
+// another process's limit takes CAP_SYS_RESOURCE or the process's ids as
+// one's real ids: this thread takes those, keeping its capabilities, which
+// raising the hard limit still needs.
+func setMemlock(pid int, uid, gid uint32, bytes uint64) error {
+	if err := setThreadRealIDs(uid, gid); err != nil {
+		return fmt.Errorf("setting RLIMIT_MEMLOCK: %w", err)
+	}
+	lim := unix.Rlimit{Cur: bytes, Max: bytes}
+	if err := unix.Prlimit(pid, unix.RLIMIT_MEMLOCK, &lim, nil); err != nil {
+		return fmt.Errorf("setting RLIMIT_MEMLOCK to %d bytes (raising it needs CAP_SYS_RESOURCE): %w", bytes, err)
+	}
+	return nil
 }
 
 // readLastCap reads the highest capability number the kernel knows, which
@@ -272,6 +229,14 @@ func readLastCap() (int, error) {
 		return 0, fmt.Errorf("reading the last capability: %w", err)
 	}
 	return n, nil
+}
+
+// The jailed self-check runs from this package's initialisation, so any
+// binary that links the package can be it (SelfTest).
+func init() {
+	if len(os.Args) == 1 && os.Args[0] == checkArg0 {
+		os.Exit(selfCheck())
+	}
 }
 
 // mountPlan is one bind of the root: what the host path resolves to.
@@ -298,7 +263,7 @@ func inert(st *unix.Stat_t) bool {
 // buildRoot makes s.Root the process's root: a tmpfs holding the binds at
 // their paths and the device nodes, then pivot_root into it. The mount
 // namespace is the process's own; nothing done here is seen by the host.
-func buildRoot(s *helperSpec) error {
+func buildRoot(s *rootSpec) error {
 	// Private first: no mount or unmount below reaches the host's
 	// namespace, and none of the host's reaches this one.
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
@@ -548,7 +513,7 @@ func copyLink(name, target string) error {
 	return nil
 }
 
-// makeNode makes a directory (mode 0755, the helper's umask being 022) or
+// makeNode makes a directory (mode 0755, the umask being 022 then) or
 // an empty file (a mount point) at name unless one is there. The common
 // case, a new node, is one system call.
 func makeNode(name string, dir bool) error {
@@ -576,7 +541,7 @@ func makeNode(name string, dir bool) error {
 
 // makeDevice makes the node d.Path in root with the host node's type and
 // numbers.
-func makeDevice(rb *rootBuilder, d helperDevice, uid, gid uint32) error {
+func makeDevice(rb *rootBuilder, d rootDevice, uid, gid uint32) error {
 	var st unix.Stat_t
 	if err := unix.Stat(d.Path, &st); err != nil {
 		return fmt.Errorf("device %s: %w", d.Path, err)
@@ -605,17 +570,27 @@ func makeDevice(rb *rootBuilder, d helperDevice, uid, gid uint32) error {
 	return nil
 }
 
-// dropPrivileges leaves this thread with s's uid, gid and groups, every
-// capability set empty and no_new_privs set, which exec keeps.
-func dropPrivileges(s *helperSpec, lastCap int) error {
-	if s.MemlockBytes != 0 {
-		// Raising the hard limit needs CAP_SYS_RESOURCE: while root.
-		lim := unix.Rlimit{Cur: s.MemlockBytes, Max: s.MemlockBytes}
-		if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &lim); err != nil {
-			return fmt.Errorf("setting RLIMIT_MEMLOCK to %d bytes (raising it needs CAP_SYS_RESOURCE): %w", s.MemlockBytes, err)
-		}
+// The securebits that would keep capabilities across the uid change
+// (linux/securebits.h).
+const (
+	secbitNoSetuidFixup = 1 << 2
+	secbitKeepCaps      = 1 << 4
+)
+
+// dropPrivileges empties this thread's bounding, ambient and inheritable
+// capability sets and sets its no_new_privs, which a process cloned from it
+// inherits. The thread keeps its permitted and effective sets, with which
+// the clone switches to the VM's uid and gid; leaving uid 0 then empties
+// them, as long as no securebit says to keep them (checked).
+func dropPrivileges(lastCap int) error {
+	bits, err := unix.PrctlRetInt(unix.PR_GET_SECUREBITS, 0, 0, 0, 0)
+	if err != nil {
+		return fmt.Errorf("reading the securebits: %w", err)
 	}
-	// The bounding set needs CAP_SETPCAP to shrink: before the uid changes.
+	if bits&(secbitKeepCaps|secbitNoSetuidFixup) != 0 {
+		return fmt.Errorf("securebits %#x keep capabilities across the uid change", bits)
+	}
+	// The bounding set needs CAP_SETPCAP to shrink: it is still there.
 	for c := 0; c <= lastCap; c++ {
 		if err := unix.Prctl(unix.PR_CAPBSET_DROP, uintptr(c), 0, 0, 0); err != nil {
 			return fmt.Errorf("dropping capability %d from the bounding set: %w", c, err)
@@ -624,36 +599,17 @@ func dropPrivileges(s *helperSpec, lastCap int) error {
 	if err := unix.Prctl(unix.PR_CAP_AMBIENT, unix.PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0); err != nil {
 		return fmt.Errorf("clearing the ambient capabilities: %w", err)
 	}
-	if err := setThreadCreds(s.UID, s.GID, s.Groups); err != nil {
-		return err
-	}
-	// Leaving uid 0 empties the permitted and effective sets, unless
-	// securebits said to keep them, and never the inheritable set: empty
-	// all three explicitly.
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
-	if err := unix.Capset(&hdr, &data[0]); err != nil {
-		return fmt.Errorf("emptying the capability sets: %w", err)
-	}
-	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
-		return fmt.Errorf("setting no_new_privs: %w", err)
-	}
-	// Check rather than trust: exec must not run with anything left.
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return fmt.Errorf("reading the capability sets: %w", err)
 	}
-	for _, d := range data {
-		if d.Effective|d.Permitted|d.Inheritable != 0 {
-			return errors.New("capabilities remain after dropping them")
-		}
+	data[0].Inheritable, data[1].Inheritable = 0, 0
+	if err := unix.Capset(&hdr, &data[0]); err != nil {
+		return fmt.Errorf("emptying the inheritable capabilities: %w", err)
 	}
-	ruid, euid, suid := unix.Getresuid()
-	rgid, egid, sgid := unix.Getresgid()
-	for i, id := range []int{ruid, euid, suid, rgid, egid, sgid} {
-		if i < 3 && id != int(s.UID) || i >= 3 && id != int(s.GID) {
-			return fmt.Errorf("running as uids %d %d %d, gids %d %d %d after switching to %d:%d",
-				ruid, euid, suid, rgid, egid, sgid, s.UID, s.GID)
-		}
+	if err := unix.Prctl(unix.PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("setting no_new_privs: %w", err)
 	}
 	return nil
 }

@@ -8,9 +8,9 @@ import (
 	"os/exec"
 )
 
-// Prepare fails off Linux: there is no jail to start a process in.
-func (c *Confinement) Prepare(cmd *exec.Cmd) (func(error) error, error) {
-	return nil, fmt.Errorf("jail: %w", errLinuxOnly)
+// Start fails off Linux: there is no jail to start a process in.
+func (c *Confinement) Start(cmd *exec.Cmd) error {
+	return fmt.Errorf("jail: %w", errLinuxOnly)
 }
 
 // Own fails off Linux.

@@ -11,18 +11,16 @@
 // the files, directories and device nodes that process was given, each at
 // the same absolute path as on the host, so command lines need no rewriting.
 //
-// A process is started jailed in the order of Firecracker's jailer: the
-// agent clones it into a new mount (and IPC) namespace and, with cgroup v2,
-// straight into its cgroup (CLONE_INTO_CGROUP); the clone runs this binary
-// again as a small helper (run from this package's init) that builds the
-// root, pivots into it, drops every capability from every set, sets
-// no_new_privs, switches to the VM's uid and gid, and execs the real program.
-// Meanwhile the agent moves it into the VM's v1 cgroups, whose joins wait
-// for an RCU grace period (see ref/confinement.md): done beside the
-// helper's start rather than after it, the wait hides most of it; the
-// helper execs only once the agent says the joins are done. The helper
-// reports a failure on a pipe that the exec closes, so the agent knows the
-// confinement took hold before it trusts the process.
+// A process is started jailed from an OS thread of the agent's made for it
+// (Confinement.Start): the thread joins the VM's v1 cgroups, takes a mount
+// namespace of its own, builds the root and pivots into it, empties its
+// bounding, ambient and inheritable capabilities and sets no_new_privs; the
+// program is cloned from that thread into a new IPC namespace (and, with
+// cgroup v2, straight into its cgroup: CLONE_INTO_CGROUP), switched to the
+// VM's uid and gid, which empties its remaining capabilities, and exec'd.
+// It inherits everything else from the thread, which then ends. So the
+// program runs confined from its first instruction, and nothing else is
+// exec'd on the way: the jail costs a start about what the mounts cost.
 //
 // The agent keeps root. Without root, or off Linux, confinement is off and
 // New says why.
@@ -49,10 +47,10 @@ type Host struct {
 	AgentID string // this agent's id (docs/design.md §2), a segment of every VM's cgroup
 	// Layout is where the cgroup hierarchies are; nil means DetectLayout.
 	Layout *Layout
-	// Helper is the binary re-executed as the jail's helper: any program
-	// that links this package. Empty means this binary (/proc/self/exe,
-	// which stays valid when the file is replaced).
-	Helper string
+	// CheckBinary is the program SelfTest runs jailed: any program that
+	// links this package. Empty means this binary (/proc/self/exe, which
+	// stays valid when the file is replaced).
+	CheckBinary string
 }
 
 // Jailer makes and finds the jails of one agent's VMs.
@@ -102,8 +100,8 @@ func New(cfg Config, h Host) (*Jailer, error) {
 		}
 		j.layout = l
 	}
-	if j.host.Helper == "" {
-		j.host.Helper = "/proc/self/exe"
+	if j.host.CheckBinary == "" {
+		j.host.CheckBinary = "/proc/self/exe"
 	}
 	return j, nil
 }
@@ -187,7 +185,6 @@ func (j *Jailer) VM(vmID string, id uint32) (*VM, error) {
 		GID:    id,
 		Root:   filepath.Join(j.host.RunDir, "jail", vmID),
 		cgroup: j.layout.Cgroup(j.CgroupName(vmID)),
-		helper: j.host.Helper,
 	}, nil
 }
 
@@ -200,7 +197,6 @@ type VM struct {
 	Root string
 
 	cgroup *Cgroup
-	helper string
 }
 
 // Cgroup returns the VM's cgroup: its processes, counters and limits.
@@ -260,9 +256,10 @@ type Exec struct {
 	// Groups are supplementary groups; normally none.
 	Groups []uint32
 	// MemlockBytes, when not zero, is the process's RLIMIT_MEMLOCK (soft and
-	// hard). A VM with VFIO devices needs its guest memory there: the type1
-	// IOMMU charges the memory it pins to that limit, which a process
-	// without CAP_IPC_LOCK cannot raise itself.
+	// hard), set by the agent as soon as the process runs. A VM with VFIO
+	// devices needs its guest memory there: the type1 IOMMU charges the
+	// memory it pins to that limit, which a process without CAP_IPC_LOCK
+	// cannot raise itself.
 	MemlockBytes uint64
 }
 
@@ -284,37 +281,23 @@ func (v *VM) Confine(x Exec) *Confinement {
 	return &Confinement{vm: v, x: x}
 }
 
-// Confinement starts a process jailed (see Prepare).
+// Confinement starts a process jailed (see Start).
 type Confinement struct {
 	vm *VM
 	x  Exec
 }
 
-// helperArg0 is the argv[0] the helper runs with: isHelper looks for it.
-const helperArg0 = "vmhost-jail-helper"
-
-// isHelper reports whether this process was started as the jail's helper.
-func isHelper() bool {
-	return len(os.Args) == 2 && os.Args[0] == helperArg0
-}
-
-// helperSpec is what the agent hands the helper, as JSON on a pipe.
-type helperSpec struct {
-	Path   string   // the program, symbolic links resolved
-	Args   []string // its argv
-	Dir    string   // working directory inside the jail; "" is /
-	UID    uint32
-	GID    uint32
-	Groups []uint32
-	Root   string
-	Binds  []Bind
+// rootSpec is what a jailed process's root holds.
+type rootSpec struct {
+	UID, GID uint32 // the owner of the VM's own device nodes
+	Root     string // where the root is mounted, links resolved
+	Binds    []Bind
 	// Devices are the device nodes, each with its owner decided.
-	Devices      []helperDevice
-	Proc         bool
-	MemlockBytes uint64
+	Devices []rootDevice
+	Proc    bool
 }
 
-type helperDevice struct {
+type rootDevice struct {
 	Path    string
 	Private bool // the VM's own: uid:gid 0600; else root's 0666
 }

@@ -5,13 +5,16 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -656,9 +659,9 @@ func TestAdoptionByCgroup(t *testing.T) {
 	}
 }
 
-// TestHelperFailure: a jail that cannot be built (a bind that does not
-// exist) fails the start with the helper's reason, and leaves no process.
-func TestHelperFailure(t *testing.T) {
+// TestStartFailure: a jail that cannot be built (a bind that does not
+// exist) fails the start with its reason, and leaves no process.
+func TestStartFailure(t *testing.T) {
 	j, base := testJailer(t, nil)
 	id, _ := j.AllocateID(nil)
 	v, _ := j.VM("bad", id)
@@ -929,7 +932,7 @@ func TestStorageDaemonJailed(t *testing.T) {
 
 // TestJailedCProgram: a dynamically linked C program (/bin/sleep) runs in a
 // jail holding only it, its loader and libraries, with no signal blocked or
-// ignored by the helper's Go runtime on the way.
+// ignored by the agent's Go runtime on the way.
 func TestJailedCProgram(t *testing.T) {
 	sleep, err := filepath.EvalSymlinks("/bin/sleep")
 	if err != nil {
@@ -968,7 +971,7 @@ func TestJailedCProgram(t *testing.T) {
 	}
 	st := procStatus(t, c.Pid)
 	if st["SigBlk"] != "0000000000000000" || st["SigIgn"] != "0000000000000000" {
-		t.Errorf("SigBlk %s SigIgn %s: the helper left signals blocked or ignored", st["SigBlk"], st["SigIgn"])
+		t.Errorf("SigBlk %s SigIgn %s: the start left signals blocked or ignored", st["SigBlk"], st["SigIgn"])
 	}
 	if err := v.Verify(c.Pid); err != nil {
 		t.Error(err)
@@ -1092,5 +1095,140 @@ func TestV2Placement(t *testing.T) {
 	}
 	if _, err := os.Stat(dir); !os.IsNotExist(err) {
 		t.Errorf("%s is still there", dir)
+	}
+}
+
+// TestStartLeavesTheAgentAlone: a jailed start confines an OS thread of
+// the agent's on the way (its cgroups, mount namespace, root, bounding set,
+// no_new_privs), which must end with the start. After many starts, some at
+// once, every thread the test process still has is as it was: in the
+// agent's mount namespace and root, with its bounding set and without
+// no_new_privs, and none is in a VM's cgroup.
+func TestStartLeavesTheAgentAlone(t *testing.T) {
+	j, base := testJailer(t, nil)
+	before := threadFacts(t)
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("many", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Destroy(bounded(t))
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := proc.Spawn(proc.SpawnConfig{Path: testBinary(t), Env: []string{"JAILTEST_CHILD=exit"},
+				LogFile: filepath.Join(base, fmt.Sprintf("c%d.log", i)), Confine: v.Confine(jail.Exec{})})
+			if err != nil {
+				errs <- err
+				return
+			}
+			c.Exit()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if pids, _ := v.Cgroup().Procs(); slices.Contains(pids, os.Getpid()) {
+		t.Errorf("the test process is in the VM's cgroup after the starts: %v", pids)
+	}
+	time.Sleep(50 * time.Millisecond) // the starting threads' ends
+	for tid, facts := range threadFacts(t) {
+		if facts != before["main"] {
+			t.Errorf("thread %s: %s; the agent's threads: %s", tid, facts, before["main"])
+		}
+	}
+}
+
+// threadFacts says, for each thread of the test process, what a jailed
+// start changes of the thread it runs on; "main" is the main thread's.
+func threadFacts(t *testing.T) map[string]string {
+	t.Helper()
+	tids, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range tids {
+		dir := "/proc/self/task/" + e.Name()
+		ns, err1 := os.Readlink(dir + "/ns/mnt")
+		root, err2 := os.Readlink(dir + "/root")
+		status, err3 := os.ReadFile(dir + "/status")
+		cgroup, err4 := os.ReadFile(dir + "/cgroup")
+		if errors.Join(err1, err2, err3, err4) != nil {
+			continue // the thread ended meanwhile
+		}
+		st := map[string]string{}
+		for _, line := range strings.Split(string(status), "\n") {
+			if k, val, ok := strings.Cut(line, ":"); ok {
+				st[k] = strings.TrimSpace(val)
+			}
+		}
+		if strings.Contains(string(cgroup), "vmhost-jailtest") {
+			ns += " in a VM cgroup"
+		}
+		facts := fmt.Sprintf("mnt %s root %s CapBnd %s NoNewPrivs %s", ns, root, st["CapBnd"], st["NoNewPrivs"])
+		out[e.Name()] = facts
+		if e.Name() == strconv.Itoa(os.Getpid()) {
+			out["main"] = facts
+		}
+	}
+	return out
+}
+
+// TestDestroySparesTheAgent: a thread of the agent's in a VM's cgroup (one
+// starting a process there) makes Destroy wait until it leaves; the agent's
+// process, which the cgroup then lists, is never killed: a process is
+// killed only when /proc/PID/cgroup (its main thread's, never a starting
+// one) places it in the cgroup.
+func TestDestroySparesTheAgent(t *testing.T) {
+	j, _ := testJailer(t, nil)
+	l := j.Layout()
+	if l.UnifiedLimits {
+		t.Skip("the agent's threads join only v1 cgroups")
+	}
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("spare", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	tasks := filepath.Join(l.V1["memory"], j.CgroupName("spare"), "tasks")
+	joined, leave := make(chan error), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		self, err := os.ReadFile("/proc/thread-self/cgroup")
+		back := l.V1["memory"]
+		for _, line := range strings.Split(string(self), "\n") {
+			if parts := strings.SplitN(line, ":", 3); len(parts) == 3 && parts[1] == "memory" {
+				back = filepath.Join(back, parts[2])
+			}
+		}
+		if err == nil {
+			err = os.WriteFile(tasks, []byte("0"), 0)
+		}
+		joined <- err
+		<-leave
+		if err := os.WriteFile(filepath.Join(back, "tasks"), []byte("0"), 0); err != nil {
+			t.Error(err)
+		}
+	}()
+	if err := <-joined; err != nil {
+		t.Fatal(err)
+	}
+	destroyed := make(chan error, 1)
+	go func() { destroyed <- v.Destroy(bounded(t)) }()
+	select {
+	case err := <-destroyed:
+		t.Fatalf("Destroy returned (%v) while a thread of the agent's was in the cgroup", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(leave)
+	if err := <-destroyed; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -24,9 +24,8 @@ import (
 	"vmhost/proc"
 )
 
-// The test binary is also every jailed "VMM" the tests start: the helper
-// (run from package jail's init) and, after it exec'd, a child whose
-// behaviour JAILTEST_CHILD names. A child writes what it finds to stdout, which is its
+// The test binary is also every jailed "VMM" the tests start: a child
+// whose behaviour JAILTEST_CHILD names. A child writes what it finds to stdout, which is its
 // log file on the host, and "ready" when it has done its part.
 func TestMain(m *testing.M) {
 	if mode := os.Getenv("JAILTEST_CHILD"); mode != "" {
@@ -178,9 +177,8 @@ func requireRoot(t testing.TB) {
 // testJailer returns a Jailer for t under a run directory of its own, with
 // a random agent id under the cgroup parent vmhost-jailtest (so that tests
 // running at once, and a real agent, never share a cgroup). layout nil
-// detects the host's; helper, when given, is the helper binary. The agent's
-// cgroups are removed when t ends.
-func testJailer(t testing.TB, layout *jail.Layout, helper ...string) (*jail.Jailer, string) {
+// detects the host's. The agent's cgroups are removed when t ends.
+func testJailer(t testing.TB, layout *jail.Layout) (*jail.Jailer, string) {
 	t.Helper()
 	requireRoot(t)
 	base := t.TempDir()
@@ -193,11 +191,7 @@ func testJailer(t testing.TB, layout *jail.Layout, helper ...string) (*jail.Jail
 	agent := "t" + hex.EncodeToString(b)
 	cfg := jail.DefaultConfig()
 	cfg.CgroupParent = "vmhost-jailtest"
-	h := jail.Host{RunDir: run, AgentID: agent, Layout: layout}
-	if len(helper) > 0 {
-		h.Helper = helper[0]
-	}
-	j, err := jail.New(cfg, h)
+	j, err := jail.New(cfg, jail.Host{RunDir: run, AgentID: agent, Layout: layout})
 	if err != nil {
 		t.Fatal(err)
 	}

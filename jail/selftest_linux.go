@@ -72,7 +72,7 @@ func (j *Jailer) SelfTest(ctx context.Context, inUse map[uint32]bool) error {
 		return fmt.Errorf("jail: self-test: %w", err)
 	}
 	defer v.Destroy(context.WithoutCancel(ctx))
-	exe, err := filepath.EvalSymlinks(j.host.Helper)
+	exe, err := filepath.EvalSymlinks(j.host.CheckBinary)
 	if err != nil {
 		return fmt.Errorf("jail: self-test: %w", err)
 	}
@@ -90,15 +90,7 @@ func (j *Jailer) SelfTest(ctx context.Context, inUse map[uint32]bool) error {
 		cmd.Env = append(cmd.Env, "GORACE="+v)
 	}
 	cmd.Stdout, cmd.Stderr = &out, &errOut
-	started, err := v.Confine(Exec{Proc: true}).Prepare(cmd)
-	if err != nil {
-		return fmt.Errorf("jail: self-test: %w", err)
-	}
-	if err := started(cmd.Start()); err != nil {
-		if cmd.Process != nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
+	if err := v.Confine(Exec{Proc: true}).Start(cmd); err != nil {
 		return fmt.Errorf("jail: self-test: %w", err)
 	}
 	if err := cmd.Wait(); err != nil {

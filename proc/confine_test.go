@@ -13,63 +13,51 @@ import (
 	"time"
 )
 
-// fakeConfiner rewrites the command as a confinement would and reports the
-// outcome it was told to.
+// fakeConfiner starts the command as a confinement would, with a change
+// of its own, and fails as it was told to (after the start, like a
+// confinement whose last step failed, or instead of it).
 type fakeConfiner struct {
-	fail     error // what started returns
-	startErr error // what started was given
-	called   bool
+	failAfter  error
+	failBefore error
 }
 
-func (f *fakeConfiner) Prepare(cmd *exec.Cmd) (func(error) error, error) {
+func (f *fakeConfiner) Start(cmd *exec.Cmd) error {
+	if f.failBefore != nil {
+		return f.failBefore
+	}
 	cmd.Env = append(cmd.Environ(), "CONFINED=yes")
-	return func(err error) error {
-		f.called, f.startErr = true, err
-		return f.fail
-	}, nil
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	if f.failAfter != nil {
+		cmd.Process.Kill()
+		cmd.Wait()
+		return f.failAfter
+	}
+	return nil
 }
 
-// Spawn runs the command a Confiner rewrote, and tells it how Start went.
+// Spawn starts the command through its Confiner.
 func TestSpawnConfined(t *testing.T) {
 	log := filepath.Join(t.TempDir(), "child.log")
-	f := &fakeConfiner{}
-	c, err := Spawn(SpawnConfig{Path: "/bin/sh", Args: []string{"-c", `echo "confined=$CONFINED"`}, LogFile: log, Confine: f})
+	c, err := Spawn(SpawnConfig{Path: "/bin/sh", Args: []string{"-c", `echo "confined=$CONFINED"`}, LogFile: log, Confine: &fakeConfiner{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitDone(t, c.Done(), 5*time.Second)
 	if b, _ := os.ReadFile(log); strings.TrimSpace(string(b)) != "confined=yes" {
-		t.Errorf("output %q: the rewritten command did not run", b)
-	}
-	if !f.called || f.startErr != nil {
-		t.Errorf("started called %v with %v", f.called, f.startErr)
+		t.Errorf("output %q: the confiner's command did not run", b)
 	}
 }
 
-// A confinement that did not take hold fails the spawn, and the process is
-// killed and reaped: nothing runs unconfined.
+// A confinement that fails fails the spawn with its reason.
 func TestSpawnConfinementFailure(t *testing.T) {
 	dir := t.TempDir()
-	f := &fakeConfiner{fail: errors.New("the jail could not be built")}
-	marker := filepath.Join(dir, "ran")
-	_, err := Spawn(SpawnConfig{Path: "/bin/sh", Args: []string{"-c", "sleep 0.3; touch " + marker},
-		LogFile: filepath.Join(dir, "log"), Confine: f})
-	if err == nil || !strings.Contains(err.Error(), "the jail could not be built") {
-		t.Fatalf("Spawn = %v, want the confinement's error", err)
-	}
-	time.Sleep(500 * time.Millisecond)
-	if _, err := os.Stat(marker); err == nil {
-		t.Error("the process went on running after its confinement failed")
-	}
-
-	// A start that fails is reported to the confiner, which releases what
-	// it holds.
-	f = &fakeConfiner{}
-	if _, err := Spawn(SpawnConfig{Path: filepath.Join(dir, "missing"), Confine: f}); err == nil {
-		t.Fatal("Spawn of a missing program succeeded")
-	}
-	if !f.called || f.startErr == nil {
-		t.Errorf("started called %v with %v, want Start's error", f.called, f.startErr)
+	for _, f := range []*fakeConfiner{{failAfter: errors.New("the jail could not be built")}, {failBefore: errors.New("the jail could not be built")}} {
+		_, err := Spawn(SpawnConfig{Path: "/bin/sh", Args: []string{"-c", "true"}, LogFile: filepath.Join(dir, "log"), Confine: f})
+		if err == nil || !strings.Contains(err.Error(), "the jail could not be built") {
+			t.Errorf("Spawn = %v, want the confinement's error", err)
+		}
 	}
 }
 

@@ -148,12 +148,11 @@ type SpawnConfig struct {
 	Confine Confiner
 }
 
-// A Confiner starts a process confined. Prepare rewrites cmd before it
-// starts; Spawn then starts cmd and calls started with Start's error, and
-// started reports whether the confinement took hold (the process is killed
-// and reaped when it did not).
+// A Confiner starts a process confined: Start does what cmd.Start does,
+// and returns only once the process runs confined, or fails with nothing
+// left running.
 type Confiner interface {
-	Prepare(cmd *exec.Cmd) (started func(startErr error) error, err error)
+	Start(cmd *exec.Cmd) error
 }
 
 // Child is a process this agent started. Its methods are safe for
@@ -190,22 +189,11 @@ func Spawn(cfg SpawnConfig) (*Child, error) {
 	// setsid: the child must not share the agent's session or process group,
 	// so a terminal's SIGINT or systemd stopping the agent leaves VMs running.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	var started func(error) error
+	start := cmd.Start
 	if cfg.Confine != nil {
-		var err error
-		if started, err = cfg.Confine.Prepare(cmd); err != nil {
-			return nil, fmt.Errorf("starting %s: %w", cfg.Path, err)
-		}
+		start = func() error { return cfg.Confine.Start(cmd) }
 	}
-	err := cmd.Start()
-	if started != nil {
-		if cerr := started(err); err == nil && cerr != nil {
-			_ = cmd.Process.Kill()
-			_ = cmd.Wait()
-			return nil, fmt.Errorf("starting %s: %w", cfg.Path, cerr)
-		}
-	}
-	if err != nil {
+	if err := start(); err != nil {
 		return nil, fmt.Errorf("starting %s: %w", cfg.Path, err)
 	}
 	// The child cannot be reaped before cmd.Wait, so /proc/PID/stat exists

@@ -154,8 +154,9 @@
 // manufacturer/product and OEM strings → -smbios; console Off (or Null); serial Socket →
 // relayed (below), File → -serial file:, Null, Off. vsock {cid, socket} →
 // `vhost-device-vsock --guest-cid cid --socket <socket>.vhost-user --uds-path socket` and
-// vhost-user-vsock-pci: it follows CH's hybrid convention (CONNECT <port> on socket; the
-// guest's connections to port P reach socket_P), so vmhost's host side is unchanged.
+// vhost-user-vsock-pci behind a root port of its own (not at CH's address; see Snapshots
+// below): it follows CH's hybrid convention (CONNECT <port> on socket; the guest's
+// connections to port P reach socket_P), so vmhost's host side is unchanged.
 // Virtio devices are modern-only (disable-legacy=on), as CH's are: a firmware driving
 // vhost-user-blk in legacy mode would make qemu-storage-daemon abort.
 // What qemu cannot honour fails vm.boot with 500 rather than boot a different VM: VFIO
@@ -215,14 +216,22 @@
 // qemu from the config with -incoming fd:N, stopped; once qemu has loaded the stream it
 // polls the devices (activated events for those the guest's drivers had, vhost-user disks
 // aside) and emits vm restoring and vm restored. qemu refusing the stream (a damaged file) exits it, and the
-// restore fails with qemu's words. Refused before anything is written, with qemu's
-// reasons: a VM with vsock (qemu 7.2: "non-migratable device: …/vhost-user-vsock", and
-// "vhost-user backend lacks VHOST_USER_PROTOCOL_F_LOG_SHMFD feature" for
-// vhost-device-vsock), so no AppVM; a VM with hot-plugged disks (the restore's qemu would
-// not have them on the same root ports); and a second save of a guest that has not run
-// since the last (qemu: "Can't migrate the vm that was paused due to previous migration").
-// Disks served by qemu-storage-daemon (vhost-user-blk), path disks, taps, the serial
-// relay, rng, balloon and pvpanic all migrate.
+// restore fails with qemu's words. Refused before anything is written: a VM with
+// hot-plugged disks (the restore's qemu would not have them on the same root ports), and
+// a second save of a guest that has not run since the last (qemu: "Can't migrate the vm
+// that was paused due to previous migration"). Disks served by qemu-storage-daemon
+// (vhost-user-blk), path disks, taps, the serial relay, rng, balloon and pvpanic all
+// migrate. vhost-user-vsock does not, whatever its backend offers (qemu marks the device
+// itself unmigratable: "non-migratable device: …/vhost-user-vsock"), so the vsock device
+// sits on a root port of its own (rpvsock) and leaves for the save (qemu_vsock.go):
+// vm.snapshot lets the paused guest run until it has ejected the device (tens of
+// milliseconds; a guest that does not within 30 s fails the snapshot), pauses it again,
+// ends vhost-device-vsock and saves the guest without the device; a restore's qemu starts
+// without it; whenever the guest runs again (vm.resume, restore with resume, vm.reboot of
+// a paused VM) a new vhost-device-vsock with the same CID and sockets serves a device
+// plugged back before the guest runs. The guest sees its vsock device go and come back:
+// its vsock connections reset, and the AppVM guest agent connects again. Facts:
+// docs/ref/qemu-vhost-user-migration.md.
 //
 // Not observed or not supported with qemu: vm.counters answers 500 (qemu has no counters
 // for vhost-user disks or taps; zeros would be a lie); on a booted VM, vm.add-disk of a disk

@@ -52,9 +52,8 @@ type qemuVM struct {
 
 	hot map[string]*hotDisk // CH id → disk hot-plugged into this qemu; guarded by s.mu
 
-	vsock       *exec.Cmd
-	vsockExited chan struct{}
-	vsockFiles  []string // sockets to remove when the VM stops
+	vsock   *vsockBackend // nil without vsock, and while the device is unplugged
+	vsockIn bool          // the vsock device is plugged into qemu (qemu_vsock.go)
 
 	stopping atomic.Bool   // set before the backend ends qemu itself
 	stopPoll chan struct{} // closed by stop
@@ -168,8 +167,10 @@ func (s *sim) startQemu(incoming *os.File) (_ *qemuVM, err error) {
 		}
 	}()
 
-	l := qemuLaunch{Accel: s.accel, SerialFD: -1}
-	if v := s.vm.Vsock; v != nil {
+	// A restore's qemu starts without the vsock device, which qemu cannot migrate: the
+	// resume plugs it in (qemu_vsock.go).
+	l := qemuLaunch{Accel: s.accel, SerialFD: -1, NoVsock: incoming != nil}
+	if v := s.vm.Vsock; v != nil && incoming == nil {
 		vu, err := q.startVsockBackend(v)
 		if err != nil {
 			return nil, err
@@ -217,6 +218,7 @@ func (s *sim) startQemu(incoming *os.File) (_ *qemuVM, err error) {
 		return nil, err
 	}
 	q.devices = devs
+	q.vsockIn = s.vm.Vsock != nil && incoming == nil
 	if incoming != nil {
 		args = append(args, "-incoming", fmt.Sprintf("fd:%d", 3+len(extra)))
 		extra = append(extra, incoming)
@@ -312,6 +314,14 @@ func fileConn(f *os.File) (net.Conn, error) {
 	return c, nil
 }
 
+// vsockBackend is one vhost-device-vsock process.
+type vsockBackend struct {
+	cmd      *exec.Cmd
+	exited   chan struct{}
+	files    []string    // sockets to remove when it stops
+	stopping atomic.Bool // set before the backend ends it
+}
+
 // startVsockBackend runs vhost-device-vsock for CH's hybrid vsock and returns its
 // vhost-user socket once it listens.
 func (q *qemuVM) startVsockBackend(v *vsockConfig) (string, error) {
@@ -337,13 +347,12 @@ func (q *qemuVM) startVsockBackend(v *vsockConfig) (string, error) {
 	if err := cmd.Start(); err != nil {
 		return "", fmt.Errorf("starting vhost-device-vsock: %w", err)
 	}
-	q.vsock = cmd
-	q.vsockExited = make(chan struct{})
-	q.vsockFiles = []string{vu, v.Socket}
+	b := &vsockBackend{cmd: cmd, exited: make(chan struct{}), files: []string{vu, v.Socket}}
+	q.vsock = b
 	go func() {
 		err := cmd.Wait()
-		close(q.vsockExited)
-		if !q.stopping.Load() {
+		close(b.exited)
+		if !b.stopping.Load() && !q.stopping.Load() {
 			q.s.logf(0, "vhost-device-vsock exited (%v): the guest's vsock is gone", err)
 		}
 	}()
@@ -353,13 +362,34 @@ func (q *qemuVM) startVsockBackend(v *vsockConfig) (string, error) {
 			return vu, nil
 		}
 		select {
-		case <-q.vsockExited:
+		case <-b.exited:
 			return "", fmt.Errorf("vhost-device-vsock exited at start: %s", out.String())
 		case <-time.After(10 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
 			return "", fmt.Errorf("vhost-device-vsock did not create %s", vu)
 		}
+	}
+}
+
+// stopVsockBackend ends the running vhost-device-vsock, if any, and removes its sockets
+// (CH unlinks the vsock socket when the device goes away).
+func (q *qemuVM) stopVsockBackend() {
+	b := q.vsock
+	if b == nil {
+		return
+	}
+	q.vsock = nil
+	b.stopping.Store(true)
+	b.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-b.exited:
+	case <-time.After(2 * time.Second):
+		b.cmd.Process.Kill()
+		<-b.exited
+	}
+	for _, f := range b.files {
+		os.Remove(f)
 	}
 }
 
@@ -409,19 +439,7 @@ func (q *qemuVM) stop() {
 	if q.serial != nil {
 		q.serial.Close()
 	}
-	if q.vsock != nil {
-		q.vsock.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-q.vsockExited:
-		case <-time.After(2 * time.Second):
-			q.vsock.Process.Kill()
-			<-q.vsockExited
-		}
-	}
-	// CH unlinks the vsock socket when the device goes away.
-	for _, f := range q.vsockFiles {
-		os.Remove(f)
-	}
+	q.stopVsockBackend()
 }
 
 // qemuDied handles qemu exiting when the backend did not end it: the VMM has crashed.
@@ -663,6 +681,9 @@ func notInQemu(op, what string) response {
 // in the same process. A paused VM runs again.
 func (s *sim) rebootQemuLocked() []string {
 	s.emit("vm", "rebooting", nil)
+	if err := s.qemuPlugVsockLocked(); err != nil {
+		return []string{"Error rebooting the VM in qemu", err.Error()}
+	}
 	if err := s.qmpLocked("system_reset"); err != nil {
 		return []string{"Error rebooting the VM in qemu", err.Error()}
 	}

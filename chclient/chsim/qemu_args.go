@@ -12,6 +12,9 @@ type qemuLaunch struct {
 	QMPFD        int    // qemu's end of the QMP socketpair, as numbered in the child
 	SerialFD     int    // qemu's end of the serial relay socketpair; -1 without a Socket serial
 	VsockBackend string // vhost-user socket of vhost-device-vsock; "" without vsock
+	// NoVsock leaves the vsock device out (its root port stays): a restore's qemu, which
+	// loads a guest saved without it (qemu_vsock.go).
+	NoVsock bool
 	// TapMTU is the MTU of each tap (by name) a net without mtu uses: CH
 	// then advertises the tap's own MTU to the guest, as host_mtu does.
 	TapMTU map[string]int
@@ -302,15 +305,6 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 			return nil, nil, err
 		}
 	}
-	if v := c.Vsock; v != nil {
-		if l.VsockBackend == "" {
-			return nil, nil, fmt.Errorf("vsock needs the vhost-device-vsock backend")
-		}
-		a = append(a, "-chardev", "socket,id=vhost-vsock,path="+qemuOpt(l.VsockBackend))
-		if err := device(deref(v.ID), "vhost-user-vsock-pci", "chardev=vhost-vsock"); err != nil {
-			return nil, nil, err
-		}
-	}
 	if c.Pvpanic {
 		// pvpanic-pci is CH's device (1b36:0011); the guest needs CONFIG_PVPANIC_PCI.
 		if err := device("__pvpanic", "pvpanic-pci"); err != nil {
@@ -325,6 +319,20 @@ func qemuArgs(c *vmConfig, bdfs map[string]string, l qemuLaunch) ([]string, []qe
 			port += ",multifunction=on"
 		}
 		a = append(a, "-device", port)
+	}
+	if v := c.Vsock; v != nil {
+		// On a root port of its own, so that a snapshot can unplug it (qemu_vsock.go).
+		a = append(a, "-device", fmt.Sprintf("pcie-root-port,id=%s,bus=pcie.0,addr=0x%02x.%d,chassis=%d",
+			vsockPortID, hotplugSlot, hotplugPorts, hotplugPorts+1))
+		if !l.NoVsock {
+			if l.VsockBackend == "" {
+				return nil, nil, fmt.Errorf("vsock needs the vhost-device-vsock backend")
+			}
+			d := vsockDevice(v)
+			a = append(a, "-chardev", "socket,id="+vsockChardev+",path="+qemuOpt(l.VsockBackend),
+				"-device", "vhost-user-vsock-pci,id="+d.qemuID+",bus="+vsockPortID+",chardev="+vsockChardev+",disable-legacy=on")
+			devs = append(devs, d)
+		}
 	}
 	return a, devs, nil
 }

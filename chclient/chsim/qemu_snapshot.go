@@ -13,8 +13,8 @@ import (
 // qemu's own migration stream, written to a file of the snapshot directory (migrate to a
 // file descriptor passed over the monitor) and read back by a new qemu (-incoming fd:N)
 // started for the restore. qemu refuses to migrate a VM with a device it cannot save; the
-// snapshot then fails with qemu's reasons (vhost-user-vsock, for one, is not migratable in
-// qemu 7.2, and vhost-device-vsock lacks the dirty-log feature).
+// snapshot then fails with qemu's reasons. vhost-user-vsock is one such device: it is
+// unplugged first (qemu_vsock.go).
 
 // migrationTimeout bounds writing or reading one migration stream.
 const migrationTimeout = 10 * time.Minute
@@ -41,6 +41,9 @@ func (s *sim) qemuSnapshotBlockedLocked() string {
 	if status.Status == "postmigrate" {
 		// qemu's words for what its migrate would answer.
 		return "qemu cannot save this VM again before it runs: Can't migrate the vm that was paused due to previous migration"
+	}
+	if err := s.qemuUnplugVsockLocked(); err != nil {
+		return err.Error()
 	}
 	var st struct {
 		BlockedReasons []string `json:"blocked-reasons"`

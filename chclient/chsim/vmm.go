@@ -868,6 +868,9 @@ func (s *sim) resume(*request) (response, func()) {
 func (s *sim) resumeLocked() []string {
 	s.emit("vm", "resuming", nil)
 	if s.qemuMode() {
+		if err := s.qemuPlugVsockLocked(); err != nil {
+			return []string{err.Error()}
+		}
 		if err := s.qmpLocked("cont"); err != nil {
 			return []string{err.Error()}
 		}

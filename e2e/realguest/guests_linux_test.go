@@ -345,7 +345,6 @@ func appVM(l *lane, a artifacts) {
 	phase(t, "appvm: running", start)
 	l.checkConfined(prefix, id)
 	l.checkOverlay(id) // the default appvm_root_disk
-	suspendAppVMRefused(l, id)
 
 	logPath := l.stateDir + "/vms/" + id + "/workload.ndjson"
 	readLog := func() string { return l.output(id) }

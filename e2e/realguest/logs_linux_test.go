@@ -29,10 +29,12 @@ import (
 const logsSecretFile = "lane-file-secret-line-one\nlane-file-secret-line-two\n"
 
 // logsWorkload prints the secret file (whole, then one line), then a tick
-// a second, and prints what each TCP connection to port 7000 sends (the
+// a second from a loop that says its pid and keeps its counter only in
+// memory (SIGUSR1 sets it to 1000: suspendAppVM's change after a
+// snapshot), and prints what each TCP connection to port 7000 sends (the
 // follow latency's probe).
 const logsWorkload = `echo "key: $(cat /run/lane-logs.key)"; grep two /run/lane-logs.key
-(i=0; while :; do echo "tick $i"; i=$((i+1)); sleep 1; done) &
+/bin/sh -c 'echo "tick loop $$"; i=0; trap "i=1000" USR1; while :; do echo "tick $i"; i=$((i+1)); sleep 1; done' &
 while :; do /bin/busybox nc -l -p 7000; done`
 
 // logChunk is one chunk of GET …/logs.
@@ -148,6 +150,7 @@ func appVMLogs(l *lane, a artifacts) {
 	t.Logf("log follow latency (workload print → API follower), real guest under TCG: median %v, min %v, max %v over %d probes",
 		lat[len(lat)/2].Round(10*time.Microsecond), lat[0].Round(10*time.Microsecond), lat[len(lat)-1].Round(10*time.Microsecond), len(lat))
 	phase(t, "logs: follow latency", start)
+	suspendAppVM(l, id, start)
 	l.deleteVM(prefix, id)
 
 	// vmhost run: an AppVM as a command, its output on the command's.

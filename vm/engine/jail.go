@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -443,7 +444,41 @@ func (e *Engine) prepareRestore(rec *record.Record, v *jail.VM) (proc.Confiner, 
 	if err != nil {
 		return nil, &record.HostError{Kind: record.HostInternal, Op: "restoring VM " + rec.ID, Err: err}
 	}
+	if cfg.Payload != nil && cfg.Payload.Initramfs == "" {
+		// An AppVM's initramfs is given at each boot, not recorded: the
+		// saved configuration names the one its boot had.
+		cfg.Payload.Initramfs = savedInitramfs(e.layout(), e.layout().SuspendDir(rec.ID))
+	}
 	return e.prepareCH(rec, v, cfg)
+}
+
+// savedInitramfs is the initramfs the saved configuration in dir names,
+// when it is one the agent can have made there: a regular file of the run
+// directory that every user may read. The saved state is the VM's own to
+// write, so what it names reaches the jail only if the VM could read it
+// anyway; "" otherwise.
+func savedInitramfs(l record.Layout, dir string) string {
+	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		return ""
+	}
+	var saved struct {
+		Payload struct {
+			Initramfs string `json:"initramfs"`
+		} `json:"payload"`
+	}
+	if json.Unmarshal(b, &saved) != nil {
+		return ""
+	}
+	p := saved.Payload.Initramfs
+	if p == "" || filepath.Clean(p) != p || filepath.Dir(p) != filepath.Clean(l.RunDir) {
+		return ""
+	}
+	fi, err := os.Lstat(p)
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o004 == 0 {
+		return ""
+	}
+	return p
 }
 
 // readableBy fails, saying why, when uid (with gid) cannot read the file at

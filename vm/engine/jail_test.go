@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"vmhost/vm/record"
 )
 
 // A payload a confined CH opens must be readable by the VM's uid: by its
@@ -45,5 +47,51 @@ func TestReadableBy(t *testing.T) {
 		if err != nil && !strings.Contains(err.Error(), "chmod a+r "+p) {
 			t.Errorf("error %q does not say how to fix it", err)
 		}
+	}
+}
+
+// TestSavedInitramfs: a restore's jail gets the initramfs the saved
+// configuration names only when it is a file of the run directory that
+// every user may read: the saved state is the VM's to write.
+func TestSavedInitramfs(t *testing.T) {
+	base := t.TempDir()
+	l := record.Layout{StateDir: filepath.Join(base, "state"), RunDir: filepath.Join(base, "run")}
+	dir := filepath.Join(base, "suspend")
+	for _, d := range []string{l.RunDir, dir} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	good := filepath.Join(l.RunDir, "appvm-initramfs-ab.cpio")
+	private := filepath.Join(l.RunDir, "keys.json")
+	outside := filepath.Join(base, "elsewhere.cpio")
+	link := filepath.Join(l.RunDir, "link.cpio")
+	for f, mode := range map[string]os.FileMode{good: 0o644, private: 0o600, outside: 0o644} {
+		if err := os.WriteFile(f, []byte("x"), mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Symlink(good, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ names, want string }{
+		{good, good},
+		{private, ""},
+		{outside, ""},
+		{link, ""},
+		{l.RunDir + "/vms/../appvm-initramfs-ab.cpio", ""},
+		{"", ""},
+	} {
+		cfg := `{"payload":{"kernel":"/k","initramfs":"` + c.names + `"}}`
+		if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if got := savedInitramfs(l, dir); got != c.want {
+			t.Errorf("saved initramfs %q: got %q, want %q", c.names, got, c.want)
+		}
+	}
+	os.Remove(filepath.Join(dir, "config.json"))
+	if got := savedInitramfs(l, dir); got != "" {
+		t.Errorf("no saved configuration: got %q", got)
 	}
 }
