@@ -27,7 +27,9 @@ import (
 // directory under the VM's save directory, which it must be able to write
 // (with confinement, <state>/vms/<id>/save is the VM's and visible in its
 // hypervisor's root); CH syncs nothing, so the agent syncs every file and
-// the directory before it renames the directory into place. A start
+// the directory before it renames the directory into place (it has the
+// kernel start writing the files out while CH writes them, writebehind.go,
+// so that sync finds little left to do). A start
 // restores from the suspend directory in a fresh CH process (vm.restore),
 // paused; the VM is recorded running, then resumed: a guest that ran on
 // disks the record does not know about can never be restored again over
@@ -61,6 +63,7 @@ func (e *Engine) Suspend(ctx context.Context, rec *record.Record) error {
 		return err
 	}
 	testStopAt(HookSuspendStart)
+	steps := newStepTimes()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout(rec.Spec.MemoryMB))
 	defer cancel()
 	undo := func(err error) error { return e.endSave(ctx, id, c, running, "", err) }
@@ -69,11 +72,12 @@ func (e *Engine) Suspend(ctx context.Context, rec *record.Record) error {
 			return undo(&record.HostError{Kind: record.HostHypervisor, Op: "vm.pause of VM " + id, Err: err})
 		}
 	}
+	steps.done("pause")
 	testStopAt(HookSuspendPaused)
 	if err := os.RemoveAll(l.SuspendDir(id)); err != nil { // a leftover nothing names
 		return undo(&record.HostError{Kind: record.HostStorage, Op: "suspending VM " + id, Err: err})
 	}
-	tmp, err := e.saveState(ctx, c, rec)
+	tmp, err := e.saveState(ctx, c, rec, steps)
 	if err != nil {
 		return undo(err)
 	}
@@ -82,12 +86,46 @@ func (e *Engine) Suspend(ctx context.Context, rec *record.Record) error {
 		os.RemoveAll(tmp)
 		return undo(&record.HostError{Kind: record.HostStorage, Op: "suspending VM " + id, Err: err})
 	}
+	steps.done("place")
 	testStopAt(HookSuspendPlaced)
 	// The state is saved and the VM has not run since: the suspend is done,
 	// whatever stopping its processes brings.
-	ch := e.stopForSuspend(rec)
+	ch := e.stopForSuspend(rec, steps)
 	testStopAt(HookSuspendStopped)
-	return e.recordSuspended(id, ch)
+	err = e.recordSuspended(id, ch)
+	steps.done("record")
+	// Where the time went (the memory's size and the disk's speed make
+	// most of it).
+	e.log.Info("suspend steps", append([]any{"id", id}, steps.attrs()...)...)
+	return err
+}
+
+// stepTimes times the steps of an operation for its log line: each
+// step's duration in milliseconds, then the total. A nil *stepTimes
+// times nothing.
+type stepTimes struct {
+	start, last time.Time
+	took        []any // "<step>_ms", milliseconds, ...
+}
+
+func newStepTimes() *stepTimes {
+	now := time.Now()
+	return &stepTimes{start: now, last: now}
+}
+
+// done ends step, which began when the previous one ended.
+func (s *stepTimes) done(step string) {
+	if s == nil {
+		return
+	}
+	now := time.Now()
+	s.took = append(s.took, step+"_ms", now.Sub(s.last).Milliseconds())
+	s.last = now
+}
+
+// attrs are the steps' durations and the total, as log attributes.
+func (s *stepTimes) attrs() []any {
+	return append(s.took, "total_ms", s.last.Sub(s.start).Milliseconds())
 }
 
 // endSave ends a suspend or snapshot that stops short of its end, or a
@@ -126,7 +164,8 @@ func (e *Engine) endSave(ctx context.Context, id string, c *chclient.Client, res
 
 // saveState has CH write the paused VM's state into a fresh directory
 // under the VM's save directory and syncs it; it returns the directory.
-func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.Record) (string, error) {
+// steps, if not nil, times the snapshot and the sync.
+func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.Record, steps *stepTimes) (string, error) {
 	id := rec.ID
 	fail := func(kind record.HostErrorKind, err error) (string, error) {
 		return "", &record.HostError{Kind: kind, Op: "saving the state of VM " + id, Err: err}
@@ -153,16 +192,20 @@ func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.
 	}
 	url, err := chclient.FileURL(tmp)
 	if err == nil {
+		stop := writeBehind(tmp)
 		err = c.Snapshot(ctx, url)
+		stop()
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
 		return "", &record.HostError{Kind: record.HostHypervisor, Op: "vm.snapshot of VM " + id, Err: err}
 	}
+	steps.done("snapshot")
 	if err := snapshot.SyncTree(tmp); err != nil {
 		os.RemoveAll(tmp)
 		return fail(record.HostStorage, err)
 	}
+	steps.done("sync")
 	return tmp, nil
 }
 
@@ -180,7 +223,7 @@ func placeDir(from, to string) error {
 
 // stopForSuspend ends the processes of a VM whose state is saved, as Stop
 // does, and returns its CH (nil when it was not watched).
-func (e *Engine) stopForSuspend(rec *record.Record) *chclient.Process {
+func (e *Engine) stopForSuspend(rec *record.Record, steps *stepTimes) *chclient.Process {
 	id := rec.ID
 	ch, qsd := e.unwatch(id)
 	e.endGuest(rec)
@@ -193,8 +236,11 @@ func (e *Engine) stopForSuspend(rec *record.Record) *chclient.Process {
 		return nil
 	}
 	e.shutdownVMM(ch)
+	steps.done("stop_ch")
 	e.stopProcesses(id, ch, qsd)
+	steps.done("stop_qsd")
 	e.stopHeldQSD(id)
+	steps.done("stop_jail")
 	return ch
 }
 
@@ -414,7 +460,7 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 	testStopAt(HookSnapshotPaused)
 	saved := false
 	if memory {
-		tmp, err := e.saveState(ctx, c, rec)
+		tmp, err := e.saveState(ctx, c, rec, nil)
 		if err != nil {
 			return undo(err)
 		}

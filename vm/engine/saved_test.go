@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -126,6 +127,12 @@ func TestEngineSuspendAndResume(t *testing.T) {
 	}
 	if got := processesNaming(s.lay.RunVMDir("s") + "/"); len(got) != 0 {
 		t.Errorf("processes of the VM (CH was %d, QSD %d) still run after the suspend: %v", chPid, qsdPid, got)
+	}
+	// One log line tells where the suspend's time went, step by step.
+	stepsLine := regexp.MustCompile(`msg="suspend steps" id=s pause_ms=\d+ snapshot_ms=\d+ sync_ms=\d+ place_ms=\d+ ` +
+		`stop_ch_ms=\d+ stop_qsd_ms=\d+ stop_jail_ms=\d+ record_ms=\d+ total_ms=\d+\n`)
+	if logs := s.logs.String(); len(stepsLine.FindAllString(logs, -1)) != 1 {
+		t.Errorf("the log has no single line of the suspend's steps:\n%s", logs)
 	}
 	rec, err = s.act(ctx, "s", "start")
 	if err != nil {
