@@ -12,7 +12,11 @@
 #   by hand as the backend
 #             the same with the file passed to qemu (migrate to fd:,
 #             -incoming fd:), as the simulator's qemu backend does it
-#   cold      POST start of the stopped VM until the first tick
+#   cold      POST start of the stopped VM until the first tick; then a
+#             suspend of the guest just booted, shown apart (qemu's
+#             migration allocates every page a new guest never touched),
+#             and a start from it, so that every round suspends guests
+#             restored from their previous save on both sides
 #
 # plus the saved state's bytes per GiB of guest memory on both sides and
 # the agent's share ((agent - by hand) / agent). The guest is the lane's
