@@ -29,6 +29,7 @@ import (
 
 	"vmhost/internal/atomicfile"
 	"vmhost/internal/crashhook"
+	"vmhost/internal/nofollow"
 )
 
 // MetaFile is the metadata of a snapshot, written last.
@@ -373,9 +374,11 @@ func syncTree(dir string) error {
 	return nil
 }
 
-// SyncFile fsyncs the file at path.
+// SyncFile fsyncs the regular file at path. A saved state's directory is
+// the VM's to write while its Cloud Hypervisor writes it: a name there
+// that became a link or a FIFO is refused, never followed or waited on.
 func SyncFile(path string) error {
-	f, err := os.Open(path)
+	f, err := nofollow.Open(path)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -144,5 +145,40 @@ func TestInvalidIDs(t *testing.T) {
 		if _, err := s.Get(id); !errors.Is(err, ErrNotFound) {
 			t.Errorf("Get(%q): %v", id, err)
 		}
+	}
+}
+
+// SyncFile syncs a regular file, and refuses at once what a VM could have
+// put in its place in its saved state's directory: a link (to a host file
+// or a device) is not followed, a FIFO is not waited on.
+func TestSyncFileRefusesLinksAndFIFOs(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "memory-ranges")
+	if err := os.WriteFile(file, []byte("state"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := SyncFile(file); err != nil {
+		t.Fatalf("SyncFile of a regular file: %v", err)
+	}
+	link := filepath.Join(dir, "state.json")
+	if err := os.Symlink(file, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := SyncFile(link); err == nil {
+		t.Error("SyncFile followed a symbolic link")
+	}
+	fifo := filepath.Join(dir, "config.json")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- SyncFile(fifo) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("SyncFile accepted a FIFO")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("SyncFile blocked opening a FIFO")
 	}
 }

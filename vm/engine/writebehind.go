@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"vmhost/internal/nofollow"
 )
 
 // writeBehindPeriod is how often writeBehind looks for what CH wrote.
@@ -49,7 +51,9 @@ func writeBehind(dir string) (stop func()) {
 				}
 				f := open[ent.Name()]
 				if f == nil {
-					if f, err = os.Open(filepath.Join(dir, ent.Name())); err != nil {
+					// The directory is the VM's to write: a name that
+					// became a link or a FIFO is not opened.
+					if f, err = nofollow.Open(filepath.Join(dir, ent.Name())); err != nil {
 						continue
 					}
 					open[ent.Name()] = f
