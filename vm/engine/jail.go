@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"vmhost/chclient"
+	"vmhost/internal/nofollow"
 	"vmhost/jail"
 	"vmhost/proc"
 	"vmhost/vm/record"
@@ -458,7 +459,7 @@ func (e *Engine) prepareRestore(rec *record.Record, v *jail.VM) (proc.Confiner, 
 // write, so what it names reaches the jail only if the VM could read it
 // anyway; "" otherwise.
 func savedInitramfs(l record.Layout, dir string) string {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	b, err := nofollow.ReadFile(filepath.Join(dir, "config.json"))
 	if err != nil {
 		return ""
 	}

@@ -4,7 +4,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"vmhost/vm/record"
 )
@@ -93,5 +95,19 @@ func TestSavedInitramfs(t *testing.T) {
 	os.Remove(filepath.Join(dir, "config.json"))
 	if got := savedInitramfs(l, dir); got != "" {
 		t.Errorf("no saved configuration: got %q", got)
+	}
+	// A FIFO in its place is not waited on.
+	if err := syscall.Mkfifo(filepath.Join(dir, "config.json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan string, 1)
+	go func() { done <- savedInitramfs(l, dir) }()
+	select {
+	case got := <-done:
+		if got != "" {
+			t.Errorf("saved configuration a FIFO: got %q", got)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("savedInitramfs blocked on a FIFO")
 	}
 }
