@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"time"
 
 	"vmhost/disk"
 	"vmhost/snapshot"
@@ -183,9 +184,24 @@ func (s *Service) runSweeps() {
 		}
 		delete(k.pending, id)
 		k.sweepMu.Unlock()
-		s.sweepBuilds(id)
+		for try := 1; ; try++ {
+			if _, locked := s.sweepBuilds(id); !locked || try == sweepLockTries {
+				break
+			}
+			time.Sleep(sweepLockWait)
+		}
 	}
 }
+
+// A sweep that finds the image's lock taken tries again, sweepLockTries
+// times sweepLockWait apart: the lock is often held for a moment only (an
+// import's recovery at start, or a process the agent forks, which holds a
+// copy of the lock until it execs). An import that holds it longer asks
+// for a sweep when it commits.
+const (
+	sweepLockTries = 20
+	sweepLockWait  = 100 * time.Millisecond
+)
 
 // WaitSweeps waits until no sweep of builds is pending or running.
 func (s *Service) WaitSweeps() {
@@ -198,35 +214,37 @@ func (s *Service) WaitSweeps() {
 }
 
 // sweepBuilds removes the builds of image id that nothing uses (see
-// above). It gives up, removing nothing, while an import of the image
-// runs (its commit asks for a sweep again) or has staged work a restart
-// must finish first, and when image.json cannot be read.
-func (s *Service) sweepBuilds(id string) []string {
+// above). It gives up, removing nothing, when the image's lock is taken
+// (locked: an import runs, or holds it for a moment), while an import has
+// staged work a restart must finish first, and when image.json cannot be
+// read.
+func (s *Service) sweepBuilds(id string) (removed []string, locked bool) {
 	log := s.guests.log.With("image", id)
 	k := &s.builds
 	k.mu.Lock() // before the lock file, as DeleteImage
 	defer k.mu.Unlock()
 	dir := filepath.Join(s.catalog.Dir, id)
 	if _, err := os.Stat(dir); err != nil {
-		return nil // deleted
+		return nil, false // deleted
 	}
 	lock, err := s.catalog.lock(id)
 	if err != nil {
-		if !errors.As(err, new(*ConflictError)) {
-			log.Error("removing the unused builds of an AppVM image", "err", err)
+		if errors.As(err, new(*ConflictError)) {
+			return nil, true
 		}
-		return nil
+		log.Error("removing the unused builds of an AppVM image", "err", err)
+		return nil, false
 	}
 	defer lock.Close()
 	if _, err := os.Lstat(filepath.Join(dir, nextDir)); !errors.Is(err, fs.ErrNotExist) {
-		return nil
+		return nil, false
 	}
 	img, err := s.catalog.Get(id)
 	if err != nil {
 		if !errors.Is(err, fs.ErrNotExist) {
 			log.Error("removing the unused builds of an AppVM image", "err", err)
 		}
-		return nil
+		return nil, false
 	}
 	keep := map[string]bool{}
 	if img.Status == StatusReady {
@@ -243,7 +261,7 @@ func (s *Service) sweepBuilds(id string) []string {
 	snaps, err := s.snapshotBuilds()
 	if err != nil {
 		log.Error("removing the unused builds of an AppVM image", "err", err)
-		return nil
+		return nil, false
 	}
 	for b := range snaps {
 		keep[b] = true
@@ -251,9 +269,8 @@ func (s *Service) sweepBuilds(id string) []string {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		log.Error("removing the unused builds of an AppVM image", "err", err)
-		return nil
+		return nil, false
 	}
-	var removed []string
 	for _, e := range ents {
 		p := filepath.Join(dir, e.Name())
 		if !e.Type().IsRegular() || !isBuildName(e.Name()) || keep[p] {
@@ -266,7 +283,7 @@ func (s *Service) sweepBuilds(id string) []string {
 		log.Info("removed a build no AppVM uses", "build", p)
 		removed = append(removed, p)
 	}
-	return removed
+	return removed, false
 }
 
 // snapshotBuilds maps each build a snapshot's disk is an overlay of to
