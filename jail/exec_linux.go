@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -40,7 +41,7 @@ func (c *Confinement) Start(cmd *exec.Cmd) error {
 	if err != nil {
 		return err
 	}
-	lastCap, err := readLastCap()
+	lastCap, err := kernelLastCap()
 	if err != nil {
 		return fmt.Errorf("jail: %w", err)
 	}
@@ -217,8 +218,10 @@ func setMemlock(pid int, uid, gid uint32, bytes uint64) error {
 	return nil
 }
 
-// readLastCap reads the highest capability number the kernel knows, which
-// may be above what this program was built with.
+// kernelLastCap is the highest capability number the kernel knows, which may be
+// above what this program was built with; read once.
+var kernelLastCap = sync.OnceValues(readLastCap)
+
 func readLastCap() (int, error) {
 	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
 	if err != nil {
