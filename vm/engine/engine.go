@@ -130,8 +130,9 @@ type Engine struct {
 	cidMu     sync.Mutex
 	cidsGiven map[string]uint32
 
-	// jailMu guards jailGiven: the jail ids allocated whose records are
-	// not stored yet (jail.go).
+	// jailMu guards jailGiven: the jail ids given to records that had
+	// none whose writes are not stored yet (jail.go). It is taken under
+	// the records' lock, never the other way round.
 	jailMu    sync.Mutex
 	jailGiven map[uint32]bool
 

@@ -1,13 +1,17 @@
 package engine
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"vmhost/jail"
 	"vmhost/vm/record"
 )
 
@@ -109,5 +113,73 @@ func TestSavedInitramfs(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("savedInitramfs blocked on a FIFO")
+	}
+}
+
+// TestJailIDsNeverGivenTwice: creates claiming their jail under the
+// records' lock (Claim) and VMs of an unconfined past getting theirs at
+// boot (recordJail) at the same time never get one id, and an id range
+// exactly as large as the VMs is used whole.
+func TestJailIDsNeverGivenTwice(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("a jailer is on only as root")
+	}
+	const n = 24 // old VMs, and as many creates
+	s := newTestServiceWith(t, testOpts{edit: func(o *Options) {
+		cfg := o.Config.Jail
+		cfg.Enabled = new(true)
+		cfg.IDRange = [2]uint32{1700000, 1700000 + 2*n - 1}
+		j, err := jail.New(cfg, jail.Host{RunDir: o.RunDir, AgentID: "a1",
+			Layout: &jail.Layout{V1: map[string]string{"memory": "/x", "pids": "/x", "cpu": "/x", "cpuacct": "/x"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.Jail = j
+	}})
+	for i := range n {
+		if err := s.recs.Create(newRecord(&record.Spec{VMID: fmt.Sprintf("old%d", i)})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 2*n)
+	for i := range n {
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			_, err := s.recordJail(s.recs.Get(fmt.Sprintf("old%d", i)))
+			errs <- err
+		}()
+		go func() {
+			defer wg.Done()
+			rec := newRecord(&record.Spec{VMID: fmt.Sprintf("new%d", i)})
+			err := s.recs.Reserve(rec, func(others []*record.Record) error { return s.Claim(rec, others) })
+			if err == nil {
+				err = s.recs.Create(rec)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Error(err)
+		}
+	}
+	seen := map[uint32]string{}
+	for _, r := range s.recs.All() {
+		if r.Jail == nil {
+			t.Fatalf("%s has no jail", r.ID)
+		}
+		if other, dup := seen[r.Jail.UID]; dup {
+			t.Errorf("%s and %s both got uid %d", other, r.ID, r.Jail.UID)
+		}
+		seen[r.Jail.UID] = r.ID
+	}
+	// Every id is held: one more create is refused by its claim.
+	rec := newRecord(&record.Spec{VMID: "over"})
+	if err := s.recs.Reserve(rec, func(others []*record.Record) error { return s.Claim(rec, others) }); !errors.Is(err, jail.ErrNoFreeID) {
+		t.Errorf("a claim with every id held = %v, want ErrNoFreeID", err)
 	}
 }
