@@ -943,3 +943,31 @@ func TestJailDefaultWithProcessGuests(t *testing.T) {
 	}
 	checkJails(t, s, nil)
 }
+
+// TestJailFailedProvisionLeavesNoCgroup: a create's cgroup is made while
+// its disks are (here, while its image downloads); a provision that fails
+// waits for it and its rollback removes it: the failed VM keeps its record,
+// with no cgroup and no files.
+func TestJailFailedProvisionLeavesNoCgroup(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{confine: true})
+	f := newFixture(t)
+	data, err := os.ReadFile(f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"vm_id":"bad","vcpus":1,"memory_mb":128,"kernel_path":"` + f.kernel + `",` +
+		`"image":{"image_id":"x","content_sha256":"` + strings.Repeat("ab", 32) + `","fetch_url":"` + imageServer(t, data) + `"}}`
+	s.create(body, http.StatusAccepted)
+	s.waitFor("bad", "provision failure", func(v view) bool { return v.State == "failed" })
+	if slices.Contains(s.cgroupVMs(), "bad") {
+		t.Error("the failed provision left its VM's cgroup")
+	}
+	if exists(s.stateDir+"/vms/bad") || exists(s.runDir+"/vms/bad") || exists(s.runDir+"/jail/bad") {
+		t.Error("the failed provision left files")
+	}
+	if st, b := s.do("DELETE", "/api/vms/bad", ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE = %d %s", st, b)
+	}
+	checkGone(t, s, "bad")
+}

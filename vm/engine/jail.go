@@ -158,12 +158,38 @@ func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
 	return r, nil
 }
 
+// startCgroup makes the cgroup of rec (with its jail recorded) in the
+// background, and returns the wait for it; nil when rec is not confined. A
+// provision has it made while the VM's disks are: on v1 a new cgroup is a
+// directory and limits in four hierarchies, about what a jailed start
+// costs. The wait must be called before the provision returns, so that a
+// rollback never races with it.
+func (e *Engine) startCgroup(rec *record.Record) func() error {
+	v := e.vmJail(rec)
+	if v == nil {
+		return nil
+	}
+	lim := e.jailer().Config().Limits(rec.Spec.MemoryMB, rec.Spec.Vcpus)
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = v.Create(lim)
+	}()
+	return func() error {
+		<-done
+		return err
+	}
+}
+
 // prepareJail readies rec's jail before a process of it starts: its jail is
 // recorded (recordJail), its cgroup made with the VM's limits (kept if it
 // exists, the limits written again: the VM's size may have changed), and
 // its disks, seed, volume links and run directory given to it. It returns
 // the record (with its jail) and the jail, nil when VMs run unconfined.
-func (e *Engine) prepareJail(rec *record.Record) (*record.Record, *jail.VM, error) {
+// cgroupMade, when not nil, is the wait for the cgroup a provision is
+// making (startCgroup), which then takes the place of making it here.
+func (e *Engine) prepareJail(rec *record.Record, cgroupMade func() error) (*record.Record, *jail.VM, error) {
 	rec, err := e.recordJail(rec)
 	if err != nil {
 		return nil, nil, err
@@ -175,7 +201,12 @@ func (e *Engine) prepareJail(rec *record.Record) (*record.Record, *jail.VM, erro
 	fail := func(err error) error {
 		return &record.HostError{Kind: record.HostInternal, Op: "confining VM " + rec.ID, Err: err}
 	}
-	if err := v.Create(e.jailer().Config().Limits(rec.Spec.MemoryMB, rec.Spec.Vcpus)); err != nil {
+	if cgroupMade != nil {
+		err = cgroupMade()
+	} else {
+		err = v.Create(e.jailer().Config().Limits(rec.Spec.MemoryMB, rec.Spec.Vcpus))
+	}
+	if err != nil {
 		return nil, nil, fail(err)
 	}
 	if err := e.giveFiles(rec, v); err != nil {
