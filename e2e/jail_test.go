@@ -936,6 +936,13 @@ func TestJailDefaultWithProcessGuests(t *testing.T) {
 		t.Errorf("the agent said %d times that AppVMs run unconfined (want once, beside VMs run confined):\n%s", n, out)
 	}
 	checkJails(t, s, map[string]view{"classic": c.view})
+	// A restart adopts both, and does not call the AppVM one of an
+	// unconfined past that its next boot confines: it never will be.
+	s.kill()
+	s.restart()
+	if out := s.stderr.String(); strings.Contains(out, "booted before VMs were confined") || strings.Count(out, "VM adopted") != 2 {
+		t.Errorf("the restarted agent's adoption of a confined VM and an unconfined AppVM:\n%s", out)
+	}
 	for _, p := range []string{"/api/vms/classic?force=true", "/api/appvm/vms/app?force=true"} {
 		if st, b := s.do("DELETE", p, ""); st != http.StatusNoContent {
 			t.Fatalf("DELETE %s = %d %s", p, st, b)

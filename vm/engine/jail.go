@@ -585,7 +585,7 @@ func readableBy(path string, uid, gid uint32) error {
 func (e *Engine) verifyAdopted(rec *record.Record, pids []int) {
 	v := e.vmJail(rec)
 	if v == nil {
-		if e.jailer() != nil {
+		if e.confines(rec) {
 			e.log.Warn("VM runs unconfined (booted before VMs were confined); it is confined from its next boot", "id", rec.ID)
 		}
 		return
