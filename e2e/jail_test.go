@@ -936,10 +936,45 @@ func TestJailDefaultWithProcessGuests(t *testing.T) {
 		t.Errorf("the agent said %d times that AppVMs run unconfined (want once, beside VMs run confined):\n%s", n, out)
 	}
 	checkJails(t, s, map[string]view{"classic": c.view})
+	// A restart adopts both, and does not call the AppVM one of an
+	// unconfined past that its next boot confines: it never will be.
+	s.kill()
+	s.restart()
+	if out := s.stderr.String(); strings.Contains(out, "booted before VMs were confined") || strings.Count(out, "VM adopted") != 2 {
+		t.Errorf("the restarted agent's adoption of a confined VM and an unconfined AppVM:\n%s", out)
+	}
 	for _, p := range []string{"/api/vms/classic?force=true", "/api/appvm/vms/app?force=true"} {
 		if st, b := s.do("DELETE", p, ""); st != http.StatusNoContent {
 			t.Fatalf("DELETE %s = %d %s", p, st, b)
 		}
 	}
 	checkJails(t, s, nil)
+}
+
+// TestJailFailedProvisionLeavesNoCgroup: a create's cgroup is made while
+// its disks are (here, while its image downloads); a provision that fails
+// waits for it and its rollback removes it: the failed VM keeps its record,
+// with no cgroup and no files.
+func TestJailFailedProvisionLeavesNoCgroup(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{confine: true})
+	f := newFixture(t)
+	data, err := os.ReadFile(f.base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := `{"vm_id":"bad","vcpus":1,"memory_mb":128,"kernel_path":"` + f.kernel + `",` +
+		`"image":{"image_id":"x","content_sha256":"` + strings.Repeat("ab", 32) + `","fetch_url":"` + imageServer(t, data) + `"}}`
+	s.create(body, http.StatusAccepted)
+	s.waitFor("bad", "provision failure", func(v view) bool { return v.State == "failed" })
+	if slices.Contains(s.cgroupVMs(), "bad") {
+		t.Error("the failed provision left its VM's cgroup")
+	}
+	if exists(s.stateDir+"/vms/bad") || exists(s.runDir+"/vms/bad") || exists(s.runDir+"/jail/bad") {
+		t.Error("the failed provision left files")
+	}
+	if st, b := s.do("DELETE", "/api/vms/bad", ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE = %d %s", st, b)
+	}
+	checkGone(t, s, "bad")
 }

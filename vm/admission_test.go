@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"vmhost/store"
 	"vmhost/vm"
+	"vmhost/vm/record"
 	"vmhost/vm/vmtest"
 )
 
@@ -245,5 +249,92 @@ func TestCapacity(t *testing.T) {
 	}
 	if c, _ = svc.Capacity(); c.DiskCommitted != 0 {
 		t.Errorf("Capacity.DiskCommitted after the provision = %d, want 0", c.DiskCommitted)
+	}
+}
+
+// TestCreateClaimsInItsFirstWrite: what the host hands out one per VM (a
+// confined VM's uid: Host.Claim) is chosen against every other stored
+// record and create in flight, under the records' lock, so creates at once
+// never get the same, and it is in the create's first record write, before
+// any host work; a refused claim refuses the create with nothing stored.
+func TestCreateClaimsInItsFirstWrite(t *testing.T) {
+	ctx := context.Background()
+	e := vmtest.NewEnv(t)
+	e.Host.OnClaim = func(rec *vm.Record, others []*vm.Record) error {
+		held := map[uint32]bool{}
+		for _, o := range others {
+			if o.Jail != nil {
+				held[o.Jail.UID] = true
+			}
+		}
+		uid := uint32(1000)
+		for held[uid] {
+			uid++
+		}
+		if uid > 1007 {
+			return &vm.HostError{Kind: vm.HostInternal, Op: "confining VM " + rec.ID, Err: errors.New("no free id in jail.id_range")}
+		}
+		rec.Jail = &record.Confinement{UID: uid, GID: uid, Cgroup: "vm-" + rec.ID}
+		return nil
+	}
+	e.Host.Gate = make(chan struct{})
+	svc := e.Service(t)
+	const n = 8
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			s := baseSpec(e)
+			s.VMID = fmt.Sprintf("c%d", i)
+			_, _, err := svc.CreateVM(ctx, &s)
+			errs <- err
+		}()
+	}
+	// Every create waits in its provision: what is on disk now is each
+	// one's first write.
+	for deadline := time.Now().Add(10 * time.Second); len(e.Records.All()) < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d creates stored", len(e.Records.All()), n)
+		}
+	}
+	st, err := store.Open(filepath.Join(e.StateDir, "vms"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	seen := map[uint32]string{}
+	for i := range n {
+		data, err := st.Get(fmt.Sprintf("c%d", i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r, err := record.Decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Jail == nil {
+			t.Fatalf("%s's first write has no jail", r.ID)
+		}
+		if other, dup := seen[r.Jail.UID]; dup {
+			t.Errorf("%s and %s both got uid %d", other, r.ID, r.Jail.UID)
+		}
+		seen[r.Jail.UID] = r.ID
+	}
+	close(e.Host.Gate)
+	for range n {
+		if err := <-errs; err != nil {
+			t.Errorf("create: %v", err)
+		}
+	}
+	// The ids are all held: the next create is refused before anything
+	// is stored or reaches the host.
+	s := baseSpec(e)
+	s.VMID = "over"
+	_, _, err = svc.CreateVM(ctx, &s)
+	var he *vm.HostError
+	if !errors.As(err, &he) {
+		t.Fatalf("create with every id held = %v, want *HostError", err)
+	}
+	if e.Records.Get("over") != nil || slices.Contains(e.Host.Calls(), "provision over") {
+		t.Errorf("the refused create was stored or provisioned: %v", e.Host.Calls())
 	}
 }

@@ -24,6 +24,13 @@ type Host interface {
 	// precondition it lacks is a *FieldError naming it. It changes
 	// nothing.
 	Preflight(ctx context.Context, rec *Record) error
+	// Claim gives rec, a create being admitted, what the host hands out
+	// one per VM and records with it (a confined VM's uid and gid),
+	// chosen against others: every other stored record and create in
+	// flight. It runs under the records' lock, so two creates never get
+	// the same, and the create's first record write holds it. An error
+	// refuses the create with nothing made.
+	Claim(rec *Record, others []*Record) error
 	// Provision creates the VM's disks, taps and seed (downloading the
 	// image first when rec.Spec.Image is set). On error it leaves nothing
 	// behind that Rollback cannot remove.
@@ -107,6 +114,9 @@ func (h NoHost) Provision(ctx context.Context, rec *Record) error { return h.Pre
 func (NoHost) Boot(_ context.Context, rec *Record) error {
 	return &HostError{Kind: HostInternal, Op: "booting VM " + rec.ID, Err: ErrNoHost}
 }
+
+// Claim gives nothing: VMs run nowhere.
+func (NoHost) Claim(*Record, []*Record) error { return nil }
 
 // Rollback has nothing to undo.
 func (NoHost) Rollback(context.Context, *Record) error { return nil }

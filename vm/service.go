@@ -286,8 +286,8 @@ func (s *Service) macInUse(mac string) bool {
 
 // Launch has the host check its preconditions for rec (Preflight: 400
 // *FieldError naming what the host lacks, with nothing made), admits it
-// (409: *ExistsError, *CapacityError), then has the host create it: store
-// the record, Provision (in the background when an image must be
+// (409: *ExistsError, *CapacityError) and has the host claim its per-VM
+// ids (Claim), then has the host create it: store the record, Provision (in the background when an image must be
 // downloaded: async), and Boot when the spec asks for it. A synchronous
 // failure before boot rolls back everything, record included, so a retry
 // with the same id works; a boot failure keeps the VM.
@@ -295,7 +295,14 @@ func (s *Service) Launch(ctx context.Context, rec *Record) (out *Record, async b
 	if err := s.o.Host.Preflight(ctx, rec); err != nil {
 		return nil, false, err
 	}
-	if err := s.recs.Reserve(rec, s.admission(rec)); err != nil {
+	admit := s.admission(rec)
+	err = s.recs.Reserve(rec, func(others []*Record) error {
+		if err := admit(others); err != nil {
+			return err
+		}
+		return s.o.Host.Claim(rec, others)
+	})
+	if err != nil {
 		return nil, false, err
 	}
 	if err := s.recs.Create(rec); err != nil {

@@ -130,8 +130,9 @@ type Engine struct {
 	cidMu     sync.Mutex
 	cidsGiven map[string]uint32
 
-	// jailMu guards jailGiven: the jail ids allocated whose records are
-	// not stored yet (jail.go).
+	// jailMu guards jailGiven: the jail ids given to records that had
+	// none whose writes are not stored yet (jail.go). It is taken under
+	// the records' lock, never the other way round.
 	jailMu    sync.Mutex
 	jailGiven map[uint32]bool
 
@@ -346,6 +347,10 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 	if err != nil {
 		return err
 	}
+	cgroupMade := e.startCgroup(rec)
+	if cgroupMade != nil {
+		defer cgroupMade()
+	}
 	sp := &rec.Spec
 	var done []string // steps done here and not recorded yet
 	did := func(step string) {
@@ -437,7 +442,7 @@ func (e *Engine) provision(ctx context.Context, rec *record.Record) (err error) 
 		}
 		did(record.StepTap(i))
 	}
-	qsd, err := e.ensureQSD(ctx, rec)
+	qsd, err := e.ensureQSD(ctx, rec, cgroupMade)
 	if err != nil {
 		return err
 	}
@@ -708,9 +713,9 @@ func (e *Engine) qsdConfig(rec *record.Record) qmp.QSDConfig {
 // a running one. A new one's identity is returned for the caller to
 // record with its result (nil when none was launched); until then the
 // engine holds it, and an agent that dies first leaves a process that the
-// next start reaps.
-func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record) (*record.QSDRuntime, error) {
-	rec, jv, err := e.prepareJail(rec)
+// next start reaps. cgroupMade is prepareJail's.
+func (e *Engine) ensureQSD(ctx context.Context, rec *record.Record, cgroupMade func() error) (*record.QSDRuntime, error) {
+	rec, jv, err := e.prepareJail(rec, cgroupMade)
 	if err != nil {
 		return nil, err
 	}

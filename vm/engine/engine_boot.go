@@ -153,7 +153,7 @@ func (e *Engine) stopHeldQSD(id string) {
 // the daemon: rec is returned as it is now), its taps, and no stale event
 // stream (it would replay the previous run's activations).
 func (e *Engine) readyHost(ctx context.Context, rec *record.Record) (*record.Record, *record.QSDRuntime, *jail.VM, error) {
-	qsd, err := e.ensureQSD(ctx, rec)
+	qsd, err := e.ensureQSD(ctx, rec, nil)
 	if err != nil {
 		return nil, nil, nil, err
 	}

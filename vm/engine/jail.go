@@ -22,7 +22,7 @@ import (
 
 // Confinement of a VM's processes (docs/operating.md, Confinement): with
 // Options.Jail enabled, every VM gets a uid and gid of its own and a cgroup
-// (record.Confinement), recorded first thing in its provision, before any
+// (record.Confinement), in the create's own record (Claim), before any
 // host work: so the records name every id and cgroup the host holds, and
 // no two records ever hold one id. Its qemu-storage-daemon and Cloud Hypervisor
 // then run as that uid, without capabilities, in a root of their own that
@@ -69,23 +69,38 @@ func (e *Engine) vmJail(rec *record.Record) *jail.VM {
 	return v
 }
 
-// recordJail gives rec a jail when it has none and records it: the
-// intent, before the host work that depends on it (the provision of a
-// create, which calls it first; the boot of a VM created while VMs ran
-// unconfined). Its id is one no record holds and no allocation in flight
-// has given out: allocations are serialized by jailMu, and an id given
-// stays in jailGiven until its record is stored, so the write itself (an
-// fsync) runs outside the lock.
-func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
-	j := e.jailer()
-	if j == nil || rec.Jail != nil || (rec.Mode == record.ModeAppVM && e.o.AppVMsUnconfined != "") {
-		return rec, nil
+// confines reports whether rec's processes are to be confined.
+func (e *Engine) confines(rec *record.Record) bool {
+	return e.jailer() != nil && !(rec.Mode == record.ModeAppVM && e.o.AppVMsUnconfined != "")
+}
+
+// Claim gives rec, a create being admitted, its jail: a uid and gid no
+// other record (others: every stored record and create in flight) holds
+// and none being recorded (jailGiven). It runs under the records' lock
+// (Registry.Reserve), so the create's first record write holds its jail
+// and two creates never get one id.
+func (e *Engine) Claim(rec *record.Record, others []*record.Record) error {
+	if rec.Jail != nil || !e.confines(rec) {
+		return nil
 	}
-	recs := e.recs.All() // before jailMu: a record writer may hold the registry
 	e.jailMu.Lock()
+	defer e.jailMu.Unlock()
+	c, err := e.allocJail(rec.ID, others)
+	if err != nil {
+		return err
+	}
+	rec.Jail = c
+	return nil
+}
+
+// allocJail returns a jail for VM id whose id no record of recs (but id's)
+// and no jail being recorded holds. jailMu must be held, and the records'
+// lock, so that recs stays what the registry holds.
+func (e *Engine) allocJail(id string, recs []*record.Record) (*record.Confinement, error) {
+	j := e.jailer()
 	inUse := map[uint32]bool{}
 	for _, r := range recs {
-		if r.ID != rec.ID && r.Jail != nil {
+		if r.ID != id && r.Jail != nil {
 			inUse[r.Jail.UID] = true
 		}
 	}
@@ -93,19 +108,42 @@ func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
 		inUse[uid] = true
 	}
 	uid, err := j.AllocateID(inUse)
-	if err == nil {
-		e.jailGiven[uid] = true
-	}
-	e.jailMu.Unlock()
 	if err != nil {
-		return nil, &record.HostError{Kind: record.HostInternal, Op: "confining VM " + rec.ID, Err: err}
+		return nil, &record.HostError{Kind: record.HostInternal, Op: "confining VM " + id, Err: err}
+	}
+	return &record.Confinement{UID: uid, GID: uid, Cgroup: j.CgroupName(id)}, nil
+}
+
+// recordJail gives rec a jail when it has none and records it: the
+// intent, before the host work that depends on it (the boot, or a
+// provision's steps not yet done, of a VM created while VMs ran
+// unconfined; a create gets its jail in its own record: Claim). The id is
+// chosen under the records' lock, as Claim does, and stays in jailGiven
+// until the record is stored with it, so the write itself (an fsync) runs
+// outside the lock.
+func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
+	if rec.Jail != nil || !e.confines(rec) {
+		return rec, nil
+	}
+	var (
+		c   *record.Confinement
+		err error
+	)
+	e.recs.View(func(recs []*record.Record) {
+		e.jailMu.Lock()
+		defer e.jailMu.Unlock()
+		if c, err = e.allocJail(rec.ID, recs); err == nil {
+			e.jailGiven[c.UID] = true
+		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	defer func() {
 		e.jailMu.Lock()
-		delete(e.jailGiven, uid) // its record holds it now, or it was not given
+		delete(e.jailGiven, c.UID) // its record holds it now, or it was not given
 		e.jailMu.Unlock()
 	}()
-	c := &record.Confinement{UID: uid, GID: uid, Cgroup: j.CgroupName(rec.ID)}
 	r, err := e.update(rec.ID, func(r *record.Record) {
 		if r.Jail == nil {
 			r.Jail = c
@@ -120,12 +158,38 @@ func (e *Engine) recordJail(rec *record.Record) (*record.Record, error) {
 	return r, nil
 }
 
+// startCgroup makes the cgroup of rec (with its jail recorded) in the
+// background, and returns the wait for it; nil when rec is not confined. A
+// provision has it made while the VM's disks are: on v1 a new cgroup is a
+// directory and limits in four hierarchies, about what a jailed start
+// costs. The wait must be called before the provision returns, so that a
+// rollback never races with it.
+func (e *Engine) startCgroup(rec *record.Record) func() error {
+	v := e.vmJail(rec)
+	if v == nil {
+		return nil
+	}
+	lim := e.jailer().Config().Limits(rec.Spec.MemoryMB, rec.Spec.Vcpus)
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = v.Create(lim)
+	}()
+	return func() error {
+		<-done
+		return err
+	}
+}
+
 // prepareJail readies rec's jail before a process of it starts: its jail is
 // recorded (recordJail), its cgroup made with the VM's limits (kept if it
 // exists, the limits written again: the VM's size may have changed), and
 // its disks, seed, volume links and run directory given to it. It returns
 // the record (with its jail) and the jail, nil when VMs run unconfined.
-func (e *Engine) prepareJail(rec *record.Record) (*record.Record, *jail.VM, error) {
+// cgroupMade, when not nil, is the wait for the cgroup a provision is
+// making (startCgroup), which then takes the place of making it here.
+func (e *Engine) prepareJail(rec *record.Record, cgroupMade func() error) (*record.Record, *jail.VM, error) {
 	rec, err := e.recordJail(rec)
 	if err != nil {
 		return nil, nil, err
@@ -137,7 +201,12 @@ func (e *Engine) prepareJail(rec *record.Record) (*record.Record, *jail.VM, erro
 	fail := func(err error) error {
 		return &record.HostError{Kind: record.HostInternal, Op: "confining VM " + rec.ID, Err: err}
 	}
-	if err := v.Create(e.jailer().Config().Limits(rec.Spec.MemoryMB, rec.Spec.Vcpus)); err != nil {
+	if cgroupMade != nil {
+		err = cgroupMade()
+	} else {
+		err = v.Create(e.jailer().Config().Limits(rec.Spec.MemoryMB, rec.Spec.Vcpus))
+	}
+	if err != nil {
 		return nil, nil, fail(err)
 	}
 	if err := e.giveFiles(rec, v); err != nil {
@@ -516,7 +585,7 @@ func readableBy(path string, uid, gid uint32) error {
 func (e *Engine) verifyAdopted(rec *record.Record, pids []int) {
 	v := e.vmJail(rec)
 	if v == nil {
-		if e.jailer() != nil {
+		if e.confines(rec) {
 			e.log.Warn("VM runs unconfined (booted before VMs were confined); it is confined from its next boot", "id", rec.ID)
 		}
 		return

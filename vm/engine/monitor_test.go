@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -140,6 +141,10 @@ func newTestServiceWith(t testing.TB, o testOpts, dirs ...string) *testService {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { os.RemoveAll(root) })
+		// After the engine's Close (cleanups run last first): the
+		// simulators of VMs a test left running, which outlive it
+		// otherwise (their sessions are their own).
+		t.Cleanup(func() { killProcessesUnder(t, root) })
 		state, run = filepath.Join(root, "s"), filepath.Join(root, "r")
 	}
 	st, err := store.Open(filepath.Join(state, "vms"))
@@ -612,4 +617,33 @@ func TestMonitorPollsWithoutInotify(t *testing.T) {
 	waitRecord(t, s, r.id, 2*time.Second, "disk_missing", func(r *record.Record) bool {
 		return r.FailureReason != nil && r.FailureReason.Detail.Kind == record.KindDiskMissing
 	})
+}
+
+// killProcessesUnder kills every process whose command line names a path
+// under dir (a test's VMs' simulators: their sockets, disks and logs are
+// there) and waits until none is left.
+func killProcessesUnder(t testing.TB, dir string) {
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var left []int
+		ents, _ := os.ReadDir("/proc")
+		for _, ent := range ents {
+			pid, err := strconv.Atoi(ent.Name())
+			if err != nil || pid == os.Getpid() {
+				continue
+			}
+			cmdline, err := os.ReadFile("/proc/" + ent.Name() + "/cmdline")
+			if err != nil || !bytes.Contains(cmdline, []byte(dir+"/")) {
+				continue // gone, or a zombie (no command line), or not the test's
+			}
+			left = append(left, pid)
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		if len(left) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("processes of the test still there after SIGKILL: %v", left)
+			return
+		}
+	}
 }

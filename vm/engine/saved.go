@@ -123,6 +123,13 @@ func (s *stepTimes) done(step string) {
 	s.last = now
 }
 
+// count adds a count of the operation's (not a step's) to its log line.
+func (s *stepTimes) count(name string, n int) {
+	if s != nil {
+		s.took = append(s.took, name, n)
+	}
+}
+
 // attrs are the steps' durations and the total, as log attributes.
 func (s *stepTimes) attrs() []any {
 	return append(s.took, "total_ms", s.last.Sub(s.start).Milliseconds())
@@ -191,10 +198,11 @@ func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.
 		}
 	}
 	url, err := chclient.FileURL(tmp)
+	written := 0
 	if err == nil {
 		stop := writeBehind(tmp)
 		err = c.Snapshot(ctx, url)
-		stop()
+		written = stop()
 	}
 	if err != nil {
 		os.RemoveAll(tmp)
@@ -206,6 +214,7 @@ func (e *Engine) saveState(ctx context.Context, c *chclient.Client, rec *record.
 		return fail(record.HostStorage, err)
 	}
 	steps.done("sync")
+	steps.count("written_out_files", written)
 	return tmp, nil
 }
 

@@ -129,7 +129,9 @@ func TestEngineSuspendAndResume(t *testing.T) {
 		t.Errorf("processes of the VM (CH was %d, QSD %d) still run after the suspend: %v", chPid, qsdPid, got)
 	}
 	// One log line tells where the suspend's time went, step by step.
-	stepsLine := regexp.MustCompile(`msg="suspend steps" id=s pause_ms=\d+ snapshot_ms=\d+ sync_ms=\d+ place_ms=\d+ ` +
+	// Every file of the saved state was written out while CH wrote it
+	// (or right after), before the sync.
+	stepsLine := regexp.MustCompile(`msg="suspend steps" id=s pause_ms=\d+ snapshot_ms=\d+ sync_ms=\d+ written_out_files=3 place_ms=\d+ ` +
 		`stop_ch_ms=\d+ stop_qsd_ms=\d+ stop_jail_ms=\d+ record_ms=\d+ total_ms=\d+\n`)
 	if logs := s.logs.String(); len(stepsLine.FindAllString(logs, -1)) != 1 {
 		t.Errorf("the log has no single line of the suspend's steps:\n%s", logs)

@@ -38,12 +38,22 @@ var DetachTimeout = 10 * time.Second
 // just stored it. What an earlier attach of key did is kept: a disk CH
 // presents is only mounted (a running AppVM); otherwise what the storage
 // daemon has of key is cleared and the volume exported and added anew.
-func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) error {
+func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) (err error) {
 	i := rec.Spec.VolumeIndex(key)
 	if i < 0 {
 		return &record.HostError{Kind: record.HostInternal, Op: "hot-plugging volume " + key, Err: errors.New("not in the VM's record")}
 	}
 	v := rec.Spec.Volumes[i]
+	chMayUseIt := false
+	defer func() {
+		// A failed attach takes the volume out of the VM's record: a
+		// first-class volume's link, made by this run or one cut short,
+		// goes, and the volume is root's again, unless CH may still
+		// have the disk.
+		if err != nil && !chMayUseIt {
+			e.unlinkHotVolume(rec, v)
+		}
+	}()
 	q, err := e.heldQSD(rec)
 	if err != nil {
 		return err
@@ -70,9 +80,7 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 	undoExport := func() {
 		if err := q.RemoveDataExport(context.WithoutCancel(ctx), key); err != nil {
 			e.log.Error("removing the export of a failed hot-plug", "id", rec.ID, "volume", key, "err", err)
-			return
 		}
-		e.unlinkHotVolume(rec, v)
 	}
 	have, bdf, err := diskOf(ctx, c, rec.ID, key)
 	if err != nil {
@@ -86,7 +94,6 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("clearing the storage daemon's leftovers of volume %s of VM %s", key, rec.ID), Err: err}
 		}
 		if err := q.AddDataExport(ctx, d); err != nil {
-			e.unlinkHotVolume(rec, v)
 			return &record.HostError{Kind: record.HostStorage, Op: fmt.Sprintf("exporting volume %s of VM %s", key, rec.ID), Err: err}
 		}
 		testStopAt(HookAttachExported)
@@ -104,6 +111,7 @@ func (e *Engine) HotAttach(ctx context.Context, rec *record.Record, key string) 
 		if err := g.Mount(ctx, rec, v, bdf); err != nil {
 			if rerr := e.removeDisk(context.WithoutCancel(ctx), c, rec.ID, key); rerr != nil {
 				e.log.Error("unplugging a volume its guest did not mount", "id", rec.ID, "volume", key, "err", rerr)
+				chMayUseIt = true
 				return err // the export stays: CH may still use it
 			}
 			undoExport()

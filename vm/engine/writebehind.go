@@ -15,30 +15,28 @@ const writeBehindPeriod = 20 * time.Millisecond
 // writeBehind starts the kernel's write-out of the files appearing in dir
 // while Cloud Hypervisor writes them (vm.snapshot writes the guest's
 // memory through the page cache and syncs nothing), every
-// writeBehindPeriod, so the sync that must follow before the state counts
-// as saved finds most of it on the disk already instead of starting it
-// then. It only starts the write-out, in a goroutine of its own (a busy
-// disk can hold a call there, and stop waits for that one call); the sync
-// after still makes every file durable. The function returned stops it
-// and waits until it stopped.
-func writeBehind(dir string) (stop func()) {
+// writeBehindPeriod, and once more when stopped (CH is done then): so the
+// sync that must follow before the state counts as saved finds most of it
+// on the disk already, and every file's write-out started, instead of
+// starting them one by one then. It only starts the write-out, in a
+// goroutine of its own (a busy disk can hold a call there, and stop waits
+// for that one call); the sync after still makes every file durable. The
+// function returned stops it, waits until it stopped, and returns how many
+// files it wrote out.
+func writeBehind(dir string) (stop func() (files int)) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
+	open := map[string]*os.File{}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		open := map[string]*os.File{}
-		defer func() {
-			for _, f := range open {
-				f.Close()
-			}
-		}()
 		t := time.NewTicker(writeBehindPeriod)
 		defer t.Stop()
 		for {
+			stopped := false
 			select {
 			case <-done:
-				return
+				stopped = true
 			case <-t.C:
 			}
 			ents, err := os.ReadDir(dir)
@@ -60,10 +58,17 @@ func writeBehind(dir string) (stop func()) {
 				}
 				startWriteOut(f)
 			}
+			if stopped {
+				return
+			}
 		}
 	}()
-	return func() {
+	return func() int {
 		close(done)
 		wg.Wait()
+		for _, f := range open {
+			f.Close()
+		}
+		return len(open)
 	}
 }

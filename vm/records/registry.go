@@ -197,6 +197,21 @@ func (g *Registry) Each(f func(*record.Record)) {
 	}
 }
 
+// View calls f once with every stored record and every create in flight,
+// under the registry's read lock: no record is stored, reserved or
+// released while f runs. f must not call the registry.
+func (g *Registry) View(f func(recs []*record.Record)) {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	recs := make([]*record.Record, 0, len(g.recs)+len(g.pending))
+	for _, m := range []map[string]*record.Record{g.recs, g.pending} {
+		for _, r := range m {
+			recs = append(recs, r)
+		}
+	}
+	f(recs)
+}
+
 // Reserve claims rec.ID for a create in flight once admit, called with
 // every other stored and pending record under the registry lock, accepts
 // (admit may be nil). Of any number of concurrent reserves of one id

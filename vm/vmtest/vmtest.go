@@ -124,6 +124,8 @@ type Host struct {
 	FailHotDetach error
 	// Gate, when set, makes Provision wait until it is closed.
 	Gate chan struct{}
+	// OnClaim, when set, is what Claim does (by default nothing).
+	OnClaim func(rec *vm.Record, others []*vm.Record) error
 }
 
 func (h *Host) record(op string, rec *vm.Record) {
@@ -146,6 +148,14 @@ func (h *Host) Transcript() string { return strings.Join(h.Calls(), "\n") }
 func (h *Host) Preflight(_ context.Context, rec *vm.Record) error {
 	h.record("preflight", rec)
 	return h.FailPreflight
+}
+
+// Claim does OnClaim, when set; it is not in the transcript.
+func (h *Host) Claim(rec *vm.Record, others []*vm.Record) error {
+	if h.OnClaim != nil {
+		return h.OnClaim(rec, others)
+	}
+	return nil
 }
 
 // Provision records the call and creates sparse root and data volume files.
