@@ -292,10 +292,12 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 			e.stopHeldQSD(id)
 		}
 	}()
+	steps := newStepTimes()
 	rec, qsd, jv, err := e.readyHost(ctx, rec)
 	if err != nil {
 		return err
 	}
+	steps.done("ready_host")
 	fail := func(op string, err error) error {
 		return &record.HostError{Kind: record.HostHypervisor, Op: op + " of VM " + id, Err: err}
 	}
@@ -324,6 +326,7 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 		return fail("launching cloud hypervisor", err)
 	}
 	rt.Pid, rt.StartTime = p.Pid, p.StartTime
+	steps.done("launch_ch")
 	e.keepConsole(rec, rt.SerialSocket, p)
 	undo := func(err error) error {
 		e.shutdownVMM(p)
@@ -348,6 +351,7 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 	if err := expectState(rctx, c, chclient.StatePaused); err != nil {
 		return undo(fail("vm.restore", err))
 	}
+	steps.done("restore")
 	testStopAt(HookResumeRestored)
 	if _, err := e.update(id, func(r *record.Record) {
 		r.Runtime.CH, r.PID = rt, rt.Pid
@@ -362,6 +366,7 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 	}); err != nil {
 		return undo(err)
 	}
+	steps.done("record")
 	testStopAt(HookResumeRecorded)
 	e.mu.Lock()
 	q := e.live[id]
@@ -374,7 +379,8 @@ func (e *Engine) resumeSaved(ctx context.Context, rec *record.Record) (err error
 		rerr = fail("vm.resume after vm.restore", rerr)
 	}
 	e.endResume(id, rerr != nil)
-	e.log.Info("VM resumed from its saved state", "id", id, "ch_pid", p.Pid)
+	steps.done("resume")
+	e.log.Info("VM resumed from its saved state", append([]any{"id", id, "ch_pid", p.Pid}, steps.attrs()...)...)
 	return rerr
 }
 
@@ -456,6 +462,7 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 		return nil, false, err
 	}
 	testStopAt(HookSnapshotStart)
+	steps := newStepTimes()
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), saveTimeout(rec.Spec.MemoryMB))
 	defer cancel()
 	undo := func(err error) ([]snapshot.Disk, bool, error) {
@@ -466,10 +473,11 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 			return undo(&record.HostError{Kind: record.HostHypervisor, Op: "vm.pause of VM " + id, Err: err})
 		}
 	}
+	steps.done("pause")
 	testStopAt(HookSnapshotPaused)
 	saved := false
 	if memory {
-		tmp, err := e.saveState(ctx, c, rec, nil)
+		tmp, err := e.saveState(ctx, c, rec, steps)
 		if err != nil {
 			return undo(err)
 		}
@@ -478,21 +486,24 @@ func (e *Engine) Snapshot(ctx context.Context, rec *record.Record, sid, dir stri
 			return undo(&record.HostError{Kind: record.HostStorage, Op: "snapshot of VM " + id, Err: err})
 		}
 		saved = true
+		steps.done("place")
 		testStopAt(HookSnapshotMemory)
 	}
 	if err := e.flushWatched(ctx, id); err != nil {
 		return undo(err)
 	}
+	steps.done("flush")
 	disks, err := e.copyDisks(ctx, rec, sid, dir)
 	if err != nil {
 		return undo(err)
 	}
+	steps.done("copy_disks")
 	testStopAt(HookSnapshotDisks)
-	if err := e.endSave(ctx, id, c, running, HookSnapshotResume, nil); err != nil {
-		// The copies are whole; the VM stays paused, as recorded.
-		return disks, saved, err
-	}
-	return disks, saved, nil
+	err = e.endSave(ctx, id, c, running, HookSnapshotResume, nil)
+	steps.done("resume")
+	e.log.Info("snapshot steps", append([]any{"id", id, "snapshot", sid}, steps.attrs()...)...)
+	// An error: the copies are whole; the VM stays paused, as recorded.
+	return disks, saved, err
 }
 
 // flushWatched flushes the storage daemon of the watched VM id.

@@ -147,6 +147,11 @@ func TestEngineSuspendAndResume(t *testing.T) {
 	if _, err := os.Stat(s.lay.SuspendDir("s")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the consumed state is still there: %v", err)
 	}
+	resumeLine := regexp.MustCompile(`msg="VM resumed from its saved state" id=s ch_pid=\d+ ready_host_ms=\d+ launch_ch_ms=\d+ ` +
+		`restore_ms=\d+ record_ms=\d+ resume_ms=\d+ total_ms=\d+\n`)
+	if logs := s.logs.String(); len(resumeLine.FindAllString(logs, -1)) != 1 {
+		t.Errorf("the log has no single line of the start's steps:\n%s", logs)
+	}
 	evs := eventsOf(t, s, "s")
 	if !slices.Contains(evs, "vm restored") || !slices.Contains(evs, "vm resumed") || slices.Contains(evs, "vm booted") {
 		t.Errorf("the restarted CH's events: %v, want a restore and no boot", evs)
@@ -279,6 +284,11 @@ func TestEngineSnapshotAndRestore(t *testing.T) {
 	}
 	if got := names(t, s.lay.SnapshotMemory("s1")); !slices.Equal(got, []string{"config.json", "memory-ranges", "state.json"}) {
 		t.Errorf("the snapshot's memory holds %v", got)
+	}
+	stepsLine := regexp.MustCompile(`msg="snapshot steps" id=v snapshot=s1 pause_ms=\d+ snapshot_ms=\d+ sync_ms=\d+ written_out_files=3 ` +
+		`place_ms=\d+ flush_ms=\d+ copy_disks_ms=\d+ resume_ms=\d+ total_ms=\d+\n`)
+	if logs := s.logs.String(); len(stepsLine.FindAllString(logs, -1)) != 1 {
+		t.Errorf("the log has no single line of the snapshot's steps:\n%s", logs)
 	}
 	// The VM changes after the snapshot; a restore takes it back.
 	if _, err := s.act(ctx, "v", "stop"); err != nil {
