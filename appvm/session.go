@@ -429,7 +429,7 @@ func (ss *session) beginLogs(hello *proto.Hello) {
 	if w == nil {
 		return
 	}
-	if err := w.Begin(hello.BootID, hello.Resume && hello.V >= proto.Version3); err != nil {
+	if err := w.Begin(hello.BootID, hello.Resume && hello.V >= proto.Version3, hello.LogSeq); err != nil {
 		ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 	}
 }
