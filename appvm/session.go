@@ -420,7 +420,8 @@ func (ss *session) openLogs(rec *vm.Record) error {
 }
 
 // beginLogs tells the workload log of a new connection of the guest
-// agent (its boot, and whether it replays what was not acknowledged).
+// agent (its boot, whether it replays what was not acknowledged, and the
+// last Log it numbered, which a restore from a snapshot takes back).
 func (ss *session) beginLogs(hello *proto.Hello) {
 	ss.mu.Lock()
 	w := ss.logs
