@@ -231,16 +231,34 @@ func lastLineOf(path string, end int64) (*logLine, error) {
 }
 
 // Begin is told each connection of the guest agent: the boot it belongs
-// to, and whether the guest replays the chunks not acknowledged (a
-// version 3 guest resuming). A new boot ends the previous one's streams;
-// the same boot replayed drops what was held, which comes again.
-func (l *workloadLog) Begin(boot string, replay bool) error {
+// to, whether the guest replays the chunks not acknowledged (a version 3
+// guest resuming), and the number of the last chunk the guest numbered
+// (numbered, a version 4 guest resuming; nil when it does not say). A new
+// boot ends the previous one's streams; the same boot replayed drops what
+// was held, which comes again.
+//
+// A guest numbers its chunks in one timeline, so its count is never
+// behind what was stored of its boot, unless it went back to a snapshot
+// with memory: then the chunks stored above its count are output of the
+// timeline the restore discarded, and stay in the log as they are; the
+// guest's numbers above its count are new output, stored after them. The
+// numbering is taken back to the guest's: what was stored up to it is
+// the output before the snapshot, which a replay may resend.
+func (l *workloadLog) Begin(boot string, replay bool, numbered *uint64) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if boot != l.boot {
 		err := l.flushLocked()
 		l.boot, l.stored, l.received = boot, [2]uint64{}, 0
 		return err
+	}
+	if numbered != nil && *numbered < max(l.stored[0], l.stored[1]) {
+		// What was held back is dropped, never stored: the part of the
+		// discarded timeline could complete a secret the snapshot's part
+		// began, and the snapshot's part comes again in the replay.
+		n := *numbered
+		l.stored = [2]uint64{min(l.stored[0], n), min(l.stored[1], n)}
+		replay = true
 	}
 	if replay {
 		l.held = [2][]heldChunk{}

@@ -96,7 +96,7 @@ func TestWorkloadLogChunks(t *testing.T) {
 	p := filepath.Join(t.TempDir(), logName)
 	key := "-----BEGIN-----\nK3yL1neOfTheFile\n-----END-----\n"
 	l := openTestLog(t, p, 1<<20, append([]string{"s3cr3t-value"}, redact.FileValues(key)...)...)
-	if err := l.Begin("b1", false); err != nil {
+	if err := l.Begin("b1", false, nil); err != nil {
 		t.Fatal(err)
 	}
 	appendAll(t, l,
@@ -138,7 +138,7 @@ func TestWorkloadLogChunks(t *testing.T) {
 // the oldest chunk held back, whatever its stream.
 func TestWorkloadLogAckHoldsBackHeldChunks(t *testing.T) {
 	l := openTestLog(t, filepath.Join(t.TempDir(), logName), 1<<20, "password123")
-	l.Begin("b1", false)
+	l.Begin("b1", false, nil)
 	appendAll(t, l, logMsg("stdout", 1, "a\n"), logMsg("stdout", 2, "pass"), logMsg("stderr", 3, "e\n"), logMsg("stderr", 4, "f\n"))
 	if a, err := l.Ack(); err != nil || a != 1 {
 		t.Errorf("Ack = %d, %v; want 1 (chunk 2 is held)", a, err)
@@ -169,7 +169,7 @@ func TestWorkloadLogReplayAfterRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l.Begin("b1", false)
+	l.Begin("b1", false, nil)
 	msgs := []*proto.Log{
 		logMsg("stdout", 1, "one\n"), logMsg("stderr", 2, "two\n"), logMsg("stdout", 3, "three pass"),
 		logMsg("stderr", 4, "four\n"), logMsg("stdout", 5, "word123 five\n"), logMsg("stderr", 6, "six\n"),
@@ -183,7 +183,7 @@ func TestWorkloadLogReplayAfterRestart(t *testing.T) {
 	f.Close()
 
 	l = openTestLog(t, p, 1<<20, "password123")
-	l.Begin("b1", true)
+	l.Begin("b1", true, nil)
 	var replay []*proto.Log
 	for _, m := range msgs {
 		if m.Seq > acked {
@@ -202,7 +202,7 @@ func TestWorkloadLogReplayAfterRestart(t *testing.T) {
 	}
 	// A new boot numbers its chunks from 1 again; the log goes on. A late
 	// chunk of the boot before is not taken for one of the new boot.
-	l.Begin("b2", false)
+	l.Begin("b2", false, nil)
 	if err := l.Append(logMsg("stdout", 7, "late\n"), "b1", time.Now()); err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +218,7 @@ func TestWorkloadLogReplayAfterRestart(t *testing.T) {
 func TestWorkloadLogCap(t *testing.T) {
 	p := filepath.Join(t.TempDir(), logName)
 	l := openTestLog(t, p, 4096)
-	l.Begin("b", false)
+	l.Begin("b", false, nil)
 	for i := range 200 {
 		appendAll(t, l, logMsg("stdout", uint64(i+1), fmt.Sprintf("line %03d\n", i)))
 	}
@@ -268,7 +268,7 @@ func TestMigrateLegacyLog(t *testing.T) {
 	}
 	// The writer goes on after the migrated lines.
 	l := openTestLog(t, filepath.Join(dir, logName), 1<<20)
-	l.Begin("b", false)
+	l.Begin("b", false, nil)
 	appendAll(t, l, logMsg("stdout", 1, "next\n"))
 	if lines := readLines(t, filepath.Join(dir, logName)); lines[len(lines)-1].Seq != 4 {
 		t.Errorf("after migration: %s", summary(lines))
@@ -283,7 +283,7 @@ func TestMigrateLegacyLog(t *testing.T) {
 func writeTestLog(t *testing.T, p string, n int, max int64) {
 	t.Helper()
 	l := openTestLog(t, p, max)
-	l.Begin("b", false)
+	l.Begin("b", false, nil)
 	for i := 1; i <= n; i++ {
 		stream := "stdout"
 		if i%2 == 0 {

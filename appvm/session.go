@@ -420,7 +420,8 @@ func (ss *session) openLogs(rec *vm.Record) error {
 }
 
 // beginLogs tells the workload log of a new connection of the guest
-// agent (its boot, and whether it replays what was not acknowledged).
+// agent (its boot, whether it replays what was not acknowledged, and the
+// last Log it numbered, which a restore from a snapshot takes back).
 func (ss *session) beginLogs(hello *proto.Hello) {
 	ss.mu.Lock()
 	w := ss.logs
@@ -429,7 +430,7 @@ func (ss *session) beginLogs(hello *proto.Hello) {
 	if w == nil {
 		return
 	}
-	if err := w.Begin(hello.BootID, hello.Resume && hello.V >= proto.Version3); err != nil {
+	if err := w.Begin(hello.BootID, hello.Resume && hello.V >= proto.Version3, hello.LogSeq); err != nil {
 		ss.g.log.Error("writing workload log", "id", ss.id, "err", err)
 	}
 }

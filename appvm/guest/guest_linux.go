@@ -305,9 +305,11 @@ func (a *agent) lostLocked(conn *proto.Conn, err error) {
 }
 
 // reconnect redials the host until it answers (or the agent is done), says
-// Hello with Resume set, and replays the state the host would otherwise
-// miss: the last Lease, Started, the unacknowledged logs (version 3 hosts),
-// Exit, Fatal and Health, in that order.
+// Hello with Resume set (and, to a version 4 host, the last Log Seq it
+// numbered, which a restore from a snapshot may have taken back), and
+// replays the state the host would otherwise miss: the last Lease,
+// Started, the unacknowledged logs (version 3 hosts), Exit, Fatal and
+// Health, in that order.
 func (a *agent) reconnect() {
 	delay := 100 * time.Millisecond
 	for {
@@ -322,11 +324,19 @@ func (a *agent) reconnect() {
 			continue
 		}
 		conn := proto.NewConn(nc)
-		if err := conn.Send(&proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID, Resume: true}); err != nil {
+		// The Hello goes out under cmu: no Log is numbered between the
+		// LogSeq it says and the replay.
+		a.cmu.Lock()
+		hello := &proto.Hello{V: proto.Version, AgentVersion: AgentVersion, BootID: a.bootID, Resume: true}
+		if a.hostV >= proto.Version4 {
+			seq := a.logSeq.Load()
+			hello.LogSeq = &seq
+		}
+		if err := conn.Send(hello); err != nil {
+			a.cmu.Unlock()
 			nc.Close()
 			continue
 		}
-		a.cmu.Lock()
 		var replay []proto.Message
 		if a.state.lease != nil {
 			replay = append(replay, a.state.lease)

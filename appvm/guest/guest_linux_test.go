@@ -1049,7 +1049,7 @@ func TestPoweroffKillsOrphanTrees(t *testing.T) {
 
 // relisten brings the host back at the agent's socket and returns the
 // resumed connection after its Hello.
-func (h *fakeHost) relisten(sock string) *proto.Conn {
+func (h *fakeHost) relisten(sock string) (*proto.Conn, *proto.Hello) {
 	h.t.Helper()
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -1064,16 +1064,17 @@ func (h *fakeHost) relisten(sock string) *proto.Conn {
 	h.t.Cleanup(func() { c.Close() })
 	conn := proto.NewConn(c)
 	m, err := conn.Recv()
-	if hello, ok := m.(*proto.Hello); err != nil || !ok || !hello.Resume || hello.BootID != h.hello.BootID {
+	hello, ok := m.(*proto.Hello)
+	if err != nil || !ok || !hello.Resume || hello.BootID != h.hello.BootID {
 		h.t.Fatalf("after redial: %#v, %v; want Hello with Resume and boot id %q", m, err, h.hello.BootID)
 	}
-	return conn
+	return conn, hello
 }
 
 // outage runs a workload that prints "before", waits for the host to go
-// away, prints on both streams and exits 4; it returns what the resumed
-// connection replays up to the Exit.
-func logOutage(t *testing.T, v int, ack bool) (first *proto.Log, replay []proto.Message) {
+// away, prints on both streams and exits 4; it returns the resumed
+// connection's Hello and what it replays up to the Exit.
+func logOutage(t *testing.T, v int, ack bool) (first *proto.Log, resumed *proto.Hello, replay []proto.Message) {
 	root := t.TempDir()
 	gate := filepath.Join(root, "go")
 	h := startAgent(t, &proto.Spec{V: v, Command: sh(`echo before; while ! test -f ` + gate + `; do sleep 0.05; done; echo during-1; echo during-2 >&2; exit 4`)}, agentOpts{root: root})
@@ -1101,7 +1102,7 @@ func logOutage(t *testing.T, v int, ack bool) (first *proto.Log, replay []proto.
 		t.Fatal(err)
 	}
 	time.Sleep(300 * time.Millisecond) // the workload ends while the host is away
-	conn := h.relisten(sock)
+	conn, resumed := h.relisten(sock)
 	for {
 		m, err := conn.Recv()
 		if err != nil {
@@ -1114,18 +1115,24 @@ func logOutage(t *testing.T, v int, ack bool) (first *proto.Log, replay []proto.
 		if _, ok := m.(*proto.Exit); ok {
 			conn.Send(&proto.ExitAck{})
 			h.waitAgent()
-			return first, replay
+			return first, resumed, replay
 		}
 	}
 }
 
-// TestLogReplay: a version 3 guest sends again, after a resume, the output
-// the host did not acknowledge (what it printed while the host was away
-// included), with the same Seq and At, before the Exit.
+// TestLogReplay: a guest sends a host of version 3 on again, after a
+// resume, the output the host did not acknowledge (what it printed while
+// the host was away included), with the same Seq and At, before the Exit;
+// to a host of version 4 on, its resuming Hello says the Seq of the last
+// Log it numbered (a version 3 host, strict, would refuse the field).
 func TestLogReplay(t *testing.T) {
-	for _, ack := range []bool{false, true} {
-		t.Run(fmt.Sprintf("ack %v", ack), func(t *testing.T) {
-			first, replay := logOutage(t, proto.Version, ack)
+	for _, tc := range []struct {
+		v   int
+		ack bool
+	}{{proto.Version, false}, {proto.Version, true}, {proto.Version3, false}} {
+		t.Run(fmt.Sprintf("v%d ack %v", tc.v, tc.ack), func(t *testing.T) {
+			ack := tc.ack
+			first, resumed, replay := logOutage(t, tc.v, ack)
 			if first.At.IsZero() || time.Since(first.At) > time.Minute {
 				t.Errorf("log at %v, want the time it was read", first.At)
 			}
@@ -1148,12 +1155,20 @@ func TestLogReplay(t *testing.T) {
 				t.Errorf("replay %v, want started, %d logs, exit", types, len(want))
 			}
 			seqs := map[uint64]bool{}
+			var last uint64
 			for data := range want {
 				seq, ok := logs[data]
 				if !ok || seq <= first.Seq && data != "before\n" || seqs[seq] {
 					t.Errorf("replayed logs %v: %q missing or misnumbered", logs, data)
 				}
 				seqs[seq] = true
+				last = max(last, seq)
+			}
+			switch {
+			case tc.v < proto.Version4 && resumed.LogSeq != nil:
+				t.Errorf("the resume to a version %d host says log_seq %d", tc.v, *resumed.LogSeq)
+			case tc.v >= proto.Version4 && (resumed.LogSeq == nil || *resumed.LogSeq != last):
+				t.Errorf("the resume says log_seq %v, want %d (the last Log numbered)", resumed.LogSeq, last)
 			}
 		})
 	}
@@ -1162,7 +1177,10 @@ func TestLogReplay(t *testing.T) {
 // TestLogsForAVersion2Host: a host of version 2 gets logs without At and no
 // replay of logs (it would store them twice).
 func TestLogsForAVersion2Host(t *testing.T) {
-	first, replay := logOutage(t, proto.Version2, false)
+	first, resumed, replay := logOutage(t, proto.Version2, false)
+	if resumed.LogSeq != nil {
+		t.Errorf("the resume to a version 2 host says log_seq %d", *resumed.LogSeq)
+	}
 	if !first.At.IsZero() {
 		t.Errorf("a version 2 host got a log with at %v", first.At)
 	}

@@ -121,9 +121,11 @@ func suspendClassic(l *lane, id, ip string, start time.Time, coldBoot time.Durat
 // where it was, the guest's /proc/uptime did not reset, and the log shows
 // no new run in between (a boot would start the workload again: its
 // "key: " line and "tick 0" a second time). Then a snapshot with memory of
-// the running AppVM, more ticks, a stop, a restore and a start: the counter
-// goes on from the snapshot's value, not from the later one, in the same
-// processes, and the uptime is the snapshot's again. PIDs and uptime come
+// the running AppVM (its tick loop stopped, so the snapshot's last tick is
+// known), more ticks, a stop, a restore and a start: the counter goes on
+// from the snapshot's value, not from the later one, in the same processes,
+// the log holds every tick after the restore from the first one, and the
+// uptime is the snapshot's again. PIDs and uptime come
 // from execs, the counter from the logs, as a user sees them. The lane logs
 // the suspend's time and the start from it until the guest agent answers.
 func suspendAppVM(l *lane, id string, start time.Time) {
@@ -230,17 +232,28 @@ func suspendAppVM(l *lane, id string, start time.Time) {
 	}
 	noRestart("after the suspend")
 
-	// A snapshot with memory; then a change the snapshot does not have (the
-	// loop's counter set to 1000, in memory); then back to the snapshot.
+	// A snapshot with memory of the workload with its tick loop stopped
+	// (SIGSTOP), so that the snapshot's last tick is known; then a change
+	// the snapshot does not have (the loop goes on, its counter set to 1000,
+	// in memory); then back to the snapshot, and the restored loop goes on.
 	const snap = "lane-logs-snap"
 	var loop string
 	if _, err := fmt.Sscanf(l.output(id)[strings.Index(l.output(id), "tick loop "):], "tick loop %s", &loop); err != nil {
 		t.Fatalf("the tick loop's pid is not in the log: %v", err)
 	}
-	fromTick := lastTick(l.output(id))
+	exec("/bin/busybox", "kill", "-STOP", loop)
+	// A tick printed just before the stop may be on its way to the log:
+	// the last tick is the snapshot's once two reads 2 s apart agree.
+	atSnap := lastTick(l.output(id))
+	l.poll("the stopped loop's last tick in the log", 2*time.Minute, func() bool {
+		time.Sleep(2 * time.Second)
+		last := atSnap
+		atSnap = lastTick(l.output(id))
+		return atSnap == last
+	})
 	upSnap := uptime()
 	l.must("POST", prefix+"/"+id+"/snapshots", `{"snapshot_id":"`+snap+`","memory":true}`, http.StatusCreated)
-	toTick := lastTick(l.output(id))
+	exec("/bin/busybox", "kill", "-CONT", loop)
 	exec("/bin/busybox", "kill", "-USR1", loop)
 	l.poll("the changed counter", 2*time.Minute, func() bool { return lastTick(l.output(id)) >= 1001 })
 	l.stopVM(prefix, id)
@@ -248,19 +261,25 @@ func suspendAppVM(l *lane, id string, start time.Time) {
 	l.must("POST", prefix+"/"+id+"/restore", `{"snapshot_id":"`+snap+`"}`, http.StatusOK)
 	l.must("POST", prefix+"/"+id+"/start", "", http.StatusNoContent)
 	running("running after the restore and start")
+	exec("/bin/busybox", "kill", "-CONT", loop) // stopped at the snapshot
 	var next []int
 	l.poll("ticks after the restore", 2*time.Minute, func() bool {
 		next = ticksOf(l.output(id))[logged:]
-		return len(next) >= 2
+		return len(next) >= 3
 	})
 	phase(t, "logs: appvm snapshot restored", start)
-	// The snapshot's counter was fromTick..toTick+1 (a tick may come between the
-	// last line read and the pause); it goes on from there, not from 1000. (The
-	// log may not show the first of those: it takes lines whose sequence
-	// numbers it already holds, from before the restore, as replays.)
-	t.Logf("ticks %d..%d at the snapshot; after the restore: %v", fromTick, toTick, next)
-	if next[0] < fromTick+1 || next[len(next)-1] >= 1000 {
-		t.Errorf("after the restore the counter went on with %v: want the snapshot's (from %d), not the changed one (1000 on)", next, fromTick+1)
+	// The restored loop goes on from the snapshot's counter, not from 1000,
+	// and the log holds all of its ticks, the first ones too: the guest
+	// agent numbers them from its count at the snapshot, numbers the
+	// discarded ticks (atSnap+1, 1000, 1001 …) had, which the host must not
+	// take for replays.
+	t.Logf("tick %d at the snapshot; after the restore: %v", atSnap, next)
+	for k, n := range next {
+		if n != atSnap+1+k {
+			t.Errorf("after the restore the log shows the ticks %v: want the snapshot's counter going on, all of it (%d, %d, %d …)\n%s",
+				next, atSnap+1, atSnap+2, atSnap+3, l.output(id))
+			break
+		}
 	}
 	if got := pids(); got != workload {
 		t.Errorf("the workload's processes after the restore: %q, before %q", got, workload)

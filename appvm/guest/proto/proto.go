@@ -45,13 +45,19 @@
 // after the Lease and Started and before the Exit, Fatal and Health; the
 // host drops those it already stored (by Seq within the BootID), and a gap
 // in Seq is output lost while the host was away. A guest never sends At to
-// a host whose Spec said an older version (its decoding is strict).
+// a host whose Spec said an older version (its decoding is strict). 4 adds
+// Hello.LogSeq: a guest restored from a snapshot with memory resumes with
+// the numbering it had at the snapshot, behind what the host stored of the
+// timeline the restore discarded; without it the host would take the
+// restored guest's new output for replays and drop it.
 //
 // # Host side
 //
 // Listen on `<vsock socket>_<Port>` before booting; accept; Recv the Hello.
 // Without Resume, Send the Spec; with Resume (same BootID as before), send
-// nothing and take the replayed state. Then Recv until EOF: the first
+// nothing and take the replayed state; a LogSeq behind the Log Seq stored
+// of that boot is a guest gone back to a snapshot: its Log messages above
+// LogSeq are new output, whatever was stored under their numbers. Then Recv until EOF: the first
 // Heartbeat is the guest's sign of life; Exit and Fatal describe the
 // workload's end; the guest powers off afterwards unless Spec.Keepalive.
 // Send Stop for a graceful shutdown (the guest takes the ACPI power button
@@ -124,7 +130,7 @@ import (
 
 // Version is the protocol version carried by Hello and Spec: the newest
 // this package speaks. Versions from [MinVersion] on are accepted.
-const Version = 3
+const Version = 4
 
 // MinVersion is the oldest version either side still accepts.
 const MinVersion = 1
@@ -136,6 +142,9 @@ const Version2 = 2
 // Version3 added operation connections on OpPort, Log.At, LogAck and the
 // replay of unacknowledged logs on resume.
 const Version3 = 3
+
+// Version4 added Hello.LogSeq.
+const Version4 = 4
 
 // Port is the vsock port the guest dials on the host (CID 2).
 const Port = 1024
@@ -218,6 +227,12 @@ type Hello struct {
 	// Lease, Started, Exit and Health it sent, in that order. Messages
 	// from the outage (logs, heartbeats) are not replayed.
 	Resume bool `json:"resume,omitempty"`
+	// LogSeq (version 4, with Resume, to a host whose Spec said version
+	// 4) is the Seq of the last Log the guest numbered in this boot (0:
+	// none yet). It is never behind what the host stored of this boot
+	// unless the guest went back in time (a restore of a snapshot with
+	// memory): the host then takes the guest's numbering from there on.
+	LogSeq *uint64 `json:"log_seq,omitempty"`
 }
 
 // Spec is the host's first message: everything the guest needs to set up and
@@ -538,10 +553,14 @@ func newMessage(typ string) Message {
 	return nil
 }
 
-// Validate checks the version.
+// Validate checks the version, and that LogSeq comes only with Resume
+// from a guest of version 4 on.
 func (m *Hello) Validate() error {
 	if m.V < MinVersion || m.V > Version {
 		return fmt.Errorf("hello: version %d, want %d to %d", m.V, MinVersion, Version)
+	}
+	if m.LogSeq != nil && (!m.Resume || m.V < Version4) {
+		return fmt.Errorf("hello: log_seq only in a resume of version %d on", Version4)
 	}
 	return nil
 }

@@ -17,6 +17,8 @@ import (
 
 func intp(i int) *int { return &i }
 
+func u64p(n uint64) *uint64 { return &n }
+
 // samples holds one valid value of every message type.
 func samples() []Message {
 	return []Message{
@@ -42,6 +44,8 @@ func samples() []Message {
 			Keepalive:   true, StopGraceSecs: 3, HeartbeatSecs: 2,
 		},
 		&Hello{V: Version, AgentVersion: "test", BootID: "b1", Resume: true},
+		&Hello{V: Version, AgentVersion: "test", BootID: "b1", Resume: true, LogSeq: u64p(0)},
+		&Hello{V: Version, AgentVersion: "test", BootID: "b1", Resume: true, LogSeq: u64p(41)},
 		&Stop{GraceSecs: 4},
 		&Heartbeat{Seq: 7, At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)},
 		&Lease{IP: "192.168.1.10", Prefix: 24, Gateway: "192.168.1.1", DNS: []string{"1.1.1.1"}, Search: []string{"lan"}, LeaseSecs: 3600, Hostname: "h"},
@@ -149,7 +153,8 @@ func TestRecvErrors(t *testing.T) {
 		{"null body", frame(`{"type":"started","body":null}`), "missing body"},
 		{"trailing data", frame(`{"type":"started","body":{"pid":1}} {}`), "trailing"},
 		{"wrong type", frame(`{"type":"started","body":{"pid":"1"}}`), "cannot unmarshal"},
-		{"newer version", frame(`{"type":"hello","body":{"v":4,"agent_version":"","boot_id":""}}`), "version 4"},
+		{"newer version", frame(`{"type":"hello","body":{"v":5,"agent_version":"","boot_id":""}}`), "version 5"},
+		{"log_seq without resume", frame(`{"type":"hello","body":{"v":4,"agent_version":"","boot_id":"b","log_seq":3}}`), "log_seq"},
 		{"no version", frame(`{"type":"hello","body":{"v":0,"agent_version":"","boot_id":""}}`), "version 0"},
 		{"mount bad bdf", frame(`{"type":"mount","body":{"seq":1,"bdf":"../../x","mountpoint":"/data"}}`), "not a PCI address"},
 		{"mount uppercase bdf", frame(`{"type":"mount","body":{"seq":1,"bdf":"0000:00:0A.0","mountpoint":"/data"}}`), "not a PCI address"},
@@ -205,6 +210,8 @@ func TestSendRefusesInvalid(t *testing.T) {
 		&Log{Stream: Stdout, Data: make([]byte, MaxLogChunk+1)},
 		&Exit{},
 		&Hello{V: 0},
+		&Hello{V: Version, BootID: "b", LogSeq: u64p(3)},                // not a resume
+		&Hello{V: Version3, BootID: "b", Resume: true, LogSeq: u64p(3)}, // a version 3 guest has none
 	}
 	for _, m := range bad {
 		if err := c.Send(m); err == nil {
