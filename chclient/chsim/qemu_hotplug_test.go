@@ -94,15 +94,17 @@ func TestQemuBackendHotplug(t *testing.T) {
 	// plug adds the disk of export i and waits for the guest to show what it expects.
 	plug := func(i int, wantID, guestSees string) string {
 		t.Helper()
-		plugged := time.Now()
+		plugged, mark := time.Now(), len(g.serial.String())
 		data := p.wantStatus("PUT", "/api/v1/vm.add-disk", fmt.Sprintf(`{"vhost_user":true,"vhost_socket":%q}`, socks[i]), 200)
 		var dev struct{ ID, Bdf string }
 		json.Unmarshal(data, &dev)
 		if dev.ID != wantID || !bdfRE.MatchString(dev.Bdf) || strings.HasPrefix(dev.Bdf, "0000:00:") {
 			t.Fatalf("add-disk = %s, want id %s on a root port's bus", data, wantID)
 		}
-		// The guest sees it where the answer says: 16 MiB, the image's first bytes.
-		g.serial.wait(t, fmt.Sprintf(guestSees, dev.Bdf), 30*time.Second)
+		// The guest sees it where the answer says: 16 MiB, the image's first bytes. A
+		// line of an earlier round (the same export at the same address) does not count:
+		// a disk plugged before the guest saw this one could take its name.
+		g.serial.waitSince(t, mark, fmt.Sprintf(guestSees, dev.Bdf), 30*time.Second)
 		t.Logf("%s at %s seen by the guest after %v", wantID, dev.Bdf, time.Since(plugged))
 		return dev.Bdf
 	}

@@ -325,6 +325,20 @@ func (r *serialReader) wait(t testing.TB, want string, timeout time.Duration) {
 	r.waitCount(t, want, 1, timeout)
 }
 
+// waitSince waits until want has been printed after the first mark bytes
+// of the output (a line printed before, for an earlier event, does not
+// count).
+func (r *serialReader) waitSince(t testing.TB, mark int, want string, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for out := r.String(); !strings.Contains(out[mark:], want); out = r.String() {
+		if time.Now().After(deadline) {
+			t.Fatalf("the guest did not print %q in %v; serial:\n%s", want, timeout, out[max(0, len(out)-3000):])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // waitCount waits until want has been printed n times.
 func (r *serialReader) waitCount(t testing.TB, want string, n int, timeout time.Duration) {
 	t.Helper()
