@@ -3,6 +3,7 @@ package jail
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -83,9 +84,17 @@ func (c *Confinement) Start(cmd *exec.Cmd) error {
 	if len(cmd.Args) == 0 {
 		cmd.Args = []string{prog}
 	}
-	err = onOwnThread(func() error {
-		return startOnThread(cmd, s, c.vm.cgroup, lastCap, c.x.MemlockBytes)
-	})
+	start := func() error {
+		return onOwnThread(func() error {
+			return startOnThread(cmd, s, c.vm.cgroup, lastCap, c.x.MemlockBytes)
+		})
+	}
+	if err = start(); errors.Is(err, errStalePaths) {
+		// What an earlier start saw of the program's paths is no longer
+		// so (an upgrade replaced a library): once more, looking again.
+		forgetProgramPaths()
+		err = start()
+	}
 	if err != nil {
 		return fmt.Errorf("jail: starting %s: %w", prog, err)
 	}
@@ -111,9 +120,7 @@ func (c *Confinement) rootSpec(prog string) (*rootSpec, error) {
 		}
 		s.Binds = append(s.Binds, b)
 	}
-	for _, f := range files {
-		s.Binds = append(s.Binds, Bind{Path: f, Exec: true})
-	}
+	s.Programs = files
 	for _, d := range c.x.Devices {
 		if !filepath.IsAbs(d) {
 			return nil, fmt.Errorf("jail: device %q is not an absolute path", d)
@@ -277,16 +284,57 @@ func buildRoot(s *rootSpec) error {
 		return fmt.Errorf("mounting the root on %s: %w", s.Root, err)
 	}
 	root := s.Root
+	rb := newRootBuilder(root)
+	if err := rb.build(s); err != nil {
+		if rb.seen {
+			return fmt.Errorf("%w: %w", errStalePaths, err)
+		}
+		return err
+	}
+	rb.keepProgramPaths()
+	// pivot_root(".", ".") stacks the old root on top of the new one; the
+	// detach then drops it (pivot_root(2)).
+	if err := unix.Chdir(root); err != nil {
+		return fmt.Errorf("entering the root: %w", err)
+	}
+	if err := unix.PivotRoot(".", "."); err != nil {
+		return fmt.Errorf("pivot_root into %s: %w", root, err)
+	}
+	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
+		return fmt.Errorf("detaching the old root: %w", err)
+	}
+	if err := unix.Chdir("/"); err != nil {
+		return fmt.Errorf("entering the root: %w", err)
+	}
+	if err := unix.Mount("", "/", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID, ""); err != nil {
+		return fmt.Errorf("making the root read-only: %w", err)
+	}
+	return nil
+}
+
+// build makes s's mount points, links and device nodes in the root and
+// mounts the binds and /proc there.
+func (rb *rootBuilder) build(s *rootSpec) error {
 	// Every mount point and node is made before the first bind, so that
 	// nothing is ever created through a bind, on the host's file system.
-	rb := newRootBuilder(root)
+	root := rb.root
 	var plan []mountPlan
-	for _, b := range s.Binds {
+	binds := slices.Clone(s.Binds)
+	for _, f := range s.Programs {
+		binds = append(binds, Bind{Path: f, Exec: true})
+	}
+	for i, b := range binds {
 		var st unix.Stat_t
 		if err := unix.Stat(b.Path, &st); err != nil {
 			return fmt.Errorf("binding %s: %w", b.Path, err)
 		}
-		real, err := rb.ensure(b.Path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+		var real string
+		var err error
+		if i < len(s.Binds) {
+			real, err = rb.ensure(b.Path, st.Mode&unix.S_IFMT == unix.S_IFDIR)
+		} else {
+			real, err = rb.ensureProgram(b.Path)
+		}
 		if err != nil {
 			return fmt.Errorf("binding %s: %w", b.Path, err)
 		}
@@ -343,23 +391,6 @@ func buildRoot(s *rootSpec) error {
 			return fmt.Errorf("mounting /proc: %w", err)
 		}
 	}
-	// pivot_root(".", ".") stacks the old root on top of the new one; the
-	// detach then drops it (pivot_root(2)).
-	if err := unix.Chdir(root); err != nil {
-		return fmt.Errorf("entering the root: %w", err)
-	}
-	if err := unix.PivotRoot(".", "."); err != nil {
-		return fmt.Errorf("pivot_root into %s: %w", root, err)
-	}
-	if err := unix.Unmount(".", unix.MNT_DETACH); err != nil {
-		return fmt.Errorf("detaching the old root: %w", err)
-	}
-	if err := unix.Chdir("/"); err != nil {
-		return fmt.Errorf("entering the root: %w", err)
-	}
-	if err := unix.Mount("", "/", "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY|unix.MS_NOSUID, ""); err != nil {
-		return fmt.Errorf("making the root read-only: %w", err)
-	}
 	return nil
 }
 
@@ -403,6 +434,41 @@ type rootBuilder struct {
 	root string
 	host map[string]hostEntry // host paths walked: links and their targets
 	made map[string]bool      // paths made in root: true for a directory
+	// programs is what was walked on the way to the program's files,
+	// starting from what earlier starts saw (programPaths); seen says
+	// whether it started with anything.
+	programs map[string]hostEntry
+	seen     bool
+}
+
+// programPaths keeps what the host said of the paths on the way to the
+// programs jailed processes run and their libraries, which are root's and
+// change only when root changes them (an upgrade), so that a start does
+// not look at each again: a dynamic program's root is half its walk. The
+// paths of a VM (its disks, its run directory) are looked at every time.
+// A start that fails with what was kept (a link now elsewhere, a file
+// gone) tries again without (Start).
+var programPaths = struct {
+	sync.Mutex
+	m map[string]hostEntry
+}{m: map[string]hostEntry{}}
+
+// errStalePaths wraps the failure of a root built with what earlier starts
+// saw of the program's paths.
+var errStalePaths = errors.New("the program's files as an earlier start saw them")
+
+func forgetProgramPaths() {
+	programPaths.Lock()
+	clear(programPaths.m)
+	programPaths.Unlock()
+}
+
+// keepProgramPaths adds what b walked on the way to the program's files to
+// programPaths.
+func (b *rootBuilder) keepProgramPaths() {
+	programPaths.Lock()
+	maps.Copy(programPaths.m, b.programs)
+	programPaths.Unlock()
 }
 
 // hostEntry is what Lstat and Readlink said of a host path.
@@ -412,7 +478,10 @@ type hostEntry struct {
 }
 
 func newRootBuilder(root string) *rootBuilder {
-	return &rootBuilder{root: root, host: map[string]hostEntry{}, made: map[string]bool{}}
+	programPaths.Lock()
+	programs := maps.Clone(programPaths.m)
+	programPaths.Unlock()
+	return &rootBuilder{root: root, host: map[string]hostEntry{}, made: map[string]bool{}, programs: programs, seen: len(programs) > 0}
 }
 
 // ensure makes host path p usable at the same path inside the root: every
@@ -423,7 +492,17 @@ func newRootBuilder(root string) *rootBuilder {
 // nothing made here follows a link (which would resolve against the host's
 // root).
 func (b *rootBuilder) ensure(p string, dir bool) (string, error) {
-	return walkPath(p, b.host, func(path, link string, last bool) error {
+	return b.ensureWith(b.host, p, dir)
+}
+
+// ensureProgram is ensure for a file of the program, walked with what
+// earlier starts saw.
+func (b *rootBuilder) ensureProgram(p string) (string, error) {
+	return b.ensureWith(b.programs, p, false)
+}
+
+func (b *rootBuilder) ensureWith(host map[string]hostEntry, p string, dir bool) (string, error) {
+	return walkPath(p, host, func(path, link string, last bool) error {
 		isDir := link == "" && (!last || dir)
 		if was, ok := b.made[path]; ok {
 			if was != isDir {

@@ -292,6 +292,10 @@ type rootSpec struct {
 	UID, GID uint32 // the owner of the VM's own device nodes
 	Root     string // where the root is mounted, links resolved
 	Binds    []Bind
+	// Programs are the program's own files (itself, its loader, its
+	// libraries), bound read-only and executable; their paths are walked
+	// with what earlier starts saw (programPaths).
+	Programs []string
 	// Devices are the device nodes, each with its owner decided.
 	Devices []rootDevice
 	Proc    bool

@@ -1232,3 +1232,65 @@ func TestDestroySparesTheAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestProgramPathsKeptAndRenewed: a start keeps what it saw of the paths
+// to the program and its libraries, which the next start uses instead of
+// looking again; when that is no longer so (here, a library of the
+// program's is remembered as a link to a file an upgrade removed), the
+// start looks again and succeeds, and keeps what it saw now.
+func TestProgramPathsKeptAndRenewed(t *testing.T) {
+	sleep, err := filepath.EvalSymlinks("/bin/sleep")
+	if err != nil {
+		t.Skip("no /bin/sleep")
+	}
+	files, err := jail.ExecFiles(sleep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lib string
+	for _, f := range files {
+		if strings.Contains(filepath.Base(f), "libc.so") {
+			lib = f
+		}
+	}
+	if lib == "" {
+		t.Skipf("sleep links no libc: %v", files)
+	}
+	j, base := testJailer(t, nil)
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("kept", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Destroy(bounded(t))
+	start := func() {
+		t.Helper()
+		logFile := filepath.Join(base, "sleep.log")
+		c, err := proc.Spawn(proc.SpawnConfig{Path: sleep, Args: []string{"30"}, LogFile: logFile, Confine: v.Confine(jail.Exec{})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			c.Signal(syscall.SIGKILL)
+			c.Exit()
+		}()
+		select {
+		case <-c.Done():
+			t.Fatalf("sleep ended in its jail: %v; output: %s", c.Exit(), proc.LogTail(logFile, 10))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	start()
+	real, err := filepath.EvalSymlinks(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if kept, link := jail.KeptProgramPath(real); !kept || link != "" {
+		t.Fatalf("after a start, what is kept of %s: %t %q, want the file", real, kept, link)
+	}
+	jail.SetProgramPath(real, filepath.Base(real)+".gone")
+	start()
+	if kept, link := jail.KeptProgramPath(real); !kept || link != "" {
+		t.Errorf("after the start that found it stale, what is kept of %s: %t %q, want the file", real, kept, link)
+	}
+}
