@@ -25,7 +25,9 @@ import (
 // thread that exits or is cancelled, and aborts the process without it.
 //
 // Results are kept per program (path, size, modification time) and given
-// again while every file still exists.
+// again while every file is still the one it was (the same file, size and
+// modification time): an upgrade that replaces a library, whose
+// dependencies may have changed with it, has them found again.
 func ExecFiles(prog string) ([]string, error) {
 	fi, err := os.Stat(prog)
 	if err != nil {
@@ -33,17 +35,25 @@ func ExecFiles(prog string) ([]string, error) {
 	}
 	key := execKey{prog, fi.Size(), fi.ModTime()}
 	execCache.Lock()
-	files, ok := execCache.m[key]
+	e, ok := execCache.m[key]
 	execCache.Unlock()
-	if ok && allExist(files) {
-		return files, nil
+	if ok && unchanged(e) {
+		return e.files, nil
 	}
-	files, err = execFiles(prog)
+	files, err := execFiles(prog)
 	if err != nil {
 		return nil, err
 	}
+	e = execEntry{files: files}
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		if err != nil {
+			return nil, err
+		}
+		e.infos = append(e.infos, fi)
+	}
 	execCache.Lock()
-	execCache.m[key] = files
+	execCache.m[key] = e
 	execCache.Unlock()
 	return files, nil
 }
@@ -54,14 +64,24 @@ type execKey struct {
 	mtime time.Time
 }
 
+// execEntry is what ExecFiles found for a program: the files, and what
+// Stat said of each then.
+type execEntry struct {
+	files []string
+	infos []os.FileInfo
+}
+
 var execCache = struct {
 	sync.Mutex
-	m map[execKey][]string
-}{m: map[execKey][]string{}}
+	m map[execKey]execEntry
+}{m: map[execKey]execEntry{}}
 
-func allExist(files []string) bool {
-	for _, f := range files {
-		if _, err := os.Stat(f); err != nil {
+// unchanged reports whether every file of e is still the file it was, of
+// the same size and modification time.
+func unchanged(e execEntry) bool {
+	for i, f := range e.files {
+		fi, err := os.Stat(f)
+		if err != nil || !os.SameFile(fi, e.infos[i]) || fi.Size() != e.infos[i].Size() || !fi.ModTime().Equal(e.infos[i].ModTime()) {
 			return false
 		}
 	}

@@ -142,6 +142,50 @@ func TestExecFilesDynamic(t *testing.T) {
 	}
 }
 
+// ExecFiles gives its files again while they are what they were, and
+// looks again once one of them is another file (an upgrade replaced a
+// library, whose own dependencies may be others now).
+func TestExecFilesNoticesAReplacedFile(t *testing.T) {
+	prog, err := filepath.EvalSymlinks("/bin/true")
+	if err != nil {
+		t.Skip("no /bin/true")
+	}
+	files, err := ExecFiles(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 3 {
+		t.Skipf("%s needs too few files here: %v", prog, files)
+	}
+	fi, err := os.Stat(prog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := execKey{prog, fi.Size(), fi.ModTime()}
+	execCache.Lock()
+	e := execCache.m[key]
+	execCache.Unlock()
+	// What the cache holds now names one file too few: it is given again
+	// as long as each file it names is the file it was.
+	short := execEntry{files: e.files[:len(e.files)-1], infos: e.infos[:len(e.infos)-1]}
+	execCache.Lock()
+	execCache.m[key] = short
+	execCache.Unlock()
+	if got, _ := ExecFiles(prog); !slices.Equal(got, short.files) {
+		t.Fatalf("unchanged files: %v, want what was kept, %v", got, short.files)
+	}
+	// One of them is another file now (here: the program's own stat in
+	// its place): found again, whole.
+	short.infos = slices.Clone(short.infos)
+	short.infos[1] = fi
+	execCache.Lock()
+	execCache.m[key] = short
+	execCache.Unlock()
+	if got, _ := ExecFiles(prog); !slices.Equal(got, files) {
+		t.Errorf("after a file was replaced: %v, want %v", got, files)
+	}
+}
+
 // ExecFiles of a static program is the program alone; a file that is not
 // ELF is refused.
 func TestExecFilesStatic(t *testing.T) {
