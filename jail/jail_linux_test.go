@@ -945,15 +945,29 @@ func TestJailedCProgram(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer v.Destroy(bounded(t))
-	logFile := filepath.Join(base, "sleep.log")
+	c := startJailedSleep(t, v, sleep, filepath.Join(base, "sleep.log"))
+	st := procStatus(t, c.Pid)
+	if st["SigBlk"] != "0000000000000000" || st["SigIgn"] != "0000000000000000" {
+		t.Errorf("SigBlk %s SigIgn %s: the start left signals blocked or ignored", st["SigBlk"], st["SigIgn"])
+	}
+	if err := v.Verify(c.Pid); err != nil {
+		t.Error(err)
+	}
+}
+
+// startJailedSleep starts sleep (a dynamic C program) in v's jail, waits
+// until its loader has run and fails the test if it ended; it is killed
+// at the test's end.
+func startJailedSleep(t *testing.T, v *jail.VM, sleep, logFile string) *proc.Child {
+	t.Helper()
 	c, err := proc.Spawn(proc.SpawnConfig{Path: sleep, Args: []string{"30"}, LogFile: logFile, Confine: v.Confine(jail.Exec{})})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
+	t.Cleanup(func() {
 		c.Signal(syscall.SIGKILL)
 		c.Exit()
-	}()
+	})
 	// Until the loader has run: the command line is sleep's once exec'd,
 	// and a missing library would end it at once.
 	deadline := time.Now().Add(10 * time.Second)
@@ -969,13 +983,7 @@ func TestJailedCProgram(t *testing.T) {
 		t.Fatalf("sleep ended in its jail: %v; output: %s", c.Exit(), proc.LogTail(logFile, 10))
 	case <-time.After(100 * time.Millisecond):
 	}
-	st := procStatus(t, c.Pid)
-	if st["SigBlk"] != "0000000000000000" || st["SigIgn"] != "0000000000000000" {
-		t.Errorf("SigBlk %s SigIgn %s: the start left signals blocked or ignored", st["SigBlk"], st["SigIgn"])
-	}
-	if err := v.Verify(c.Pid); err != nil {
-		t.Error(err)
-	}
+	return c
 }
 
 // TestSysfsLinks: a bind of /sys/class/net/<if> (a link into
@@ -1265,20 +1273,9 @@ func TestProgramPathsKeptAndRenewed(t *testing.T) {
 	defer v.Destroy(bounded(t))
 	start := func() {
 		t.Helper()
-		logFile := filepath.Join(base, "sleep.log")
-		c, err := proc.Spawn(proc.SpawnConfig{Path: sleep, Args: []string{"30"}, LogFile: logFile, Confine: v.Confine(jail.Exec{})})
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() {
-			c.Signal(syscall.SIGKILL)
-			c.Exit()
-		}()
-		select {
-		case <-c.Done():
-			t.Fatalf("sleep ended in its jail: %v; output: %s", c.Exit(), proc.LogTail(logFile, 10))
-		case <-time.After(200 * time.Millisecond):
-		}
+		c := startJailedSleep(t, v, sleep, filepath.Join(base, "sleep.log"))
+		c.Signal(syscall.SIGKILL)
+		c.Exit()
 	}
 	start()
 	real, err := filepath.EvalSymlinks(lib)
