@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"vmhost/jail"
 )
 
 // builtBinary is the vmhost binary TestMain builds once, statically
@@ -231,12 +233,44 @@ func removeDevBridgeAfter(t *testing.T) {
 	})
 }
 
+// confinedLine is the log line of an agent that confines its VMs, naming
+// its cgroup.
+var confinedLine = regexp.MustCompile(`msg="VMs run confined" .*cgroup=(\S+)`)
+
+// removeAgentCgroup removes the cgroup of an agent (its VMs' parent in
+// every hierarchy) that logged log and has ended, which it leaves for its
+// VMs, as they outlive it: tests leave none behind. One with a VM's cgroup
+// still in it is an error of the test's.
+func removeAgentCgroup(t *testing.T, log string) {
+	m := confinedLine.FindStringSubmatch(log)
+	if m == nil {
+		return
+	}
+	l, err := jail.DetectLayout()
+	if err != nil {
+		t.Errorf("finding the cgroup hierarchies: %v", err)
+		return
+	}
+	c := l.Cgroup(m[1])
+	if vms, _ := c.Children(); len(vms) > 0 {
+		t.Errorf("the test left VM cgroups in its agent's cgroup %s: %v", m[1], vms)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Remove(ctx); err != nil {
+		t.Errorf("removing the agent's cgroup %s: %v", m[1], err)
+	}
+}
+
 func startServer(t *testing.T, dir string, args ...string) *server {
 	t.Helper()
 	s := &server{stdout: &lockedBuffer{}, stderr: &lockedBuffer{}, done: make(chan error, 1)}
 	if slices.Contains(args, "--dev") {
 		removeDevBridgeAfter(t)
 	}
+	// After the agent has ended (cleanups run last first): its cgroup.
+	t.Cleanup(func() { removeAgentCgroup(t, s.stderr.String()) })
 	s.cmd = exec.Command(binary(t), append([]string{"serve"}, args...)...)
 	s.cmd.Dir = dir
 	s.cmd.Stdout = s.stdout

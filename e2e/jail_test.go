@@ -978,3 +978,41 @@ func TestJailFailedProvisionLeavesNoCgroup(t *testing.T) {
 	}
 	checkGone(t, s, "bad")
 }
+
+// TestJailAgentCgroupAtStop: an agent stopped while a VM runs keeps its
+// cgroup (the VM's is in it, and the VM outlives the agent); one stopped
+// with no VMs leaves no cgroup of its own behind.
+func TestJailAgentCgroupAtStop(t *testing.T) {
+	netnstest.RequireRoot(t)
+	s := startServer(t, serverOpts{confine: true})
+	f := newFixture(t)
+	s.create(f.body("held", true, ""), http.StatusCreated)
+	s.waitDisplay("held", "running", "running")
+	agentCgroup := func() *jail.Cgroup {
+		b, err := os.ReadFile(filepath.Join(s.stateDir, "agent_id"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.jailer().Layout().Cgroup(path.Join(jail.DefaultConfig().CgroupParent, strings.TrimSpace(string(b))))
+	}
+	stop := func() {
+		s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the agent did not stop on SIGTERM")
+		}
+	}
+	stop()
+	if c := agentCgroup(); !c.Exists() || !slices.Contains(s.cgroupVMs(), "held") {
+		t.Fatalf("stopped with a VM running: the agent's cgroup is there: %t, its VMs' cgroups: %v", c.Exists(), s.cgroupVMs())
+	}
+	s.restart()
+	if st, b := s.do("DELETE", "/api/vms/held?force=true", ""); st != http.StatusNoContent {
+		t.Fatalf("DELETE = %d %s", st, b)
+	}
+	stop()
+	if c := agentCgroup(); c.Exists() {
+		t.Errorf("stopped with no VMs: the agent's cgroup %s is still there", c.Name())
+	}
+}

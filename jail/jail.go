@@ -36,6 +36,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"syscall"
 )
 
 // errLinuxOnly is what the confinement calls answer off Linux.
@@ -131,6 +132,28 @@ func (j *Jailer) CgroupName(vmID string) string {
 // agentCgroup is the cgroup holding this agent's VMs' cgroups.
 func (j *Jailer) agentCgroup() *Cgroup {
 	return j.layout.Cgroup(path.Join(j.cfg.CgroupParent, j.host.AgentID))
+}
+
+// RemoveAgentCgroup removes this agent's cgroup, the parent of its VMs',
+// when it holds none (in no hierarchy): an agent that ends without VMs
+// leaves nothing behind. With a VM's cgroup in it, it is kept, for the
+// VMs outlive the agent and the next start adopts them. It reports
+// whether the cgroup is gone.
+func (j *Jailer) RemoveAgentCgroup() (bool, error) {
+	if !j.Enabled() {
+		return true, nil
+	}
+	c := j.agentCgroup()
+	if vms, err := c.Children(); err != nil || len(vms) > 0 {
+		return false, err
+	}
+	for _, d := range c.dirs() {
+		// A VM's cgroup made meanwhile makes it busy: kept, as it should.
+		if err := os.Remove(d); err != nil && !errors.Is(err, fs.ErrNotExist) && !errors.Is(err, syscall.EBUSY) {
+			return false, fmt.Errorf("jail: removing the agent's cgroup %s: %w", d, err)
+		}
+	}
+	return !c.Exists(), nil
 }
 
 // Leftovers lists the ids of the VMs that have a cgroup under this agent's,

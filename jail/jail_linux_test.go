@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -1289,5 +1290,36 @@ func TestProgramPathsKeptAndRenewed(t *testing.T) {
 	start()
 	if kept, link := jail.KeptProgramPath(real); !kept || link != "" {
 		t.Errorf("after the start that found it stale, what is kept of %s: %t %q, want the file", real, kept, link)
+	}
+}
+
+// TestRemoveAgentCgroup: an agent's cgroup is kept while a VM's cgroup is
+// in it (the VMs outlive the agent), and removed from every hierarchy once
+// none is.
+func TestRemoveAgentCgroup(t *testing.T) {
+	j, _ := testJailer(t, nil)
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("held", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	agentDirs := func() []string {
+		var ds []string
+		for _, m := range hierarchies(j.Layout()) {
+			d := filepath.Join(m, path.Dir(j.CgroupName("held")))
+			if _, err := os.Stat(d); err == nil {
+				ds = append(ds, d)
+			}
+		}
+		return ds
+	}
+	if gone, err := j.RemoveAgentCgroup(); gone || err != nil || len(agentDirs()) == 0 || !v.Cgroup().Exists() {
+		t.Fatalf("with a VM's cgroup in it: gone %t, %v; the agent's cgroup in %v, the VM's there: %t", gone, err, agentDirs(), v.Cgroup().Exists())
+	}
+	if err := v.Destroy(bounded(t)); err != nil {
+		t.Fatal(err)
+	}
+	if gone, err := j.RemoveAgentCgroup(); !gone || err != nil || len(agentDirs()) != 0 {
+		t.Errorf("with no VM's cgroup in it: gone %t, %v; still in %v", gone, err, agentDirs())
 	}
 }

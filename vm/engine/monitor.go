@@ -273,6 +273,11 @@ func (e *Engine) Close() error {
 		e.fw.close()
 	}
 	e.closeConsoles()
+	if j := e.jailer(); j != nil {
+		if _, err := j.RemoveAgentCgroup(); err != nil {
+			e.log.Warn("leaving the agent's cgroup", "err", err)
+		}
+	}
 	return nil
 }
 
