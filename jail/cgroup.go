@@ -277,6 +277,22 @@ func (c *Cgroup) taskFiles(procCgroup []byte) (join, leave []string) {
 // memory, pids and cpu in cgroup.subtree_control from the root down to the
 // cgroup's parent.
 func (c *Cgroup) Create(lim Limits) error {
+	err := c.makeDirs()
+	if errors.Is(err, fs.ErrNotExist) {
+		// A parent removed between two of the steps (the agent's
+		// cgroup, which a self-test that made it removes after): once
+		// more.
+		err = c.makeDirs()
+	}
+	if err != nil {
+		return err
+	}
+	return c.SetLimits(lim)
+}
+
+// makeDirs makes the cgroup's directory in every hierarchy, and enables
+// the controllers on the way where the unified hierarchy holds the limits.
+func (c *Cgroup) makeDirs() error {
 	if c.layout.UnifiedLimits {
 		dir := c.layout.Unified
 		enable := "+" + strings.Join(v2Controllers, " +")
@@ -295,7 +311,7 @@ func (c *Cgroup) Create(lim Limits) error {
 			return fmt.Errorf("creating cgroup %s: %w", d, err)
 		}
 	}
-	return c.SetLimits(lim)
+	return nil
 }
 
 // SetLimits writes lim into the cgroup's files.

@@ -1024,11 +1024,38 @@ func TestSysfsLinks(t *testing.T) {
 // TestSelfTest: doctor's check passes on this host, and leaves nothing.
 func TestSelfTest(t *testing.T) {
 	j, _ := testJailer(t, nil)
+	agentDirs := func() []string {
+		var ds []string
+		for _, m := range hierarchies(j.Layout()) {
+			d := filepath.Join(m, path.Dir(j.CgroupName("x")))
+			if _, err := os.Stat(d); err == nil {
+				ds = append(ds, d)
+			}
+		}
+		return ds
+	}
 	if err := j.SelfTest(t.Context(), nil); err != nil {
 		t.Fatal(err)
 	}
 	if left, err := j.Leftovers(); err != nil || len(left) > 0 {
 		t.Errorf("Leftovers after the self-test: %v, %v", left, err)
+	}
+	// It leaves the host as it found it: no agent cgroup it made, and one
+	// that holds a VM's kept.
+	if ds := agentDirs(); len(ds) > 0 {
+		t.Errorf("the self-test left the agent's cgroup it made: %v", ds)
+	}
+	id, _ := j.AllocateID(nil)
+	v, _ := j.VM("kept", id)
+	if err := v.Create(j.Config().Limits(64, 1)); err != nil {
+		t.Fatal(err)
+	}
+	defer v.Destroy(bounded(t))
+	if err := j.SelfTest(t.Context(), map[uint32]bool{id: true}); err != nil {
+		t.Fatal(err)
+	}
+	if left, err := j.Leftovers(); err != nil || !slices.Equal(left, []string{"kept"}) || len(agentDirs()) == 0 {
+		t.Errorf("a self-test beside a VM's cgroup: Leftovers %v, %v; the agent's cgroup in %v", left, err, agentDirs())
 	}
 }
 

@@ -68,10 +68,19 @@ func (j *Jailer) SelfTest(ctx context.Context, inUse map[uint32]bool) error {
 	if err != nil {
 		return err
 	}
+	// The host as it was after: the agent's cgroup too, when the test
+	// made it (an agent with no VMs has none; one that fails to start
+	// after its self-test, or a doctor run, would leave it).
+	made := !j.agentCgroup().Exists()
+	defer func() {
+		v.Destroy(context.WithoutCancel(ctx))
+		if made {
+			j.RemoveAgentCgroup()
+		}
+	}()
 	if err := v.Create(Limits{MemoryBytes: 64 << 20, PidsMax: minPidsMax, VCPUs: 1}); err != nil {
 		return fmt.Errorf("jail: self-test: %w", err)
 	}
-	defer v.Destroy(context.WithoutCancel(ctx))
 	exe, err := filepath.EvalSymlinks(j.host.CheckBinary)
 	if err != nil {
 		return fmt.Errorf("jail: self-test: %w", err)
