@@ -35,10 +35,11 @@ import (
 // and keeps files (and the secret files it writes) under its --root.
 
 // opsBody creates AppVM "ops": a workload that runs until killed (and
-// writes a file on SIGHUP), a secret env value and a secret file.
+// writes a file on SIGHUP, and marker.ready once it will), a secret env
+// value and a secret file.
 func opsBody(marker string) string {
 	return `{"vm_id":"ops","image_id":"plain","vcpus":1,"memory_mb":64,"disk_gib":1,
-	"command":["sh","-c","trap 'echo hup > ` + marker + `' HUP; while :; do sleep 0.05; done"],
+	"command":["sh","-c","trap 'echo hup > ` + marker + `' HUP; : > ` + marker + `.ready; while :; do sleep 0.05; done"],
 	"env":["MODE=test"],"secret_env":["TOKEN=` + plantedSecret + `"],
 	"secret_files":[{"path":"/run/secrets/key","content":"` + plantedFile + `\n"}]}`
 }
@@ -388,6 +389,9 @@ func TestGuestOpsState(t *testing.T) {
 func TestSignal(t *testing.T) {
 	h := newHarness(t)
 	_, marker := h.createOps(t)
+	// The guest takes an exec (createOps) once its root is set up, a
+	// moment before the workload runs and sets its trap.
+	waitFile(t, marker+".ready")
 	for _, sig := range []string{`"SIGHUP"`, `"hup"`, `1`, `"1"`} {
 		os.Remove(marker)
 		if st, _, b := h.do(t, "POST", "/api/appvm/vms/ops/signal", h.rw, `{"signal":`+sig+`}`); st != 204 {
