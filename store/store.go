@@ -251,7 +251,9 @@ func (s *Store) readRecord(name string, e fs.DirEntry) ([]byte, error) {
 
 // checkObject reports why data is not a single JSON object, or nil.
 func checkObject(data []byte) error {
-	trimmed := bytes.TrimSpace(data)
+	// JSON's own whitespace only: bytes.TrimSpace would also take a
+	// vertical tab or a form feed, which JSON refuses.
+	trimmed := bytes.Trim(data, " \t\r\n")
 	if len(trimmed) == 0 {
 		// An empty file is what a crash leaves when a writer skipped fsync;
 		// it holds no record, so it counts as damaged, not as missing.
